@@ -1,0 +1,196 @@
+//! Checkpointing: how a processor records progress, fenced by the lease.
+//!
+//! A [`Checkpointer`] belongs to one processor instance for one tenure of one lease. It refuses
+//! positions that were not delivered yet or that move backwards, and every write is the lease
+//! store's conditional checkpoint write (owner + counter). When the lease is gone the write
+//! fails with [`CheckpointError::LeaseLost`]: the processor must then assume its work will be
+//! redone by the new owner.
+
+use std::sync::Arc;
+
+use crate::error::CheckpointError;
+use crate::lease::CheckpointUpdate;
+use crate::lease::tenure::{Tenure, TenureError};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
+
+/// Records a processor's progress in its shard's lease.
+#[derive(Debug)]
+pub struct Checkpointer {
+    tenure: Arc<Tenure>,
+    last_delivered: Option<ExtendedSequenceNumber>,
+    shard_end: Option<Vec<ShardId>>,
+}
+
+/// A checkpoint written as pending by [`Checkpointer::prepare_checkpoint`], to be committed
+/// by [`Checkpointer::commit`] once the side effects it covers are done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a prepared checkpoint does nothing until committed"]
+pub struct PreparedCheckpoint {
+    position: ExtendedSequenceNumber,
+}
+
+impl PreparedCheckpoint {
+    /// The prepared position.
+    pub fn position(&self) -> &ExtendedSequenceNumber {
+        &self.position
+    }
+}
+
+impl Checkpointer {
+    pub(crate) fn new(tenure: Arc<Tenure>) -> Self {
+        Self {
+            tenure,
+            last_delivered: None,
+            shard_end: None,
+        }
+    }
+
+    pub(crate) fn set_last_delivered(&mut self, position: ExtendedSequenceNumber) {
+        self.last_delivered = Some(position);
+    }
+
+    pub(crate) fn set_shard_end(&mut self, children: Vec<ShardId>) {
+        self.shard_end = Some(children);
+    }
+
+    /// The shard this checkpointer writes for.
+    pub fn shard_id(&self) -> &ShardId {
+        self.tenure.shard()
+    }
+
+    /// The last record handed to the processor, if any.
+    pub fn last_delivered(&self) -> Option<&ExtendedSequenceNumber> {
+        self.last_delivered.as_ref()
+    }
+
+    /// Checkpoints everything delivered so far. Inside
+    /// [`shard_ended`](crate::RecordProcessor::shard_ended) this writes `SHARD_END`, which
+    /// lets the shard's children start. Without any delivery it checks the lease is still held
+    /// and writes nothing.
+    pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
+        if let Some(children) = &self.shard_end {
+            let update = CheckpointUpdate {
+                checkpoint: Checkpoint::ShardEnd,
+                pending: None,
+                child_shard_ids: children.clone(),
+            };
+            return self.write(&update).await;
+        }
+        match self.last_delivered.clone() {
+            Some(position) => self.checkpoint_at(position).await,
+            None if self.tenure.is_lost() => Err(self.lease_lost()),
+            None => Ok(()),
+        }
+    }
+
+    /// Checkpoints at `position`: that record and everything before it are done.
+    pub async fn checkpoint_at(
+        &mut self,
+        position: ExtendedSequenceNumber,
+    ) -> Result<(), CheckpointError> {
+        let current = self.validate(&position).await?;
+        if current == Checkpoint::Sequence(position.clone()) {
+            return if self.tenure.is_lost() {
+                Err(self.lease_lost())
+            } else {
+                Ok(())
+            };
+        }
+        let update = CheckpointUpdate {
+            checkpoint: Checkpoint::Sequence(position),
+            pending: None,
+            child_shard_ids: Vec::new(),
+        };
+        self.write(&update).await
+    }
+
+    /// Writes `position` (default: the last delivered record) as the pending checkpoint,
+    /// leaving the committed one as it is. A new owner sees it in
+    /// [`InitializationInput::pending_checkpoint`](crate::InitializationInput) and can tell
+    /// that side effects up to it may have happened.
+    pub async fn prepare_checkpoint(
+        &mut self,
+        position: Option<ExtendedSequenceNumber>,
+    ) -> Result<PreparedCheckpoint, CheckpointError> {
+        let position = match position.or_else(|| self.last_delivered.clone()) {
+            Some(p) => p,
+            None => {
+                return Err(CheckpointError::NothingDelivered {
+                    shard: self.shard_id().clone(),
+                });
+            }
+        };
+        let current = self.validate(&position).await?;
+        let update = CheckpointUpdate {
+            checkpoint: current,
+            pending: Some(Checkpoint::Sequence(position.clone())),
+            child_shard_ids: Vec::new(),
+        };
+        self.write(&update).await?;
+        Ok(PreparedCheckpoint { position })
+    }
+
+    /// Commits a prepared checkpoint and clears the pending one.
+    pub async fn commit(&mut self, prepared: PreparedCheckpoint) -> Result<(), CheckpointError> {
+        self.validate(&prepared.position).await?;
+        let update = CheckpointUpdate {
+            checkpoint: Checkpoint::Sequence(prepared.position),
+            pending: None,
+            child_shard_ids: Vec::new(),
+        };
+        self.write(&update).await
+    }
+
+    /// Checks `position` against what was delivered and the current checkpoint; returns the
+    /// current checkpoint.
+    async fn validate(
+        &self,
+        position: &ExtendedSequenceNumber,
+    ) -> Result<Checkpoint, CheckpointError> {
+        if self
+            .last_delivered
+            .as_ref()
+            .is_none_or(|last| position > last)
+        {
+            return Err(CheckpointError::NotDelivered {
+                shard: self.shard_id().clone(),
+                requested: position.clone(),
+                last_delivered: self.last_delivered.clone(),
+            });
+        }
+        let current = self.tenure.snapshot().await.checkpoint;
+        let behind = match &current {
+            Checkpoint::Sequence(c) => position < c,
+            Checkpoint::ShardEnd => true,
+            _ => false,
+        };
+        if behind {
+            return Err(CheckpointError::Backwards {
+                shard: self.shard_id().clone(),
+                requested: position.clone(),
+                current,
+            });
+        }
+        Ok(current)
+    }
+
+    async fn write(&mut self, update: &CheckpointUpdate) -> Result<(), CheckpointError> {
+        match self.tenure.checkpoint(update).await {
+            Ok(_) => {
+                metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
+                Ok(())
+            }
+            Err(TenureError::Lost) => Err(self.lease_lost()),
+            Err(TenureError::Store(source)) => Err(CheckpointError::Store {
+                shard: self.shard_id().clone(),
+                source,
+            }),
+        }
+    }
+
+    fn lease_lost(&self) -> CheckpointError {
+        CheckpointError::LeaseLost {
+            shard: self.shard_id().clone(),
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Errors, classified by what the caller should do about them.
+//!
+//! Backends ([`LeaseStore`](crate::LeaseStore), [`ShardSource`](crate::ShardSource)) return a
+//! [`BackendError`] whose [`ErrorKind`] drives every retry decision in the worker: retry,
+//! back off harder, treat as a lost race, re-open an iterator, or give up. The mapping from a
+//! concrete SDK error to a kind lives in one place per backend.
+
+use std::error::Error as StdError;
+
+use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
+
+/// A boxed error from user code or a backend.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What a failed backend call means for the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A transient failure (network, 5xx, timeout). Retry with backoff. The write may or may
+    /// not have been applied.
+    Retryable,
+    /// The backend asked us to slow down. Retry with a longer backoff.
+    Throttled,
+    /// A conditional write lost: the row changed since we read it (for a held lease: it was
+    /// taken or released elsewhere).
+    Conflict,
+    /// The shard iterator expired; open a new one after the last record read.
+    ExpiredIterator,
+    /// Retrying will not help (missing stream, bad credentials, invalid request).
+    Fatal,
+}
+
+impl ErrorKind {
+    /// True for kinds worth retrying as they are.
+    pub fn is_transient(self) -> bool {
+        matches!(self, Self::Retryable | Self::Throttled)
+    }
+}
+
+/// A failed call to a [`LeaseStore`](crate::LeaseStore) or [`ShardSource`](crate::ShardSource).
+#[derive(Debug, thiserror::Error)]
+#[error("{operation}: {message} ({kind:?})")]
+pub struct BackendError {
+    kind: ErrorKind,
+    operation: &'static str,
+    message: String,
+    #[source]
+    source: Option<BoxError>,
+}
+
+impl BackendError {
+    /// A new error of `kind` raised by `operation` (e.g. `"renew"`, `"get_records"`).
+    pub fn new(kind: ErrorKind, operation: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            operation,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// What the caller should do.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The operation that failed.
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+}
+
+/// A checkpoint that was refused or could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The lease was taken by another worker, released, or expired locally. The processor must
+    /// stop: its records will be redelivered to the new owner.
+    #[error("lease on shard {shard} is lost: checkpoint refused")]
+    LeaseLost {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The position is beyond the last record delivered to this processor.
+    #[error(
+        "checkpoint {requested} on shard {shard} is past the last delivered record ({last_delivered:?})"
+    )]
+    NotDelivered {
+        /// The shard.
+        shard: ShardId,
+        /// What was asked for.
+        requested: ExtendedSequenceNumber,
+        /// The last record delivered, if any.
+        last_delivered: Option<ExtendedSequenceNumber>,
+    },
+    /// No position was given and nothing has been delivered yet.
+    #[error("nothing delivered on shard {shard} yet: no position to checkpoint")]
+    NothingDelivered {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The position is behind the lease's current checkpoint.
+    #[error("checkpoint {requested} on shard {shard} is behind the current checkpoint {current}")]
+    Backwards {
+        /// The shard.
+        shard: ShardId,
+        /// What was asked for.
+        requested: ExtendedSequenceNumber,
+        /// The lease's checkpoint.
+        current: Checkpoint,
+    },
+    /// The write failed for a reason other than a lost lease; the caller may retry.
+    #[error("checkpoint write on shard {shard} failed")]
+    Store {
+        /// The shard.
+        shard: ShardId,
+        /// The store's error.
+        #[source]
+        source: BackendError,
+    },
+}
+
+/// An invalid configuration value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid config `{key}`: {reason}")]
+pub struct ConfigError {
+    /// The configuration key.
+    pub key: &'static str,
+    /// Why it was rejected.
+    pub reason: String,
+}
+
+/// Why [`Worker::run`](crate::Worker::run) returned an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration was rejected.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The lease store failed in a way retrying cannot fix.
+    #[error("lease store failed fatally")]
+    Store(#[source] BackendError),
+    /// The shard source failed in a way retrying cannot fix.
+    #[error("shard source failed fatally")]
+    Source(#[source] BackendError),
+}

@@ -1,0 +1,139 @@
+//! Leases: one row per shard in a shared table, the only coordination between workers.
+//!
+//! A worker owns a shard while it owns the shard's lease. Ownership is proven by the lease
+//! counter: every write is conditional on the counter (and owner) the writer last saw, and
+//! bumps it. A worker that cannot renew loses the race to anyone who observed the counter
+//! standing still for the failover time. The schema follows KCL Java's lease table so a fleet
+//! can migrate without losing checkpoints.
+
+pub(crate) mod observer;
+pub(crate) mod renewer;
+pub(crate) mod sync;
+pub mod taker;
+pub(crate) mod tenure;
+
+use std::future::Future;
+
+use crate::error::BackendError;
+use crate::types::{Checkpoint, HashKeyRange, ShardId, WorkerId};
+
+/// One lease row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease key: the shard id (`leaseKey`).
+    pub key: ShardId,
+    /// Who holds it (`leaseOwner`); `None` when released or never taken.
+    pub owner: Option<WorkerId>,
+    /// Bumped by every write; the fence of every conditional write (`leaseCounter`).
+    pub counter: u64,
+    /// Processing progress (`checkpoint` + `checkpointSubSequenceNumber`).
+    pub checkpoint: Checkpoint,
+    /// A prepared, not yet committed checkpoint (`pendingCheckpoint`).
+    pub pending_checkpoint: Option<Checkpoint>,
+    /// Owner changes since the last checkpoint (`ownerSwitchesSinceCheckpoint`).
+    pub owner_switches_since_checkpoint: u64,
+    /// Parents of the shard (`parentShardId`).
+    pub parent_shard_ids: Vec<ShardId>,
+    /// Children, written when the shard reaches its end (`childShardIds`).
+    pub child_shard_ids: Vec<ShardId>,
+    /// Hash keys served by the shard (`startingHashKey`, `endingHashKey`).
+    pub hash_key_range: Option<HashKeyRange>,
+    /// A worker that asked the owner to hand this lease over (kcl extension, `handoffTo`).
+    pub handoff_to: Option<WorkerId>,
+}
+
+impl Lease {
+    /// A fresh, unowned lease for a shard.
+    pub fn new(key: ShardId, checkpoint: Checkpoint) -> Self {
+        Self {
+            key,
+            owner: None,
+            counter: 0,
+            checkpoint,
+            pending_checkpoint: None,
+            owner_switches_since_checkpoint: 0,
+            parent_shard_ids: Vec::new(),
+            child_shard_ids: Vec::new(),
+            hash_key_range: None,
+            handoff_to: None,
+        }
+    }
+
+    /// True once the shard has been read to its end and checkpointed there.
+    pub fn is_finished(&self) -> bool {
+        self.checkpoint == Checkpoint::ShardEnd
+    }
+
+    /// True if `worker` owns the lease.
+    pub fn is_owned_by(&self, worker: &WorkerId) -> bool {
+        self.owner.as_ref() == Some(worker)
+    }
+}
+
+/// The new checkpoint state written by [`LeaseStore::checkpoint`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointUpdate {
+    /// The committed checkpoint.
+    pub checkpoint: Checkpoint,
+    /// The pending (prepared) checkpoint; `None` removes it.
+    pub pending: Option<Checkpoint>,
+    /// Child shards, written with `SHARD_END`; empty leaves the attribute as it is.
+    pub child_shard_ids: Vec<ShardId>,
+}
+
+/// The lease table.
+///
+/// Every write is conditional. A write whose condition fails returns an error of kind
+/// [`Conflict`](crate::ErrorKind::Conflict) and changes nothing. Implementations must keep
+/// attributes they do not know (other tools, KCL Java's extras) untouched.
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Creates the lease table if it does not exist and waits until it is usable.
+    fn ensure_table(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Every lease, read consistently. Rows that cannot be parsed are logged and skipped.
+    fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
+
+    /// One lease, read consistently.
+    fn get(
+        &self,
+        key: &ShardId,
+    ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send;
+
+    /// Creates `lease` unless a lease with its key exists. Returns whether it was created.
+    fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send;
+
+    /// Bumps the counter of a held lease. Condition: owner and counter as in `held`.
+    /// Returns the lease as stored after the write.
+    fn renew(&self, held: &Lease) -> impl Future<Output = Result<Lease, BackendError>> + Send;
+
+    /// Makes `new_owner` the owner. Condition: owner and counter as in `observed`. Bumps the
+    /// counter, counts an owner switch if the owner changes, clears any handoff request.
+    fn take(
+        &self,
+        observed: &Lease,
+        new_owner: &WorkerId,
+    ) -> impl Future<Output = Result<Lease, BackendError>> + Send;
+
+    /// Removes the owner so that any worker may take the lease at once. Condition: owner and
+    /// counter as in `held`. Bumps the counter, clears any handoff request.
+    fn release(&self, held: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Asks the owner to hand the lease over to `to`. Condition: owner and counter as in
+    /// `observed`. Leaves the counter alone, so the owner's renewals keep succeeding.
+    fn request_handoff(
+        &self,
+        observed: &Lease,
+        to: &WorkerId,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Writes checkpoint state. Condition: owner and counter as in `held`. Bumps the counter
+    /// and resets the owner-switch count (as KCL Java does).
+    fn checkpoint(
+        &self,
+        held: &Lease,
+        update: &CheckpointUpdate,
+    ) -> impl Future<Output = Result<Lease, BackendError>> + Send;
+
+    /// Deletes a finished lease. Condition: its checkpoint is `SHARD_END`.
+    fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
+}

@@ -1,0 +1,46 @@
+//! Keeps one held lease alive, and gives it up locally before anyone else may take it.
+//!
+//! Each renewal is bounded by the tenure's validity: if the store does not answer before the
+//! lease could be expired elsewhere, the shard is stopped rather than left processing records
+//! another worker may already be processing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{sleep, timeout_at};
+
+use super::tenure::{Tenure, TenureError};
+use crate::metrics;
+
+/// Renews every `interval` until the tenure is lost or ended.
+pub(crate) async fn run(tenure: Arc<Tenure>, interval: Duration) {
+    let mut wait = interval;
+    loop {
+        tokio::select! {
+            biased;
+            () = tenure.lost_token().cancelled() => return,
+            () = sleep(wait) => {}
+        }
+        wait = interval;
+        match timeout_at(tenure.valid_until(), tenure.renew()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(TenureError::Lost)) => {
+                tracing::info!("lease lost: taken or released elsewhere");
+                ::metrics::counter!(metrics::LEASES_LOST).increment(1);
+                return;
+            }
+            Ok(Err(TenureError::Store(error))) if tenure.is_valid() => {
+                tracing::warn!(%error, "lease renewal failed; retrying");
+                wait = interval / 4;
+            }
+            Ok(Err(TenureError::Store(_))) | Err(_) => {
+                tracing::warn!(
+                    "lease could not be renewed before it may expire elsewhere; stopping the shard"
+                );
+                tenure.mark_lost();
+                ::metrics::counter!(metrics::LEASES_LOST).increment(1);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! One period of holding one lease: the single writer of that lease inside this worker.
+//!
+//! Renewals, checkpoints and the final release of a lease all bump its counter, and each is
+//! conditional on the counter the previous one produced. If they ran concurrently they would
+//! fail each other's condition and report a lease lost that was never lost. So every write of
+//! a held lease goes through its `Tenure`, which serialises them behind one async mutex and
+//! carries the counter forward. A lease taken again later gets a new `Tenure`, so a processor
+//! of the old tenure can never write with the new counter.
+//!
+//! Validity: a renewal that *started* at `t` proves that nobody can take the lease before
+//! `t + failover_time` (others need to see the new counter stand still that long). The tenure
+//! keeps that deadline, less a safety margin, and the consumer delivers nothing after it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex as SyncMutex};
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{CheckpointUpdate, Lease, LeaseStore};
+use crate::error::{BackendError, ErrorKind};
+use crate::types::{ShardId, WorkerId};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The writes of a held lease, object-safe so that [`Checkpointer`](crate::Checkpointer) need
+/// not be generic over the store.
+pub(crate) trait HeldLeaseStore: Send + Sync {
+    fn renew<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<Lease, BackendError>>;
+    fn checkpoint<'a>(
+        &'a self,
+        held: &'a Lease,
+        update: &'a CheckpointUpdate,
+    ) -> BoxFuture<'a, Result<Lease, BackendError>>;
+    fn take<'a>(
+        &'a self,
+        held: &'a Lease,
+        to: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, BackendError>>;
+    fn release<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<(), BackendError>>;
+    fn get<'a>(&'a self, key: &'a ShardId) -> BoxFuture<'a, Result<Option<Lease>, BackendError>>;
+}
+
+impl<L: LeaseStore> HeldLeaseStore for L {
+    fn renew<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<Lease, BackendError>> {
+        Box::pin(LeaseStore::renew(self, held))
+    }
+    fn checkpoint<'a>(
+        &'a self,
+        held: &'a Lease,
+        update: &'a CheckpointUpdate,
+    ) -> BoxFuture<'a, Result<Lease, BackendError>> {
+        Box::pin(LeaseStore::checkpoint(self, held, update))
+    }
+    fn take<'a>(
+        &'a self,
+        held: &'a Lease,
+        to: &'a WorkerId,
+    ) -> BoxFuture<'a, Result<Lease, BackendError>> {
+        Box::pin(LeaseStore::take(self, held, to))
+    }
+    fn release<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(LeaseStore::release(self, held))
+    }
+    fn get<'a>(&'a self, key: &'a ShardId) -> BoxFuture<'a, Result<Option<Lease>, BackendError>> {
+        Box::pin(LeaseStore::get(self, key))
+    }
+}
+
+/// Why a write through a tenure failed.
+#[derive(Debug)]
+pub(crate) enum TenureError {
+    /// The lease is no longer ours.
+    Lost,
+    /// The store failed; the lease may still be ours.
+    Store(BackendError),
+}
+
+struct Held {
+    lease: Lease,
+    /// The last write failed in a way that may have applied it (timeout, 5xx), so the stored
+    /// counter may be ahead of ours.
+    uncertain: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Write<'a> {
+    Renew,
+    Checkpoint(&'a CheckpointUpdate),
+    HandOff(&'a WorkerId),
+    Release,
+}
+
+/// A held lease. See the module docs.
+pub(crate) struct Tenure {
+    shard: ShardId,
+    worker: WorkerId,
+    store: Arc<dyn HeldLeaseStore>,
+    held: Mutex<Held>,
+    valid_until: SyncMutex<Instant>,
+    validity: Duration,
+    lost: CancellationToken,
+}
+
+impl std::fmt::Debug for Tenure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenure")
+            .field("shard", &self.shard)
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+impl Tenure {
+    /// Starts a tenure from the lease as returned by a successful take, which started at
+    /// `started`.
+    pub(crate) fn new(
+        lease: Lease,
+        worker: WorkerId,
+        store: Arc<dyn HeldLeaseStore>,
+        failover_time: Duration,
+        started: Instant,
+    ) -> Self {
+        // A tenth of the failover time absorbs clock-rate differences between machines.
+        let validity = failover_time - failover_time / 10;
+        Self {
+            shard: lease.key.clone(),
+            worker,
+            store,
+            held: Mutex::new(Held {
+                lease,
+                uncertain: false,
+            }),
+            valid_until: SyncMutex::new(started + validity),
+            validity,
+            lost: CancellationToken::new(),
+        }
+    }
+
+    pub(crate) fn shard(&self) -> &ShardId {
+        &self.shard
+    }
+
+    pub(crate) fn worker(&self) -> &WorkerId {
+        &self.worker
+    }
+
+    pub(crate) fn store(&self) -> &dyn HeldLeaseStore {
+        &*self.store
+    }
+
+    /// Cancelled once the lease is known or assumed lost.
+    pub(crate) fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// Until when this worker may act as the owner without another successful write.
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self
+            .valid_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// True if the lease is held and its validity has not run out.
+    pub(crate) fn is_valid(&self) -> bool {
+        !self.is_lost() && Instant::now() < self.valid_until()
+    }
+
+    /// Gives the lease up locally (validity ran out, or a write lost its condition).
+    pub(crate) fn mark_lost(&self) {
+        self.lost.cancel();
+    }
+
+    /// The lease as last written by this tenure.
+    pub(crate) async fn snapshot(&self) -> Lease {
+        self.held.lock().await.lease.clone()
+    }
+
+    pub(crate) async fn renew(&self) -> Result<Lease, TenureError> {
+        self.write(Write::Renew).await
+    }
+
+    pub(crate) async fn checkpoint(&self, update: &CheckpointUpdate) -> Result<Lease, TenureError> {
+        self.write(Write::Checkpoint(update)).await
+    }
+
+    /// Hands the lease to `to` (a planned rebalance). Ends the tenure.
+    pub(crate) async fn hand_off(&self, to: &WorkerId) -> Result<(), TenureError> {
+        let result = self.write(Write::HandOff(to)).await.map(drop);
+        self.mark_lost();
+        result
+    }
+
+    /// Releases the lease so that any worker may take it at once. Ends the tenure.
+    pub(crate) async fn release(&self) -> Result<(), TenureError> {
+        let result = self.write(Write::Release).await.map(drop);
+        self.mark_lost();
+        result
+    }
+
+    async fn write(&self, op: Write<'_>) -> Result<Lease, TenureError> {
+        let mut held = self.held.lock().await;
+        // Retried at most once, after reconciling an uncertain earlier write.
+        for _ in 0..2 {
+            if self.is_lost() {
+                return Err(TenureError::Lost);
+            }
+            let started = Instant::now();
+            let store = &*self.store;
+            let result = match op {
+                Write::Renew => store.renew(&held.lease).await,
+                Write::Checkpoint(update) => store.checkpoint(&held.lease, update).await,
+                Write::HandOff(to) => store.take(&held.lease, to).await,
+                Write::Release => store
+                    .release(&held.lease)
+                    .await
+                    .map(|()| held.lease.clone()),
+            };
+            match result {
+                Ok(lease) => {
+                    held.lease = lease;
+                    held.uncertain = false;
+                    *self
+                        .valid_until
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                        started + self.validity;
+                    return Ok(held.lease.clone());
+                }
+                Err(e) if e.kind() == ErrorKind::Conflict && held.uncertain => {
+                    // Only this worker ever writes its own id as owner of a lease it holds, so
+                    // a row that still names us was advanced by our own uncertain write.
+                    match self.store.get(&self.shard).await {
+                        Ok(Some(row))
+                            if row.is_owned_by(&self.worker)
+                                && row.counter > held.lease.counter =>
+                        {
+                            held.lease = row;
+                            held.uncertain = false;
+                        }
+                        Ok(_) => {
+                            self.mark_lost();
+                            return Err(TenureError::Lost);
+                        }
+                        Err(read) => return Err(TenureError::Store(read)),
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Conflict => {
+                    self.mark_lost();
+                    return Err(TenureError::Lost);
+                }
+                Err(e) => {
+                    held.uncertain = true;
+                    return Err(TenureError::Store(e));
+                }
+            }
+        }
+        Err(TenureError::Lost)
+    }
+}

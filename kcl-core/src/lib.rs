@@ -1,0 +1,75 @@
+//! # kcl-core
+//!
+//! The backend-agnostic core of kcl, a Kinesis Client Library for async Rust: workers share
+//! a stream's shards through leases in a lease table, each held shard feeds one
+//! [`RecordProcessor`] in order, and processors checkpoint through writes fenced by the lease.
+//!
+//! This crate has no AWS dependency. `kcl-aws` implements [`ShardSource`] and [`LeaseStore`]
+//! on Kinesis and DynamoDB; the [`memory`] module (feature `test-util`) implements both in
+//! process, with fault injection, for tests and simulation.
+//!
+//! ## Quick start
+//!
+//! ```
+//! # #[cfg(feature = "test-util")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
+//! use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig};
+//!
+//! struct Count(usize);
+//!
+//! impl RecordProcessor for Count {
+//!     async fn process_records(
+//!         &mut self,
+//!         input: ProcessRecordsInput,
+//!         checkpointer: &mut Checkpointer,
+//!     ) -> Result<(), BoxError> {
+//!         self.0 += input.records.len();
+//!         checkpointer.checkpoint().await?;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let stream = MemoryStream::new(4);
+//! stream.put("key", "hello");
+//! let store = MemoryLeaseStore::new();
+//! let worker = Worker::new("worker-1", WorkerConfig::default(), stream, store, |_: &ShardId| Count(0))?;
+//! let shutdown = worker.shutdown_handle();
+//! let running = tokio::spawn(worker.run());
+//! shutdown.shutdown();
+//! running.await??;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Guarantees
+//! - At least once: a record is delivered again after a failover unless it was checkpointed.
+//! - In order within a shard, to one processor at a time; a child shard starts only after
+//!   every parent was processed to its end.
+//! - Every lease and checkpoint write is conditional on the lease counter; a worker that lost
+//!   a lease cannot checkpoint it, and delivers nothing once the lease could be expired.
+
+mod checkpoint;
+mod config;
+mod error;
+pub mod lease;
+pub mod metrics;
+mod processor;
+mod source;
+mod types;
+mod worker;
+
+#[cfg(feature = "test-util")]
+pub mod memory;
+
+pub use checkpoint::{Checkpointer, PreparedCheckpoint};
+pub use config::WorkerConfig;
+pub use error::{BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind};
+pub use lease::{CheckpointUpdate, Lease, LeaseStore};
+pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
+pub use source::{RecordBatch, Shard, ShardIterator, ShardSource};
+pub use types::{
+    Checkpoint, ExtendedSequenceNumber, HashKeyRange, InitialPosition, Record, SequenceNumber,
+    ShardId, StartingPosition, WorkerId,
+};
+pub use worker::{Phase, ShutdownHandle, Status, Worker};

@@ -1,0 +1,27 @@
+//! In-memory [`ShardSource`](crate::ShardSource) and [`LeaseStore`](crate::LeaseStore) for
+//! tests and simulation (feature `test-util`).
+//!
+//! Both honour the same contracts as the AWS implementations — conditional writes, shard
+//! lineage, closed shards that end with their children — and both can be made to misbehave
+//! through a shared [`Faults`] handle: errors, throttling, writes that apply but report
+//! failure, latency, per-client partitions and pauses. Every handle has a client name (use
+//! the worker id) so faults can target one worker. Randomness is seeded, and all waiting is
+//! tokio time, so a run under paused time is reproducible.
+
+mod faults;
+mod store;
+mod stream;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use faults::Faults;
+pub use store::{MemoryLeaseStore, StoreEvent};
+pub use stream::MemoryStream;
+
+static EVENT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A process-wide, strictly increasing number, to order events recorded by the in-memory
+/// backends and by tests relative to each other (several can share one paused instant).
+pub fn next_event_seq() -> u64 {
+    EVENT_SEQ.fetch_add(1, Ordering::Relaxed)
+}

@@ -1,0 +1,298 @@
+//! An in-memory lease table with DynamoDB's conditional-write semantics and a journal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::time::Instant;
+
+use super::faults::Faults;
+use crate::error::{BackendError, ErrorKind};
+use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
+use crate::types::{Checkpoint, ShardId, WorkerId};
+
+/// One applied write, as recorded in the [journal](MemoryLeaseStore::journal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreEvent {
+    /// Orders events across backends and tests ([`next_event_seq`](super::next_event_seq)).
+    pub seq: u64,
+    /// When it was applied.
+    pub at: Instant,
+    /// The client handle that wrote it.
+    pub client: String,
+    /// `create`, `renew`, `take`, `release`, `request_handoff`, `checkpoint` or `delete`.
+    pub operation: &'static str,
+    /// The lease after the write (before it, for `delete`).
+    pub lease: Lease,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    exists: bool,
+    rows: BTreeMap<ShardId, Lease>,
+    journal: Vec<StoreEvent>,
+}
+
+/// An in-memory [`LeaseStore`]. Clones share the table; see [`client`](Self::client).
+#[derive(Debug, Clone)]
+pub struct MemoryLeaseStore {
+    table: Arc<Mutex<Table>>,
+    faults: Faults,
+    client: Arc<str>,
+}
+
+impl Default for MemoryLeaseStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryLeaseStore {
+    /// An empty store without faults.
+    pub fn new() -> Self {
+        Self::with_faults(Faults::default())
+    }
+
+    /// An empty store whose calls go through `faults`.
+    pub fn with_faults(faults: Faults) -> Self {
+        Self {
+            table: Arc::default(),
+            faults,
+            client: Arc::from("default"),
+        }
+    }
+
+    /// A handle on the same table whose calls are made as `client` (for targeted faults and
+    /// the journal).
+    #[must_use]
+    pub fn client(&self, client: &str) -> Self {
+        Self {
+            table: self.table.clone(),
+            faults: self.faults.clone(),
+            client: Arc::from(client),
+        }
+    }
+
+    /// The fault controls.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// Every lease, as stored now.
+    pub fn leases(&self) -> Vec<Lease> {
+        self.lock().rows.values().cloned().collect()
+    }
+
+    /// Every applied write so far, in order.
+    pub fn journal(&self) -> Vec<StoreEvent> {
+        self.lock().journal.clone()
+    }
+
+    /// Puts a row as it is, unconditionally (to prepare a test).
+    pub fn insert(&self, lease: Lease) {
+        let mut t = self.lock();
+        t.exists = true;
+        t.rows.insert(lease.key.clone(), lease);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs one conditional write: `change` sees the current row (if `expected` matches it)
+    /// and returns the new row, or `None` to delete it.
+    async fn write(
+        &self,
+        operation: &'static str,
+        key: &ShardId,
+        condition: impl FnOnce(Option<&Lease>) -> bool,
+        change: impl FnOnce(Option<Lease>) -> Option<Lease>,
+    ) -> Result<Option<Lease>, BackendError> {
+        let fate = self.faults.enter(&self.client, operation, true).await?;
+        let result = {
+            let mut t = self.lock();
+            let current = t.rows.get(key);
+            if !t.exists {
+                Err(BackendError::new(
+                    ErrorKind::Fatal,
+                    operation,
+                    "lease table does not exist",
+                ))
+            } else if !condition(current) {
+                Err(BackendError::new(
+                    ErrorKind::Conflict,
+                    operation,
+                    format!("condition failed on {key}"),
+                ))
+            } else {
+                let before = t.rows.remove(key);
+                let after = change(before.clone());
+                let logged = after.clone().or(before);
+                if let Some(row) = &after {
+                    t.rows.insert(key.clone(), row.clone());
+                }
+                if let Some(lease) = logged {
+                    t.journal.push(StoreEvent {
+                        seq: super::next_event_seq(),
+                        at: Instant::now(),
+                        client: self.client.to_string(),
+                        operation,
+                        lease,
+                    });
+                }
+                Ok(after)
+            }
+        };
+        fate.report(operation, result)
+    }
+
+    async fn read<T>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&Table) -> T,
+    ) -> Result<T, BackendError> {
+        self.faults.enter(&self.client, operation, false).await?;
+        let t = self.lock();
+        if !t.exists {
+            return Err(BackendError::new(
+                ErrorKind::Fatal,
+                operation,
+                "lease table does not exist",
+            ));
+        }
+        Ok(f(&t))
+    }
+}
+
+/// The fence of writes by a holder: owner and counter as the holder last saw them.
+fn held_by(expected: &Lease) -> impl FnOnce(Option<&Lease>) -> bool + '_ {
+    move |row| row.is_some_and(|r| r.owner == expected.owner && r.counter == expected.counter)
+}
+
+fn missing(operation: &'static str) -> BackendError {
+    BackendError::new(
+        ErrorKind::Fatal,
+        operation,
+        "row vanished during a conditional write",
+    )
+}
+
+impl LeaseStore for MemoryLeaseStore {
+    async fn ensure_table(&self) -> Result<(), BackendError> {
+        self.faults
+            .enter(&self.client, "ensure_table", true)
+            .await?;
+        self.lock().exists = true;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<Lease>, BackendError> {
+        self.read("list", |t| t.rows.values().cloned().collect())
+            .await
+    }
+
+    async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
+        self.read("get", |t| t.rows.get(key).cloned()).await
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let result = self
+            .write(
+                "create",
+                &lease.key,
+                |row: Option<&Lease>| row.is_none(),
+                |_| Some(lease.clone()),
+            )
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::Conflict => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
+        let row = self
+            .write("renew", &held.key, held_by(held), |row| {
+                row.map(|mut r| {
+                    r.counter += 1;
+                    r
+                })
+            })
+            .await?;
+        row.ok_or_else(|| missing("renew"))
+    }
+
+    async fn take(&self, observed: &Lease, new_owner: &WorkerId) -> Result<Lease, BackendError> {
+        let row = self
+            .write("take", &observed.key, held_by(observed), |row| {
+                row.map(|mut r| {
+                    if r.owner.as_ref() != Some(new_owner) {
+                        r.owner_switches_since_checkpoint += 1;
+                    }
+                    r.owner = Some(new_owner.clone());
+                    r.counter += 1;
+                    r.handoff_to = None;
+                    r
+                })
+            })
+            .await?;
+        row.ok_or_else(|| missing("take"))
+    }
+
+    async fn release(&self, held: &Lease) -> Result<(), BackendError> {
+        self.write("release", &held.key, held_by(held), |row| {
+            row.map(|mut r| {
+                r.owner = None;
+                r.counter += 1;
+                r.handoff_to = None;
+                r
+            })
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn request_handoff(&self, observed: &Lease, to: &WorkerId) -> Result<(), BackendError> {
+        self.write("request_handoff", &observed.key, held_by(observed), |row| {
+            row.map(|mut r| {
+                r.handoff_to = Some(to.clone());
+                r
+            })
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn checkpoint(
+        &self,
+        held: &Lease,
+        update: &CheckpointUpdate,
+    ) -> Result<Lease, BackendError> {
+        let row = self
+            .write("checkpoint", &held.key, held_by(held), |row| {
+                row.map(|mut r| {
+                    r.owner_switches_since_checkpoint = 0;
+                    r.checkpoint = update.checkpoint.clone();
+                    r.pending_checkpoint = update.pending.clone();
+                    if !update.child_shard_ids.is_empty() {
+                        r.child_shard_ids = update.child_shard_ids.clone();
+                    }
+                    r.counter += 1;
+                    r
+                })
+            })
+            .await?;
+        row.ok_or_else(|| missing("checkpoint"))
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {
+        self.write(
+            "delete",
+            &lease.key,
+            |row| row.is_some_and(|r| r.checkpoint == Checkpoint::ShardEnd),
+            |_| None,
+        )
+        .await
+        .map(drop)
+    }
+}

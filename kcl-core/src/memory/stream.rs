@@ -1,0 +1,353 @@
+//! An in-memory Kinesis stream: shards with hash-key ranges, splits and merges, and shard
+//! iterators that end a closed shard with its children, as Kinesis does.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+use super::faults::Faults;
+use crate::error::{BackendError, ErrorKind};
+use crate::source::{RecordBatch, Shard, ShardIterator, ShardSource};
+use crate::types::{HashKeyRange, Record, SequenceNumber, ShardId, StartingPosition};
+
+#[derive(Debug)]
+struct MemShard {
+    shard: Shard,
+    records: Vec<Record>,
+    children: Vec<ShardId>,
+}
+
+#[derive(Debug)]
+struct State {
+    shards: BTreeMap<ShardId, MemShard>,
+    next_shard: u32,
+    next_sequence: u128,
+    wall: DateTime<Utc>,
+    start: Instant,
+}
+
+impl State {
+    fn add_shard(&mut self, parents: Vec<ShardId>, range: HashKeyRange) -> ShardId {
+        let id = ShardId::new(format!("shardId-{:012}", self.next_shard));
+        self.next_shard += 1;
+        let shard = Shard {
+            id: id.clone(),
+            parent_shard_ids: parents,
+            hash_key_range: range,
+            closed: false,
+        };
+        self.shards.insert(
+            id.clone(),
+            MemShard {
+                shard,
+                records: Vec::new(),
+                children: Vec::new(),
+            },
+        );
+        id
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.wall + Instant::now().saturating_duration_since(self.start)
+    }
+
+    fn open(&mut self, id: &ShardId) -> Result<&mut MemShard, String> {
+        match self.shards.get_mut(id) {
+            Some(s) if !s.shard.closed => Ok(s),
+            Some(_) => Err(format!("{id} is closed")),
+            None => Err(format!("{id} does not exist")),
+        }
+    }
+
+    fn close(&mut self, id: &ShardId, children: &[ShardId]) {
+        if let Some(s) = self.shards.get_mut(id) {
+            s.shard.closed = true;
+            s.children = children.to_vec();
+        }
+    }
+}
+
+/// An in-memory [`ShardSource`]. Clones share the stream; see [`client`](Self::client).
+#[derive(Debug, Clone)]
+pub struct MemoryStream {
+    state: Arc<Mutex<State>>,
+    faults: Faults,
+    client: Arc<str>,
+}
+
+impl MemoryStream {
+    /// A stream of `shards` open shards splitting the key space evenly, without faults.
+    pub fn new(shards: u32) -> Self {
+        Self::with_faults(shards, Faults::default())
+    }
+
+    /// A stream whose calls go through `faults`.
+    pub fn with_faults(shards: u32, faults: Faults) -> Self {
+        let mut state = State {
+            shards: BTreeMap::new(),
+            next_shard: 0,
+            next_sequence: 1_000,
+            wall: Utc::now(),
+            start: Instant::now(),
+        };
+        let n = u128::from(shards.max(1));
+        let width = u128::MAX / n;
+        for i in 0..n {
+            let start = i * width;
+            let end = if i + 1 == n {
+                u128::MAX
+            } else {
+                (i + 1) * width - 1
+            };
+            state.add_shard(Vec::new(), HashKeyRange { start, end });
+        }
+        Self {
+            state: Arc::new(Mutex::new(state)),
+            faults,
+            client: Arc::from("default"),
+        }
+    }
+
+    /// A handle on the same stream whose calls are made as `client`.
+    #[must_use]
+    pub fn client(&self, client: &str) -> Self {
+        Self {
+            state: self.state.clone(),
+            faults: self.faults.clone(),
+            client: Arc::from(client),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends a record to the open shard serving `partition_key`'s hash (never faulted).
+    pub fn put(&self, partition_key: &str, data: impl Into<Bytes>) -> Record {
+        let key = hash_key(partition_key);
+        let mut s = self.lock();
+        let now = s.now();
+        let sequence = s.next_sequence;
+        s.next_sequence += 1;
+        let record = Record {
+            data: data.into(),
+            partition_key: partition_key.to_owned(),
+            sequence_number: SequenceNumber::parse(format!("{sequence:025}"))
+                .unwrap_or_else(|| unreachable!("digits")),
+            sub_sequence_number: 0,
+            approximate_arrival: now,
+            explicit_hash_key: None,
+        };
+        let shard = s
+            .shards
+            .values_mut()
+            .find(|m| !m.shard.closed && m.shard.hash_key_range.contains(key));
+        // The open shards always cover the whole key space.
+        if let Some(shard) = shard {
+            shard.records.push(record.clone());
+        }
+        record
+    }
+
+    /// The shard a record with this partition key goes to now.
+    pub fn shard_for(&self, partition_key: &str) -> Option<ShardId> {
+        let key = hash_key(partition_key);
+        self.lock()
+            .shards
+            .values()
+            .find(|m| !m.shard.closed && m.shard.hash_key_range.contains(key))
+            .map(|m| m.shard.id.clone())
+    }
+
+    /// Splits an open shard at the middle of its range into two children.
+    pub fn split(&self, id: &ShardId) -> Result<[ShardId; 2], String> {
+        let mut s = self.lock();
+        let range = s.open(id)?.shard.hash_key_range;
+        if range.start == range.end {
+            return Err(format!("{id} serves one hash key and cannot be split"));
+        }
+        let mid = range.start + (range.end - range.start) / 2;
+        let a = s.add_shard(
+            vec![id.clone()],
+            HashKeyRange {
+                start: range.start,
+                end: mid,
+            },
+        );
+        let b = s.add_shard(
+            vec![id.clone()],
+            HashKeyRange {
+                start: mid + 1,
+                end: range.end,
+            },
+        );
+        s.close(id, &[a.clone(), b.clone()]);
+        Ok([a, b])
+    }
+
+    /// Merges two open shards with adjacent ranges into one child.
+    pub fn merge(&self, a: &ShardId, b: &ShardId) -> Result<ShardId, String> {
+        let mut s = self.lock();
+        let ra = s.open(a)?.shard.hash_key_range;
+        let rb = s.open(b)?.shard.hash_key_range;
+        let adjacent =
+            ra.end.checked_add(1) == Some(rb.start) || rb.end.checked_add(1) == Some(ra.start);
+        if !adjacent {
+            return Err(format!("{a} and {b} are not adjacent"));
+        }
+        let range = HashKeyRange {
+            start: ra.start.min(rb.start),
+            end: ra.end.max(rb.end),
+        };
+        let child = s.add_shard(vec![a.clone(), b.clone()], range);
+        s.close(a, std::slice::from_ref(&child));
+        s.close(b, std::slice::from_ref(&child));
+        Ok(child)
+    }
+
+    /// Every shard, as `ListShards` would return it.
+    pub fn shards(&self) -> Vec<Shard> {
+        self.lock()
+            .shards
+            .values()
+            .map(|m| m.shard.clone())
+            .collect()
+    }
+
+    /// The open shards.
+    pub fn open_shards(&self) -> Vec<ShardId> {
+        self.lock()
+            .shards
+            .values()
+            .filter(|m| !m.shard.closed)
+            .map(|m| m.shard.id.clone())
+            .collect()
+    }
+
+    /// Every record written to `shard`.
+    pub fn records(&self, shard: &ShardId) -> Vec<Record> {
+        self.lock()
+            .shards
+            .get(shard)
+            .map(|m| m.records.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// A 128-bit hash of a partition key (FNV-1a; Kinesis uses MD5, any even spread will do).
+fn hash_key(partition_key: &str) -> u128 {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    partition_key
+        .bytes()
+        .fold(OFFSET, |h, b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+}
+
+fn parse_iterator(it: &ShardIterator) -> Option<(ShardId, usize)> {
+    let (shard, index) = it.0.rsplit_once('/')?;
+    Some((ShardId::new(shard), index.parse().ok()?))
+}
+
+impl ShardSource for MemoryStream {
+    async fn list_shards(&self) -> Result<Vec<Shard>, BackendError> {
+        self.faults
+            .enter(&self.client, "list_shards", false)
+            .await?;
+        Ok(self.shards())
+    }
+
+    async fn shard_iterator(
+        &self,
+        shard: &ShardId,
+        position: &StartingPosition,
+    ) -> Result<ShardIterator, BackendError> {
+        self.faults
+            .enter(&self.client, "shard_iterator", false)
+            .await?;
+        let s = self.lock();
+        let Some(m) = s.shards.get(shard) else {
+            return Err(BackendError::new(
+                ErrorKind::Fatal,
+                "shard_iterator",
+                format!("no shard {shard}"),
+            ));
+        };
+        let index = match position {
+            StartingPosition::TrimHorizon => 0,
+            StartingPosition::Latest => m.records.len(),
+            StartingPosition::AtTimestamp(t) => {
+                m.records.partition_point(|r| r.approximate_arrival < *t)
+            }
+            StartingPosition::AtSequence(q) => {
+                m.records.partition_point(|r| r.sequence_number < *q)
+            }
+            StartingPosition::AfterSequence(q) => {
+                m.records.partition_point(|r| r.sequence_number <= *q)
+            }
+        };
+        Ok(ShardIterator(format!("{shard}/{index}")))
+    }
+
+    async fn get_records(
+        &self,
+        iterator: &ShardIterator,
+        limit: u32,
+    ) -> Result<RecordBatch, BackendError> {
+        self.faults
+            .enter(&self.client, "get_records", false)
+            .await?;
+        if self.faults.iterator_expires() {
+            return Err(BackendError::new(
+                ErrorKind::ExpiredIterator,
+                "get_records",
+                "injected: iterator expired",
+            ));
+        }
+        let Some((shard, index)) = parse_iterator(iterator) else {
+            return Err(BackendError::new(
+                ErrorKind::Fatal,
+                "get_records",
+                "malformed iterator",
+            ));
+        };
+        let s = self.lock();
+        let Some(m) = s.shards.get(&shard) else {
+            return Err(BackendError::new(
+                ErrorKind::Fatal,
+                "get_records",
+                format!("no shard {shard}"),
+            ));
+        };
+        let start = index.min(m.records.len());
+        let end = start.saturating_add(limit as usize).min(m.records.len());
+        let records = m.records[start..end].to_vec();
+        let at_end = end == m.records.len();
+        let millis_behind_latest = match (records.last(), m.records.last()) {
+            (Some(last), Some(newest)) if !at_end => u64::try_from(
+                (newest.approximate_arrival - last.approximate_arrival).num_milliseconds(),
+            )
+            .ok(),
+            _ => Some(0),
+        };
+        let (next_iterator, child_shards) = if m.shard.closed && at_end {
+            let children = m
+                .children
+                .iter()
+                .filter_map(|c| s.shards.get(c))
+                .map(|c| c.shard.clone())
+                .collect();
+            (None, children)
+        } else {
+            (Some(ShardIterator(format!("{shard}/{end}"))), Vec::new())
+        };
+        Ok(RecordBatch {
+            records,
+            next_iterator,
+            millis_behind_latest,
+            child_shards,
+        })
+    }
+}

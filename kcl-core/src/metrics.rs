@@ -1,0 +1,29 @@
+//! Metric names, emitted through the [`metrics`] facade.
+//!
+//! The library records; the application chooses an exporter (the example consumer serves
+//! Prometheus text). Per-shard series carry a `shard` label; fleet-level ones carry none.
+
+/// Records delivered to processors (counter, `shard`).
+pub const RECORDS: &str = "kcl_records_processed_total";
+/// Payload bytes delivered to processors (counter, `shard`).
+pub const BYTES: &str = "kcl_bytes_processed_total";
+/// Time spent in `process_records` per batch, seconds (histogram).
+pub const BATCH_DURATION: &str = "kcl_batch_duration_seconds";
+/// Delay from the oldest record's arrival in Kinesis to its delivery, seconds (histogram).
+pub const DELIVERY_DELAY: &str = "kcl_delivery_delay_seconds";
+/// How far behind the newest record a shard's last batch was, milliseconds (gauge, `shard`).
+pub const MILLIS_BEHIND_LATEST: &str = "kcl_millis_behind_latest";
+/// Leases held by this worker (gauge).
+pub const LEASES_HELD: &str = "kcl_leases_held";
+/// Leases taken that were unowned or expired (counter).
+pub const LEASES_TAKEN: &str = "kcl_leases_taken_total";
+/// Handoffs requested from more loaded workers (counter).
+pub const LEASES_STOLEN: &str = "kcl_lease_handoffs_requested_total";
+/// Leases lost: taken by others or expired locally (counter).
+pub const LEASES_LOST: &str = "kcl_leases_lost_total";
+/// Successful checkpoint writes (counter).
+pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
+/// Processor failures (error or panic) that restarted a shard (counter).
+pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
+/// Throttled backend calls (counter, `operation`).
+pub const THROTTLED: &str = "kcl_throttled_total";

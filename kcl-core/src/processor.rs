@@ -1,0 +1,126 @@
+//! The one trait an application implements: [`RecordProcessor`].
+//!
+//! One processor instance serves one shard for one tenure of its lease, in order. Its methods
+//! take `&mut self`: the shard task owns it, so it needs no locks. Only
+//! [`process_records`](RecordProcessor::process_records) is required.
+//!
+//! An error returned from `initialize`, `process_records` or `shard_ended`, or a panic in any
+//! of them, costs the shard a restart: a new processor starts from the last checkpoint after
+//! a backoff, and the rest of the worker carries on.
+
+use std::future::Future;
+
+use crate::checkpoint::Checkpointer;
+use crate::error::BoxError;
+use crate::types::{Checkpoint, Record, ShardId};
+
+/// What [`RecordProcessor::initialize`] is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InitializationInput {
+    /// The shard this processor serves.
+    pub shard_id: ShardId,
+    /// The checkpoint processing resumes after.
+    pub checkpoint: Checkpoint,
+    /// A prepared checkpoint the previous owner never committed: side effects up to it may
+    /// already have happened.
+    pub pending_checkpoint: Option<Checkpoint>,
+}
+
+/// One batch for [`RecordProcessor::process_records`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ProcessRecordsInput {
+    /// The records, in sequence order. Never empty.
+    pub records: Vec<Record>,
+    /// How far behind the newest record of the shard this batch is, if known.
+    pub millis_behind_latest: Option<u64>,
+}
+
+/// Processes the records of one shard. See the module docs.
+///
+/// ```
+/// use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};
+///
+/// struct Printer;
+///
+/// impl RecordProcessor for Printer {
+///     async fn process_records(
+///         &mut self,
+///         input: ProcessRecordsInput,
+///         checkpointer: &mut Checkpointer,
+///     ) -> Result<(), BoxError> {
+///         for record in &input.records {
+///             let _ = (&record.partition_key, record.data.len());
+///         }
+///         checkpointer.checkpoint().await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait RecordProcessor: Send + 'static {
+    /// Called once before the first batch.
+    fn initialize(
+        &mut self,
+        input: &InitializationInput,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = input;
+        async { Ok(()) }
+    }
+
+    /// Processes one batch. Checkpoint through `checkpointer` whenever the work up to a record
+    /// is durable; everything after the last checkpoint is delivered again after a failover.
+    fn process_records(
+        &mut self,
+        input: ProcessRecordsInput,
+        checkpointer: &mut Checkpointer,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// The lease was lost (taken by another worker, or it could not be renewed in time). No
+    /// checkpoint is possible any more; release resources and return.
+    fn lease_lost(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Every record of the shard was delivered. The shard's children start only once this
+    /// checkpoints (`checkpointer.checkpoint()` writes `SHARD_END`), which the default does.
+    fn shard_ended(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        async move { checkpointer.checkpoint().await.map_err(BoxError::from) }
+    }
+
+    /// The worker is shutting down or handing this shard to another worker: the last chance
+    /// to checkpoint what has been processed, so that the next owner does not repeat it.
+    fn shutdown_requested(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = checkpointer;
+        async { Ok(()) }
+    }
+}
+
+/// Creates one processor per shard lease taken.
+///
+/// Any `Fn(&ShardId) -> P` is a factory.
+pub trait ProcessorFactory: Send + Sync + 'static {
+    /// The processor type.
+    type Processor: RecordProcessor;
+
+    /// A processor for `shard`.
+    fn create(&self, shard: &ShardId) -> Self::Processor;
+}
+
+impl<F, P> ProcessorFactory for F
+where
+    F: Fn(&ShardId) -> P + Send + Sync + 'static,
+    P: RecordProcessor,
+{
+    type Processor = P;
+
+    fn create(&self, shard: &ShardId) -> P {
+        self(shard)
+    }
+}

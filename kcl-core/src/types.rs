@@ -1,0 +1,365 @@
+//! Identifiers and values that travel through the whole crate.
+//!
+//! Ids are newtypes so that a shard id can never be passed where a worker id is expected.
+//! Sequence numbers are kept as the decimal strings Kinesis returns (they exceed `u128`) and
+//! compared numerically, which is what every checkpoint rule depends on.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps a string.
+            pub fn new(id: impl Into<String>) -> Self {
+                Self(id.into())
+            }
+
+            /// The id as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self(s.to_owned())
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(s)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// A Kinesis shard id, e.g. `shardId-000000000003`. Also the lease key.
+    ShardId
+);
+string_id!(
+    /// The identity of one worker process; the `leaseOwner` of the leases it holds.
+    WorkerId
+);
+
+/// A Kinesis sequence number: a decimal string of up to 128 digits, ordered numerically.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SequenceNumber(String);
+
+impl SequenceNumber {
+    /// Wraps a decimal sequence number. Returns `None` if it is empty or not all digits.
+    pub fn parse(s: impl Into<String>) -> Option<Self> {
+        let s = s.into();
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then_some(Self(s))
+    }
+
+    /// The sequence number as Kinesis wrote it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn significant(&self) -> &str {
+        let t = self.0.trim_start_matches('0');
+        if t.is_empty() { "0" } else { t }
+    }
+}
+
+impl Ord for SequenceNumber {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let (a, b) = (self.significant(), other.significant());
+        a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+    }
+}
+
+impl PartialOrd for SequenceNumber {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for SequenceNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A position inside a shard: a sequence number plus the sub-sequence number of a record
+/// inside an aggregated (KPL) record; `0` for ordinary records.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExtendedSequenceNumber {
+    /// The Kinesis sequence number.
+    pub sequence: SequenceNumber,
+    /// The sub-sequence number (KPL aggregation), `0` otherwise.
+    pub sub_sequence: u64,
+}
+
+impl ExtendedSequenceNumber {
+    /// A position with sub-sequence `0`.
+    pub fn new(sequence: SequenceNumber) -> Self {
+        Self {
+            sequence,
+            sub_sequence: 0,
+        }
+    }
+}
+
+impl fmt::Display for ExtendedSequenceNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.sub_sequence == 0 {
+            write!(f, "{}", self.sequence)
+        } else {
+            write!(f, "{}.{}", self.sequence, self.sub_sequence)
+        }
+    }
+}
+
+/// Where a lease's processing stands, as stored in the lease's `checkpoint` attribute.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Checkpoint {
+    /// Nothing processed yet; start at the oldest record still in the shard.
+    TrimHorizon,
+    /// Nothing processed yet; start after the newest record.
+    Latest,
+    /// Nothing processed yet; start at the lease's configured timestamp.
+    AtTimestamp,
+    /// Everything up to and including this record has been processed.
+    Sequence(ExtendedSequenceNumber),
+    /// The shard is closed and every record in it has been processed.
+    ShardEnd,
+}
+
+impl Checkpoint {
+    /// The sentinel strings KCL Java writes.
+    pub const TRIM_HORIZON: &'static str = "TRIM_HORIZON";
+    /// See [`Checkpoint::TRIM_HORIZON`].
+    pub const LATEST: &'static str = "LATEST";
+    /// See [`Checkpoint::TRIM_HORIZON`].
+    pub const AT_TIMESTAMP: &'static str = "AT_TIMESTAMP";
+    /// See [`Checkpoint::TRIM_HORIZON`].
+    pub const SHARD_END: &'static str = "SHARD_END";
+
+    /// Parses the stored form: a sentinel or a sequence number, plus the sub-sequence.
+    pub fn parse(value: &str, sub_sequence: u64) -> Option<Self> {
+        Some(match value {
+            Self::TRIM_HORIZON => Self::TrimHorizon,
+            Self::LATEST => Self::Latest,
+            Self::AT_TIMESTAMP => Self::AtTimestamp,
+            Self::SHARD_END => Self::ShardEnd,
+            s => Self::Sequence(ExtendedSequenceNumber {
+                sequence: SequenceNumber::parse(s)?,
+                sub_sequence,
+            }),
+        })
+    }
+
+    /// The stored string form.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::TrimHorizon => Self::TRIM_HORIZON,
+            Self::Latest => Self::LATEST,
+            Self::AtTimestamp => Self::AT_TIMESTAMP,
+            Self::ShardEnd => Self::SHARD_END,
+            Self::Sequence(s) => s.sequence.as_str(),
+        }
+    }
+
+    /// The stored sub-sequence number (`0` for sentinels).
+    pub fn sub_sequence(&self) -> u64 {
+        match self {
+            Self::Sequence(s) => s.sub_sequence,
+            _ => 0,
+        }
+    }
+
+    /// The checkpoint a new lease starts with.
+    pub fn initial(position: &InitialPosition) -> Self {
+        match position {
+            InitialPosition::TrimHorizon => Self::TrimHorizon,
+            InitialPosition::Latest => Self::Latest,
+            InitialPosition::AtTimestamp(_) => Self::AtTimestamp,
+        }
+    }
+
+    /// True once processing of the lease has begun (a sequence) or finished (shard end).
+    pub fn has_progress(&self) -> bool {
+        matches!(self, Self::Sequence(_) | Self::ShardEnd)
+    }
+
+    /// Orders checkpoints along a shard's life: sentinels < sequences < shard end.
+    /// Returns `None` between two different start sentinels.
+    pub fn progress_cmp(&self, other: &Self) -> Option<Ordering> {
+        let rank = |c: &Self| match c {
+            Self::TrimHorizon | Self::Latest | Self::AtTimestamp => 0,
+            Self::Sequence(_) => 1,
+            Self::ShardEnd => 2,
+        };
+        match (self, other) {
+            (Self::Sequence(a), Self::Sequence(b)) => Some(a.cmp(b)),
+            (a, b) if rank(a) == 0 && rank(b) == 0 => (a == b).then_some(Ordering::Equal),
+            (a, b) => Some(rank(a).cmp(&rank(b))),
+        }
+    }
+}
+
+impl fmt::Display for Checkpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sequence(s) => write!(f, "{s}"),
+            other => f.write_str(other.as_str()),
+        }
+    }
+}
+
+/// Where a worker starts reading a shard that has no checkpoint yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(
+    rename_all = "SCREAMING_SNAKE_CASE",
+    tag = "type",
+    content = "timestamp"
+)]
+pub enum InitialPosition {
+    /// The oldest record still retained (KCL Java's default is LATEST; ours is the safer choice
+    /// of losing nothing that is still in the stream).
+    #[default]
+    TrimHorizon,
+    /// Only records written after the lease is first processed.
+    Latest,
+    /// The first record at or after this time.
+    AtTimestamp(DateTime<Utc>),
+}
+
+/// Where a [`ShardSource`](crate::ShardSource) iterator starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartingPosition {
+    /// The oldest retained record.
+    TrimHorizon,
+    /// Just after the newest record.
+    Latest,
+    /// The first record at or after a time.
+    AtTimestamp(DateTime<Utc>),
+    /// At this record.
+    AtSequence(SequenceNumber),
+    /// Just after this record.
+    AfterSequence(SequenceNumber),
+}
+
+/// The inclusive range of 128-bit hash keys a shard serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HashKeyRange {
+    /// First hash key of the range.
+    pub start: u128,
+    /// Last hash key of the range (inclusive).
+    pub end: u128,
+}
+
+impl HashKeyRange {
+    /// The full key space, served by a stream with one shard.
+    pub const FULL: Self = Self {
+        start: 0,
+        end: u128::MAX,
+    };
+
+    /// True if `key` falls in the range.
+    pub fn contains(&self, key: u128) -> bool {
+        (self.start..=self.end).contains(&key)
+    }
+}
+
+/// One Kinesis record as handed to a processor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The payload.
+    pub data: Bytes,
+    /// The partition key the producer chose.
+    pub partition_key: String,
+    /// The record's sequence number within its shard.
+    pub sequence_number: SequenceNumber,
+    /// Sub-sequence number inside an aggregated record, `0` otherwise.
+    pub sub_sequence_number: u64,
+    /// When Kinesis accepted the record.
+    pub approximate_arrival: DateTime<Utc>,
+    /// The explicit hash key the producer set, if any.
+    pub explicit_hash_key: Option<String>,
+}
+
+impl Record {
+    /// The record's position, for checkpoints.
+    pub fn position(&self) -> ExtendedSequenceNumber {
+        ExtendedSequenceNumber {
+            sequence: self.sequence_number.clone(),
+            sub_sequence: self.sub_sequence_number,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(s: &str) -> SequenceNumber {
+        SequenceNumber::parse(s).unwrap_or_else(|| unreachable!("valid in test"))
+    }
+
+    #[test]
+    fn sequence_numbers_order_numerically_beyond_u128() {
+        assert!(seq("9") < seq("10"));
+        assert!(seq("0010") == seq("10").max(seq("0010")).min(seq("0010")));
+        assert_eq!(seq("0010").cmp(&seq("10")), Ordering::Equal);
+        let big = "49590338271490256608559692538361571095921575989136588898";
+        let bigger = "49590338271490256608559692538361571095921575989136588899";
+        assert!(seq(big) < seq(bigger));
+        assert!(seq("100000000000000000000000000000000000000000000000000000000") > seq(bigger));
+        assert!(SequenceNumber::parse("12a").is_none());
+        assert!(SequenceNumber::parse("").is_none());
+    }
+
+    #[test]
+    fn checkpoint_round_trips_and_orders() {
+        for c in [
+            Checkpoint::TrimHorizon,
+            Checkpoint::Latest,
+            Checkpoint::AtTimestamp,
+            Checkpoint::ShardEnd,
+            Checkpoint::Sequence(ExtendedSequenceNumber {
+                sequence: seq("42"),
+                sub_sequence: 3,
+            }),
+        ] {
+            assert_eq!(
+                Checkpoint::parse(c.as_str(), c.sub_sequence()),
+                Some(c.clone())
+            );
+        }
+        let a = Checkpoint::Sequence(ExtendedSequenceNumber::new(seq("5")));
+        let b = Checkpoint::Sequence(ExtendedSequenceNumber::new(seq("7")));
+        assert_eq!(a.progress_cmp(&b), Some(Ordering::Less));
+        assert_eq!(
+            Checkpoint::ShardEnd.progress_cmp(&b),
+            Some(Ordering::Greater)
+        );
+        assert_eq!(
+            Checkpoint::TrimHorizon.progress_cmp(&a),
+            Some(Ordering::Less)
+        );
+        assert_eq!(
+            Checkpoint::TrimHorizon.progress_cmp(&Checkpoint::Latest),
+            None
+        );
+        assert!(Checkpoint::parse("bogus", 0).is_none());
+    }
+}

@@ -1,0 +1,183 @@
+//! Fetching ahead of the processor, bounded in batches and bytes.
+//!
+//! A shard's fetch loop runs as its own task so that the next `GetRecords` overlaps with
+//! processing. The channel holds at most `max_prefetch_batches` batches and a semaphore holds
+//! `max_prefetch_bytes`: a slow processor stops the fetcher instead of growing memory. The
+//! loop also owns the Kinesis failure modes of reading: throttling and transient errors back
+//! off with jitter, an expired iterator is reopened after the last record read.
+
+use std::sync::Arc;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::sleep;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::config::WorkerConfig;
+use crate::error::{BackendError, ErrorKind};
+use crate::metrics;
+use crate::source::{RecordBatch, ShardIterator, ShardSource};
+use crate::types::{ShardId, StartingPosition};
+
+/// What the fetch loop hands the consumer.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    /// Records (never empty), or the end of the shard (`next_iterator` is `None`).
+    Batch {
+        batch: RecordBatch,
+        bytes: usize,
+        _permit: Option<OwnedSemaphorePermit>,
+    },
+    /// Reading failed in a way retrying here cannot fix.
+    Failed(BackendError),
+}
+
+/// The receiving end; dropping it stops the fetch task.
+#[derive(Debug)]
+pub(crate) struct Prefetcher {
+    rx: mpsc::Receiver<Fetched>,
+    _task: AbortOnDropHandle<()>,
+}
+
+impl Prefetcher {
+    pub(crate) fn spawn<S: ShardSource>(
+        source: Arc<S>,
+        shard: ShardId,
+        start: StartingPosition,
+        config: &WorkerConfig,
+        seed: u64,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(config.max_prefetch_batches);
+        let fetch = FetchLoop {
+            source,
+            shard,
+            position: start,
+            tx,
+            bytes: Arc::new(Semaphore::new(
+                config.max_prefetch_bytes.min(Semaphore::MAX_PERMITS),
+            )),
+            budget: config.max_prefetch_bytes.min(u32::MAX as usize),
+            max_records: config.max_records,
+            idle: config.idle_time_between_reads,
+            backoff: ExponentialBuilder::default()
+                .with_min_delay(config.min_backoff)
+                .with_max_delay(config.max_backoff)
+                .with_jitter()
+                .with_jitter_seed(seed)
+                .without_max_times(),
+        };
+        Self {
+            rx,
+            _task: AbortOnDropHandle::new(tokio::spawn(fetch.run())),
+        }
+    }
+
+    /// The next batch; `None` if the fetch loop is gone.
+    pub(crate) async fn recv(&mut self) -> Option<Fetched> {
+        self.rx.recv().await
+    }
+}
+
+struct FetchLoop<S> {
+    source: Arc<S>,
+    shard: ShardId,
+    /// Where to open an iterator: the start, then just after the last record read.
+    position: StartingPosition,
+    tx: mpsc::Sender<Fetched>,
+    bytes: Arc<Semaphore>,
+    budget: usize,
+    max_records: u32,
+    idle: std::time::Duration,
+    backoff: ExponentialBuilder,
+}
+
+impl<S: ShardSource> FetchLoop<S> {
+    async fn run(mut self) {
+        let mut iterator: Option<ShardIterator> = None;
+        let mut delays = self.backoff.build();
+        loop {
+            let it = match iterator.take() {
+                Some(it) => it,
+                None => match self
+                    .source
+                    .shard_iterator(&self.shard, &self.position)
+                    .await
+                {
+                    Ok(it) => it,
+                    Err(e) => {
+                        if !self.pause_after(e, &mut delays).await {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+            };
+            match self.source.get_records(&it, self.max_records).await {
+                Ok(batch) => {
+                    delays = self.backoff.build();
+                    if let Some(last) = batch.records.last() {
+                        self.position =
+                            StartingPosition::AfterSequence(last.sequence_number.clone());
+                    }
+                    iterator = batch.next_iterator.clone();
+                    let done = iterator.is_none();
+                    let empty = batch.records.is_empty();
+                    if !empty || done {
+                        let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
+                        let want = u32::try_from(bytes.clamp(1, self.budget)).unwrap_or(u32::MAX);
+                        let permit = self.bytes.clone().acquire_many_owned(want).await.ok();
+                        if self
+                            .tx
+                            .send(Fetched::Batch {
+                                batch,
+                                bytes,
+                                _permit: permit,
+                            })
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    if done {
+                        return;
+                    }
+                    if empty {
+                        sleep(self.idle).await;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::ExpiredIterator => {
+                    // Reopen after the last record read; back off in case it keeps expiring.
+                    if !self.pause_after(e, &mut delays).await {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    iterator = Some(it);
+                    if !self.pause_after(e, &mut delays).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sleeps before a retry; reports a permanent failure and returns false.
+    async fn pause_after(&self, error: BackendError, delays: &mut ExponentialBackoff) -> bool {
+        match error.kind() {
+            ErrorKind::Throttled | ErrorKind::Retryable | ErrorKind::ExpiredIterator => {
+                if error.kind() == ErrorKind::Throttled {
+                    ::metrics::counter!(metrics::THROTTLED, "operation" => error.operation())
+                        .increment(1);
+                }
+                tracing::debug!(%error, "read failed; backing off");
+                sleep(delays.next().unwrap_or(self.idle)).await;
+                true
+            }
+            _ => {
+                let _ = self.tx.send(Fetched::Failed(error)).await;
+                false
+            }
+        }
+    }
+}
