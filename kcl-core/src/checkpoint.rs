@@ -167,7 +167,7 @@ impl Checkpointer {
         if behind {
             return Err(CheckpointError::Backwards {
                 shard: self.shard_id().clone(),
-                requested: position.clone(),
+                requested: position.to_string(),
                 current,
             });
         }
@@ -181,6 +181,11 @@ impl Checkpointer {
                 Ok(())
             }
             Err(TenureError::Lost) => Err(self.lease_lost()),
+            Err(TenureError::Behind(current)) => Err(CheckpointError::Backwards {
+                shard: self.shard_id().clone(),
+                requested: update.checkpoint.to_string(),
+                current,
+            }),
             Err(TenureError::Store(source)) => Err(CheckpointError::Store {
                 shard: self.shard_id().clone(),
                 source,

@@ -112,7 +112,7 @@ pub enum CheckpointError {
         /// The shard.
         shard: ShardId,
         /// What was asked for.
-        requested: ExtendedSequenceNumber,
+        requested: String,
         /// The lease's checkpoint.
         current: Checkpoint,
     },

@@ -118,12 +118,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// counter as in `held`. Bumps the counter, clears any handoff request.
     fn release(&self, held: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Asks the owner to hand the lease over to `to`. Condition: owner and counter as in
-    /// `observed`. Leaves the counter alone, so the owner's renewals keep succeeding.
+    /// Asks the owner to hand the lease over to `to`, or with `None` withdraws or declines
+    /// the request. Condition: owner and counter as in `observed`. Leaves the counter alone, so
+    /// the owner's renewals keep succeeding.
     fn request_handoff(
         &self,
         observed: &Lease,
-        to: &WorkerId,
+        to: Option<&WorkerId>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Writes checkpoint state. Condition: owner and counter as in `held`. Bumps the counter

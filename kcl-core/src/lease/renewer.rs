@@ -23,7 +23,7 @@ pub(crate) async fn run(tenure: Arc<Tenure>, interval: Duration) {
         }
         wait = interval;
         match timeout_at(tenure.valid_until(), tenure.renew()).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_) | Err(TenureError::Behind(_))) => {}
             Ok(Err(TenureError::Lost)) => {
                 tracing::info!("lease lost: taken or released elsewhere");
                 ::metrics::counter!(metrics::LEASES_LOST).increment(1);

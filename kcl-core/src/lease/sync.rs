@@ -56,10 +56,7 @@ pub(crate) fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition
         if by_key.contains_key(&s.id) {
             continue;
         }
-        let has_descendant_lease = children
-            .get(&s.id)
-            .is_some_and(|cs| cs.iter().any(|c| by_key.contains_key(c)));
-        if has_descendant_lease {
+        if has_descendant_lease(&s.id, &children, &by_key) {
             continue;
         }
         // A child of a shard we track starts at its beginning whatever the initial position,
@@ -90,6 +87,26 @@ pub(crate) fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition
         .cloned()
         .collect();
     SyncPlan { create, delete }
+}
+
+/// True if any shard descending from `shard` has a lease: then `shard` was processed to its
+/// end and cleaned up (its children only get leases once it exists), so it must not return.
+fn has_descendant_lease(
+    shard: &ShardId,
+    children: &BTreeMap<&ShardId, Vec<&ShardId>>,
+    by_key: &BTreeMap<&ShardId, &Lease>,
+) -> bool {
+    let mut stack: Vec<&ShardId> = children.get(shard).cloned().unwrap_or_default();
+    let mut seen = BTreeSet::new();
+    while let Some(s) = stack.pop() {
+        if by_key.contains_key(s) {
+            return true;
+        }
+        if seen.insert(s) {
+            stack.extend(children.get(s).into_iter().flatten());
+        }
+    }
+    false
 }
 
 /// True if a lease may be processed now: not finished, and every parent either finished or

@@ -67,14 +67,21 @@ pub struct Plan {
     pub target: usize,
 }
 
-/// The workers known from `leases`, including `me`.
+/// The workers known from `leases`, including `me`: owners of live leases, and workers that
+/// asked for a live lease. A request left on an expired lease is stale (its requester may be
+/// gone too) and does not count.
 pub fn workers<'a>(me: &'a WorkerId, leases: &'a [Candidate]) -> BTreeSet<&'a WorkerId> {
     let mut set = BTreeSet::from([me]);
     for c in leases {
-        if let Holder::Other(w) = &c.holder {
-            set.insert(w);
-        }
-        if let Some(w) = &c.handoff_to {
+        let live = match &c.holder {
+            Holder::Other(w) => {
+                set.insert(w);
+                true
+            }
+            Holder::Me => true,
+            _ => false,
+        };
+        if let (true, Some(w)) = (live, &c.handoff_to) {
             set.insert(w);
         }
     }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{CheckpointUpdate, Lease, LeaseStore};
 use crate::error::{BackendError, ErrorKind};
-use crate::types::{ShardId, WorkerId};
+use crate::types::{Checkpoint, ShardId, WorkerId};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -75,6 +75,8 @@ impl<L: LeaseStore> HeldLeaseStore for L {
 pub(crate) enum TenureError {
     /// The lease is no longer ours.
     Lost,
+    /// The checkpoint would move backwards from the stored one (given).
+    Behind(Checkpoint),
     /// The store failed; the lease may still be ours.
     Store(BackendError),
 }
@@ -214,6 +216,19 @@ impl Tenure {
                 return Err(TenureError::Lost);
             }
             let started = Instant::now();
+            if let Write::Checkpoint(update) = op {
+                // Checked under the lock against the latest row this worker knows, so that a
+                // retry after an uncertain write can never move a checkpoint back.
+                let current = &held.lease.checkpoint;
+                if update
+                    .checkpoint
+                    .progress_cmp(current)
+                    .is_none_or(std::cmp::Ordering::is_lt)
+                    && update.checkpoint != *current
+                {
+                    return Err(TenureError::Behind(current.clone()));
+                }
+            }
             let store = &*self.store;
             let result = match op {
                 Write::Renew => store.renew(&held.lease).await,

@@ -252,10 +252,14 @@ impl LeaseStore for MemoryLeaseStore {
         .map(drop)
     }
 
-    async fn request_handoff(&self, observed: &Lease, to: &WorkerId) -> Result<(), BackendError> {
+    async fn request_handoff(
+        &self,
+        observed: &Lease,
+        to: Option<&WorkerId>,
+    ) -> Result<(), BackendError> {
         self.write("request_handoff", &observed.key, held_by(observed), |row| {
             row.map(|mut r| {
-                r.handoff_to = Some(to.clone());
+                r.handoff_to = to.cloned();
                 r
             })
         })

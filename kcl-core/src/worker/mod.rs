@@ -300,7 +300,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             })
             .collect();
 
-        self.grant_handoffs(state, &candidates);
+        self.grant_handoffs(state, &candidates, &by_key).await;
 
         let limits = Limits {
             max_leases: self.config.max_leases,
@@ -329,7 +329,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             let Some(observed) = by_key.get(key) else {
                 continue;
             };
-            match self.store.request_handoff(observed, &self.id).await {
+            match self.store.request_handoff(observed, Some(&self.id)).await {
                 Ok(()) => {
                     tracing::info!(shard = %key, from = ?observed.owner, "handoff requested");
                     ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
@@ -358,32 +358,40 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
     }
 
-    /// Starts handoffs other workers asked for, keeping this worker at its fair share.
-    fn grant_handoffs(&self, state: &Coordinator, candidates: &[Candidate]) {
+    /// Starts handoffs other workers asked for while this worker stays at or above its lower
+    /// fair share, and declines the others (clears the request) so that a request from a
+    /// worker that has gone away, or one the fleet no longer needs, does not linger.
+    async fn grant_handoffs(
+        &self,
+        state: &Coordinator,
+        candidates: &[Candidate],
+        by_key: &BTreeMap<&ShardId, &Lease>,
+    ) {
         let in_progress = state
             .held
             .values()
             .filter(|h| h.control.is_handing_off())
             .count();
-        let grant = taker::handoffs_to_grant(&self.id, candidates, in_progress);
-        let requested = candidates
-            .iter()
-            .filter_map(|c| match (&c.holder, &c.handoff_to) {
-                (Holder::Me, Some(to)) if to != &self.id => Some((&c.key, to)),
-                _ => None,
-            });
-        for (key, to) in requested
-            .filter(|(key, _)| {
-                state
-                    .held
-                    .get(*key)
-                    .is_some_and(|h| !h.control.is_handing_off())
-            })
-            .take(grant)
-        {
-            if let Some(held) = state.held.get(key) {
-                tracing::info!(shard = %key, to = %to, "granting handoff");
+        let mut grant = taker::handoffs_to_grant(&self.id, candidates, in_progress);
+        for c in candidates {
+            let (Holder::Me, Some(to)) = (&c.holder, &c.handoff_to) else {
+                continue;
+            };
+            let Some(held) = state.held.get(&c.key) else {
+                continue;
+            };
+            if held.control.is_handing_off() {
+                continue;
+            }
+            if grant > 0 && to != &self.id {
+                grant -= 1;
+                tracing::info!(shard = %c.key, to = %to, "granting handoff");
                 held.control.hand_off(to.clone());
+            } else if let Some(row) = by_key.get(&c.key) {
+                tracing::debug!(shard = %c.key, to = %to, "declining handoff");
+                if let Err(error) = self.store.request_handoff(row, None).await {
+                    tracing::debug!(shard = %c.key, %error, "declining handoff failed");
+                }
             }
         }
     }

@@ -1,0 +1,3 @@
+//! Pieces of the fleet simulation.
+pub mod checks;
+pub mod processor;

@@ -1,0 +1,201 @@
+//! The simulated application: a processor that records every delivery and checkpoint attempt.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kcl_core::memory::{Faults, next_event_seq};
+use kcl_core::{
+    BoxError, CheckpointError, Checkpointer, ProcessRecordsInput, RecordProcessor, SequenceNumber,
+    ShardId,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+/// One record handed to a processor.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub seq: u64,
+    pub at: Instant,
+    pub worker: String,
+    pub instance: u64,
+    pub shard: ShardId,
+    pub sequence: SequenceNumber,
+}
+
+/// One checkpoint call and how it ended.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub start_seq: u64,
+    pub worker: String,
+    pub instance: u64,
+    pub shard: ShardId,
+    pub ok: bool,
+}
+
+/// A processor instance's birth.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub created_seq: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Journal {
+    pub deliveries: Vec<Delivery>,
+    pub attempts: Vec<Attempt>,
+    pub instances: BTreeMap<u64, Instance>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Log(Arc<Mutex<Journal>>);
+
+impl Log {
+    pub fn lock(&self) -> MutexGuard<'_, Journal> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Style {
+    EveryBatch,
+    EveryNth(u32),
+    TwoPhase,
+}
+
+pub const INJECTED_PANIC: &str = "injected processor panic";
+
+/// Builds processors for one worker.
+#[derive(Debug, Clone)]
+pub struct Factory {
+    pub worker: String,
+    pub log: Log,
+    pub faults: Faults,
+    pub seed: u64,
+    pub instances: Arc<AtomicU64>,
+    pub failure_rate: f64,
+}
+
+impl Factory {
+    pub fn create(&self, shard: &ShardId) -> SimProcessor {
+        let instance = self.instances.fetch_add(1, Ordering::Relaxed);
+        self.log.lock().instances.insert(
+            instance,
+            Instance {
+                created_seq: next_event_seq(),
+            },
+        );
+        let mut rng =
+            StdRng::seed_from_u64(self.seed ^ instance.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let style = match rng.random_range(0..3) {
+            0 => Style::EveryBatch,
+            1 => Style::EveryNth(rng.random_range(2..5)),
+            _ => Style::TwoPhase,
+        };
+        SimProcessor {
+            worker: self.worker.clone(),
+            instance,
+            shard: shard.clone(),
+            log: self.log.clone(),
+            faults: self.faults.clone(),
+            rng,
+            style,
+            batches: 0,
+            failure_rate: self.failure_rate,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct SimProcessor {
+    worker: String,
+    instance: u64,
+    shard: ShardId,
+    log: Log,
+    faults: Faults,
+    rng: StdRng,
+    style: Style,
+    batches: u32,
+    failure_rate: f64,
+}
+
+impl SimProcessor {
+    async fn checkpoint(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+        two_phase: bool,
+    ) -> Result<(), CheckpointError> {
+        let start_seq = next_event_seq();
+        let result = if two_phase {
+            match checkpointer.prepare_checkpoint(None).await {
+                Ok(prepared) => checkpointer.commit(prepared).await,
+                Err(CheckpointError::NothingDelivered { .. }) => checkpointer.checkpoint().await,
+                Err(e) => Err(e),
+            }
+        } else {
+            checkpointer.checkpoint().await
+        };
+        self.log.lock().attempts.push(Attempt {
+            start_seq,
+            worker: self.worker.clone(),
+            instance: self.instance,
+            shard: self.shard.clone(),
+            ok: result.is_ok(),
+        });
+        result
+    }
+}
+
+impl RecordProcessor for SimProcessor {
+    async fn process_records(
+        &mut self,
+        input: ProcessRecordsInput,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        {
+            let mut log = self.log.lock();
+            for r in &input.records {
+                log.deliveries.push(Delivery {
+                    seq: next_event_seq(),
+                    at: Instant::now(),
+                    worker: self.worker.clone(),
+                    instance: self.instance,
+                    shard: self.shard.clone(),
+                    sequence: r.sequence_number.clone(),
+                });
+            }
+        }
+        // A paused process is stuck wherever it is, including in the middle of a batch.
+        self.faults.wait_while_paused(&self.worker).await;
+        self.batches += 1;
+        if self.failure_rate > 0.0 && self.rng.random_bool(self.failure_rate) {
+            if self.rng.random_bool(0.5) {
+                panic!("{INJECTED_PANIC}");
+            }
+            return Err("injected processor error".into());
+        }
+        match self.style {
+            Style::EveryBatch => self.checkpoint(checkpointer, false).await?,
+            Style::EveryNth(n) if self.batches % n == 0 => {
+                self.checkpoint(checkpointer, false).await?
+            }
+            Style::EveryNth(_) => {}
+            Style::TwoPhase => self.checkpoint(checkpointer, true).await?,
+        }
+        Ok(())
+    }
+
+    async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
+        self.faults.wait_while_paused(&self.worker).await;
+        self.checkpoint(checkpointer, false).await?;
+        Ok(())
+    }
+
+    async fn shutdown_requested(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        self.checkpoint(checkpointer, false).await?;
+        Ok(())
+    }
+}
