@@ -112,13 +112,10 @@ impl Checkpointer {
         &mut self,
         position: Option<ExtendedSequenceNumber>,
     ) -> Result<PreparedCheckpoint, CheckpointError> {
-        let position = match position.or_else(|| self.last_delivered.clone()) {
-            Some(p) => p,
-            None => {
-                return Err(CheckpointError::NothingDelivered {
-                    shard: self.shard_id().clone(),
-                });
-            }
+        let Some(position) = position.or_else(|| self.last_delivered.clone()) else {
+            return Err(CheckpointError::NothingDelivered {
+                shard: self.shard_id().clone(),
+            });
         };
         let current = self.validate(&position).await?;
         let update = CheckpointUpdate {
@@ -199,3 +196,6 @@ impl Checkpointer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

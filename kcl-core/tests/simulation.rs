@@ -241,11 +241,11 @@ async fn simulate(seed: u64) -> Outcome {
         fleet.paused.retain(|id, _| faults.is_paused(id));
         match rng.random_range(0..100) {
             0..12 => {
-                if fleet.live.len() > 1 {
-                    if let Some(id) = fleet.pick(&mut rng) {
-                        fleet.remove(&id, true).await;
-                        stats.crashes += 1;
-                    }
+                if fleet.live.len() > 1
+                    && let Some(id) = fleet.pick(&mut rng)
+                {
+                    fleet.remove(&id, true).await;
+                    stats.crashes += 1;
                 }
             }
             12..24 => {
@@ -265,13 +265,12 @@ async fn simulate(seed: u64) -> Outcome {
                 }
             }
             36..44 => {
-                if fleet.live.len() > 1 {
-                    if let Some(id) = fleet.pick(&mut rng) {
-                        if !faults.is_paused(&id) {
-                            fleet.remove(&id, false).await;
-                            stats.leaves += 1;
-                        }
-                    }
+                if fleet.live.len() > 1
+                    && let Some(id) = fleet.pick(&mut rng)
+                    && !faults.is_paused(&id)
+                {
+                    fleet.remove(&id, false).await;
+                    stats.leaves += 1;
                 }
             }
             44..56 => {
@@ -295,10 +294,11 @@ async fn simulate(seed: u64) -> Outcome {
             }
             66..83 => {
                 let open = stream.open_shards();
-                if open.len() < MAX_SHARDS && !open.is_empty() {
-                    if stream.split(&open[rng.random_range(0..open.len())]).is_ok() {
-                        stats.splits += 1;
-                    }
+                if open.len() < MAX_SHARDS
+                    && !open.is_empty()
+                    && stream.split(&open[rng.random_range(0..open.len())]).is_ok()
+                {
+                    stats.splits += 1;
                 }
             }
             _ => {

@@ -188,7 +188,7 @@ mod tests {
         let b = Lease::new(ShardId::new("b"), Checkpoint::TrimHorizon);
         let mut c = Lease::new(ShardId::new("c"), Checkpoint::TrimHorizon);
         c.parent_shard_ids = vec![a.key.clone(), b.key.clone()];
-        let all = [a.clone(), b.clone(), c.clone()];
+        let all = [a.clone(), b, c.clone()];
         let by_key = all.iter().map(|l| (&l.key, l)).collect();
         assert!(!is_ready(&c, &by_key));
         let all = [a, c.clone()];

@@ -237,13 +237,10 @@ impl MemoryStream {
     }
 }
 
-/// A 128-bit hash of a partition key (FNV-1a; Kinesis uses MD5, any even spread will do).
+/// The hash key of a partition key: its MD5 digest as a 128-bit number, as in Kinesis.
 fn hash_key(partition_key: &str) -> u128 {
-    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
-    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
-    partition_key
-        .bytes()
-        .fold(OFFSET, |h, b| (h ^ u128::from(b)).wrapping_mul(PRIME))
+    use md5::{Digest, Md5};
+    u128::from_be_bytes(Md5::digest(partition_key.as_bytes()).into())
 }
 
 fn parse_iterator(it: &ShardIterator) -> Option<(ShardId, usize)> {

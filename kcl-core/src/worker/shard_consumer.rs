@@ -306,8 +306,8 @@ async fn attempt<S: ShardSource, F: ProcessorFactory>(
             tracing::info!(
                 records = count,
                 bytes,
-                processing_ms = took.as_millis() as u64,
-                delay_ms = delay.as_millis() as u64,
+                processing_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                 millis_behind_latest = batch.millis_behind_latest,
                 "batch processed"
             );
@@ -332,7 +332,7 @@ async fn attempt<S: ShardSource, F: ProcessorFactory>(
                 processor.lease_lost().await;
                 Ok(())
             })
-            .await?
+            .await?;
         }
         Stop::Graceful => {
             if let Err(error) = guard(

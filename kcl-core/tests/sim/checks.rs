@@ -26,7 +26,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     v
 }
 
-/// 1. Every appended record was delivered at least once.
+/// Invariant 1: Every appended record was delivered at least once.
 fn no_loss(e: &Evidence<'_>, v: &mut Vec<String>) {
     let delivered: BTreeSet<(&ShardId, &SequenceNumber)> = e
         .journal
@@ -49,34 +49,34 @@ fn no_loss(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
 }
 
-/// 2. Within one processor instance, deliveries are in strictly increasing sequence order.
+/// Invariant 2: Within one processor instance, deliveries are in strictly increasing sequence order.
 fn order(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut last: BTreeMap<u64, &SequenceNumber> = BTreeMap::new();
     for d in &e.journal.deliveries {
-        if let Some(prev) = last.insert(d.instance, &d.sequence) {
-            if prev >= &d.sequence {
-                v.push(format!(
-                    "order: instance {} on {} got {} after {prev}",
-                    d.instance, d.shard, d.sequence
-                ));
-            }
+        if let Some(prev) = last.insert(d.instance, &d.sequence)
+            && prev >= &d.sequence
+        {
+            v.push(format!(
+                "order: instance {} on {} got {} after {prev}",
+                d.instance, d.shard, d.sequence
+            ));
         }
     }
 }
 
-/// 3. Checkpoints never move backwards and never pass a record the writer had not delivered.
+/// Invariant 3: Checkpoints never move backwards and never pass a record the writer had not delivered.
 fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut current: BTreeMap<&ShardId, &Checkpoint> = BTreeMap::new();
     for ev in e.store.iter().filter(|ev| ev.operation == "checkpoint") {
         let cp = &ev.lease.checkpoint;
         let prev = current.insert(&ev.lease.key, cp);
-        if let Some(prev) = prev {
-            if prev.progress_cmp(cp).is_none_or(|o| o.is_gt()) {
-                v.push(format!(
-                    "checkpoint: {} moved back from {prev} to {cp}",
-                    ev.lease.key
-                ));
-            }
+        if let Some(prev) = prev
+            && prev.progress_cmp(cp).is_none_or(|o| o.is_gt())
+        {
+            v.push(format!(
+                "checkpoint: {} moved back from {prev} to {cp}",
+                ev.lease.key
+            ));
         }
         // A prepared checkpoint rewrites the committed one unchanged: only changes count.
         if prev == Some(cp) {
@@ -113,10 +113,10 @@ fn owners(store: &[StoreEvent]) -> BTreeMap<&ShardId, Vec<(u64, Option<&str>)>> 
     out
 }
 
-/// 4. Fencing. (a) A checkpoint succeeds only for the processor instance of the writer's
-/// current tenure: never once another worker took the lease, nor for an instance created
-/// before the writer last (re)acquired it. (b) No delivery later than the failover time after
-/// the deliverer's last successful write of that lease.
+/// Invariant 4, fencing. A checkpoint succeeds only for the processor instance of the
+/// writer's current tenure: never once another worker took the lease, nor for an instance
+/// created before the writer last (re)acquired it. And no delivery comes later than the
+/// failover time after the deliverer's last successful write of that lease.
 fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
     let owners = owners(e.store);
     for a in e.journal.attempts.iter().filter(|a| a.ok) {
@@ -142,13 +142,13 @@ fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
             .map(|w| w[1].0)
             .next_back();
         let created = e.journal.instances.get(&a.instance).map(|i| i.created_seq);
-        if let (Some(acquired), Some(created)) = (acquired, created) {
-            if created < acquired {
-                v.push(format!(
-                    "fencing: an instance of {} from before it retook {} checkpointed",
-                    a.worker, a.shard
-                ));
-            }
+        if let (Some(acquired), Some(created)) = (acquired, created)
+            && created < acquired
+        {
+            v.push(format!(
+                "fencing: an instance of {} from before it retook {} checkpointed",
+                a.worker, a.shard
+            ));
         }
     }
     let mut writes: BTreeMap<(&str, &ShardId), Vec<&StoreEvent>> = BTreeMap::new();
@@ -168,7 +168,7 @@ fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
     for d in &e.journal.deliveries {
         let last = writes
             .get(&(d.worker.as_str(), &d.shard))
-            .and_then(|w| w.iter().filter(|ev| ev.seq < d.seq).next_back());
+            .and_then(|w| w.iter().rfind(|ev| ev.seq < d.seq));
         match last {
             Some(w) if d.at.saturating_duration_since(w.at) <= e.failover => {}
             Some(w) => v.push(format!(
@@ -186,7 +186,7 @@ fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
 }
 
-/// 5. Lineage: no record of a child is delivered before every parent reached SHARD_END.
+/// Invariant 5: Lineage: no record of a child is delivered before every parent reached SHARD_END.
 fn lineage(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut ended: BTreeMap<&ShardId, u64> = BTreeMap::new();
     for ev in e

@@ -176,8 +176,8 @@ impl RecordProcessor for SimProcessor {
         }
         match self.style {
             Style::EveryBatch => self.checkpoint(checkpointer, false).await?,
-            Style::EveryNth(n) if self.batches % n == 0 => {
-                self.checkpoint(checkpointer, false).await?
+            Style::EveryNth(n) if self.batches.is_multiple_of(n) => {
+                self.checkpoint(checkpointer, false).await?;
             }
             Style::EveryNth(_) => {}
             Style::TwoPhase => self.checkpoint(checkpointer, true).await?,

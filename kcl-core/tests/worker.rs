@@ -1,0 +1,422 @@
+//! Worker behaviour on the in-memory backends, under paused time: start-up, failover,
+//! graceful handback, handoffs, processor failures and the shutdown deadline.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
+use kcl_core::{
+    BoxError, Checkpointer, LeaseStore, ProcessRecordsInput, RecordProcessor, SequenceNumber,
+    ShardId, ShutdownHandle, Status, Worker, WorkerConfig,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+type Seen = Arc<Mutex<Vec<(String, ShardId, SequenceNumber)>>>;
+
+#[derive(Clone, Default)]
+struct Behaviour {
+    /// Checkpoint after every batch (otherwise only in `shutdown_requested`).
+    every_batch: bool,
+    /// Panic on the first batch of this shard, once.
+    panic_once_on: Option<ShardId>,
+    panicked: Arc<AtomicBool>,
+    /// Never return from `shutdown_requested`.
+    hang_on_shutdown: bool,
+}
+
+struct Recorder {
+    worker: String,
+    shard: ShardId,
+    seen: Seen,
+    behaviour: Behaviour,
+}
+
+impl RecordProcessor for Recorder {
+    async fn process_records(
+        &mut self,
+        input: ProcessRecordsInput,
+        cp: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        if self.behaviour.panic_once_on.as_ref() == Some(&self.shard)
+            && !self.behaviour.panicked.swap(true, Ordering::SeqCst)
+        {
+            panic!("processor bug");
+        }
+        {
+            let mut seen = self.seen.lock().unwrap();
+            for r in &input.records {
+                seen.push((
+                    self.worker.clone(),
+                    self.shard.clone(),
+                    r.sequence_number.clone(),
+                ));
+            }
+        }
+        if self.behaviour.every_batch {
+            cp.checkpoint().await?;
+        }
+        Ok(())
+    }
+
+    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), BoxError> {
+        if self.behaviour.hang_on_shutdown {
+            std::future::pending::<()>().await;
+        }
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+fn config() -> WorkerConfig {
+    WorkerConfig::default()
+        .failover_time(Duration::from_secs(6))
+        .taker_interval(Duration::from_millis(500))
+        .idle_time_between_reads(Duration::from_millis(200))
+}
+
+struct Running {
+    task: JoinHandle<Result<(), kcl_core::Error>>,
+    shutdown: ShutdownHandle,
+    status: watch::Receiver<Status>,
+}
+
+fn start(
+    id: &str,
+    config: WorkerConfig,
+    stream: &MemoryStream,
+    store: &MemoryLeaseStore,
+    seen: &Seen,
+    behaviour: &Behaviour,
+) -> Running {
+    let (worker, seen, behaviour) = (id.to_owned(), seen.clone(), behaviour.clone());
+    let w = Worker::new(
+        id,
+        config,
+        stream.client(id),
+        store.client(id),
+        move |shard: &ShardId| Recorder {
+            worker: worker.clone(),
+            shard: shard.clone(),
+            seen: seen.clone(),
+            behaviour: behaviour.clone(),
+        },
+    )
+    .unwrap();
+    Running {
+        shutdown: w.shutdown_handle(),
+        status: w.status(),
+        task: tokio::spawn(w.run()),
+    }
+}
+
+fn fill(stream: &MemoryStream, n: usize) {
+    for i in 0..n {
+        stream.put(&format!("key-{}", i % 37), format!("record-{i}"));
+    }
+}
+
+fn held(r: &Running) -> usize {
+    r.status.borrow().held.len()
+}
+
+async fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() <= limit {
+        if done() {
+            return Some(start.elapsed());
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+fn delivered_by(seen: &Seen) -> BTreeMap<(ShardId, SequenceNumber), Vec<String>> {
+    let mut out: BTreeMap<_, Vec<String>> = BTreeMap::new();
+    for (w, s, q) in seen.lock().unwrap().iter() {
+        out.entry((s.clone(), q.clone()))
+            .or_default()
+            .push(w.clone());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_record_arrives_in_the_first_cycle_on_a_fresh_table() {
+    let (stream, store, seen) = (
+        MemoryStream::new(4),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    fill(&stream, 100);
+    let w = start(
+        "a",
+        WorkerConfig::default(),
+        &stream,
+        &store,
+        &seen,
+        &Behaviour::default(),
+    );
+    let first = wait_until(Duration::from_secs(30), || !seen.lock().unwrap().is_empty()).await;
+    assert!(
+        first.is_some_and(|t| t < Duration::from_secs(1)),
+        "first record after {first:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || seen.lock().unwrap().len() == 100)
+            .await
+            .is_some()
+    );
+    assert_eq!(held(&w), 4);
+    w.shutdown.shutdown();
+    w.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashed_workers_leases_move_within_failover_plus_a_cycle() {
+    let (stream, store, seen) = (
+        MemoryStream::new(8),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = Behaviour {
+        every_batch: true,
+        ..Behaviour::default()
+    };
+    let a = start("a", config(), &stream, &store, &seen, &b);
+    let c = start("c", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(10), || held(&a) == 4 && held(&c) == 4)
+            .await
+            .is_some()
+    );
+    fill(&stream, 200);
+    sleep(Duration::from_secs(2)).await;
+    a.task.abort(); // dropped without releasing anything
+    let moved = wait_until(Duration::from_secs(30), || held(&c) == 8).await;
+    let bound = config().failover_time + config().taker_interval * 2;
+    assert!(
+        moved.is_some_and(|t| t <= bound),
+        "took {moved:?}, bound {bound:?}"
+    );
+    fill(&stream, 200);
+    assert!(
+        wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 400)
+            .await
+            .is_some(),
+        "none lost"
+    );
+    c.shutdown.shutdown();
+    c.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn graceful_shutdown_hands_leases_back_at_once_without_repeats() {
+    let (stream, store, seen) = (
+        MemoryStream::new(6),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = Behaviour::default(); // checkpoints only in shutdown_requested
+    let a = start("a", config(), &stream, &store, &seen, &b);
+    let c = start("c", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(10), || held(&a) == 3 && held(&c) == 3)
+            .await
+            .is_some()
+    );
+    fill(&stream, 300);
+    assert!(
+        wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 300)
+            .await
+            .is_some()
+    );
+    a.shutdown.shutdown();
+    a.task.await.unwrap().unwrap();
+    let leases = store.leases();
+    assert!(
+        leases
+            .iter()
+            .all(|l| l.owner.as_ref().is_none_or(|o| o.as_str() == "c")),
+        "a released all"
+    );
+    let moved = wait_until(Duration::from_secs(10), || held(&c) == 6).await;
+    assert!(
+        moved.is_some_and(|t| t <= config().taker_interval),
+        "took {moved:?}"
+    );
+    fill(&stream, 100);
+    assert!(
+        wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 400)
+            .await
+            .is_some()
+    );
+    let repeats = delivered_by(&seen).values().filter(|w| w.len() > 1).count();
+    assert_eq!(
+        repeats, 0,
+        "a checkpointed in shutdown_requested: c repeats nothing"
+    );
+    c.shutdown.shutdown();
+    c.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn rebalancing_is_a_handoff_that_repeats_nothing() {
+    let (stream, store, seen) = (
+        MemoryStream::new(8),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = Behaviour::default(); // checkpoints only when asked to stop
+    let a = start("a", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(5), || held(&a) == 8)
+            .await
+            .is_some()
+    );
+    fill(&stream, 400);
+    assert!(
+        wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 400)
+            .await
+            .is_some()
+    );
+    let c = start(
+        "c",
+        config().max_leases_to_steal(4),
+        &stream,
+        &store,
+        &seen,
+        &b,
+    );
+    let balanced = wait_until(Duration::from_secs(20), || held(&a) == 4 && held(&c) == 4).await;
+    assert!(
+        balanced.is_some_and(|t| t < config().failover_time),
+        "balanced after {balanced:?}: no expiry wait"
+    );
+    fill(&stream, 400);
+    assert!(
+        wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 800)
+            .await
+            .is_some()
+    );
+    let repeats = delivered_by(&seen).values().filter(|w| w.len() > 1).count();
+    assert_eq!(repeats, 0);
+    for w in [a, c] {
+        w.shutdown.shutdown();
+        w.task.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_processor_restarts_its_shard_not_the_worker() {
+    let (stream, store, seen) = (
+        MemoryStream::new(3),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = Behaviour {
+        every_batch: true,
+        panic_once_on: stream.shard_for("key-0"),
+        ..Behaviour::default()
+    };
+    fill(&stream, 150);
+    let a = start("a", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(30), || delivered_by(&seen).len() == 150)
+            .await
+            .is_some()
+    );
+    assert!(b.panicked.load(Ordering::SeqCst));
+    assert_eq!(held(&a), 3, "the lease stayed held through the restart");
+    assert!(!a.task.is_finished());
+    a.shutdown.shutdown();
+    a.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_shutdown_deadline_stops_a_processor_that_hangs() {
+    let (stream, store, seen) = (
+        MemoryStream::new(2),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = Behaviour {
+        hang_on_shutdown: true,
+        ..Behaviour::default()
+    };
+    let a = start(
+        "a",
+        config().shutdown_timeout(Duration::from_secs(3)),
+        &stream,
+        &store,
+        &seen,
+        &b,
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || held(&a) == 2)
+            .await
+            .is_some()
+    );
+    let asked = Instant::now();
+    a.shutdown.shutdown();
+    a.task.await.unwrap().unwrap();
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_secs(3) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    // Nothing was released: the leases will expire for others.
+    assert!(
+        store
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .all(|l| l.owner.is_some())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_worker_stops_the_shard_and_its_checkpoints_fail() {
+    let (stream, store, seen) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = Behaviour {
+        every_batch: true,
+        ..Behaviour::default()
+    };
+    let a = start("a", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(5), || held(&a) == 1)
+            .await
+            .is_some()
+    );
+    // Another worker takes the lease behind a's back (as after an expiry it missed).
+    let row = store.list().await.unwrap().remove(0);
+    store
+        .client("intruder")
+        .take(&row, &"intruder".into())
+        .await
+        .unwrap();
+    fill(&stream, 10);
+    let stopped = wait_until(Duration::from_secs(10), || held(&a) == 0).await;
+    assert!(
+        stopped.is_some(),
+        "a stops the shard once a write of it fails"
+    );
+    let journal = store.journal();
+    let after_take = journal.iter().skip_while(|e| e.client != "intruder");
+    assert!(
+        after_take
+            .filter(|e| e.client == "a")
+            .all(|e| e.operation == "take" || e.operation == "request_handoff")
+    );
+    a.shutdown.shutdown();
+    a.task.await.unwrap().unwrap();
+}
