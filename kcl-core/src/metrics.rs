@@ -15,7 +15,7 @@ pub const DELIVERY_DELAY: &str = "kcl_delivery_delay_seconds";
 pub const MILLIS_BEHIND_LATEST: &str = "kcl_millis_behind_latest";
 /// Leases held by this worker (gauge).
 pub const LEASES_HELD: &str = "kcl_leases_held";
-/// Leases taken that were unowned or expired (counter).
+/// Leases taken (counter, `from`: `unowned`, `expired` or `handoff`).
 pub const LEASES_TAKEN: &str = "kcl_leases_taken_total";
 /// Handoffs requested from more loaded workers (counter).
 pub const LEASES_STOLEN: &str = "kcl_lease_handoffs_requested_total";

@@ -420,3 +420,51 @@ async fn a_fenced_worker_stops_the_shard_and_its_checkpoints_fail() {
     a.shutdown.shutdown();
     a.task.await.unwrap().unwrap();
 }
+
+/// A source whose stream does not exist.
+struct Missing;
+
+impl kcl_core::ShardSource for Missing {
+    async fn list_shards(&self) -> Result<Vec<kcl_core::Shard>, kcl_core::BackendError> {
+        Err(kcl_core::BackendError::new(
+            kcl_core::ErrorKind::Fatal,
+            "list_shards",
+            "stream orders-typo not found",
+        ))
+    }
+    async fn shard_iterator(
+        &self,
+        _: &ShardId,
+        _: &kcl_core::StartingPosition,
+    ) -> Result<kcl_core::ShardIterator, kcl_core::BackendError> {
+        unreachable!("no shard was listed")
+    }
+    async fn get_records(
+        &self,
+        _: &kcl_core::ShardIterator,
+        _: u32,
+    ) -> Result<kcl_core::RecordBatch, kcl_core::BackendError> {
+        unreachable!("no shard was listed")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_stream_at_start_up_is_a_clear_error_not_a_retry_loop() {
+    let w = Worker::new(
+        "a",
+        config(),
+        Missing,
+        MemoryLeaseStore::new(),
+        |shard: &ShardId| Recorder {
+            worker: "a".into(),
+            shard: shard.clone(),
+            seen: Seen::default(),
+            behaviour: Behaviour::default(),
+        },
+    )
+    .unwrap();
+    let error = w.run().await.expect_err("fails");
+    assert!(matches!(error, kcl_core::Error::Source(_)));
+    let chain = format!("{:?}", std::error::Error::source(&error));
+    assert!(chain.contains("orders-typo"), "{chain}");
+}

@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use self::shard_consumer::{Control, Exit, ShardContext};
 use crate::config::WorkerConfig;
-use crate::error::{BackendError, ConfigError, Error, ErrorKind};
+use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::observer::Observer;
 use crate::lease::taker::{self, Candidate, Holder, Limits};
 use crate::lease::tenure::Tenure;
@@ -176,16 +176,20 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             task_keys: BTreeMap::new(),
             observer: Observer::default(),
             next_sync: Instant::now(),
+            synced_once: false,
         };
         let mut next_cycle = Instant::now();
-        loop {
+        let outcome = loop {
             if Instant::now() >= next_cycle {
-                self.cycle(&mut state, &ctx).await;
+                if let Err(error) = self.cycle(&mut state, &ctx).await {
+                    tracing::error!(%error, "stopping: the stream or lease table is unusable");
+                    break Err(error);
+                }
                 next_cycle = Instant::now() + self.config.taker_interval;
             }
             tokio::select! {
                 biased;
-                () = self.handle.graceful.cancelled() => break,
+                () = self.handle.graceful.cancelled() => break Ok(()),
                 Some(joined) = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
                     if state.on_exit(joined) == Some(Exit::ShardEnd) {
                         // Children may be ready: sync and plan now rather than a cycle later.
@@ -196,8 +200,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 }
                 () = sleep_until(next_cycle) => {}
             }
-        }
+        };
 
+        self.handle.graceful.cancel();
         self.status.send_modify(|s| s.phase = Phase::ShuttingDown);
         tracing::info!(
             leases = state.held.len(),
@@ -224,7 +229,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             while state.tasks.join_next().await.is_some() {}
         }
         tracing::info!("worker stopped");
-        Ok(())
+        outcome
     }
 
     /// Creates the lease table, retrying transient failures. False if shut down meanwhile.
@@ -256,19 +261,24 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// One taker cycle; see the module docs.
-    async fn cycle(&self, state: &mut Coordinator, ctx: &Arc<ShardContext<S, F>>) {
+    async fn cycle(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
         let mut leases = match self.store.list().await {
             Ok(leases) => leases,
             Err(error) => {
                 tracing::warn!(%error, "listing leases failed");
                 self.status.send_modify(|s| s.store_reachable = false);
-                return;
+                return Ok(());
             }
         };
         self.status.send_modify(|s| s.store_reachable = true);
         if Instant::now() >= state.next_sync {
             match self.sync_shards(&leases).await {
                 Ok(changed) => {
+                    state.synced_once = true;
                     state.next_sync = Instant::now() + self.config.shard_sync_interval;
                     if changed {
                         match self.store.list().await {
@@ -278,11 +288,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "shard sync failed; retrying next cycle");
-                    state.next_sync = Instant::now() + self.config.taker_interval;
-                    if error.kind() == ErrorKind::Fatal {
-                        tracing::error!(%error, "shard source is failing permanently");
+                    let backend = match &error {
+                        Error::Source(e) | Error::Store(e) => Some(e),
+                        _ => None,
+                    };
+                    // A stream that does not exist at start-up is a configuration error: say
+                    // so instead of retrying forever. Later, keep going with what we hold.
+                    if !state.synced_once && backend.is_some_and(|e| e.kind() == ErrorKind::Fatal) {
+                        return Err(error);
                     }
+                    tracing::warn!(error = ?backend, "shard sync failed; retrying next cycle");
+                    state.next_sync = Instant::now() + self.config.taker_interval;
                 }
             }
         }
@@ -314,9 +330,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             let started = Instant::now();
             match self.store.take(observed, &self.id).await {
                 Ok(lease) => {
-                    let stolen = observed.owner.as_ref().is_some_and(|o| o != &self.id);
+                    let from = match &observed.owner {
+                        None => "unowned",
+                        Some(o) if o == &self.id => "handoff",
+                        Some(_) => "expired",
+                    };
                     tracing::info!(shard = %key, from = ?observed.owner, "lease taken");
-                    ::metrics::counter!(metrics::LEASES_TAKEN, "expired" => if stolen { "true" } else { "false" }).increment(1);
+                    ::metrics::counter!(metrics::LEASES_TAKEN, "from" => from).increment(1);
                     state.spawn(self, ctx, lease, started);
                 }
                 Err(e) if e.kind() == ErrorKind::Conflict => {
@@ -338,6 +358,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         self.publish(state);
+        Ok(())
     }
 
     fn holder(&self, lease: &Lease, state: &Coordinator, now: Instant) -> Holder {
@@ -397,13 +418,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Lists shards and creates or cleans up leases. True if anything was written.
-    async fn sync_shards(&self, leases: &[Lease]) -> Result<bool, BackendError> {
-        let shards = self.source.list_shards().await?;
+    async fn sync_shards(&self, leases: &[Lease]) -> Result<bool, Error> {
+        let shards = self.source.list_shards().await.map_err(Error::Source)?;
         let plan = sync::plan(&shards, leases, &self.config.initial_position);
         let mut changed = false;
         for lease in &plan.create {
             // In order, stopping at the first failure: a child never exists without its parents.
-            if self.store.create(lease).await? {
+            if self.store.create(lease).await.map_err(Error::Store)? {
                 tracing::info!(shard = %lease.key, checkpoint = %lease.checkpoint, "lease created");
                 changed = true;
             }
@@ -438,6 +459,8 @@ struct Coordinator {
     task_keys: BTreeMap<tokio::task::Id, ShardId>,
     observer: Observer,
     next_sync: Instant,
+    /// Whether a shard sync has succeeded since start.
+    synced_once: bool,
 }
 
 impl Coordinator {
