@@ -51,6 +51,7 @@
 
 mod checkpoint;
 mod config;
+pub mod coordination;
 mod error;
 pub mod lease;
 pub mod metrics;

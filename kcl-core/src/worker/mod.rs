@@ -22,6 +22,7 @@ use tracing::Instrument;
 
 use self::shard_consumer::{Control, Exit, ShardContext};
 use crate::config::WorkerConfig;
+use crate::coordination::is_coordination_key;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::observer::Observer;
 use crate::lease::taker::{self, Candidate, Holder, Limits};
@@ -275,6 +276,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         };
         self.status.send_modify(|s| s.store_reachable = true);
+        leases.retain(|l| !is_coordination_key(&l.key));
         if Instant::now() >= state.next_sync {
             match self.sync_shards(&leases).await {
                 Ok(changed) => {
@@ -282,7 +284,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     state.next_sync = Instant::now() + self.config.shard_sync_interval;
                     if changed {
                         match self.store.list().await {
-                            Ok(fresh) => leases = fresh,
+                            Ok(mut fresh) => {
+                                fresh.retain(|l| !is_coordination_key(&l.key));
+                                leases = fresh;
+                            }
                             Err(error) => tracing::warn!(%error, "listing leases failed"),
                         }
                     }

@@ -1,0 +1,141 @@
+use std::sync::Mutex;
+
+use super::*;
+use crate::memory::MemoryLeaseStore;
+
+/// (candidate, started, ended) of every run of the task.
+type Runs = Arc<Mutex<Vec<(String, Instant, Option<Instant>)>>>;
+
+fn config() -> SingletonConfig {
+    SingletonConfig::default()
+        .failover_time(Duration::from_secs(3))
+        .poll_interval(Duration::from_millis(200))
+}
+
+fn candidate(
+    name: &str,
+    store: &MemoryLeaseStore,
+    runs: &Runs,
+) -> (
+    tokio::task::JoinHandle<Result<(), Error>>,
+    CancellationToken,
+) {
+    let singleton = Singleton::new("compactor", name, store.client(name), config())
+        .unwrap_or_else(|e| unreachable!("{e}"));
+    let shutdown = CancellationToken::new();
+    let (runs, me, stop) = (runs.clone(), name.to_owned(), shutdown.clone());
+    let task = tokio::spawn(async move {
+        singleton
+            .run(stop, |lost| {
+                let (runs, me) = (runs.clone(), me.clone());
+                async move {
+                    let i = {
+                        let mut r = runs
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        r.push((me, Instant::now(), None));
+                        r.len() - 1
+                    };
+                    lost.cancelled().await;
+                    runs.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)[i]
+                        .2 = Some(Instant::now());
+                }
+            })
+            .await
+    });
+    (task, shutdown)
+}
+
+fn snapshot(runs: &Runs) -> Vec<(String, Instant, Option<Instant>)> {
+    runs.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// No two runs overlap in time.
+fn assert_exclusive(runs: &[(String, Instant, Option<Instant>)]) {
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            let a_end = a.2.unwrap_or_else(Instant::now);
+            assert!(
+                b.1 >= a_end || b.2.is_some_and(|e| e <= a.1),
+                "{a:?} overlaps {b:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_runs_and_a_crash_fails_over() {
+    let (store, runs) = (MemoryLeaseStore::new(), Runs::default());
+    let _ = store.ensure_table().await;
+    let candidates: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| candidate(n, &store, &runs))
+        .collect();
+    sleep(Duration::from_secs(5)).await;
+    let now = snapshot(&runs);
+    assert_eq!(now.len(), 1, "exactly one runs: {now:?}");
+    let first = now[0].0.clone();
+    let index = ["a", "b", "c"]
+        .iter()
+        .position(|n| *n == first)
+        .unwrap_or_else(|| unreachable!());
+    candidates[index].0.abort(); // crash: nothing released, the task is dropped mid-run
+    let crashed_at = Instant::now();
+    let mut taken = None;
+    while crashed_at.elapsed() < Duration::from_secs(10) && taken.is_none() {
+        sleep(Duration::from_millis(50)).await;
+        taken = snapshot(&runs)
+            .get(1)
+            .map(|r| r.1.duration_since(crashed_at));
+    }
+    let bound = config().failover_time + config().poll_interval * 2;
+    assert!(taken.is_some_and(|t| t <= bound), "failover took {taken:?}");
+    for (i, (task, stop)) in candidates.into_iter().enumerate() {
+        stop.cancel();
+        if i != index {
+            assert!(matches!(task.await, Ok(Ok(()))));
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_at_once_and_a_partitioned_holder_stops_before_anyone_starts() {
+    let (store, runs) = (MemoryLeaseStore::new(), Runs::default());
+    let _ = store.ensure_table().await;
+    let (a, stop_a) = candidate("a", &store, &runs);
+    sleep(Duration::from_secs(1)).await;
+    let (b, stop_b) = candidate("b", &store, &runs);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        snapshot(&runs)
+            .iter()
+            .map(|r| r.0.as_str())
+            .collect::<Vec<_>>(),
+        ["a"]
+    );
+
+    // Graceful: b takes over within a poll or two, without waiting for expiry.
+    stop_a.cancel();
+    assert!(matches!(a.await, Ok(Ok(()))));
+    let released = Instant::now();
+    sleep(config().poll_interval * 2).await;
+    let r = snapshot(&runs);
+    assert_eq!(r.len(), 2);
+    assert!(r[1].0 == "b" && r[1].1.duration_since(released) <= config().poll_interval * 2);
+
+    // b is cut off from the store: it must stop before c can start.
+    let (c, stop_c) = candidate("c", &store, &runs);
+    store.faults().partition("b");
+    sleep(Duration::from_secs(10)).await;
+    store.faults().heal("b");
+    let r = snapshot(&runs);
+    assert!(r.len() >= 3 && r[2].0 == "c", "{r:?}");
+    assert_exclusive(&r);
+    for (task, stop) in [(b, stop_b), (c, stop_c)] {
+        stop.cancel();
+        assert!(matches!(task.await, Ok(Ok(()))));
+    }
+}
