@@ -178,7 +178,7 @@ impl<L: LeaseStore> Singleton<L> {
                 Ok(None) => {}
                 Err(e) if e.kind() == ErrorKind::Fatal => return Err(Error::Store(e)),
                 Err(error) => {
-                    tracing::debug!(%error, singleton = %self.key, "singleton poll failed")
+                    tracing::debug!(%error, singleton = %self.key, "singleton poll failed");
                 }
             }
             tokio::select! {
@@ -195,14 +195,10 @@ impl<L: LeaseStore> Singleton<L> {
         &self,
         observer: &mut Observer,
     ) -> Result<Option<(Lease, Instant)>, crate::BackendError> {
-        let row = match self.store.get(&self.key).await? {
-            Some(row) => row,
-            None => {
-                self.store
-                    .create(&Lease::new(self.key.clone(), Checkpoint::TrimHorizon))
-                    .await?;
-                return Ok(None);
-            }
+        let Some(row) = self.store.get(&self.key).await? else {
+            let row = Lease::new(self.key.clone(), Checkpoint::TrimHorizon);
+            self.store.create(&row).await?;
+            return Ok(None);
         };
         let now = Instant::now();
         observer.update(std::slice::from_ref(&row), now);
@@ -265,10 +261,10 @@ impl<L: LeaseStore> Singleton<L> {
                 () = &mut cancel_on_shutdown => {}
             }
         }
-        if !tenure.is_lost() {
-            if let Err(error) = tenure.release().await {
-                tracing::debug!(?error, singleton = %self.key, "singleton release failed");
-            }
+        if !tenure.is_lost()
+            && let Err(error) = tenure.release().await
+        {
+            tracing::debug!(?error, singleton = %self.key, "singleton release failed");
         }
         tenure.mark_lost();
         tracing::info!(singleton = %self.key, "singleton given up");
