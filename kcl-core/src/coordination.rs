@@ -171,6 +171,20 @@ impl<L: LeaseStore> Singleton<L> {
         F: FnMut(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
     {
+        loop {
+            match self.store.ensure_table().await {
+                Ok(()) => break,
+                Err(e) if e.kind().is_transient() => {
+                    tracing::debug!(error = %e, "lease table not ready");
+                }
+                Err(e) => return Err(Error::Store(e)),
+            }
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                () = sleep(self.config.poll_interval) => {}
+            }
+        }
         let mut observer = Observer::default();
         while !shutdown.is_cancelled() {
             match self.try_take(&mut observer).await {
@@ -243,22 +257,26 @@ impl<L: LeaseStore> Singleton<L> {
         self.holder.send_replace(Some(self.me.clone()));
         tracing::info!(singleton = %self.key, "singleton acquired");
         let token = tenure.lost_token().child_token();
-        let stop = shutdown.clone();
-        let run = task(token.clone());
-        let renew = renewer::run(tenure.clone(), self.config.renew_interval);
-        let cancel_on_shutdown = async {
-            stop.cancelled().await;
-            token.cancel();
-            std::future::pending::<()>().await;
-        };
-        tokio::pin!(run, renew, cancel_on_shutdown);
-        let mut renewing = true;
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut run => break,
-                () = &mut renew, if renewing => renewing = false,
-                () = &mut cancel_on_shutdown => {}
+        {
+            // Scoped so the renewer is dropped, and with it any write it has under way, before
+            // the release below (which would otherwise wait for that write's lock forever).
+            let stop = shutdown.clone();
+            let run = task(token.clone());
+            let renew = renewer::run(tenure.clone(), self.config.renew_interval);
+            let cancel_on_shutdown = async {
+                stop.cancelled().await;
+                token.cancel();
+                std::future::pending::<()>().await;
+            };
+            tokio::pin!(run, renew, cancel_on_shutdown);
+            let mut renewing = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = &mut run => break,
+                    () = &mut renew, if renewing => renewing = false,
+                    () = &mut cancel_on_shutdown => {}
+                }
             }
         }
         if !tenure.is_lost()

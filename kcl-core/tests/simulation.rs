@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use kcl_core::coordination::{Singleton, SingletonConfig, is_coordination_key};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
 use kcl_core::{LeaseStore, SequenceNumber, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
 use rand::rngs::StdRng;
@@ -35,7 +36,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
 use sim::checks::{self, Evidence};
-use sim::processor::{Factory, INJECTED_PANIC, Log};
+use sim::processor::{Factory, INJECTED_PANIC, Log, SingletonRun};
+use tokio_util::sync::CancellationToken;
 
 const MAX_SHARDS: usize = 32;
 const MAX_WORKERS: usize = 5;
@@ -56,6 +58,8 @@ fn config() -> WorkerConfig {
 
 struct Member {
     task: JoinHandle<Result<(), kcl_core::Error>>,
+    singleton: JoinHandle<Result<(), kcl_core::Error>>,
+    singleton_stop: CancellationToken,
     shutdown: ShutdownHandle,
     status: watch::Receiver<Status>,
 }
@@ -93,12 +97,50 @@ impl Fleet {
             move |shard: &ShardId| factory.create(shard),
         )
         .expect("valid config");
+        let (singleton, singleton_stop) = self.compete_for_singleton(&id);
         let member = Member {
             shutdown: worker.shutdown_handle(),
             status: worker.status(),
             task: tokio::spawn(worker.run()),
+            singleton,
+            singleton_stop,
         };
         self.live.insert(id, member);
+    }
+
+    /// Every worker is also a candidate for one fleet-wide singleton task.
+    fn compete_for_singleton(
+        &self,
+        id: &str,
+    ) -> (JoinHandle<Result<(), kcl_core::Error>>, CancellationToken) {
+        let config = SingletonConfig::default()
+            .failover_time(config().failover_time)
+            .poll_interval(config().taker_interval);
+        let singleton =
+            Singleton::new("sim", id, self.store.client(id), config).expect("valid config");
+        let stop = CancellationToken::new();
+        let (log, me, token) = (self.log.clone(), id.to_owned(), stop.clone());
+        let task = tokio::spawn(async move {
+            singleton
+                .run(token, |lost| {
+                    let (log, me) = (log.clone(), me.clone());
+                    async move {
+                        let i = {
+                            let mut j = log.lock();
+                            j.singleton_runs.push(SingletonRun {
+                                worker: me,
+                                start: Instant::now(),
+                                end: None,
+                            });
+                            j.singleton_runs.len() - 1
+                        };
+                        lost.cancelled().await;
+                        log.lock().singleton_runs[i].end = Some(Instant::now());
+                    }
+                })
+                .await
+        });
+        (task, stop)
     }
 
     fn pick(&self, rng: &mut StdRng) -> Option<String> {
@@ -115,8 +157,28 @@ impl Fleet {
         self.faults.resume(id);
         if crash {
             m.task.abort();
+            m.singleton.abort();
             let _ = m.task.await;
+            let _ = m.singleton.await;
+            let now = Instant::now();
+            for run in self
+                .log
+                .lock()
+                .singleton_runs
+                .iter_mut()
+                .filter(|r| r.worker == id && r.end.is_none())
+            {
+                run.end = Some(now); // the process is gone, and its task with it
+            }
         } else {
+            m.singleton_stop.cancel();
+            match m.singleton.await {
+                Ok(Ok(())) => {}
+                other => panic!(
+                    "seed {}: singleton of {id} ended badly: {other:?}",
+                    self.seed
+                ),
+            }
             m.shutdown.shutdown();
             match m.task.await {
                 Ok(Ok(())) => {}
@@ -191,7 +253,7 @@ async fn simulate(seed: u64) -> Outcome {
     }
 
     // The producer writes until told to stop.
-    let producing = tokio_util::sync::CancellationToken::new();
+    let producing = CancellationToken::new();
     let producer = {
         let stream = stream.clone();
         let stop = producing.clone();
@@ -430,6 +492,7 @@ async fn balance(fleet: &Fleet, store: &MemoryLeaseStore) -> Vec<String> {
         .iter()
         .filter(|l| {
             !l.is_finished()
+                && !is_coordination_key(&l.key)
                 && l.parent_shard_ids
                     .iter()
                     .all(|p| by_key.get(p).is_none_or(|p| p.is_finished()))

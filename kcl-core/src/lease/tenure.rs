@@ -229,15 +229,16 @@ impl Tenure {
                     return Err(TenureError::Behind(current.clone()));
                 }
             }
+            // Uncertain until the store answers: if this future is dropped mid-call (a timeout,
+            // a cancelled task), the write may have applied and the next one must reconcile.
+            let was_uncertain = std::mem::replace(&mut held.uncertain, true);
             let store = &*self.store;
+            let lease = held.lease.clone();
             let result = match op {
-                Write::Renew => store.renew(&held.lease).await,
-                Write::Checkpoint(update) => store.checkpoint(&held.lease, update).await,
-                Write::HandOff(to) => store.take(&held.lease, to).await,
-                Write::Release => store
-                    .release(&held.lease)
-                    .await
-                    .map(|()| held.lease.clone()),
+                Write::Renew => store.renew(&lease).await,
+                Write::Checkpoint(update) => store.checkpoint(&lease, update).await,
+                Write::HandOff(to) => store.take(&lease, to).await,
+                Write::Release => store.release(&lease).await.map(|()| lease),
             };
             match result {
                 Ok(lease) => {
@@ -250,7 +251,7 @@ impl Tenure {
                         started + self.validity;
                     return Ok(held.lease.clone());
                 }
-                Err(e) if e.kind() == ErrorKind::Conflict && held.uncertain => {
+                Err(e) if e.kind() == ErrorKind::Conflict && was_uncertain => {
                     // Only this worker ever writes its own id as owner of a lease it holds, so
                     // a row that still names us was advanced by our own uncertain write.
                     match self.store.get(&self.shard).await {
@@ -269,6 +270,7 @@ impl Tenure {
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::Conflict => {
+                    held.uncertain = false;
                     self.mark_lost();
                     return Err(TenureError::Lost);
                 }

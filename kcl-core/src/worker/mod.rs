@@ -222,9 +222,14 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         if !state.tasks.is_empty() {
+            let why = if self.handle.force.is_cancelled() {
+                "shutdown forced"
+            } else {
+                "shutdown deadline reached"
+            };
             tracing::warn!(
                 shards = state.tasks.len(),
-                "shutdown deadline reached; stopping remaining shards"
+                "{why}: stopping remaining shards without releasing their leases"
             );
             state.tasks.abort_all();
             while state.tasks.join_next().await.is_some() {}

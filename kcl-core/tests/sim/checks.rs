@@ -23,7 +23,30 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     checkpoints(e, &mut v);
     fencing(e, &mut v);
     lineage(e, &mut v);
+    singleton(e, &mut v);
     v
+}
+
+/// Invariant 7: the fleet's singleton task never ran on two workers at once.
+fn singleton(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let runs = &e.journal.singleton_runs;
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            // A run still open when the other started overlaps it.
+            let a_end = a
+                .end
+                .unwrap_or(b.start.max(a.start) + std::time::Duration::from_nanos(1));
+            let b_end = b
+                .end
+                .unwrap_or(a.start.max(b.start) + std::time::Duration::from_nanos(1));
+            if a.worker != b.worker && a.start < b_end && b.start < a_end {
+                v.push(format!(
+                    "singleton: {} and {} ran it at once ({a:?}, {b:?})",
+                    a.worker, b.worker
+                ));
+            }
+        }
+    }
 }
 
 /// Invariant 1: Every appended record was delivered at least once.

@@ -40,8 +40,17 @@ pub struct Instance {
     pub created_seq: u64,
 }
 
+/// One run of the fleet's singleton task: who, from when, until when.
+#[derive(Debug, Clone)]
+pub struct SingletonRun {
+    pub worker: String,
+    pub start: Instant,
+    pub end: Option<Instant>,
+}
+
 #[derive(Debug, Default)]
 pub struct Journal {
+    pub singleton_runs: Vec<SingletonRun>,
     pub deliveries: Vec<Delivery>,
     pub attempts: Vec<Attempt>,
     pub instances: BTreeMap<u64, Instance>,
