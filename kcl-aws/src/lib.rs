@@ -1,1 +1,34 @@
-//! placeholder
+//! # kcl-aws
+//!
+//! The AWS backends of [`kcl_core`]: [`KinesisShardSource`] reads a Kinesis stream through
+//! aws-sdk-kinesis, [`DynamoDbLeaseStore`] keeps the lease table in DynamoDB through
+//! aws-sdk-dynamodb, in KCL Java's schema so that a fleet can move from KCL Java without
+//! losing its checkpoints.
+//!
+//! Both are built from an [`aws_config::SdkConfig`], so credentials, region, retries and
+//! endpoints (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL_DYNAMODB`)
+//! come from the standard AWS chain, exactly as for any other Rust AWS client.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+//!
+//! let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+//! let source = KinesisShardSource::new(&sdk, "orders"); // a name or an ARN
+//! let store = DynamoDbLeaseStore::new(&sdk, "orders-app"); // table = application name
+//! # let _ = (source, store);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every SDK error is classified in one place (the private `error` module) into the
+//! core's [`ErrorKind`](kcl_core::ErrorKind): a failed condition is a conflict (a lost lease),
+//! throttling is throttling, an expired iterator is reopened by the core, a missing stream or
+//! table is fatal and named in the message.
+
+pub mod dynamodb;
+mod error;
+pub mod kinesis;
+
+pub use dynamodb::{DynamoDbLeaseStore, TableBilling};
+pub use kinesis::{KinesisShardSource, StreamRef};

@@ -33,6 +33,11 @@ pub struct WorkerConfig {
     /// (KCL Java `shardSyncIntervalMillis`); a shard reaching its end triggers a sync at once.
     #[serde(with = "humantime_serde")]
     pub shard_sync_interval: Duration,
+    /// How long a finished parent lease stays after its children started before it is deleted.
+    /// Default 5 min (KCL Java's completed-lease cleanup interval). Keeping it well above the
+    /// failover time means no worker with a stale view can bring it back.
+    #[serde(with = "humantime_serde")]
+    pub lease_cleanup_delay: Duration,
     /// Most leases one worker holds. Default unlimited (KCL Java `maxLeasesForWorker`).
     pub max_leases: usize,
     /// Most leases requested from other workers in one taker cycle. Default 1 (KCL Java
@@ -79,6 +84,7 @@ impl Default for WorkerConfig {
             renew_interval: failover_time / 3,
             taker_interval: Duration::from_secs(1),
             shard_sync_interval: Duration::from_secs(60),
+            lease_cleanup_delay: Duration::from_secs(300),
             max_leases: usize::MAX,
             max_leases_to_steal: 1,
             initial_position: InitialPosition::TrimHorizon,
@@ -123,6 +129,8 @@ impl WorkerConfig {
         taker_interval: Duration,
         /// Sets [`WorkerConfig::shard_sync_interval`].
         shard_sync_interval: Duration,
+        /// Sets [`WorkerConfig::lease_cleanup_delay`].
+        lease_cleanup_delay: Duration,
         /// Sets [`WorkerConfig::max_leases`].
         max_leases: usize,
         /// Sets [`WorkerConfig::max_leases_to_steal`].
@@ -174,6 +182,9 @@ impl WorkerConfig {
             if value.is_zero() {
                 return err(key, "must be above zero");
             }
+        }
+        if self.lease_cleanup_delay < self.failover_time {
+            return err("lease_cleanup_delay", "must be at least failover_time");
         }
         if self.max_backoff < self.min_backoff {
             return err("max_backoff", "must not be below min_backoff");

@@ -27,6 +27,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use kcl_core::coordination::{Singleton, SingletonConfig, is_coordination_key};
+use kcl_core::lease::sync::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
 use kcl_core::{LeaseStore, SequenceNumber, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
 use rand::rngs::StdRng;
@@ -47,6 +48,7 @@ fn config() -> WorkerConfig {
         .failover_time(Duration::from_secs(3))
         .taker_interval(Duration::from_millis(500))
         .shard_sync_interval(Duration::from_secs(5))
+        .lease_cleanup_delay(Duration::from_secs(15))
         .idle_time_between_reads(Duration::from_millis(250))
         .parent_poll_interval(Duration::from_millis(250))
         .max_records(40)
@@ -487,16 +489,10 @@ const BALANCE_CYCLES: u32 = 20;
 async fn balance(fleet: &Fleet, store: &MemoryLeaseStore) -> Vec<String> {
     let mut violations = Vec::new();
     let leases = store.list().await.unwrap_or_default();
-    let by_key: BTreeMap<&ShardId, &kcl_core::Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+    let lineage = Lineage::new(&leases);
     let ready = leases
         .iter()
-        .filter(|l| {
-            !l.is_finished()
-                && !is_coordination_key(&l.key)
-                && l.parent_shard_ids
-                    .iter()
-                    .all(|p| by_key.get(p).is_none_or(|p| p.is_finished()))
-        })
+        .filter(|l| !is_coordination_key(&l.key) && lineage.is_ready(l))
         .count();
     let workers = fleet.live.len();
     let (lo, hi) = (ready / workers, ready.div_ceil(workers));

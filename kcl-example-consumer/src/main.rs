@@ -1,1 +1,259 @@
-fn main() {}
+//! `kcl-example-consumer`: a Kinesis consumer built on kcl, and a demo of the framework.
+//!
+//! `run` (the default) consumes a stream through Kinesis and DynamoDB; `demo` runs a small
+//! fleet on the in-memory backends. See `--help`.
+
+mod backends;
+mod cli;
+mod demo;
+#[cfg(feature = "aws")]
+mod demo_aws;
+mod http;
+mod settings;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::FromArgMatches;
+use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, ShutdownHandle, Worker};
+use kcl_example_consumer::{StdoutSink, WindowCounter};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{Cli, Command};
+use crate::settings::{FileValues, LogFormat, Settings};
+
+/// Exit code for invalid settings (as clap uses for usage errors).
+const EXIT_USAGE: u8 = 2;
+/// How long a forced shutdown may take before the process exits regardless.
+const FORCE_GRACE: Duration = Duration::from_secs(3);
+
+fn main() -> ExitCode {
+    let matches = cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}"), 1),
+    };
+    match cli.command {
+        Some(Command::Demo(args)) => {
+            if let Err(e) = init_logging(&args.log_format, &args.log_filter) {
+                return fail(&e, EXIT_USAGE);
+            }
+            match runtime.block_on(demo::run(args)) {
+                Ok(code) => code,
+                Err(e) => fail(&format!("{e:#}"), 1),
+            }
+        }
+        Some(Command::Healthcheck(args)) => http::healthcheck(&args),
+        Some(Command::Run(_)) | None => {
+            let run_matches = matches.subcommand_matches("run").unwrap_or(&matches);
+            let file = match run_matches.get_one::<String>("config") {
+                Some(path) => match FileValues::load(path.as_ref()) {
+                    Ok(file) => Some(file),
+                    Err(e) => return fail(&e.to_string(), EXIT_USAGE),
+                },
+                None => None,
+            };
+            let settings = match settings::resolve(run_matches, file.as_ref()) {
+                Ok(s) => s,
+                Err(e) => return fail(&e.to_string(), EXIT_USAGE),
+            };
+            if run_matches.get_flag("print_config") {
+                return print_config(&settings);
+            }
+            let format = match settings.log_format {
+                LogFormat::Pretty => "pretty",
+                LogFormat::Json => "json",
+            };
+            if let Err(e) = init_logging(format, &settings.log_filter) {
+                return fail(&e, EXIT_USAGE);
+            }
+            match runtime.block_on(backends::run(settings)) {
+                Ok(code) => code,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "consumer failed");
+                    fail(&format!("{e:#}"), 1)
+                }
+            }
+        }
+    }
+}
+
+#[allow(clippy::print_stderr)]
+fn fail(message: &str, code: u8) -> ExitCode {
+    eprintln!("kcl-example-consumer: {message}");
+    ExitCode::from(code)
+}
+
+#[allow(clippy::print_stdout)]
+fn print_config(settings: &Settings) -> ExitCode {
+    print!("{}", settings.to_toml());
+    ExitCode::SUCCESS
+}
+
+/// Installs the global tracing subscriber: logs go to stderr, stdout carries window lines.
+fn init_logging(format: &str, filter: &str) -> Result<(), String> {
+    let filter = EnvFilter::builder()
+        .parse(filter)
+        .map_err(|e| format!("invalid setting `log-filter`: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let result =
+        match LogFormat::parse(format).map_err(|e| format!("invalid setting `log-format`: {e}"))? {
+            LogFormat::Pretty => builder
+                .with_ansi(std::io::stderr().is_terminal())
+                .try_init(),
+            LogFormat::Json => builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .try_init(),
+        };
+    result.map_err(|e| format!("cannot install the logger: {e}"))
+}
+
+/// The processor factory of `run`: one [`WindowCounter`] per shard, printing to stdout.
+pub(crate) fn window_counters(
+    settings: &Settings,
+) -> impl ProcessorFactory<Processor = WindowCounter<StdoutSink>> {
+    let (window, top_keys) = (settings.window, settings.top_keys);
+    move |shard: &kcl_core::ShardId| WindowCounter::new(shard, window, top_keys, StdoutSink)
+}
+
+/// Runs a worker on any backends with everything `run` promises: metrics and health over
+/// HTTP, graceful shutdown on the first SIGTERM/SIGINT, forced on the second.
+pub(crate) async fn run_worker<S, L, F>(
+    settings: &Settings,
+    source: S,
+    store: L,
+    factory: F,
+) -> anyhow::Result<ExitCode>
+where
+    S: ShardSource,
+    L: LeaseStore,
+    F: ProcessorFactory,
+{
+    let metrics = http::install_metrics()?;
+    let listener = http::bind(settings.listen).await?;
+    let worker = Worker::new(
+        settings.worker_id.clone(),
+        settings.worker.clone(),
+        source,
+        store,
+        factory,
+    )
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "invalid setting `{}`: {}",
+            e.key.replace('_', "-"),
+            e.reason
+        )
+    })?;
+
+    let stop_http = CancellationToken::new();
+    let server = tokio::spawn(http::serve_on(
+        listener,
+        http::router(settings.worker_id.clone(), worker.status(), metrics),
+        stop_http.clone().cancelled_owned(),
+    ));
+    let forced = CancellationToken::new();
+    let signals = tokio::spawn(on_signals(
+        worker.shutdown_handle(),
+        forced.clone(),
+        settings.worker.shutdown_timeout,
+    ));
+    tracing::info!(
+        worker_id = %settings.worker_id,
+        stream = %settings.stream,
+        application = %settings.application_name,
+        "starting"
+    );
+
+    let result = tokio::select! {
+        result = worker.run() => Some(result),
+        () = async { forced.cancelled().await; tokio::time::sleep(FORCE_GRACE).await } => None,
+    };
+    signals.abort();
+    stop_http.cancel();
+    match tokio::time::timeout(Duration::from_secs(2), server).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+        Ok(Ok(Ok(()))) | Err(_) => {}
+    }
+    match result {
+        Some(Ok(())) if forced.is_cancelled() => {
+            tracing::warn!("stopped by force: leases not handed back move after the failover time");
+            Ok(ExitCode::from(130))
+        }
+        Some(Ok(())) => {
+            tracing::info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Err(e)) => Err(anyhow::Error::new(e).context("the worker failed")),
+        None => {
+            tracing::error!("forced shutdown did not finish in time; exiting");
+            Ok(ExitCode::from(130))
+        }
+    }
+}
+
+/// First SIGTERM or SIGINT: graceful shutdown. Second: force.
+async fn on_signals(handle: ShutdownHandle, forced: CancellationToken, deadline: Duration) {
+    let mut signals = Signals::new();
+    let first = signals.next().await;
+    tracing::info!(
+        signal = first,
+        deadline = %humantime::format_duration(deadline),
+        "shutting down: processors checkpoint and leases are handed back; signal again to force"
+    );
+    handle.shutdown();
+    let second = signals.next().await;
+    tracing::warn!(signal = second, "forcing shutdown");
+    handle.force();
+    forced.cancel();
+}
+
+/// SIGTERM and SIGINT, listened for from the start so that none is missed in between.
+struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let term = signal(SignalKind::terminate())
+                .map_err(|error| {
+                    tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the worker");
+                })
+                .ok();
+            Self { term }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        if let Some(term) = &mut self.term {
+            return tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+            };
+        }
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
+}

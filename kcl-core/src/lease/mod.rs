@@ -8,7 +8,7 @@
 
 pub(crate) mod observer;
 pub(crate) mod renewer;
-pub(crate) mod sync;
+pub mod sync;
 pub mod taker;
 pub(crate) mod tenure;
 
@@ -119,8 +119,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn release(&self, held: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Asks the owner to hand the lease over to `to`, or with `None` withdraws or declines
-    /// the request. Condition: owner and counter as in `observed`. Leaves the counter alone, so
-    /// the owner's renewals keep succeeding.
+    /// the request. Condition: the owner as in `observed` (not the counter: the owner's own
+    /// renewals and checkpoints move it all the time). Leaves the counter alone, so the owner's
+    /// writes keep succeeding.
     fn request_handoff(
         &self,
         observed: &Lease,
@@ -135,6 +136,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         update: &CheckpointUpdate,
     ) -> impl Future<Output = Result<Lease, BackendError>> + Send;
 
-    /// Deletes a finished lease. Condition: its checkpoint is `SHARD_END`.
+    /// Deletes a lease nobody wrote since `observed` (a finished parent, or a stale lease).
+    /// Condition: the counter as in `observed`.
     fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
 }

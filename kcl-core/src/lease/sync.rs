@@ -1,9 +1,14 @@
 //! Shards to leases, and the lineage rule: parents finish before children start.
 //!
 //! Pure functions. `plan` decides which leases to create (parents before children, so a child
-//! never exists without the parents it must wait for) and which finished leases to delete
-//! (once every child has started, the parent's row has no more use). A shard whose child
-//! already has a lease is not created again: it was finished and cleaned up.
+//! never exists without the parents it must wait for) and which to delete (a finished parent
+//! once every child has started: its row has no more use). A shard with a descendant lease is
+//! not created again: it was finished and cleaned up.
+//!
+//! That check runs on a snapshot, and a worker that stalls between reading the table and
+//! creating a lease can still bring a cleaned-up parent back. [`Lineage`] catches such a
+//! *stale* lease: one whose child has already made progress, which lineage forbids for an
+//! unfinished parent. It is never processed, and the next sync deletes it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,14 +18,15 @@ use crate::types::{Checkpoint, InitialPosition, ShardId};
 
 /// What a shard sync should write.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct SyncPlan {
+pub struct SyncPlan {
     /// Leases to create, parents first.
-    pub(crate) create: Vec<Lease>,
-    /// Finished leases whose children have all started.
-    pub(crate) delete: Vec<Lease>,
+    pub create: Vec<Lease>,
+    /// Finished leases whose children have all started, and stale ones (see [`Lineage`]).
+    pub delete: Vec<Lease>,
 }
 
-pub(crate) fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> SyncPlan {
+/// What a shard sync should write, given the stream's shards and the lease table.
+pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> SyncPlan {
     let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
     let listed: BTreeMap<&ShardId, &Shard> = shards.iter().map(|s| (&s.id, s)).collect();
     let mut children: BTreeMap<&ShardId, Vec<&ShardId>> = BTreeMap::new();
@@ -109,14 +115,46 @@ fn has_descendant_lease(
     false
 }
 
-/// True if a lease may be processed now: not finished, and every parent either finished or
-/// gone (cleaned up, or aged out of the stream before we tracked it).
-pub(crate) fn is_ready(lease: &Lease, by_key: &BTreeMap<&ShardId, &Lease>) -> bool {
-    !lease.is_finished()
-        && lease
-            .parent_shard_ids
+/// The parent-child relations of a lease table snapshot.
+#[derive(Debug)]
+pub struct Lineage<'a> {
+    by_key: BTreeMap<&'a ShardId, &'a Lease>,
+    /// Shards that are the parent of a lease that has made progress.
+    parents_of_started: BTreeSet<&'a ShardId>,
+}
+
+impl<'a> Lineage<'a> {
+    /// Indexes `leases`.
+    pub fn new(leases: &'a [Lease]) -> Self {
+        let by_key = leases.iter().map(|l| (&l.key, l)).collect();
+        let parents_of_started = leases
             .iter()
-            .all(|p| by_key.get(p).is_none_or(|parent| parent.is_finished()))
+            .filter(|l| l.checkpoint.has_progress())
+            .flat_map(|l| &l.parent_shard_ids)
+            .collect();
+        Self {
+            by_key,
+            parents_of_started,
+        }
+    }
+
+    /// True if `lease` may be processed now: not finished, not stale, and every parent either
+    /// finished or gone (cleaned up, or aged out of the stream before we tracked it).
+    pub fn is_ready(&self, lease: &Lease) -> bool {
+        !lease.is_finished()
+            && !self.is_stale(lease)
+            && lease.parent_shard_ids.iter().all(|p| {
+                self.by_key
+                    .get(p)
+                    .is_none_or(|parent| parent.is_finished() || self.is_stale(parent))
+            })
+    }
+
+    /// True for an unfinished lease whose child has started: it was processed to its end and
+    /// cleaned up before, then created again from a stale snapshot. See the module docs.
+    pub fn is_stale(&self, lease: &Lease) -> bool {
+        !lease.is_finished() && self.parents_of_started.contains(&lease.key)
+    }
 }
 
 #[cfg(test)]
@@ -189,14 +227,30 @@ mod tests {
         let mut c = Lease::new(ShardId::new("c"), Checkpoint::TrimHorizon);
         c.parent_shard_ids = vec![a.key.clone(), b.key.clone()];
         let all = [a.clone(), b, c.clone()];
-        let by_key = all.iter().map(|l| (&l.key, l)).collect();
-        assert!(!is_ready(&c, &by_key));
+        assert!(!Lineage::new(&all).is_ready(&c));
         let all = [a, c.clone()];
-        let by_key = all.iter().map(|l| (&l.key, l)).collect();
-        assert!(is_ready(&c, &by_key), "a parent without a lease is done");
+        let lineage = Lineage::new(&all);
+        assert!(lineage.is_ready(&c), "a parent without a lease is done");
         assert!(
-            !is_ready(&all[0], &by_key),
+            !lineage.is_ready(&all[0]),
             "finished leases are not processed"
         );
+    }
+
+    #[test]
+    fn a_parent_brought_back_by_a_stale_sync_is_never_processed_and_is_deleted() {
+        let shards = [shard("p", &[]), shard("c", &["p"])];
+        let zombie = Lease::new(ShardId::new("p"), Checkpoint::TrimHorizon);
+        let mut child = Lease::new(
+            ShardId::new("c"),
+            Checkpoint::parse("7", 0).unwrap_or(Checkpoint::ShardEnd),
+        );
+        child.parent_shard_ids = vec![ShardId::new("p")];
+        let all = [zombie.clone(), child];
+        let lineage = Lineage::new(&all);
+        assert!(lineage.is_stale(&zombie) && !lineage.is_ready(&zombie));
+        assert!(lineage.is_ready(&all[1]));
+        let p = plan(&shards, &all, &InitialPosition::TrimHorizon);
+        assert_eq!(p.delete, vec![zombie]);
     }
 }

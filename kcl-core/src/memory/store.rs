@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::faults::Faults;
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
-use crate::types::{Checkpoint, ShardId, WorkerId};
+use crate::types::{ShardId, WorkerId};
 
 /// One applied write, as recorded in the [journal](MemoryLeaseStore::journal).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,7 +257,8 @@ impl LeaseStore for MemoryLeaseStore {
         observed: &Lease,
         to: Option<&WorkerId>,
     ) -> Result<(), BackendError> {
-        self.write("request_handoff", &observed.key, held_by(observed), |row| {
+        let owner = |row: Option<&Lease>| row.is_some_and(|r| r.owner == observed.owner);
+        self.write("request_handoff", &observed.key, owner, |row| {
             row.map(|mut r| {
                 r.handoff_to = to.cloned();
                 r
@@ -293,7 +294,7 @@ impl LeaseStore for MemoryLeaseStore {
         self.write(
             "delete",
             &lease.key,
-            |row| row.is_some_and(|r| r.checkpoint == Checkpoint::ShardEnd),
+            |row| row.is_some_and(|r| r.counter == lease.counter),
             |_| None,
         )
         .await

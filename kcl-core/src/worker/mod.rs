@@ -25,9 +25,10 @@ use crate::config::WorkerConfig;
 use crate::coordination::is_coordination_key;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::observer::Observer;
+use crate::lease::sync::{self, Lineage};
 use crate::lease::taker::{self, Candidate, Holder, Limits};
 use crate::lease::tenure::Tenure;
-use crate::lease::{Lease, LeaseStore, sync};
+use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
@@ -272,6 +273,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state: &mut Coordinator,
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
+        let listed_at = Instant::now();
         let mut leases = match self.store.list().await {
             Ok(leases) => leases,
             Err(error) => {
@@ -282,8 +284,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         };
         self.status.send_modify(|s| s.store_reachable = true);
         leases.retain(|l| !is_coordination_key(&l.key));
+        state.observer.update(&leases, Instant::now());
         if Instant::now() >= state.next_sync {
-            match self.sync_shards(&leases).await {
+            match self.sync_shards(&leases, listed_at, &state.observer).await {
                 Ok(changed) => {
                     state.synced_once = true;
                     state.next_sync = Instant::now() + self.config.shard_sync_interval;
@@ -316,9 +319,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let now = Instant::now();
         state.observer.update(&leases, now);
         let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+        let lineage = Lineage::new(&leases);
         let candidates: Vec<Candidate> = leases
             .iter()
-            .filter(|l| sync::is_ready(l, &by_key))
+            .filter(|l| lineage.is_ready(l))
             .map(|l| Candidate {
                 key: l.key.clone(),
                 holder: self.holder(l, state, now),
@@ -428,18 +432,37 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Lists shards and creates or cleans up leases. True if anything was written.
-    async fn sync_shards(&self, leases: &[Lease]) -> Result<bool, Error> {
+    ///
+    /// Creating a lease from an old view could bring back a parent that was processed and
+    /// cleaned up meanwhile, so creation stops once the view of the lease table (read at
+    /// `listed_at`) is older than half the failover time, and a finished parent is deleted
+    /// only after it stood still for `lease_cleanup_delay`, far longer than that.
+    async fn sync_shards(
+        &self,
+        leases: &[Lease],
+        listed_at: Instant,
+        observer: &Observer,
+    ) -> Result<bool, Error> {
         let shards = self.source.list_shards().await.map_err(Error::Source)?;
         let plan = sync::plan(&shards, leases, &self.config.initial_position);
+        let lineage = Lineage::new(leases);
         let mut changed = false;
         for lease in &plan.create {
+            if listed_at.elapsed() > self.config.failover_time / 2 {
+                tracing::debug!("shard sync took too long; creating the rest next time");
+                return Ok(changed);
+            }
             // In order, stopping at the first failure: a child never exists without its parents.
             if self.store.create(lease).await.map_err(Error::Store)? {
                 tracing::info!(shard = %lease.key, checkpoint = %lease.checkpoint, "lease created");
                 changed = true;
             }
         }
-        for lease in &plan.delete {
+        let now = Instant::now();
+        let due = plan.delete.iter().filter(|l| {
+            lineage.is_stale(l) || observer.idle(l, now) >= self.config.lease_cleanup_delay
+        });
+        for lease in due {
             match self.store.delete(lease).await {
                 Ok(()) => {
                     tracing::info!(shard = %lease.key, "finished lease cleaned up");

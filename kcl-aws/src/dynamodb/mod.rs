@@ -1,0 +1,438 @@
+//! [`DynamoDbLeaseStore`]: the lease table in DynamoDB, compatible with KCL Java's.
+//!
+//! Why it is written the way it is:
+//! - **Every write is conditional** on what the writer observed (counter, and owner or its
+//!   absence), so two workers can never both believe they hold a lease; a failed condition is
+//!   [`kcl_core::ErrorKind::Conflict`], which the core reads as "lost the
+//!   race" (for a checkpoint: `LeaseLost`).
+//! - **Writes touch only our attributes.** Everything but `create` is an `UpdateItem` with
+//!   `SET`/`REMOVE` of named attributes, so attributes written by KCL Java (`throughputKBps`,
+//!   …) or by other tools survive, with their types. `create` is a `PutItem` guarded by
+//!   `attribute_not_exists(leaseKey)`, so it never overwrites a row.
+//! - **Reads that decide ownership are consistent** (`Scan` and `GetItem` with
+//!   `ConsistentRead`), and the scan follows `LastEvaluatedKey` to the end.
+//! - **A row we cannot parse is skipped**, with a warning naming its key, so one bad row does
+//!   not stop a fleet.
+//!
+//! The schema (names, conditions, conversions) is in [`schema`]; table creation in `table`.
+
+pub mod schema;
+mod table;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use kcl_core::{BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, WorkerId};
+
+use self::schema::{
+    CHECKPOINT, CHECKPOINT_OWNER, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_ABSENT,
+    COND_COUNTER, COND_NO_OWNER, COND_OWNER, HANDOFF_TO, LEASE_COUNTER, LEASE_KEY, LEASE_OWNER,
+    OWNER_SWITCHES_SINCE_CHECKPOINT, PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE,
+    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, VAL_COUNTER, VAL_OWNER,
+};
+use crate::error::backend_error;
+
+/// How a lease table created by [`LeaseStore::ensure_table`] is billed. An existing table is
+/// used as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TableBilling {
+    /// On-demand (`PAY_PER_REQUEST`), as KCL Java creates it. The default.
+    #[default]
+    OnDemand,
+    /// Provisioned capacity.
+    Provisioned {
+        /// Read capacity units.
+        read_capacity_units: i64,
+        /// Write capacity units.
+        write_capacity_units: i64,
+    },
+}
+
+/// A [`LeaseStore`] on a DynamoDB table named after the application. See the module docs.
+#[derive(Debug, Clone)]
+pub struct DynamoDbLeaseStore {
+    client: Client,
+    table: String,
+    billing: TableBilling,
+    table_wait: Duration,
+}
+
+impl DynamoDbLeaseStore {
+    /// A store on `table_name` (KCL Java: the application name), with the credentials,
+    /// region, endpoint (`AWS_ENDPOINT_URL_DYNAMODB`) and retry settings of `config`.
+    pub fn new(config: &SdkConfig, table_name: impl Into<String>) -> Self {
+        Self::from_client(Client::new(config), table_name)
+    }
+
+    /// A store using an already built client (custom configuration, tests).
+    pub fn from_client(client: Client, table_name: impl Into<String>) -> Self {
+        Self {
+            client,
+            table: table_name.into(),
+            billing: TableBilling::default(),
+            table_wait: Duration::from_secs(300),
+        }
+    }
+
+    /// Sets how a table created by this store is billed (default on-demand).
+    #[must_use]
+    pub fn with_billing(mut self, billing: TableBilling) -> Self {
+        self.billing = billing;
+        self
+    }
+
+    /// Sets how long [`LeaseStore::ensure_table`] waits for the table to become `ACTIVE`
+    /// before it reports a retryable error (default 5 minutes).
+    #[must_use]
+    pub fn with_table_wait(mut self, wait: Duration) -> Self {
+        self.table_wait = wait;
+        self
+    }
+
+    /// The table name.
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    /// The DynamoDB client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn key(&self, key: &ShardId) -> (String, AttributeValue) {
+        (
+            LEASE_KEY.to_owned(),
+            AttributeValue::S(key.as_str().to_owned()),
+        )
+    }
+
+    /// One conditional `UpdateItem` returning the row as stored after the write.
+    async fn update(
+        &self,
+        operation: &'static str,
+        key: &ShardId,
+        expr: Expr,
+    ) -> Result<Lease, BackendError> {
+        let (k, v) = self.key(key);
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(k, v)
+            .update_expression(expr.update_expression())
+            .condition_expression(expr.condition)
+            .set_expression_attribute_names(Some(expr.names))
+            .set_expression_attribute_values(Some(expr.values))
+            .return_values(ReturnValue::AllNew)
+            .send()
+            .await
+            .map_err(|e| backend_error(operation, self.what(key), e))?;
+        let Some(item) = out.attributes else {
+            return Err(BackendError::new(
+                ErrorKind::Retryable,
+                operation,
+                format!("{}: the answer carried no attributes", self.what(key)),
+            ));
+        };
+        schema::from_item(&item).map_err(|e| {
+            BackendError::new(
+                ErrorKind::Fatal,
+                operation,
+                format!(
+                    "{}: the row written cannot be read back: {e}",
+                    self.what(key)
+                ),
+            )
+        })
+    }
+
+    fn what(&self, key: &ShardId) -> String {
+        format!("lease {key} in table {}", self.table)
+    }
+
+    /// Parses a row; logs and skips one that cannot be parsed.
+    fn parse_or_skip(&self, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
+        match schema::from_item(item) {
+            Ok(lease) => Some(lease),
+            Err(error) => {
+                tracing::warn!(
+                    table = %self.table,
+                    lease_key = schema::key_of(item).unwrap_or("<none>"),
+                    %error,
+                    "lease row cannot be parsed; skipped"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// An update expression under construction: clauses plus the names and values they use
+/// (DynamoDB rejects unused names and values, so only used ones are registered).
+#[derive(Debug, Default)]
+struct Expr {
+    set: Vec<String>,
+    remove: Vec<String>,
+    condition: &'static str,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Expr {
+    /// Starts with the condition that the row is as `observed` (owner and counter).
+    fn held(observed: &Lease) -> Self {
+        let (condition, values) = schema::held_condition(observed);
+        let mut e = Self {
+            condition,
+            ..Self::default()
+        };
+        // Both held conditions name the counter and the owner.
+        e.name(LEASE_COUNTER);
+        e.name(LEASE_OWNER);
+        for (placeholder, value) in values {
+            e.values.insert(placeholder.to_owned(), value);
+        }
+        e
+    }
+
+    /// Conditional on the owner alone, as `observed` saw it.
+    fn owner_as(observed: &Lease) -> Self {
+        let mut e = Self::default();
+        e.name(LEASE_OWNER);
+        match &observed.owner {
+            Some(owner) => {
+                e.condition = COND_OWNER;
+                e.values.insert(
+                    VAL_OWNER.to_owned(),
+                    AttributeValue::S(owner.as_str().to_owned()),
+                );
+            }
+            None => e.condition = COND_NO_OWNER,
+        }
+        e
+    }
+
+    fn name(&mut self, attribute: &str) -> String {
+        let p = schema::placeholder(attribute);
+        self.names.insert(p.clone(), attribute.to_owned());
+        p
+    }
+
+    /// `SET #attribute = :attribute`.
+    fn set(&mut self, attribute: &str, value: AttributeValue) -> &mut Self {
+        let name = self.name(attribute);
+        let placeholder = format!(":{attribute}");
+        self.set.push(format!("{name} = {placeholder}"));
+        self.values.insert(placeholder, value);
+        self
+    }
+
+    /// `SET #attribute = if_not_exists(#attribute, :zero) + :one`.
+    fn increment(&mut self, attribute: &str) -> &mut Self {
+        let name = self.name(attribute);
+        self.values.insert(":zero".to_owned(), schema::number(0));
+        self.values.insert(":one".to_owned(), schema::number(1));
+        self.set
+            .push(format!("{name} = if_not_exists({name}, :zero) + :one"));
+        self
+    }
+
+    /// `REMOVE #attribute`.
+    fn remove(&mut self, attribute: &str) -> &mut Self {
+        let name = self.name(attribute);
+        self.remove.push(name);
+        self
+    }
+
+    fn update_expression(&self) -> String {
+        let mut out = String::new();
+        if !self.set.is_empty() {
+            out.push_str("SET ");
+            out.push_str(&self.set.join(", "));
+        }
+        if !self.remove.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str("REMOVE ");
+            out.push_str(&self.remove.join(", "));
+        }
+        out
+    }
+}
+
+impl LeaseStore for DynamoDbLeaseStore {
+    async fn ensure_table(&self) -> Result<(), BackendError> {
+        table::ensure(&self.client, &self.table, self.billing, self.table_wait).await
+    }
+
+    async fn list(&self) -> Result<Vec<Lease>, BackendError> {
+        let mut leases = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let out = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|e| backend_error("list", format!("table {}", self.table), e))?;
+            leases.extend(
+                out.items
+                    .iter()
+                    .flatten()
+                    .filter_map(|item| self.parse_or_skip(item)),
+            );
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(leases)
+    }
+
+    async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
+        let (k, v) = self.key(key);
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(k, v)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| backend_error("get", self.what(key), e))?;
+        Ok(out.item.as_ref().and_then(|item| self.parse_or_skip(item)))
+    }
+
+    async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(schema::to_item(lease)))
+            .condition_expression(COND_ABSENT)
+            .expression_attribute_names(schema::placeholder(LEASE_KEY), LEASE_KEY)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                let error = backend_error("create", self.what(&lease.key), e);
+                if error.kind() == ErrorKind::Conflict {
+                    Ok(false)
+                } else {
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
+        let mut e = Expr::held(held);
+        e.set(LEASE_COUNTER, schema::number(held.counter + 1));
+        self.update("renew", &held.key, e).await
+    }
+
+    async fn take(&self, observed: &Lease, new_owner: &WorkerId) -> Result<Lease, BackendError> {
+        let mut e = Expr::held(observed);
+        e.set(
+            LEASE_OWNER,
+            AttributeValue::S(new_owner.as_str().to_owned()),
+        )
+        .set(LEASE_COUNTER, schema::number(observed.counter + 1))
+        .remove(HANDOFF_TO)
+        .remove(CHECKPOINT_OWNER);
+        if observed.owner.as_ref() != Some(new_owner) {
+            e.increment(OWNER_SWITCHES_SINCE_CHECKPOINT);
+        }
+        self.update("take", &observed.key, e).await
+    }
+
+    async fn release(&self, held: &Lease) -> Result<(), BackendError> {
+        let mut e = Expr::held(held);
+        e.set(LEASE_COUNTER, schema::number(held.counter + 1))
+            .remove(LEASE_OWNER)
+            .remove(HANDOFF_TO);
+        self.update("release", &held.key, e).await.map(drop)
+    }
+
+    async fn request_handoff(
+        &self,
+        observed: &Lease,
+        to: Option<&WorkerId>,
+    ) -> Result<(), BackendError> {
+        let mut e = Expr::owner_as(observed);
+        match to {
+            Some(to) => e.set(HANDOFF_TO, AttributeValue::S(to.as_str().to_owned())),
+            None => e.remove(HANDOFF_TO),
+        };
+        self.update("request_handoff", &observed.key, e)
+            .await
+            .map(drop)
+    }
+
+    async fn checkpoint(
+        &self,
+        held: &Lease,
+        update: &CheckpointUpdate,
+    ) -> Result<Lease, BackendError> {
+        let mut e = Expr::held(held);
+        e.set(
+            CHECKPOINT,
+            AttributeValue::S(update.checkpoint.as_str().to_owned()),
+        )
+        .set(
+            CHECKPOINT_SUB_SEQUENCE_NUMBER,
+            schema::number(update.checkpoint.sub_sequence()),
+        )
+        .set(OWNER_SWITCHES_SINCE_CHECKPOINT, schema::number(0))
+        .set(LEASE_COUNTER, schema::number(held.counter + 1));
+        match &update.pending {
+            Some(pending) => {
+                e.set(
+                    PENDING_CHECKPOINT,
+                    AttributeValue::S(pending.as_str().to_owned()),
+                )
+                .set(
+                    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
+                    schema::number(pending.sub_sequence()),
+                );
+            }
+            None => {
+                e.remove(PENDING_CHECKPOINT)
+                    .remove(PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER)
+                    .remove(PENDING_CHECKPOINT_STATE);
+            }
+        }
+        if let Some(children) = schema::string_set(&update.child_shard_ids) {
+            e.set(CHILD_SHARD_IDS, children);
+        }
+        self.update("checkpoint", &held.key, e).await
+    }
+
+    async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {
+        let (k, v) = self.key(&lease.key);
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .key(k, v)
+            .condition_expression(COND_COUNTER)
+            .expression_attribute_names(schema::placeholder(LEASE_COUNTER), LEASE_COUNTER)
+            .expression_attribute_values(VAL_COUNTER, schema::number(lease.counter))
+            .send()
+            .await
+            .map_err(|e| backend_error("delete", self.what(&lease.key), e))
+            .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests;

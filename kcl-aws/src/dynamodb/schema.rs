@@ -1,0 +1,387 @@
+//! The lease table's schema: attribute names, condition expressions, and row ⇄ [`Lease`].
+//!
+//! Names and types are KCL Java's (`DynamoDBLeaseSerializer`), so a fleet moving from KCL Java
+//! keeps its checkpoints and could move back: `leaseKey` S (hash key), `leaseOwner` S (absent
+//! when unowned), `leaseCounter` N, `checkpoint` S (a sequence number or a sentinel),
+//! `checkpointSubSequenceNumber` N, `ownerSwitchesSinceCheckpoint` N, `parentShardId` SS
+//! (singular, as KCL Java names it), `childShardIds` SS, `pendingCheckpoint` S,
+//! `pendingCheckpointSubSequenceNumber` N, `startingHashKey` / `endingHashKey` S (decimal).
+//! `handoffTo` S is our own addition; KCL Java ignores it.
+//!
+//! Every expression refers to attributes through `#name` placeholders (the placeholder is the
+//! attribute name behind a `#`), because some of them, such as `owner` and `checkpoint`-like
+//! words, collide with DynamoDB's reserved words.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use kcl_core::{Checkpoint, HashKeyRange, Lease, ShardId, WorkerId};
+
+use crate::error::ParseError;
+
+/// Hash key: the shard id (`S`).
+pub const LEASE_KEY: &str = "leaseKey";
+/// The owning worker (`S`); absent when nobody owns the lease.
+pub const LEASE_OWNER: &str = "leaseOwner";
+/// The fencing counter (`N`).
+pub const LEASE_COUNTER: &str = "leaseCounter";
+/// A sequence number or `TRIM_HORIZON` / `LATEST` / `AT_TIMESTAMP` / `SHARD_END` (`S`).
+pub const CHECKPOINT: &str = "checkpoint";
+/// KPL sub-sequence number of the checkpoint (`N`).
+pub const CHECKPOINT_SUB_SEQUENCE_NUMBER: &str = "checkpointSubSequenceNumber";
+/// Owner changes since the last checkpoint (`N`).
+pub const OWNER_SWITCHES_SINCE_CHECKPOINT: &str = "ownerSwitchesSinceCheckpoint";
+/// Parent shards (`SS`; singular name, as KCL Java writes it).
+pub const PARENT_SHARD_ID: &str = "parentShardId";
+/// Child shards, written at shard end (`SS`).
+pub const CHILD_SHARD_IDS: &str = "childShardIds";
+/// A prepared, uncommitted checkpoint (`S`).
+pub const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
+/// Sub-sequence number of the pending checkpoint (`N`).
+pub const PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER: &str = "pendingCheckpointSubSequenceNumber";
+/// KCL Java's application state of a pending checkpoint (`B`); removed with the pending
+/// checkpoint, as KCL Java does, and otherwise left alone.
+pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
+/// KCL Java 3.x graceful-handoff marker (`S`). KCL Java's assignment removes it; so does
+/// [`take`](kcl_core::LeaseStore::take), so that a KCL Java worker could renew the lease again.
+pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
+/// First hash key of the shard, decimal (`S`).
+pub const STARTING_HASH_KEY: &str = "startingHashKey";
+/// Last hash key of the shard, decimal (`S`).
+pub const ENDING_HASH_KEY: &str = "endingHashKey";
+/// kcl extension: the worker that asked the owner to hand the lease over (`S`).
+pub const HANDOFF_TO: &str = "handoffTo";
+
+/// `create`: no row with this key yet.
+pub const COND_ABSENT: &str = "attribute_not_exists(#leaseKey)";
+/// Writes by or against an owner: counter and owner as observed.
+pub const COND_OWNED: &str = "#leaseCounter = :counter AND #leaseOwner = :owner";
+/// Writes against an unowned lease: counter as observed and still no owner.
+pub const COND_UNOWNED: &str = "#leaseCounter = :counter AND attribute_not_exists(#leaseOwner)";
+/// `request_handoff`: the owner as observed (the counter moves with every renewal).
+pub const COND_OWNER: &str = "#leaseOwner = :owner";
+/// `request_handoff` against an unowned lease.
+pub const COND_NO_OWNER: &str = "attribute_not_exists(#leaseOwner)";
+/// `delete`: nobody wrote the row since it was read.
+pub const COND_COUNTER: &str = "#leaseCounter = :counter";
+
+/// Value placeholder of the observed counter.
+pub const VAL_COUNTER: &str = ":counter";
+/// Value placeholder of the observed owner.
+pub const VAL_OWNER: &str = ":owner";
+
+/// The `#name` placeholder of an attribute.
+pub fn placeholder(attribute: &str) -> String {
+    format!("#{attribute}")
+}
+
+/// The condition that the row is as `observed` saw it (owner and counter), with its values.
+pub(crate) fn held_condition(
+    observed: &Lease,
+) -> (&'static str, Vec<(&'static str, AttributeValue)>) {
+    let counter = (VAL_COUNTER, number(observed.counter));
+    match &observed.owner {
+        Some(owner) => (
+            COND_OWNED,
+            vec![
+                counter,
+                (VAL_OWNER, AttributeValue::S(owner.as_str().to_owned())),
+            ],
+        ),
+        None => (COND_UNOWNED, vec![counter]),
+    }
+}
+
+/// A DynamoDB number.
+pub(crate) fn number(n: u64) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+/// A string set; `None` for an empty list (DynamoDB has no empty sets).
+pub(crate) fn string_set(ids: &[ShardId]) -> Option<AttributeValue> {
+    (!ids.is_empty())
+        .then(|| AttributeValue::Ss(ids.iter().map(|s| s.as_str().to_owned()).collect()))
+}
+
+/// The full item `create` writes: every attribute of `lease` that has a value.
+pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
+    let mut item = HashMap::new();
+    let mut put = |name: &str, value: AttributeValue| {
+        item.insert(name.to_owned(), value);
+    };
+    put(LEASE_KEY, AttributeValue::S(lease.key.as_str().to_owned()));
+    if let Some(owner) = &lease.owner {
+        put(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()));
+    }
+    put(LEASE_COUNTER, number(lease.counter));
+    put(
+        CHECKPOINT,
+        AttributeValue::S(lease.checkpoint.as_str().to_owned()),
+    );
+    put(
+        CHECKPOINT_SUB_SEQUENCE_NUMBER,
+        number(lease.checkpoint.sub_sequence()),
+    );
+    put(
+        OWNER_SWITCHES_SINCE_CHECKPOINT,
+        number(lease.owner_switches_since_checkpoint),
+    );
+    if let Some(pending) = &lease.pending_checkpoint {
+        put(
+            PENDING_CHECKPOINT,
+            AttributeValue::S(pending.as_str().to_owned()),
+        );
+        put(
+            PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
+            number(pending.sub_sequence()),
+        );
+    }
+    if let Some(parents) = string_set(&lease.parent_shard_ids) {
+        put(PARENT_SHARD_ID, parents);
+    }
+    if let Some(children) = string_set(&lease.child_shard_ids) {
+        put(CHILD_SHARD_IDS, children);
+    }
+    if let Some(range) = lease.hash_key_range {
+        put(
+            STARTING_HASH_KEY,
+            AttributeValue::S(range.start.to_string()),
+        );
+        put(ENDING_HASH_KEY, AttributeValue::S(range.end.to_string()));
+    }
+    if let Some(to) = &lease.handoff_to {
+        put(HANDOFF_TO, AttributeValue::S(to.as_str().to_owned()));
+    }
+    item
+}
+
+/// The lease key of a row, if it has a readable one (for log lines about bad rows).
+pub(crate) fn key_of(item: &HashMap<String, AttributeValue>) -> Option<&str> {
+    item.get(LEASE_KEY)
+        .and_then(|v| v.as_s().ok())
+        .map(String::as_str)
+}
+
+/// Parses a row. Attributes we do not know are ignored (and kept in the table by our writes).
+pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease, ParseError> {
+    let key = ShardId::new(required_s(item, LEASE_KEY)?);
+    let counter = required_n(item, LEASE_COUNTER)?;
+    let checkpoint = parse_checkpoint(
+        item,
+        CHECKPOINT,
+        required_s(item, CHECKPOINT)?,
+        CHECKPOINT_SUB_SEQUENCE_NUMBER,
+    )?;
+    let pending_checkpoint = optional_s(item, PENDING_CHECKPOINT)?
+        .map(|p| {
+            parse_checkpoint(
+                item,
+                PENDING_CHECKPOINT,
+                p,
+                PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
+            )
+        })
+        .transpose()?;
+    let hash_key_range = match (
+        optional_s(item, STARTING_HASH_KEY)?,
+        optional_s(item, ENDING_HASH_KEY)?,
+    ) {
+        (Some(start), Some(end)) => Some(HashKeyRange {
+            start: parse_u128(STARTING_HASH_KEY, start)?,
+            end: parse_u128(ENDING_HASH_KEY, end)?,
+        }),
+        _ => None,
+    };
+    Ok(Lease {
+        key,
+        owner: optional_s(item, LEASE_OWNER)?.map(WorkerId::new),
+        counter,
+        checkpoint,
+        pending_checkpoint,
+        owner_switches_since_checkpoint: optional_n(item, OWNER_SWITCHES_SINCE_CHECKPOINT)?
+            .unwrap_or(0),
+        parent_shard_ids: optional_ss(item, PARENT_SHARD_ID)?,
+        child_shard_ids: optional_ss(item, CHILD_SHARD_IDS)?,
+        hash_key_range,
+        handoff_to: optional_s(item, HANDOFF_TO)?.map(WorkerId::new),
+    })
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+fn optional_s<'a>(item: &'a Item, name: &'static str) -> Result<Option<&'a str>, ParseError> {
+    match item.get(name) {
+        None | Some(AttributeValue::Null(_)) => Ok(None),
+        Some(AttributeValue::S(s)) => Ok(Some(s)),
+        Some(_) => Err(ParseError::WrongType {
+            name,
+            expected: "S",
+        }),
+    }
+}
+
+fn required_s<'a>(item: &'a Item, name: &'static str) -> Result<&'a str, ParseError> {
+    optional_s(item, name)?.ok_or(ParseError::Missing(name))
+}
+
+fn optional_n(item: &Item, name: &'static str) -> Result<Option<u64>, ParseError> {
+    match item.get(name) {
+        None | Some(AttributeValue::Null(_)) => Ok(None),
+        Some(AttributeValue::N(n)) => n.parse().map(Some).map_err(|_| ParseError::Invalid {
+            name,
+            value: n.clone(),
+        }),
+        Some(_) => Err(ParseError::WrongType {
+            name,
+            expected: "N",
+        }),
+    }
+}
+
+fn required_n(item: &Item, name: &'static str) -> Result<u64, ParseError> {
+    optional_n(item, name)?.ok_or(ParseError::Missing(name))
+}
+
+fn optional_ss(item: &Item, name: &'static str) -> Result<Vec<ShardId>, ParseError> {
+    match item.get(name) {
+        None | Some(AttributeValue::Null(_)) => Ok(Vec::new()),
+        Some(AttributeValue::Ss(ids)) => {
+            let mut ids: Vec<ShardId> = ids.iter().map(|s| ShardId::new(s.as_str())).collect();
+            ids.sort();
+            Ok(ids)
+        }
+        Some(_) => Err(ParseError::WrongType {
+            name,
+            expected: "SS",
+        }),
+    }
+}
+
+fn parse_checkpoint(
+    item: &Item,
+    name: &'static str,
+    value: &str,
+    sub_name: &'static str,
+) -> Result<Checkpoint, ParseError> {
+    let sub = optional_n(item, sub_name)?.unwrap_or(0);
+    Checkpoint::parse(value, sub).ok_or_else(|| ParseError::Invalid {
+        name,
+        value: value.to_owned(),
+    })
+}
+
+fn parse_u128(name: &'static str, value: &str) -> Result<u128, ParseError> {
+    value.parse().map_err(|_| ParseError::Invalid {
+        name,
+        value: value.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use kcl_core::{ExtendedSequenceNumber, SequenceNumber};
+
+    use super::*;
+
+    fn s(v: &str) -> AttributeValue {
+        AttributeValue::S(v.to_owned())
+    }
+
+    fn n(v: &str) -> AttributeValue {
+        AttributeValue::N(v.to_owned())
+    }
+
+    /// A row as KCL Java 3.1.3 wrote it (see the fixture in tests/fixtures).
+    fn kcl_java_row() -> Item {
+        [
+            ("checkpoint", s("103")),
+            ("checkpointSubSequenceNumber", n("0")),
+            (
+                "endingHashKey",
+                s("170141183460469231731687303715884105727"),
+            ),
+            ("leaseCounter", n("6")),
+            ("leaseKey", s("shardId-000000000000")),
+            ("leaseOwner", s("kclj-worker-1")),
+            ("ownerSwitchesSinceCheckpoint", n("0")),
+            ("startingHashKey", s("0")),
+            ("throughputKBps", n("0.48651")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    #[test]
+    fn parses_a_kcl_java_row() {
+        let lease = from_item(&kcl_java_row()).unwrap();
+        assert_eq!(lease.key.as_str(), "shardId-000000000000");
+        assert_eq!(lease.owner, Some(WorkerId::new("kclj-worker-1")));
+        assert_eq!(lease.counter, 6);
+        assert_eq!(
+            lease.checkpoint,
+            Checkpoint::Sequence(ExtendedSequenceNumber::new(
+                SequenceNumber::parse("103").unwrap()
+            ))
+        );
+        assert_eq!(
+            lease.hash_key_range,
+            Some(HashKeyRange {
+                start: 0,
+                end: u128::MAX / 2
+            })
+        );
+        assert!(lease.parent_shard_ids.is_empty());
+        assert_eq!(lease.handoff_to, None);
+    }
+
+    #[test]
+    fn round_trips_every_field() {
+        let mut lease = Lease::new(ShardId::new("shardId-000000000007"), Checkpoint::ShardEnd);
+        lease.owner = Some(WorkerId::new("w1"));
+        lease.counter = 42;
+        lease.pending_checkpoint = Some(Checkpoint::Sequence(ExtendedSequenceNumber {
+            sequence: SequenceNumber::parse("4959").unwrap(),
+            sub_sequence: 3,
+        }));
+        lease.owner_switches_since_checkpoint = 2;
+        lease.parent_shard_ids = vec![ShardId::new("a"), ShardId::new("b")];
+        lease.child_shard_ids = vec![ShardId::new("c")];
+        lease.hash_key_range = Some(HashKeyRange::FULL);
+        lease.handoff_to = Some(WorkerId::new("w2"));
+        let item = to_item(&lease);
+        assert!(matches!(
+            item.get(PARENT_SHARD_ID),
+            Some(AttributeValue::Ss(_))
+        ));
+        assert_eq!(from_item(&item).unwrap(), lease);
+    }
+
+    #[test]
+    fn rejects_missing_and_mistyped_attributes() {
+        let mut row = kcl_java_row();
+        row.remove(LEASE_COUNTER);
+        assert_eq!(from_item(&row), Err(ParseError::Missing(LEASE_COUNTER)));
+        let mut row = kcl_java_row();
+        row.insert(LEASE_OWNER.to_owned(), n("1"));
+        assert!(matches!(
+            from_item(&row),
+            Err(ParseError::WrongType {
+                name: LEASE_OWNER,
+                ..
+            })
+        ));
+        let mut row = kcl_java_row();
+        row.insert(CHECKPOINT.to_owned(), s("bogus"));
+        assert!(matches!(
+            from_item(&row),
+            Err(ParseError::Invalid {
+                name: CHECKPOINT,
+                ..
+            })
+        ));
+        assert_eq!(key_of(&row), Some("shardId-000000000000"));
+    }
+}

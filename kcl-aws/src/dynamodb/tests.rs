@@ -1,0 +1,197 @@
+//! Error mapping and request shapes, against a mocked DynamoDB client (no network).
+//!
+//! Error answers are raw HTTP responses with DynamoDB's JSON error body, so they go through
+//! the SDK's real deserializer, as an answer from DynamoDB would.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::config::retry::RetryConfig;
+use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_dynamodb::operation::scan::ScanOutput;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemOutput;
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::{Client, Config};
+use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
+use aws_smithy_runtime_api::http::StatusCode;
+use aws_smithy_types::body::SdkBody;
+use kcl_core::{Checkpoint, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, WorkerId};
+
+use super::DynamoDbLeaseStore;
+use super::schema;
+
+fn client(rules: &[&Rule]) -> Client {
+    let mut interceptor = MockResponseInterceptor::new().rule_mode(RuleMode::MatchAny);
+    for rule in rules {
+        interceptor = interceptor.with_rule(rule);
+    }
+    let config = Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+        .retry_config(RetryConfig::disabled())
+        .http_client(create_mock_http_client())
+        .interceptor(interceptor)
+        .build();
+    Client::from_conf(config)
+}
+
+fn store(rules: &[&Rule]) -> DynamoDbLeaseStore {
+    DynamoDbLeaseStore::from_client(client(rules), "app")
+}
+
+fn aws_error(status: u16, code: &str) -> HttpResponse {
+    let body = format!(
+        r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{code}","message":"from the test"}}"#
+    );
+    HttpResponse::new(StatusCode::try_from(status).unwrap(), SdkBody::from(body))
+}
+
+fn held() -> Lease {
+    let mut lease = Lease::new(
+        ShardId::new("shardId-000000000001"),
+        Checkpoint::TrimHorizon,
+    );
+    lease.owner = Some(WorkerId::new("w1"));
+    lease.counter = 7;
+    lease
+}
+
+fn row(lease: &Lease) -> HashMap<String, AttributeValue> {
+    schema::to_item(lease)
+}
+
+#[tokio::test]
+async fn failed_condition_is_a_conflict_and_create_reports_false() {
+    let update = mock!(Client::update_item)
+        .then_http_response(|| aws_error(400, "ConditionalCheckFailedException"));
+    let put = mock!(Client::put_item)
+        .then_http_response(|| aws_error(400, "ConditionalCheckFailedException"));
+    let store = store(&[&update, &put]);
+    let err = store.renew(&held()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    assert_eq!(err.operation(), "renew");
+    let update_cp = CheckpointUpdate {
+        checkpoint: Checkpoint::ShardEnd,
+        pending: None,
+        child_shard_ids: Vec::new(),
+    };
+    let err = store.checkpoint(&held(), &update_cp).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+    assert!(!store.create(&held()).await.unwrap());
+}
+
+#[tokio::test]
+async fn throttling_codes_are_throttled() {
+    for code in [
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+    ] {
+        let code = code.to_owned();
+        let scan = mock!(Client::scan).then_http_response(move || aws_error(400, &code));
+        let err = store(&[&scan]).list().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Throttled, "{err}");
+    }
+}
+
+#[tokio::test]
+async fn server_errors_are_retryable_and_a_missing_table_is_fatal() {
+    let get = mock!(Client::get_item).then_http_response(|| aws_error(500, "InternalServerError"));
+    let err = store(&[&get]).get(&ShardId::new("s")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Retryable);
+
+    let get =
+        mock!(Client::get_item).then_http_response(|| aws_error(400, "ResourceNotFoundException"));
+    let err = store(&[&get]).get(&ShardId::new("s")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fatal);
+    assert!(err.to_string().contains("app"), "{err}");
+}
+
+#[tokio::test]
+async fn renew_is_conditional_on_owner_and_counter_and_returns_the_new_row() {
+    let update = mock!(Client::update_item)
+        .match_requests(|req| {
+            let values = req.expression_attribute_values().unwrap();
+            req.condition_expression() == Some(schema::COND_OWNED)
+                && values.get(":counter") == Some(&AttributeValue::N("7".into()))
+                && values.get(":owner") == Some(&AttributeValue::S("w1".into()))
+                && req.update_expression() == Some("SET #leaseCounter = :leaseCounter")
+        })
+        .then_output(|| {
+            let mut after = held();
+            after.counter = 8;
+            after.handoff_to = Some(WorkerId::new("w2"));
+            UpdateItemOutput::builder()
+                .set_attributes(Some(row(&after)))
+                .build()
+        });
+    let renewed = store(&[&update]).renew(&held()).await.unwrap();
+    assert_eq!(renewed.counter, 8);
+    assert_eq!(renewed.handoff_to, Some(WorkerId::new("w2")));
+}
+
+#[tokio::test]
+async fn take_of_an_unowned_lease_requires_no_owner_and_counts_the_switch() {
+    let mut observed = held();
+    observed.owner = None;
+    let update = mock!(Client::update_item)
+        .match_requests(|req| {
+            let expr = req.update_expression().unwrap_or_default();
+            req.condition_expression() == Some(schema::COND_UNOWNED)
+                && expr.contains("#ownerSwitchesSinceCheckpoint = if_not_exists")
+                && expr.contains("REMOVE #handoffTo")
+                && !req
+                    .expression_attribute_values()
+                    .unwrap()
+                    .contains_key(":owner")
+        })
+        .then_output(|| {
+            let mut after = held();
+            after.counter = 8;
+            after.owner = Some(WorkerId::new("w9"));
+            UpdateItemOutput::builder()
+                .set_attributes(Some(row(&after)))
+                .build()
+        });
+    let taken = store(&[&update])
+        .take(&observed, &WorkerId::new("w9"))
+        .await
+        .unwrap();
+    assert_eq!(taken.owner, Some(WorkerId::new("w9")));
+}
+
+#[tokio::test]
+async fn list_pages_through_the_scan_and_skips_rows_it_cannot_parse() {
+    let first = mock!(Client::scan)
+        .match_requests(|req| {
+            req.exclusive_start_key().is_none() && req.consistent_read() == Some(true)
+        })
+        .then_output(|| {
+            let mut bad = row(&held());
+            bad.insert(schema::LEASE_COUNTER.into(), AttributeValue::S("x".into()));
+            bad.insert(
+                schema::LEASE_KEY.into(),
+                AttributeValue::S("shardId-bad".into()),
+            );
+            ScanOutput::builder()
+                .items(row(&held()))
+                .items(bad)
+                .last_evaluated_key(schema::LEASE_KEY, AttributeValue::S("shardId-bad".into()))
+                .build()
+        });
+    let second = mock!(Client::scan)
+        .match_requests(|req| req.exclusive_start_key().is_some())
+        .then_output(|| {
+            let mut other = held();
+            other.key = ShardId::new("shardId-000000000002");
+            ScanOutput::builder().items(row(&other)).build()
+        });
+    let leases = store(&[&first, &second]).list().await.unwrap();
+    let keys: Vec<&str> = leases.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, ["shardId-000000000001", "shardId-000000000002"]);
+    assert_eq!(first.num_calls(), 1);
+    assert_eq!(second.num_calls(), 1);
+}

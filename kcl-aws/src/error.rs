@@ -1,0 +1,199 @@
+//! SDK errors → [`ErrorKind`], in one place for both services.
+//!
+//! The worker's retry decisions depend only on the [`ErrorKind`] of a [`BackendError`], so the
+//! whole mapping lives here. Operation error enums differ per operation and are
+//! `#[non_exhaustive]`, so instead of one match per enum we read the error code every AWS
+//! error carries ([`ProvideErrorMetadata`]), reduce it to a small internal [`Cause`], and map
+//! that with one exhaustive `match`: adding a cause forces a decision about its kind.
+//!
+//! Unknown codes fall back on the HTTP status: 5xx is transient, anything else fatal. That
+//! fallback matters with emulators, which answer some client errors with a 500.
+
+use std::fmt::Display;
+
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use kcl_core::{BackendError, ErrorKind};
+
+/// What an SDK error means, independent of the service and operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// A DynamoDB condition expression evaluated to false.
+    ConditionFailed,
+    /// Throughput or request-rate limits (DynamoDB, Kinesis, KMS).
+    Throttled,
+    /// A Kinesis shard iterator older than five minutes.
+    ExpiredIterator,
+    /// The table or stream does not exist.
+    NotFound,
+    /// Network, timeout, 5xx, a resource still being created: try again.
+    Transient,
+    /// Invalid request, access denied, disabled KMS key: retrying will not help.
+    Invalid,
+}
+
+impl Cause {
+    /// Classifies an error code plus HTTP status (the status only for unknown codes).
+    pub(crate) fn from_code(code: Option<&str>, status: Option<u16>) -> Self {
+        match code {
+            Some("ConditionalCheckFailedException") => Self::ConditionFailed,
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "Throttling"
+                | "RequestLimitExceeded"
+                | "LimitExceededException"
+                | "KMSThrottlingException"
+                | "TooManyRequestsException",
+            ) => Self::Throttled,
+            Some("ExpiredIteratorException") => Self::ExpiredIterator,
+            Some("ResourceNotFoundException" | "TableNotFoundException") => Self::NotFound,
+            Some(
+                "InternalServerError"
+                | "InternalFailure"
+                | "InternalFailureException"
+                | "ServiceUnavailable"
+                | "ServiceUnavailableException"
+                | "ResourceInUseException"
+                | "TransactionConflictException"
+                | "ExpiredNextTokenException",
+            ) => Self::Transient,
+            Some(
+                "ValidationException"
+                | "InvalidArgumentException"
+                | "AccessDeniedException"
+                | "UnrecognizedClientException"
+                | "MissingAuthenticationToken"
+                | "IncompleteSignature"
+                | "KMSAccessDeniedException"
+                | "KMSDisabledException"
+                | "KMSInvalidStateException"
+                | "KMSNotFoundException"
+                | "KMSOptInRequired"
+                | "ItemCollectionSizeLimitExceededException",
+            ) => Self::Invalid,
+            _ if status.is_some_and(|s| s >= 500) => Self::Transient,
+            _ => Self::Invalid,
+        }
+    }
+
+    /// Classifies any SDK error of either client.
+    pub(crate) fn of<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Self {
+        match err {
+            SdkError::ServiceError(ctx) => {
+                Self::from_code(ctx.err().code(), Some(ctx.raw().status().as_u16()))
+            }
+            // No request was sent: a bug or a missing setting (region, credentials).
+            SdkError::ConstructionFailure(_) => Self::Invalid,
+            // Timeouts, connection failures and unparseable answers: the call may be retried.
+            SdkError::TimeoutError(_)
+            | SdkError::DispatchFailure(_)
+            | SdkError::ResponseError(_) => Self::Transient,
+            // `SdkError` is non-exhaustive; a future variant is most likely transport-level.
+            _ => Self::Transient,
+        }
+    }
+
+    /// The core's kind for this cause. The one exhaustive match of the crate.
+    pub(crate) fn kind(self) -> ErrorKind {
+        match self {
+            Self::ConditionFailed => ErrorKind::Conflict,
+            Self::Throttled => ErrorKind::Throttled,
+            Self::ExpiredIterator => ErrorKind::ExpiredIterator,
+            Self::NotFound | Self::Invalid => ErrorKind::Fatal,
+            Self::Transient => ErrorKind::Retryable,
+        }
+    }
+}
+
+/// Converts an SDK error into the core's error. `what` names the resource (table or stream)
+/// and appears in the message, so that "not found" says what was not found.
+pub(crate) fn backend_error<E>(
+    operation: &'static str,
+    what: impl Display,
+    err: SdkError<E, HttpResponse>,
+) -> BackendError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let cause = Cause::of(&err);
+    let detail = match (err.code(), err.message()) {
+        (Some(code), Some(msg)) => format!("{code}: {msg}"),
+        (Some(code), None) => code.to_owned(),
+        _ => aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string(),
+    };
+    let message = match cause {
+        Cause::NotFound => format!("{what} does not exist ({detail})"),
+        Cause::ConditionFailed => format!("condition failed on {what}"),
+        Cause::Throttled | Cause::ExpiredIterator | Cause::Transient | Cause::Invalid => {
+            format!("{what}: {detail}")
+        }
+    };
+    BackendError::new(cause.kind(), operation, message).with_source(err)
+}
+
+/// A row or response the crate cannot interpret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ParseError {
+    /// A required attribute or field is absent.
+    #[error("missing attribute `{0}`")]
+    Missing(&'static str),
+    /// An attribute has another DynamoDB type than expected.
+    #[error("attribute `{name}` is not of type {expected}")]
+    WrongType {
+        /// The attribute.
+        name: &'static str,
+        /// The expected DynamoDB type (`S`, `N`, `SS`).
+        expected: &'static str,
+    },
+    /// An attribute has the right type but a value we cannot use.
+    #[error("attribute `{name}` has an invalid value `{value}`")]
+    Invalid {
+        /// The attribute.
+        name: &'static str,
+        /// The value as stored.
+        value: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_map_to_kinds() {
+        let kind = |code: &str, status: u16| Cause::from_code(Some(code), Some(status)).kind();
+        assert_eq!(
+            kind("ConditionalCheckFailedException", 400),
+            ErrorKind::Conflict
+        );
+        for throttle in [
+            "ProvisionedThroughputExceededException",
+            "ThrottlingException",
+            "RequestLimitExceeded",
+            "LimitExceededException",
+            "KMSThrottlingException",
+        ] {
+            assert_eq!(kind(throttle, 400), ErrorKind::Throttled, "{throttle}");
+        }
+        assert_eq!(
+            kind("ExpiredIteratorException", 400),
+            ErrorKind::ExpiredIterator
+        );
+        // Emulators answer some client errors with 500: the code wins over the status.
+        assert_eq!(
+            kind("ExpiredIteratorException", 500),
+            ErrorKind::ExpiredIterator
+        );
+        assert_eq!(kind("InvalidArgumentException", 500), ErrorKind::Fatal);
+        assert_eq!(kind("ResourceNotFoundException", 400), ErrorKind::Fatal);
+        assert_eq!(kind("InternalServerError", 500), ErrorKind::Retryable);
+        assert_eq!(kind("SomethingNew", 503), ErrorKind::Retryable);
+        assert_eq!(kind("SomethingNew", 400), ErrorKind::Fatal);
+        assert_eq!(
+            Cause::from_code(None, Some(502)).kind(),
+            ErrorKind::Retryable
+        );
+        assert_eq!(Cause::from_code(None, None).kind(), ErrorKind::Fatal);
+    }
+}

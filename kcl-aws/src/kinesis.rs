@@ -1,0 +1,295 @@
+//! [`KinesisShardSource`]: the polling Kinesis API (ListShards, GetShardIterator, GetRecords).
+//!
+//! Why it is written the way it is:
+//! - `ListShards` pages with `NextToken` **alone**: AWS rejects a request that carries both a
+//!   token and a stream name or ARN.
+//! - Every SDK failure goes through the crate's `error` module, so the worker sees an expired iterator as
+//!   [`kcl_core::ErrorKind::ExpiredIterator`] (its fetch loop
+//!   reopens after the last delivered record), throttling (`ProvisionedThroughputExceeded`,
+//!   KMS throttling) as `Throttled` (it backs off), and a missing stream as a fatal error
+//!   that names the stream.
+//! - Shard end is what Kinesis says it is: a null `NextShardIterator`, with `ChildShards`.
+//! - Records are not de-aggregated: KPL aggregated records arrive as one record with
+//!   sub-sequence number 0.
+
+use std::fmt;
+
+use aws_config::SdkConfig;
+use aws_sdk_kinesis::Client;
+use aws_sdk_kinesis::primitives::DateTime as SdkDateTime;
+use aws_sdk_kinesis::types::{self as sdk, ShardIteratorType};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use kcl_core::{
+    BackendError, ErrorKind, HashKeyRange, Record, RecordBatch, SequenceNumber, Shard, ShardId,
+    ShardIterator, ShardSource, StartingPosition,
+};
+
+use crate::error::{ParseError, backend_error};
+
+/// A stream, by name or by ARN. `From<&str>`/`From<String>` pick ARN for strings starting
+/// with `arn:`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum StreamRef {
+    /// The stream name (in the region of the SDK config).
+    Name(String),
+    /// The stream ARN (any region or account the credentials may read).
+    Arn(String),
+}
+
+impl From<&str> for StreamRef {
+    fn from(s: &str) -> Self {
+        Self::from(s.to_owned())
+    }
+}
+
+impl From<String> for StreamRef {
+    fn from(s: String) -> Self {
+        if s.starts_with("arn:") {
+            Self::Arn(s)
+        } else {
+            Self::Name(s)
+        }
+    }
+}
+
+impl fmt::Display for StreamRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Name(name) => write!(f, "stream {name}"),
+            Self::Arn(arn) => write!(f, "stream {arn}"),
+        }
+    }
+}
+
+/// A [`ShardSource`] on one Kinesis stream. See the module docs.
+#[derive(Debug, Clone)]
+pub struct KinesisShardSource {
+    client: Client,
+    stream: StreamRef,
+}
+
+impl KinesisShardSource {
+    /// A source on `stream` (name or ARN), with the credentials, region, endpoint
+    /// (`AWS_ENDPOINT_URL_KINESIS`) and retry settings of `config`.
+    pub fn new(config: &SdkConfig, stream: impl Into<StreamRef>) -> Self {
+        Self::from_client(Client::new(config), stream)
+    }
+
+    /// A source using an already built client (custom configuration, tests).
+    pub fn from_client(client: Client, stream: impl Into<StreamRef>) -> Self {
+        Self {
+            client,
+            stream: stream.into(),
+        }
+    }
+
+    /// The stream read.
+    pub fn stream(&self) -> &StreamRef {
+        &self.stream
+    }
+
+    /// The Kinesis client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn shard_what(&self, shard: &ShardId) -> String {
+        format!("shard {shard} of {}", self.stream)
+    }
+}
+
+impl ShardSource for KinesisShardSource {
+    async fn list_shards(&self) -> Result<Vec<Shard>, BackendError> {
+        let mut shards = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let request = self.client.list_shards();
+            let request = match (&token, &self.stream) {
+                (Some(token), _) => request.next_token(token),
+                (None, StreamRef::Name(name)) => request.stream_name(name),
+                (None, StreamRef::Arn(arn)) => request.stream_arn(arn),
+            };
+            let out = request
+                .send()
+                .await
+                .map_err(|e| backend_error("list_shards", &self.stream, e))?;
+            for shard in out.shards.unwrap_or_default() {
+                shards.push(convert_shard(&shard).map_err(|e| {
+                    invalid_answer("list_shards", &self.stream, &shard.shard_id, &e)
+                })?);
+            }
+            match out.next_token {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => break,
+            }
+        }
+        Ok(shards)
+    }
+
+    async fn shard_iterator(
+        &self,
+        shard: &ShardId,
+        position: &StartingPosition,
+    ) -> Result<ShardIterator, BackendError> {
+        let request = self.client.get_shard_iterator().shard_id(shard.as_str());
+        let request = match &self.stream {
+            StreamRef::Name(name) => request.stream_name(name),
+            StreamRef::Arn(arn) => request.stream_arn(arn),
+        };
+        let request = match position {
+            StartingPosition::TrimHorizon => {
+                request.shard_iterator_type(ShardIteratorType::TrimHorizon)
+            }
+            StartingPosition::Latest => request.shard_iterator_type(ShardIteratorType::Latest),
+            StartingPosition::AtTimestamp(at) => request
+                .shard_iterator_type(ShardIteratorType::AtTimestamp)
+                .timestamp(to_sdk_time(*at)),
+            StartingPosition::AtSequence(seq) => request
+                .shard_iterator_type(ShardIteratorType::AtSequenceNumber)
+                .starting_sequence_number(seq.as_str()),
+            StartingPosition::AfterSequence(seq) => request
+                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                .starting_sequence_number(seq.as_str()),
+        };
+        let out = request
+            .send()
+            .await
+            .map_err(|e| backend_error("shard_iterator", self.shard_what(shard), e))?;
+        out.shard_iterator.map(ShardIterator).ok_or_else(|| {
+            BackendError::new(
+                ErrorKind::Retryable,
+                "shard_iterator",
+                format!("{}: the answer carried no iterator", self.shard_what(shard)),
+            )
+        })
+    }
+
+    async fn get_records(
+        &self,
+        iterator: &ShardIterator,
+        limit: u32,
+    ) -> Result<RecordBatch, BackendError> {
+        let limit = i32::try_from(limit.clamp(1, 10_000)).unwrap_or(10_000);
+        let request = self
+            .client
+            .get_records()
+            .shard_iterator(&iterator.0)
+            .limit(limit);
+        let request = match &self.stream {
+            StreamRef::Arn(arn) => request.stream_arn(arn),
+            StreamRef::Name(_) => request,
+        };
+        let out = request
+            .send()
+            .await
+            .map_err(|e| backend_error("get_records", &self.stream, e))?;
+        let mut records = Vec::with_capacity(out.records.len());
+        for record in out.records {
+            let sequence_number = SequenceNumber::parse(record.sequence_number.as_str())
+                .ok_or_else(|| {
+                    BackendError::new(
+                        ErrorKind::Fatal,
+                        "get_records",
+                        format!(
+                            "{}: invalid sequence number `{}`",
+                            self.stream, record.sequence_number
+                        ),
+                    )
+                })?;
+            records.push(Record {
+                data: Bytes::from(record.data.into_inner()),
+                partition_key: record.partition_key.unwrap_or_default(),
+                sequence_number,
+                sub_sequence_number: 0,
+                approximate_arrival: record
+                    .approximate_arrival_timestamp
+                    .as_ref()
+                    .and_then(from_sdk_time)
+                    .unwrap_or_else(Utc::now),
+                explicit_hash_key: None,
+            });
+        }
+        let mut child_shards = Vec::new();
+        for child in out.child_shards.unwrap_or_default() {
+            child_shards.push(
+                convert_child(&child).map_err(|e| {
+                    invalid_answer("get_records", &self.stream, &child.shard_id, &e)
+                })?,
+            );
+        }
+        Ok(RecordBatch {
+            records,
+            next_iterator: out.next_shard_iterator.map(ShardIterator),
+            millis_behind_latest: out.millis_behind_latest.and_then(|m| u64::try_from(m).ok()),
+            child_shards,
+        })
+    }
+}
+
+fn invalid_answer(
+    operation: &'static str,
+    stream: &StreamRef,
+    shard: &str,
+    error: &ParseError,
+) -> BackendError {
+    BackendError::new(
+        ErrorKind::Fatal,
+        operation,
+        format!("{stream}: shard {shard} in the answer is invalid: {error}"),
+    )
+}
+
+fn convert_range(range: Option<&sdk::HashKeyRange>) -> Result<HashKeyRange, ParseError> {
+    let range = range.ok_or(ParseError::Missing("HashKeyRange"))?;
+    let parse = |name: &'static str, value: &str| {
+        value.parse::<u128>().map_err(|_| ParseError::Invalid {
+            name,
+            value: value.to_owned(),
+        })
+    };
+    Ok(HashKeyRange {
+        start: parse("StartingHashKey", range.starting_hash_key())?,
+        end: parse("EndingHashKey", range.ending_hash_key())?,
+    })
+}
+
+fn convert_shard(shard: &sdk::Shard) -> Result<Shard, ParseError> {
+    let parent_shard_ids = [shard.parent_shard_id(), shard.adjacent_parent_shard_id()]
+        .into_iter()
+        .flatten()
+        .map(ShardId::from)
+        .collect();
+    Ok(Shard {
+        id: ShardId::from(shard.shard_id()),
+        parent_shard_ids,
+        hash_key_range: convert_range(shard.hash_key_range())?,
+        closed: shard
+            .sequence_number_range()
+            .is_some_and(|r| r.ending_sequence_number().is_some()),
+    })
+}
+
+fn convert_child(child: &sdk::ChildShard) -> Result<Shard, ParseError> {
+    Ok(Shard {
+        id: ShardId::from(child.shard_id()),
+        parent_shard_ids: child
+            .parent_shards()
+            .iter()
+            .map(|p| ShardId::from(p.as_str()))
+            .collect(),
+        hash_key_range: convert_range(child.hash_key_range())?,
+        closed: false,
+    })
+}
+
+fn to_sdk_time(at: DateTime<Utc>) -> SdkDateTime {
+    SdkDateTime::from_secs_and_nanos(at.timestamp(), at.timestamp_subsec_nanos())
+}
+
+fn from_sdk_time(at: &SdkDateTime) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(at.secs(), at.subsec_nanos())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,48 @@
+//! The same consumer on Kinesis and DynamoDB (feature `aws`), stopping on Ctrl-C or SIGTERM:
+//! `cargo run -p kcl-example-consumer --features aws --example aws_consumer -- STREAM APP`.
+//! Credentials, region and endpoints come from the standard AWS configuration chain.
+#![allow(clippy::print_stdout)]
+
+use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+use kcl_core::{
+    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
+};
+
+/// Prints every record, then checkpoints: after a failover, the next owner resumes after it.
+struct Printer(ShardId);
+
+impl RecordProcessor for Printer {
+    async fn process_records(
+        &mut self,
+        input: ProcessRecordsInput,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        for record in &input.records {
+            let data = String::from_utf8_lossy(&record.data);
+            println!("{} {}: {data}", self.0, record.partition_key);
+        }
+        checkpointer.checkpoint().await?;
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let mut args = std::env::args().skip(1);
+    let (Some(stream), Some(app)) = (args.next(), args.next()) else {
+        return Err("usage: aws_consumer STREAM APPLICATION_NAME".into());
+    };
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let source = KinesisShardSource::new(&sdk, stream);
+    let leases = DynamoDbLeaseStore::new(&sdk, app);
+    let worker_id = format!("consumer-{}", std::process::id());
+    let factory = |shard: &ShardId| Printer(shard.clone());
+    let worker = Worker::new(worker_id, WorkerConfig::default(), source, leases, factory)?;
+    let shutdown = worker.shutdown_handle();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        shutdown.shutdown(); // processors checkpoint, leases go back to the fleet
+    });
+    worker.run().await?;
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Command-line interface: `run` (the default) consumes a stream, `demo` shows the framework
+//! working on in-memory backends.
+//!
+//! Every `run` option can also come from a `KCL_…` environment variable or a config file key
+//! of the same name (`failover-time` or `failover_time`). Values are parsed and validated in
+//! [`crate::settings`], whatever their source, so an error always names the key.
+
+use clap::{Args, Parser, Subcommand};
+
+const AFTER_HELP: &str = "\
+Precedence: command-line flag > KCL_* environment variable > config file > default.
+Config file keys mirror the flags: `failover-time = \"5s\"` (TOML) or `failover-time: 5s` (YAML).
+
+AWS access uses the standard AWS configuration chain (AWS_REGION, AWS_PROFILE, web identity
+for IAM roles for service accounts, ECS task roles, instance profiles). Point at emulators with
+AWS_ENDPOINT_URL, or AWS_ENDPOINT_URL_KINESIS and AWS_ENDPOINT_URL_DYNAMODB.
+
+Output: one JSON line per closed window on stdout; logs on stderr.
+HTTP: /healthz (liveness), /readyz (worker running and lease table reachable),
+/metrics (Prometheus text), /status (JSON).
+Signals: SIGTERM or SIGINT shuts down gracefully within --shutdown-timeout; a second one
+forces exit.";
+
+/// A Kinesis consumer built on kcl: counts records and bytes per partition key in tumbling
+/// windows and prints one JSON line per window.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kcl-example-consumer",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = AFTER_HELP
+)]
+pub(crate) struct Cli {
+    /// What to do; `run` when omitted.
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+    /// Options of `run`, accepted without the subcommand.
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Consume a Kinesis stream, sharing its shards with the other workers of the application
+    /// (the default).
+    #[command(after_help = AFTER_HELP)]
+    Run(Box<RunArgs>),
+    /// Show leases spreading, moving on shutdown and crash, and no record lost, on in-memory
+    /// backends (no install needed).
+    Demo(DemoArgs),
+    /// Probe a running consumer's health endpoint and exit 0 if it answers 200: a container
+    /// health check for images without a shell or curl (distroless, ECS).
+    Healthcheck(HealthcheckArgs),
+}
+
+/// Options of `healthcheck`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct HealthcheckArgs {
+    /// Address of the consumer's HTTP server; 0.0.0.0 probes 127.0.0.1.
+    #[arg(long, env = "KCL_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: String,
+
+    /// Path to probe: /healthz (alive) or /readyz (consuming).
+    #[arg(long, default_value = "/healthz")]
+    pub(crate) path: String,
+
+    /// Give up after this long.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub(crate) timeout: std::time::Duration,
+}
+
+/// Options of `run`. Strings here; [`crate::settings`] parses and validates them.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct RunArgs {
+    /// Config file (TOML, or YAML for .yaml/.yml) whose keys mirror these flags.
+    #[arg(long, short = 'c', env = "KCL_CONFIG", value_name = "FILE")]
+    pub(crate) config: Option<String>,
+
+    /// Stream name or ARN (required).
+    #[arg(long, env = "KCL_STREAM", value_name = "NAME|ARN")]
+    pub(crate) stream: Option<String>,
+
+    /// Application name: the name of the DynamoDB lease table shared by every worker of this
+    /// application (required).
+    #[arg(long, env = "KCL_APPLICATION_NAME", value_name = "NAME")]
+    pub(crate) application_name: Option<String>,
+
+    /// Where a shard without a checkpoint starts: TRIM_HORIZON (oldest retained record),
+    /// LATEST (new records only) or AT_TIMESTAMP (see --initial-timestamp).
+    #[arg(
+        long,
+        env = "KCL_INITIAL_POSITION",
+        value_name = "POSITION",
+        default_value = "TRIM_HORIZON"
+    )]
+    pub(crate) initial_position: String,
+
+    /// Start time for AT_TIMESTAMP, RFC 3339 (e.g. 2024-05-01T12:00:00Z).
+    #[arg(long, env = "KCL_INITIAL_TIMESTAMP", value_name = "TIME")]
+    pub(crate) initial_timestamp: Option<String>,
+
+    /// This worker's unique id in the lease table [default: $POD_NAME, else <hostname>-<pid>].
+    #[arg(long, env = "KCL_WORKER_ID", value_name = "ID")]
+    pub(crate) worker_id: Option<String>,
+
+    /// Most leases (shards) this worker holds at once: a number or `unlimited`.
+    #[arg(
+        long,
+        env = "KCL_MAX_LEASES",
+        value_name = "N",
+        default_value = "unlimited"
+    )]
+    pub(crate) max_leases: String,
+
+    /// Most leases asked from busier workers per balancing cycle.
+    #[arg(
+        long,
+        env = "KCL_MAX_LEASES_TO_STEAL",
+        value_name = "N",
+        default_value = "1"
+    )]
+    pub(crate) max_leases_to_steal: String,
+
+    /// A lease not renewed for this long is taken over by another worker (renewals happen
+    /// every third of it).
+    #[arg(
+        long,
+        env = "KCL_FAILOVER_TIME",
+        value_name = "DURATION",
+        default_value = "10s"
+    )]
+    pub(crate) failover_time: String,
+
+    /// Graceful shutdown deadline: processors checkpoint and leases are handed back within it.
+    /// Keep it below the orchestrator's kill timeout.
+    #[arg(
+        long,
+        env = "KCL_SHUTDOWN_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "30s"
+    )]
+    pub(crate) shutdown_timeout: String,
+
+    /// Records asked for per GetRecords call (1 to 10000).
+    #[arg(
+        long,
+        env = "KCL_MAX_RECORDS",
+        value_name = "N",
+        default_value = "10000"
+    )]
+    pub(crate) max_records: String,
+
+    /// Pause after an empty read before polling the shard again.
+    #[arg(
+        long,
+        env = "KCL_IDLE_TIME_BETWEEN_READS",
+        value_name = "DURATION",
+        default_value = "1s"
+    )]
+    pub(crate) idle_time_between_reads: String,
+
+    /// How often the stream's shards are listed to pick up resharding.
+    #[arg(
+        long,
+        env = "KCL_SHARD_SYNC_INTERVAL",
+        value_name = "DURATION",
+        default_value = "60s"
+    )]
+    pub(crate) shard_sync_interval: String,
+
+    /// Length of the tumbling windows (by record arrival time) counted per shard.
+    #[arg(
+        long,
+        env = "KCL_WINDOW",
+        value_name = "DURATION",
+        default_value = "60s"
+    )]
+    pub(crate) window: String,
+
+    /// Partition keys listed per window line (the busiest ones); 0 lists none.
+    #[arg(long, env = "KCL_TOP_KEYS", value_name = "N", default_value = "20")]
+    pub(crate) top_keys: String,
+
+    /// Address of the health and metrics HTTP server.
+    #[arg(
+        long,
+        env = "KCL_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub(crate) listen: String,
+
+    /// Log format: pretty (human) or json (one object per line).
+    #[arg(
+        long,
+        env = "KCL_LOG_FORMAT",
+        value_name = "FORMAT",
+        default_value = "pretty"
+    )]
+    pub(crate) log_format: String,
+
+    /// Log filter, tracing-subscriber syntax (e.g. `info,kcl_core=debug`).
+    #[arg(
+        long,
+        env = "KCL_LOG_FILTER",
+        value_name = "FILTER",
+        default_value = "info"
+    )]
+    pub(crate) log_filter: String,
+
+    /// Backends: aws (Kinesis and DynamoDB) or memory (an in-process stream of 4 shards fed
+    /// by a built-in producer, to try the binary without AWS).
+    #[arg(
+        long,
+        env = "KCL_BACKEND",
+        value_name = "BACKEND",
+        default_value = "aws"
+    )]
+    pub(crate) backend: String,
+
+    /// Print the effective settings, each with where it came from, and exit.
+    #[arg(long)]
+    pub(crate) print_config: bool,
+}
+
+/// Options of `demo`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct DemoArgs {
+    /// Shards of the demo stream.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) shards: u32,
+
+    /// Workers started at first (one more joins later).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) workers: usize,
+
+    /// Records produced per second.
+    #[arg(long, default_value_t = 400)]
+    pub(crate) rate: u32,
+
+    /// Failover time of the workers: how long a crashed worker's leases take to move.
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub(crate) failover_time: std::time::Duration,
+
+    /// Do not split a shard during the run.
+    #[arg(long)]
+    pub(crate) no_split: bool,
+
+    /// Do not crash a worker during the run (only the graceful stop is shown).
+    #[arg(long)]
+    pub(crate) no_crash: bool,
+
+    /// Run against real endpoints (Kinesis and DynamoDB, or their emulators through
+    /// AWS_ENDPOINT_URL_*) instead of the in-memory backends.
+    #[arg(long, alias = "aws")]
+    pub(crate) endpoints: bool,
+
+    /// Log filter for the workers' logs on stderr (the demo's own report is on stdout).
+    #[arg(long, env = "KCL_LOG_FILTER", default_value = "warn")]
+    pub(crate) log_filter: String,
+
+    /// Log format: pretty or json.
+    #[arg(long, env = "KCL_LOG_FORMAT", default_value = "pretty")]
+    pub(crate) log_format: String,
+}
+
+/// The command, with environment values hidden from `--help` (they may be secrets).
+pub(crate) fn command() -> clap::Command {
+    fn hide(arg: clap::Arg) -> clap::Arg {
+        arg.hide_env_values(true)
+    }
+    <Cli as clap::CommandFactory>::command()
+        .mut_args(hide)
+        .mut_subcommand("run", |c| c.mut_args(hide))
+        .mut_subcommand("demo", |c| c.mut_args(hide))
+        .mut_subcommand("healthcheck", |c| c.mut_args(hide))
+}
+
+/// Parses `10s`, `500ms`, `1m30s`.
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("expected a duration such as 10s, 500ms or 1m30s, got {s:?} ({e})"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        command().debug_assert();
+    }
+
+    #[test]
+    fn every_run_option_has_a_kcl_env_named_after_it() {
+        let cmd = Cli::command();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "print_config" || arg.is_positional() || arg.get_long().is_none() {
+                continue;
+            }
+            let expected = format!("KCL_{}", id.to_uppercase());
+            assert_eq!(
+                arg.get_env().and_then(|e| e.to_str()),
+                Some(expected.as_str()),
+                "env of --{id}"
+            );
+        }
+    }
+}

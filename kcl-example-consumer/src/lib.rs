@@ -1,0 +1,9 @@
+//! # kcl-example-consumer
+//!
+//! The library half of the example consumer: its [`processor`], a windowed counter that is
+//! meant to be read and copied. The binary (`src/main.rs`) adds the command line, settings,
+//! health and metrics endpoints, signal handling and the `demo`.
+
+pub mod processor;
+
+pub use processor::{StdoutSink, WindowCounter, WindowSink, WindowSummary};

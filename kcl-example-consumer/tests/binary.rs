@@ -1,0 +1,247 @@
+//! The binary as a user runs it: settings precedence through real environment variables,
+//! one-line errors, and a graceful SIGTERM on the in-memory backend.
+#![allow(clippy::panic, clippy::print_stderr)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kcl-example-consumer");
+
+/// The binary with no `KCL_*` variable inherited from the environment running the tests.
+fn consumer() -> Command {
+    let mut cmd = Command::new(BIN);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("KCL_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+fn output(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kcl-example-consumer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+    path
+}
+
+#[test]
+fn flag_beats_env_beats_file_beats_default() {
+    let file = temp_file(
+        "precedence.toml",
+        "stream = \"file-stream\"\napplication-name = \"file-app\"\nfailover-time = \"5s\"\n\
+         window = \"7s\"\nmax-records = 100\n",
+    );
+    let out = output(
+        consumer()
+            .args(["--print-config", "--config"])
+            .arg(&file)
+            .args(["--max-records", "300"])
+            .env("KCL_FAILOVER_TIME", "4s")
+            .env("KCL_MAX_RECORDS", "200")
+            .env("KCL_WORKER_ID", "from-env"),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file_name = file.display().to_string();
+    for expected in [
+        "max-records = \"300\"  # --max-records".to_owned(),
+        "failover-time = \"4s\"  # KCL_FAILOVER_TIME".to_owned(),
+        "worker-id = \"from-env\"  # KCL_WORKER_ID".to_owned(),
+        format!("window = \"7s\"  # {file_name}"),
+        format!("stream = \"file-stream\"  # {file_name}"),
+        "shutdown-timeout = \"30s\"  # default".to_owned(),
+    ] {
+        assert!(
+            stdout.contains(&expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn invalid_values_fail_in_one_line_naming_the_key() {
+    let out = output(
+        consumer()
+            .args([
+                "--stream",
+                "s",
+                "--application-name",
+                "app",
+                "--print-config",
+            ])
+            .env("KCL_MAX_LEASES", "lots"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("`max-leases`") && stderr.contains("KCL_MAX_LEASES"),
+        "{stderr}"
+    );
+
+    let file = temp_file(
+        "bad.yaml",
+        "stream: s\napplication-name: app\nshutdown-timeout: soon\n",
+    );
+    let out = output(consumer().arg("--config").arg(&file));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`shutdown-timeout`") && stderr.contains("bad.yaml"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_documents_every_option_with_its_default() {
+    let out = output(consumer().arg("--help"));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "--failover-time <DURATION>",
+        "[default: 10s]",
+        "[env: KCL_FAILOVER_TIME]",
+        "[default: 0.0.0.0:8080]",
+        "[default: TRIM_HORIZON]",
+        "Precedence: command-line flag > KCL_* environment variable > config file > default",
+    ] {
+        assert!(help.contains(expected), "missing {expected:?} in:\n{help}");
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    let code = response.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_shuts_down_gracefully() {
+    let mut child = consumer()
+        .args([
+            "--backend",
+            "memory",
+            "--stream",
+            "demo",
+            "--application-name",
+            "demo",
+            "--worker-id",
+            "test-worker",
+            "--listen",
+            "127.0.0.1:0",
+            "--window",
+            "1s",
+            "--idle-time-between-reads",
+            "100ms",
+            "--log-format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut logs = Vec::new();
+    let mut next_log = |within: Duration| -> Option<String> {
+        let line = lines.recv_timeout(within).ok()?;
+        logs.push(line.clone());
+        Some(line)
+    };
+
+    // The server logs the address it bound.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr: SocketAddr = loop {
+        assert!(Instant::now() < deadline, "no `serving` log line");
+        let Some(line) = next_log(Duration::from_secs(20)) else {
+            continue;
+        };
+        let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if let Some(addr) = json.get("addr").and_then(|a| a.as_str()) {
+            break addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+        }
+    };
+    assert_eq!(http_get(addr, "/healthz").map(|r| r.0), Some(200));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(addr, "/readyz").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Let a few windows close.
+    std::thread::sleep(Duration::from_millis(2500));
+    let (code, metrics) = http_get(addr, "/metrics").unwrap_or_else(|| panic!("/metrics"));
+    assert_eq!(code, 200);
+    for name in [
+        "kcl_records_processed_total",
+        "kcl_leases_held",
+        "kcl_batch_duration_seconds_bucket",
+    ] {
+        assert!(metrics.contains(name), "missing {name} in:\n{metrics}");
+    }
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(killed.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    while next_log(Duration::from_millis(500)).is_some() {}
+    let all_logs = logs.join("\n");
+    assert!(status.success(), "exit {status:?}\n{all_logs}");
+    assert!(all_logs.contains("shutting down"), "{all_logs}");
+
+    let mut stdout = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut stdout)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let windows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(windows.len() >= 2, "{stdout}");
+    // The graceful stop emitted the open windows early.
+    assert!(windows.iter().any(|w| w["complete"] == false), "{stdout}");
+}

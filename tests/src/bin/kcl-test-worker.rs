@@ -1,0 +1,264 @@
+//! A worker process for the integration tests.
+//!
+//! Runs one [`kcl_core::Worker`] on the AWS backends (endpoints, region and credentials from
+//! the standard environment) and appends what happens to a JSONL file, one object a line:
+//! `started`, `init`, `record` (shard, sequence number, partition key, data), `checkpoint`,
+//! `checkpoint_failed`, `shard_end`, `shutdown_checkpoint`, `lease_lost`, `stopped`. Every
+//! line carries the worker id, a global line number and a wall-clock time in milliseconds.
+//! A record's line is written (and flushed) before the batch is checkpointed, so a killed
+//! process never checkpointed a record missing from its file.
+//!
+//! SIGTERM or SIGINT shuts down gracefully (processors checkpoint in `shutdown_requested`,
+//! leases are released); a second signal forces the shutdown.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use clap::Parser;
+use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+use kcl_core::{
+    BoxError, CheckpointError, Checkpointer, InitializationInput, ProcessRecordsInput,
+    RecordProcessor, ShardId, Worker, WorkerConfig,
+};
+use serde_json::{Value, json};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Command line of the test worker.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Stream name or ARN.
+    #[arg(long)]
+    stream: String,
+    /// Lease table (application) name.
+    #[arg(long)]
+    table: String,
+    /// Worker id.
+    #[arg(long)]
+    worker_id: String,
+    /// JSONL file to append events to.
+    #[arg(long)]
+    out: PathBuf,
+    /// Failover time in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    failover_ms: u64,
+    /// Taker interval in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    taker_ms: u64,
+    /// Pause after an empty read, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    idle_ms: u64,
+    /// Shard sync interval in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    shard_sync_ms: u64,
+    /// Records per GetRecords.
+    #[arg(long, default_value_t = 100)]
+    max_records: u32,
+    /// Most handoffs asked for in one taker cycle.
+    #[arg(long, default_value_t = 1)]
+    max_steal: usize,
+    /// Do not checkpoint after each batch (only at shard end and shutdown).
+    #[arg(long)]
+    no_batch_checkpoint: bool,
+    /// Sleep this long in each batch before checkpointing, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    batch_delay_ms: u64,
+}
+
+/// Appends JSON lines; shared by every processor of the process.
+#[derive(Debug, Clone)]
+struct Journal {
+    file: Arc<Mutex<File>>,
+    worker: Arc<str>,
+    line: Arc<AtomicU64>,
+}
+
+impl Journal {
+    fn open(path: &PathBuf, worker: &str) -> std::io::Result<Self> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Self {
+            file: Arc::new(Mutex::new(file)),
+            worker: Arc::from(worker),
+            line: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    fn write(&self, event: &str, mut fields: Value) {
+        if let Value::Object(map) = &mut fields {
+            map.insert("event".into(), json!(event));
+            map.insert("worker".into(), json!(&*self.worker));
+            map.insert("ms".into(), json!(chrono::Utc::now().timestamp_millis()));
+        }
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        // The line number is taken under the lock, so numbers follow the file order.
+        let n = self.line.fetch_add(1, Ordering::SeqCst);
+        if let Value::Object(map) = &mut fields {
+            map.insert("n".into(), json!(n));
+        }
+        let result = writeln!(file, "{fields}").and_then(|()| file.flush());
+        if let Err(error) = result {
+            tracing::error!(%error, "cannot write the journal");
+        }
+    }
+}
+
+struct Recorder {
+    shard: ShardId,
+    journal: Journal,
+    batch_checkpoint: bool,
+    batch_delay: Duration,
+}
+
+impl Recorder {
+    async fn checkpoint(
+        &self,
+        checkpointer: &mut Checkpointer,
+        event: &str,
+    ) -> Result<(), BoxError> {
+        let at = checkpointer.last_delivered().map(ToString::to_string);
+        match checkpointer.checkpoint().await {
+            Ok(()) => {
+                self.journal
+                    .write(event, json!({"shard": self.shard.as_str(), "seq": at}));
+                Ok(())
+            }
+            Err(error) => {
+                let lost = matches!(error, CheckpointError::LeaseLost { .. });
+                self.journal.write(
+                    "checkpoint_failed",
+                    json!({"shard": self.shard.as_str(), "seq": at, "lease_lost": lost, "error": error.to_string()}),
+                );
+                if lost { Ok(()) } else { Err(error.into()) }
+            }
+        }
+    }
+}
+
+impl RecordProcessor for Recorder {
+    async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
+        self.journal.write(
+            "init",
+            json!({"shard": self.shard.as_str(), "checkpoint": input.checkpoint.to_string()}),
+        );
+        Ok(())
+    }
+
+    async fn process_records(
+        &mut self,
+        input: ProcessRecordsInput,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        for record in &input.records {
+            self.journal.write(
+                "record",
+                json!({
+                    "shard": self.shard.as_str(),
+                    "seq": record.sequence_number.as_str(),
+                    "pk": record.partition_key,
+                    "data": String::from_utf8_lossy(&record.data),
+                }),
+            );
+        }
+        if !self.batch_delay.is_zero() {
+            tokio::time::sleep(self.batch_delay).await;
+        }
+        if self.batch_checkpoint {
+            self.checkpoint(checkpointer, "checkpoint").await?;
+        }
+        Ok(())
+    }
+
+    async fn lease_lost(&mut self) {
+        self.journal
+            .write("lease_lost", json!({"shard": self.shard.as_str()}));
+    }
+
+    async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
+        self.journal
+            .write("shard_end", json!({"shard": self.shard.as_str()}));
+        self.checkpoint(checkpointer, "checkpoint").await
+    }
+
+    async fn shutdown_requested(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        self.checkpoint(checkpointer, "shutdown_checkpoint").await
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aws=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "worker failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let journal = Journal::open(&args.out, &args.worker_id)?;
+    let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let source = KinesisShardSource::new(&sdk, args.stream.clone());
+    let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
+    let config = WorkerConfig::default()
+        .failover_time(Duration::from_millis(args.failover_ms))
+        .taker_interval(Duration::from_millis(args.taker_ms))
+        .idle_time_between_reads(Duration::from_millis(args.idle_ms))
+        .shard_sync_interval(Duration::from_millis(args.shard_sync_ms))
+        .parent_poll_interval(Duration::from_millis(200))
+        .max_records(args.max_records)
+        .max_leases_to_steal(args.max_steal)
+        .max_backoff(Duration::from_secs(1))
+        .shutdown_timeout(Duration::from_secs(10));
+    let factory = {
+        let journal = journal.clone();
+        let batch_checkpoint = !args.no_batch_checkpoint;
+        let batch_delay = Duration::from_millis(args.batch_delay_ms);
+        move |shard: &ShardId| Recorder {
+            shard: shard.clone(),
+            journal: journal.clone(),
+            batch_checkpoint,
+            batch_delay,
+        }
+    };
+    let worker = Worker::new(args.worker_id.as_str(), config, source, store, factory)?;
+    let handle = worker.shutdown_handle();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let mut signals = 0;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            signals += 1;
+            if signals == 1 {
+                tracing::info!("signal: shutting down gracefully");
+                handle.shutdown();
+            } else {
+                tracing::warn!("second signal: forcing shutdown");
+                handle.force();
+            }
+        }
+    });
+    journal.write("started", json!({}));
+    let result = worker.run().await;
+    journal.write("stopped", json!({"ok": result.is_ok()}));
+    result.map_err(anyhow::Error::from)
+}

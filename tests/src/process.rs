@@ -1,0 +1,122 @@
+//! Worker OS processes (the `kcl-test-worker` binary): spawn, signal, wait, read back.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::Context;
+use crate::journal::{Event, read_events};
+
+/// A running `kcl-test-worker`. Killed (SIGKILL) when dropped, so a failing test leaks none.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    /// The worker id.
+    pub id: String,
+    /// Its JSONL journal.
+    pub journal: PathBuf,
+    /// Its stderr (tracing logs).
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl WorkerProcess {
+    /// Starts `bin` (pass `env!("CARGO_BIN_EXE_kcl-test-worker")`) as worker `id` on the
+    /// context's stream and table, with `extra` command-line arguments.
+    pub fn spawn(bin: &str, ctx: &Context, id: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        let journal = ctx.path(&format!("{id}.jsonl"));
+        let log = ctx.path(&format!("{id}.log"));
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = Command::new(bin)
+            .args([
+                "--stream",
+                &ctx.stream,
+                "--table",
+                &ctx.table,
+                "--worker-id",
+                id,
+            ])
+            .arg("--out")
+            .arg(&journal)
+            .args(extra)
+            .envs(ctx.worker_env())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("cannot start {bin}"))?;
+        Ok(Self {
+            id: id.to_owned(),
+            journal,
+            log,
+            child,
+        })
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -TERM {} failed", self.pid());
+        }
+        Ok(())
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > limit {
+                bail!("worker {} did not exit within {limit:?}", self.id);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The journal so far.
+    pub fn events(&self) -> anyhow::Result<Vec<Event>> {
+        read_events(&self.journal)
+    }
+
+    /// The last lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if self.is_running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Two worker processes share 8 shards 4/4 within two taker cycles of the second one
+//! starting, and stay balanced.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::time::Duration;
+
+use kcl_integration_tests::journal::delivered_set;
+use kcl_integration_tests::{Context, balanced_pair, count_by_owner, wait_until, with_timeout};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
+const TAKER: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_split_eight_shards_evenly() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("balance").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), run(ctx)).await
+}
+
+async fn run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(8).await?;
+    let records: Vec<(String, String)> = (0..80)
+        .map(|i| (format!("pk-{i}"), format!("b{i}")))
+        .collect();
+    ctx.put(&records).await?;
+    // worker-b starts once worker-a is idle: checkpoints move lease counters, and a handoff
+    // request is conditional on the counter it observed.
+    let (mut a, mut b, took) = balanced_pair(
+        WORKER,
+        &ctx,
+        8,
+        80,
+        &[
+            "--taker-ms",
+            "1000",
+            "--max-steal",
+            "4",
+            "--failover-ms",
+            "10000",
+        ],
+    )
+    .await?;
+    eprintln!("4/4 split {took:?} after worker-b started");
+    // Two taker cycles, plus the time the old owner's processors take to checkpoint and hand
+    // over (a few emulator calls) and worker-b's start-up.
+    let bound = 2 * TAKER + Duration::from_millis(1500);
+    assert!(took <= bound, "split took {took:?}, more than {bound:?}");
+
+    // Stable: nobody steals back and forth.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let by = count_by_owner(&ctx.owners().await?);
+        assert_eq!(by.get(&Some("worker-a".into())), Some(&4), "{by:?}");
+        assert_eq!(by.get(&Some("worker-b".into())), Some(&4), "{by:?}");
+    }
+
+    // And every record was delivered by one or the other.
+    let want: Vec<String> = records.iter().map(|(_, d)| d.clone()).collect();
+    wait_until(
+        "all records delivered",
+        Duration::from_secs(30),
+        Duration::from_millis(250),
+        async || {
+            let got = delivered_set([a.events()?.as_slice(), b.events()?.as_slice()]);
+            Ok(want.iter().all(|d| got.contains(d)))
+        },
+    )
+    .await?;
+    a.terminate()?;
+    b.terminate()?;
+    assert!(a.wait_exit(Duration::from_secs(20)).await?.success());
+    assert!(b.wait_exit(Duration::from_secs(20)).await?.success());
+    Ok(())
+}

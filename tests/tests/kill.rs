@@ -1,0 +1,96 @@
+//! SIGKILL one of two worker processes mid-stream: the survivor owns all 8 shards within the
+//! failover time plus one taker cycle, and together they delivered every record.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::time::{Duration, Instant};
+
+use kcl_integration_tests::journal::delivered_set;
+use kcl_integration_tests::{
+    Context, Producer, balanced_pair, count_by_owner, wait_until, with_timeout,
+};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
+const FAILOVER: Duration = Duration::from_secs(3);
+const TAKER: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survivor_takes_over_and_nothing_is_lost() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("kill").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(150), run(ctx)).await
+}
+
+async fn run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(8).await?;
+    let initial: Vec<(String, String)> = (0..40)
+        .map(|i| (format!("pk-{i}"), format!("init{i}")))
+        .collect();
+    ctx.put(&initial).await?;
+    let args = [
+        "--taker-ms",
+        "1000",
+        "--failover-ms",
+        "3000",
+        "--max-steal",
+        "4",
+    ];
+    let (mut a, mut b, _) = balanced_pair(WORKER, &ctx, 8, 40, &args).await?;
+
+    let producer = Producer::start(&ctx, "live", 8, Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        b.events()?.iter().any(|e| e.event == "record"),
+        "worker-b delivered nothing before the kill"
+    );
+    b.kill()?;
+    let killed = Instant::now();
+    let took = wait_until(
+        "worker-a to own all 8 leases",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let by = count_by_owner(&ctx.owners().await?);
+            Ok(by.get(&Some("worker-a".to_owned())) == Some(&8))
+        },
+    )
+    .await
+    .map_err(|e| e.context(a.log_tail()))?;
+    eprintln!("worker-a owned all 8 leases {took:?} after the kill");
+    // Failover time plus one taker cycle, plus a second for the emulators' latency.
+    let bound = FAILOVER + TAKER + Duration::from_secs(1);
+    assert!(
+        killed.elapsed() >= took && took <= bound,
+        "took {took:?} > {bound:?}"
+    );
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut want: Vec<String> = producer.stop().await?;
+    want.extend(initial.into_iter().map(|(_, d)| d));
+    wait_until(
+        "every record delivered by one of them",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            let got = delivered_set([a.events()?.as_slice(), b.events()?.as_slice()]);
+            Ok(want.iter().all(|d| got.contains(d)))
+        },
+    )
+    .await
+    .map_err(|e| {
+        let got = delivered_set([
+            a.events().unwrap_or_default().as_slice(),
+            b.events().unwrap_or_default().as_slice(),
+        ]);
+        let missing: Vec<&String> = want.iter().filter(|d| !got.contains(*d)).collect();
+        e.context(format!(
+            "missing {}: {missing:?}\n{}",
+            missing.len(),
+            a.log_tail()
+        ))
+    })?;
+    a.terminate()?;
+    assert!(a.wait_exit(Duration::from_secs(20)).await?.success());
+    Ok(())
+}
