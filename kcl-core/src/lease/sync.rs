@@ -79,16 +79,18 @@ pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> Sy
         create.push(lease);
     }
 
+    let lineage = Lineage::new(leases);
     let delete = leases
         .iter()
         .filter(|l| {
-            l.is_finished()
+            let done = l.is_finished()
                 && !l.child_shard_ids.is_empty()
                 && l.child_shard_ids.iter().all(|c| {
                     by_key
                         .get(c)
                         .is_some_and(|child| child.checkpoint.has_progress())
-                })
+                });
+            done || lineage.is_stale(l)
         })
         .cloned()
         .collect();

@@ -1,0 +1,226 @@
+//! The binary, twice, against the emulators: two processes share a stream, `/readyz` and
+//! `/metrics` answer while they run, SIGTERM stops one gracefully, the other takes its shards
+//! at once and no record is lost (every partition key shows up in a window line).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use kcl_integration_tests::{Context, count_by_owner, wait_until, with_timeout};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kcl-example-consumer");
+
+/// One `kcl-example-consumer` process; killed if still running when dropped.
+struct Consumer {
+    child: Child,
+    addr: SocketAddr,
+    stdout: PathBuf,
+    log: PathBuf,
+}
+
+impl Consumer {
+    fn spawn(ctx: &Context, id: &str) -> anyhow::Result<Self> {
+        let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let stdout = ctx.path(&format!("{id}.windows.jsonl"));
+        let log = ctx.path(&format!("{id}.log"));
+        let child = Command::new(BIN)
+            .args(["--stream", &ctx.stream, "--application-name", &ctx.table])
+            .args(["--worker-id", id, "--listen", &addr.to_string()])
+            .args([
+                "--failover-time",
+                "3s",
+                "--window",
+                "1s",
+                "--top-keys",
+                "100000",
+            ])
+            .args(["--idle-time-between-reads", "200ms", "--log-format", "json"])
+            .envs(ctx.worker_env())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout)?)
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        Ok(Self {
+            child,
+            addr,
+            stdout,
+            log,
+        })
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut conn = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
+        conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            conn,
+            "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        conn.read_to_string(&mut response).ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, response))
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()));
+    }
+
+    async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                start.elapsed() < limit,
+                "no exit within {limit:?}:\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Partition keys listed in this process's window lines.
+    fn keys(&self) -> anyhow::Result<BTreeSet<String>> {
+        let mut keys = BTreeSet::new();
+        for line in std::fs::read_to_string(&self.stdout)?.lines() {
+            let window: serde_json::Value = serde_json::from_str(line)?;
+            for k in window["top_keys"].as_array().into_iter().flatten() {
+                keys.insert(k["key"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        Ok(keys)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn records(prefix: &str, n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| (format!("{prefix}-{i}"), format!("{prefix} record {i}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_sigterm_one_the_other_continues_and_nothing_is_lost() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("example-binary").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(180), run(ctx)).await
+}
+
+async fn run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(4).await?;
+    let mut written = records("before", 40);
+    ctx.put(&written).await?;
+    let mut a = Consumer::spawn(&ctx, "consumer-a")?;
+    let mut b = Consumer::spawn(&ctx, "consumer-b")?;
+
+    wait_until(
+        "both consumers to hold 2 leases",
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+        async || {
+            let by = count_by_owner(&ctx.owners().await?);
+            Ok(by.get(&Some("consumer-a".into())) == Some(&2)
+                && by.get(&Some("consumer-b".into())) == Some(&2))
+        },
+    )
+    .await
+    .map_err(|e| e.context(format!("a:\n{}\nb:\n{}", a.log_tail(), b.log_tail())))?;
+
+    let live = records("live", 40);
+    ctx.put(&live).await?;
+    written.extend(live);
+    // Both answer their probes while they run.
+    for c in [&a, &b] {
+        wait_until(
+            "/readyz",
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            async || Ok(c.get("/readyz").is_some_and(|(code, _)| code == 200)),
+        )
+        .await?;
+        let (code, metrics) = c.get("/metrics").expect("/metrics answers");
+        assert_eq!(code, 200);
+        assert!(metrics.contains("kcl_leases_held"), "{metrics}");
+    }
+    wait_until(
+        "records processed",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            Ok(a.get("/metrics")
+                .is_some_and(|(_, m)| m.contains("kcl_records_processed_total")))
+        },
+    )
+    .await?;
+
+    b.terminate();
+    let status = b.wait_exit(Duration::from_secs(30)).await?;
+    assert!(
+        status.success(),
+        "consumer-b exited with {status}:\n{}",
+        b.log_tail()
+    );
+    let took = wait_until(
+        "consumer-a to hold all 4 leases",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            Ok(count_by_owner(&ctx.owners().await?).get(&Some("consumer-a".into())) == Some(&4))
+        },
+    )
+    .await?;
+    eprintln!("consumer-a held all 4 leases {took:?} after consumer-b exited");
+    assert!(
+        took < Duration::from_secs(3),
+        "released leases are taken without waiting for expiry: {took:?}"
+    );
+
+    let after = records("after", 40);
+    ctx.put(&after).await?;
+    written.extend(after);
+    let want: BTreeSet<String> = written.iter().map(|(k, _)| k.clone()).collect();
+    // Windows close when a later record arrives or at shutdown: stop consumer-a gracefully
+    // once it has had time to read everything, then count what both printed.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(a.get("/readyz").is_some_and(|(code, _)| code == 200));
+    a.terminate();
+    let status = a.wait_exit(Duration::from_secs(30)).await?;
+    assert!(
+        status.success(),
+        "consumer-a exited with {status}:\n{}",
+        a.log_tail()
+    );
+    let got: BTreeSet<String> = a.keys()?.union(&b.keys()?).cloned().collect();
+    let lost: Vec<&String> = want.difference(&got).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} records lost: {lost:?}\n{}",
+        lost.len(),
+        want.len(),
+        a.log_tail()
+    );
+    Ok(())
+}
