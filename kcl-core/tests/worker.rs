@@ -468,3 +468,41 @@ async fn a_missing_stream_at_start_up_is_a_clear_error_not_a_retry_loop() {
     let chain = format!("{:?}", std::error::Error::source(&error));
     assert!(chain.contains("orders-typo"), "{chain}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_handed_over_just_before_shutdown_is_released_not_left_to_expire() {
+    let (stream, store, seen) = (
+        MemoryStream::new(2),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    );
+    let b = start(
+        "b",
+        config().max_leases(1),
+        &stream,
+        &store,
+        &seen,
+        &Behaviour::default(),
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || held(&b) == 1)
+            .await
+            .is_some()
+    );
+    // A handoff to b lands between two of b's cycles: b owns the lease but does not hold it.
+    let free = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|l| l.owner.is_none())
+        .unwrap();
+    store.take(&free, &"b".into()).await.unwrap();
+    b.shutdown.shutdown();
+    b.task.await.unwrap().unwrap();
+    assert!(
+        store.leases().iter().all(|l| l.owner.is_none()),
+        "{:?}",
+        store.leases()
+    );
+}

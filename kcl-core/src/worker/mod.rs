@@ -234,9 +234,36 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             );
             state.tasks.abort_all();
             while state.tasks.join_next().await.is_some() {}
+        } else if !self.handle.force.is_cancelled() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, self.release_unheld())
+                .await
+                .is_err()
+            {
+                tracing::warn!("shutdown deadline reached while releasing leases handed to us");
+            }
         }
         tracing::info!("worker stopped");
         outcome
+    }
+
+    /// Releases leases that name this worker but that it does not hold: handed over to it by
+    /// another worker after its last cycle. Without this they would wait for expiry.
+    async fn release_unheld(&self) {
+        let Ok(leases) = self.store.list().await else {
+            return;
+        };
+        for lease in leases
+            .iter()
+            .filter(|l| l.is_owned_by(&self.id) && !is_coordination_key(&l.key))
+        {
+            match self.store.release(lease).await {
+                Ok(()) => {
+                    tracing::info!(shard = %lease.key, "released a lease handed over during shutdown");
+                }
+                Err(error) => tracing::debug!(shard = %lease.key, %error, "release failed"),
+            }
+        }
     }
 
     /// Creates the lease table, retrying transient failures. False if shut down meanwhile.
