@@ -114,6 +114,15 @@ fn start(
     }
 }
 
+/// A stream of `shards` shards, an empty lease table, and a record of deliveries.
+fn world(shards: u32) -> (MemoryStream, MemoryLeaseStore, Seen) {
+    (
+        MemoryStream::new(shards),
+        MemoryLeaseStore::new(),
+        Seen::default(),
+    )
+}
+
 fn fill(stream: &MemoryStream, n: usize) {
     for i in 0..n {
         stream.put(&format!("key-{}", i % 37), format!("record-{i}"));
@@ -147,11 +156,7 @@ fn delivered_by(seen: &Seen) -> BTreeMap<(ShardId, SequenceNumber), Vec<String>>
 
 #[tokio::test(start_paused = true)]
 async fn first_record_arrives_in_the_first_cycle_on_a_fresh_table() {
-    let (stream, store, seen) = (
-        MemoryStream::new(4),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(4);
     fill(&stream, 100);
     let w = start(
         "a",
@@ -178,11 +183,7 @@ async fn first_record_arrives_in_the_first_cycle_on_a_fresh_table() {
 
 #[tokio::test(start_paused = true)]
 async fn a_crashed_workers_leases_move_within_failover_plus_a_cycle() {
-    let (stream, store, seen) = (
-        MemoryStream::new(8),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(8);
     let b = Behaviour {
         every_batch: true,
         ..Behaviour::default()
@@ -216,11 +217,7 @@ async fn a_crashed_workers_leases_move_within_failover_plus_a_cycle() {
 
 #[tokio::test(start_paused = true)]
 async fn graceful_shutdown_hands_leases_back_at_once_without_repeats() {
-    let (stream, store, seen) = (
-        MemoryStream::new(6),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(6);
     let b = Behaviour::default(); // checkpoints only in shutdown_requested
     let a = start("a", config(), &stream, &store, &seen, &b);
     let c = start("c", config(), &stream, &store, &seen, &b);
@@ -266,11 +263,7 @@ async fn graceful_shutdown_hands_leases_back_at_once_without_repeats() {
 
 #[tokio::test(start_paused = true)]
 async fn rebalancing_is_a_handoff_that_repeats_nothing() {
-    let (stream, store, seen) = (
-        MemoryStream::new(8),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(8);
     let b = Behaviour::default(); // checkpoints only when asked to stop
     let a = start("a", config(), &stream, &store, &seen, &b);
     assert!(
@@ -313,11 +306,7 @@ async fn rebalancing_is_a_handoff_that_repeats_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_processor_restarts_its_shard_not_the_worker() {
-    let (stream, store, seen) = (
-        MemoryStream::new(3),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(3);
     let b = Behaviour {
         every_batch: true,
         panic_once_on: stream.shard_for("key-0"),
@@ -339,11 +328,7 @@ async fn a_panicking_processor_restarts_its_shard_not_the_worker() {
 
 #[tokio::test(start_paused = true)]
 async fn the_shutdown_deadline_stops_a_processor_that_hangs() {
-    let (stream, store, seen) = (
-        MemoryStream::new(2),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(2);
     let b = Behaviour {
         hang_on_shutdown: true,
         ..Behaviour::default()
@@ -382,11 +367,7 @@ async fn the_shutdown_deadline_stops_a_processor_that_hangs() {
 
 #[tokio::test(start_paused = true)]
 async fn a_fenced_worker_stops_the_shard_and_its_checkpoints_fail() {
-    let (stream, store, seen) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(1);
     let b = Behaviour {
         every_batch: true,
         ..Behaviour::default()
@@ -471,11 +452,7 @@ async fn a_missing_stream_at_start_up_is_a_clear_error_not_a_retry_loop() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_handed_over_just_before_shutdown_is_released_not_left_to_expire() {
-    let (stream, store, seen) = (
-        MemoryStream::new(2),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    );
+    let (stream, store, seen) = world(2);
     let b = start(
         "b",
         config().max_leases(1),
