@@ -37,6 +37,31 @@ pub struct ProcessRecordsInput {
     pub millis_behind_latest: Option<u64>,
 }
 
+impl ProcessRecordsInput {
+    /// A batch, e.g. to call a processor from a test.
+    pub fn new(records: Vec<Record>, millis_behind_latest: Option<u64>) -> Self {
+        Self {
+            records,
+            millis_behind_latest,
+        }
+    }
+}
+
+impl InitializationInput {
+    /// The input of `initialize`, e.g. to call a processor from a test.
+    pub fn new(
+        shard_id: ShardId,
+        checkpoint: Checkpoint,
+        pending_checkpoint: Option<Checkpoint>,
+    ) -> Self {
+        Self {
+            shard_id,
+            checkpoint,
+            pending_checkpoint,
+        }
+    }
+}
+
 /// Processes the records of one shard. See the module docs.
 ///
 /// ```

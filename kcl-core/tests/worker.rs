@@ -483,3 +483,32 @@ async fn a_lease_handed_over_just_before_shutdown_is_released_not_left_to_expire
         store.leases()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_processor_can_be_unit_tested_with_a_test_checkpointer() {
+    let (stream, store, seen) = world(1);
+    fill(&stream, 5);
+    let shard = ShardId::new("shardId-000000000000");
+    let records = stream.records(&shard);
+    let mut cp = kcl_core::memory::test_checkpointer(&store, &shard, "unit")
+        .await
+        .unwrap();
+    cp.deliver(&records);
+    let mut processor = Recorder {
+        worker: "unit".into(),
+        shard: shard.clone(),
+        seen: seen.clone(),
+        behaviour: Behaviour {
+            every_batch: true,
+            ..Behaviour::default()
+        },
+    };
+    let input = kcl_core::ProcessRecordsInput::new(records.clone(), None);
+    processor.process_records(input, &mut cp).await.unwrap();
+    let lease = store.get(&shard).await.unwrap().unwrap();
+    assert_eq!(
+        lease.checkpoint,
+        kcl_core::Checkpoint::Sequence(records[4].position())
+    );
+    assert_eq!(seen.lock().unwrap().len(), 5);
+}

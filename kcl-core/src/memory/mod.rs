@@ -9,12 +9,14 @@
 //! tokio time, so a run under paused time is reproducible.
 
 mod faults;
+mod harness;
 mod store;
 mod stream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use faults::Faults;
+pub use harness::test_checkpointer;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;
 
