@@ -10,7 +10,7 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, StreamStatus};
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
-use kcl_core::{Lease, LeaseStore, ShardId};
+use kcl_core::{Lease, LeaseStore, ShardId, ShardSource};
 use tokio::time::{Instant, sleep};
 
 use crate::demo::Backend;
@@ -161,52 +161,29 @@ impl Backend for Endpoints {
     }
 
     async fn split(&self) -> anyhow::Result<(ShardId, Vec<ShardId>)> {
-        let shards = self
-            .kinesis
-            .list_shards()
-            .stream_name(&self.stream)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?
-            .shards
-            .unwrap_or_default();
-        let open = shards
-            .iter()
-            .find(|s| {
-                s.sequence_number_range()
-                    .is_some_and(|r| r.ending_sequence_number().is_none())
-            })
-            .context("no open shard")?;
-        let range = open
-            .hash_key_range()
-            .context("shard without hash key range")?;
-        let start: u128 = range.starting_hash_key().parse()?;
-        let end: u128 = range.ending_hash_key().parse()?;
-        let middle = start + (end - start) / 2 + 1;
+        // kcl-aws lists shards (paginated, with parents and hash-key ranges) as the worker sees them.
+        let source = self.source("demo");
+        let shards = source.list_shards().await?;
+        let open = shards.iter().find(|s| !s.closed).context("no open shard")?;
+        let range = open.hash_key_range;
+        let middle = range.start + (range.end - range.start) / 2 + 1;
         self.kinesis
             .split_shard()
             .stream_name(&self.stream)
-            .shard_to_split(open.shard_id())
+            .shard_to_split(open.id.as_str())
             .new_starting_hash_key(middle.to_string())
             .send()
             .await
             .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?;
         self.wait_active(Duration::from_secs(120)).await?;
-        let parent = open.shard_id().to_owned();
-        let children = self
-            .kinesis
+        let children = source
             .list_shards()
-            .stream_name(&self.stream)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e)))?
-            .shards
-            .unwrap_or_default()
-            .iter()
-            .filter(|s| s.parent_shard_id() == Some(parent.as_str()))
-            .map(|s| ShardId::new(s.shard_id()))
+            .await?
+            .into_iter()
+            .filter(|s| s.parent_shard_ids.contains(&open.id))
+            .map(|s| s.id)
             .collect();
-        Ok((ShardId::new(parent), children))
+        Ok((open.id.clone(), children))
     }
 
     async fn leases(&self) -> anyhow::Result<Vec<Lease>> {
