@@ -6,6 +6,7 @@
 
 use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -56,6 +57,14 @@ string_id!(
     /// The identity of one worker process; the `leaseOwner` of the leases it holds.
     WorkerId
 );
+
+/// A hash that is the same in every process and run (SipHash with fixed keys): seeds for
+/// jitter and a per-worker order over leases, reproducible in the simulation.
+pub(crate) fn stable_hash(value: impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
 
 /// A Kinesis sequence number: a decimal string of up to 128 digits, ordered numerically.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -2,8 +2,11 @@
 //! one-line errors, and a graceful SIGTERM on the in-memory backend.
 #![allow(clippy::panic, clippy::print_stderr)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+mod common;
+use common::http_get;
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -121,20 +124,6 @@ fn help_documents_every_option_with_its_default() {
     ] {
         assert!(help.contains(expected), "missing {expected:?} in:\n{help}");
     }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).ok()?;
-    let code = response.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
 }
 
 #[cfg(unix)]

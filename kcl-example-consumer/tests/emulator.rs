@@ -4,9 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -54,17 +55,7 @@ impl Consumer {
     }
 
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut conn = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
-        conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            conn,
-            "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut response = String::new();
-        conn.read_to_string(&mut response).ok()?;
-        let code = response.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, response))
+        common::http_get(self.addr, path)
     }
 
     fn terminate(&self) {

@@ -11,7 +11,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use crate::types::{ShardId, WorkerId};
@@ -179,9 +178,7 @@ pub fn handoffs_to_grant(me: &WorkerId, leases: &[Candidate], in_progress: usize
 /// A per-worker order over keys, so that workers racing for available leases mostly pick
 /// different ones.
 fn spread(me: &WorkerId, key: &ShardId) -> u64 {
-    let mut h = DefaultHasher::new();
-    (me, key).hash(&mut h);
-    h.finish()
+    crate::types::stable_hash((me, key))
 }
 
 #[cfg(test)]

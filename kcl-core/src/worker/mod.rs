@@ -290,7 +290,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             .with_min_delay(self.config.min_backoff)
             .with_max_delay(self.config.max_backoff)
             .with_jitter()
-            .with_jitter_seed(seed_of(&self.id))
+            .with_jitter_seed(crate::types::stable_hash(&self.id))
             .without_max_times()
     }
 
@@ -321,6 +321,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                         match self.store.list().await {
                             Ok(mut fresh) => {
                                 fresh.retain(|l| !is_coordination_key(&l.key));
+                                state.observer.update(&fresh, Instant::now());
                                 leases = fresh;
                             }
                             Err(error) => tracing::warn!(%error, "listing leases failed"),
@@ -344,7 +345,6 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
 
         let now = Instant::now();
-        state.observer.update(&leases, now);
         let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let lineage = Lineage::new(&leases);
         let candidates: Vec<Candidate> = leases
@@ -568,11 +568,4 @@ impl Coordinator {
         }
         exit
     }
-}
-
-fn seed_of(id: &WorkerId) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    id.hash(&mut h);
-    h.finish()
 }

@@ -9,7 +9,6 @@
 //! A processor that fails or panics is dropped; after a backoff a new one starts from the
 //! last checkpoint, while the lease stays held and renewed.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -142,11 +141,7 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
     tenure: &Arc<Tenure>,
     control: &Control,
 ) -> Exit {
-    let seed = {
-        let mut h = DefaultHasher::new();
-        (tenure.worker(), tenure.shard()).hash(&mut h);
-        h.finish()
-    };
+    let seed = crate::types::stable_hash((tenure.worker(), tenure.shard()));
     let mut restarts = ExponentialBuilder::default()
         .with_min_delay(ctx.config.min_backoff.max(Duration::from_millis(500)))
         .with_max_delay(ctx.config.max_backoff.max(Duration::from_secs(1)))
