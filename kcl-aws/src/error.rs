@@ -100,7 +100,8 @@ impl Cause {
             Self::ConditionFailed => ErrorKind::Conflict,
             Self::Throttled => ErrorKind::Throttled,
             Self::ExpiredIterator => ErrorKind::ExpiredIterator,
-            Self::NotFound | Self::Invalid => ErrorKind::Fatal,
+            Self::NotFound => ErrorKind::NotFound,
+            Self::Invalid => ErrorKind::Fatal,
             Self::Transient => ErrorKind::Retryable,
         }
     }
@@ -186,7 +187,7 @@ mod tests {
             ErrorKind::ExpiredIterator
         );
         assert_eq!(kind("InvalidArgumentException", 500), ErrorKind::Fatal);
-        assert_eq!(kind("ResourceNotFoundException", 400), ErrorKind::Fatal);
+        assert_eq!(kind("ResourceNotFoundException", 400), ErrorKind::NotFound);
         assert_eq!(kind("InternalServerError", 500), ErrorKind::Retryable);
         assert_eq!(kind("SomethingNew", 503), ErrorKind::Retryable);
         assert_eq!(kind("SomethingNew", 400), ErrorKind::Fatal);

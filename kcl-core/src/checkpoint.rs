@@ -73,6 +73,7 @@ impl Checkpointer {
                 checkpoint: Checkpoint::ShardEnd,
                 pending: None,
                 child_shard_ids: children.clone(),
+                start_timestamp: None,
             };
             return self.write(&update).await;
         }
@@ -100,6 +101,7 @@ impl Checkpointer {
             checkpoint: Checkpoint::Sequence(position),
             pending: None,
             child_shard_ids: Vec::new(),
+            start_timestamp: None,
         };
         self.write(&update).await
     }
@@ -122,6 +124,7 @@ impl Checkpointer {
             checkpoint: current,
             pending: Some(Checkpoint::Sequence(position.clone())),
             child_shard_ids: Vec::new(),
+            start_timestamp: None,
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -134,6 +137,7 @@ impl Checkpointer {
             checkpoint: Checkpoint::Sequence(prepared.position),
             pending: None,
             child_shard_ids: Vec::new(),
+            start_timestamp: None,
         };
         self.write(&update).await
     }

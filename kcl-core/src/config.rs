@@ -74,7 +74,25 @@ pub struct WorkerConfig {
     /// KCL Java's graceful shutdown has no deadline by default).
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// The longest any one lease-table or stream call may take before the worker gives up on
+    /// it and treats it as failed (the write may or may not have been applied). Default 15 s,
+    /// above kcl-aws's SDK operation timeouts (10 s), so that the SDK's own error comes
+    /// first; KCL Java sets none. Renewals are bounded tighter, by the lease's validity.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// How far this host's clock may run ahead of the stream's. A shard started at `LATEST`
+    /// is pinned at the local time of its first open less this margin, so that a reopen before
+    /// the first checkpoint (an expired iterator, a restart, a new owner) skips nothing written
+    /// after the first open; records that arrived within the margin before it may then be
+    /// delivered too. Default 2 s (NTP keeps hosts within milliseconds; KCL Java has no pin
+    /// and reopens at `LATEST`, skipping what arrived in between).
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
 }
+
+/// The longest duration any setting may have: far beyond any useful value, and small enough
+/// that adding it to a clock reading never overflows.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Default for WorkerConfig {
     fn default() -> Self {
@@ -96,6 +114,8 @@ impl Default for WorkerConfig {
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
+            call_timeout: Duration::from_secs(15),
+            max_clock_skew: Duration::from_secs(2),
         }
     }
 }
@@ -153,6 +173,28 @@ impl WorkerConfig {
         max_backoff: Duration,
         /// Sets [`WorkerConfig::shutdown_timeout`].
         shutdown_timeout: Duration,
+        /// Sets [`WorkerConfig::call_timeout`].
+        call_timeout: Duration,
+        /// Sets [`WorkerConfig::max_clock_skew`].
+        max_clock_skew: Duration,
+    }
+
+    /// Every duration field with its key.
+    fn durations(&self) -> [(&'static str, Duration); 12] {
+        [
+            ("failover_time", self.failover_time),
+            ("renew_interval", self.renew_interval),
+            ("taker_interval", self.taker_interval),
+            ("shard_sync_interval", self.shard_sync_interval),
+            ("lease_cleanup_delay", self.lease_cleanup_delay),
+            ("idle_time_between_reads", self.idle_time_between_reads),
+            ("parent_poll_interval", self.parent_poll_interval),
+            ("min_backoff", self.min_backoff),
+            ("max_backoff", self.max_backoff),
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("call_timeout", self.call_timeout),
+            ("max_clock_skew", self.max_clock_skew),
+        ]
     }
 
     /// Checks every field; the error names the first bad one and why.
@@ -163,6 +205,11 @@ impl WorkerConfig {
                 reason: reason.to_owned(),
             })
         };
+        for (key, value) in self.durations() {
+            if value > MAX_DURATION {
+                return err(key, "must be at most 7 days");
+            }
+        }
         if self.failover_time < Duration::from_millis(100) {
             return err("failover_time", "must be at least 100ms");
         }
@@ -178,6 +225,7 @@ impl WorkerConfig {
             ("idle_time_between_reads", self.idle_time_between_reads),
             ("parent_poll_interval", self.parent_poll_interval),
             ("min_backoff", self.min_backoff),
+            ("call_timeout", self.call_timeout),
         ] {
             if value.is_zero() {
                 return err(key, "must be above zero");
@@ -231,5 +279,26 @@ mod tests {
         assert!(e.is_some_and(|e| e.to_string().contains("max_records")));
         let c = WorkerConfig::default().taker_interval(Duration::ZERO);
         assert_eq!(c.validate().map_err(|e| e.key), Err("taker_interval"));
+    }
+
+    #[test]
+    fn every_duration_is_bounded_so_clock_arithmetic_cannot_overflow() {
+        let huge = Duration::from_secs(u64::MAX / 2);
+        let c = WorkerConfig::default();
+        let cases = [
+            ("shutdown_timeout", c.clone().shutdown_timeout(huge)),
+            ("failover_time", c.clone().failover_time(huge)),
+            ("taker_interval", c.clone().taker_interval(huge)),
+            ("lease_cleanup_delay", c.clone().lease_cleanup_delay(huge)),
+            ("max_backoff", c.clone().max_backoff(huge)),
+            ("call_timeout", c.clone().call_timeout(huge)),
+            ("max_clock_skew", c.clone().max_clock_skew(huge)),
+        ];
+        for (key, config) in cases {
+            let e = config.validate().err();
+            assert_eq!(e.as_ref().map(|e| e.key), Some(key), "{e:?}");
+            assert!(e.is_some_and(|e| e.reason.contains("at most")));
+        }
+        assert_eq!(c.shutdown_timeout(MAX_DURATION).validate(), Ok(()));
     }
 }

@@ -26,7 +26,11 @@ pub enum ErrorKind {
     Conflict,
     /// The shard iterator expired; open a new one after the last record read.
     ExpiredIterator,
-    /// Retrying will not help (missing stream, bad credentials, invalid request).
+    /// The resource does not exist: the stream, the lease table, or one shard (a closed shard
+    /// whose records all aged out of the stream's retention). Retrying will not help; for a
+    /// shard, the worker checks that the stream still exists and treats the shard as ended.
+    NotFound,
+    /// Retrying will not help (bad credentials, access denied, invalid request).
     Fatal,
 }
 
@@ -34,6 +38,11 @@ impl ErrorKind {
     /// True for kinds worth retrying as they are.
     pub fn is_transient(self) -> bool {
         matches!(self, Self::Retryable | Self::Throttled)
+    }
+
+    /// True for kinds that retrying cannot fix: `Fatal` and `NotFound`.
+    pub fn is_permanent(self) -> bool {
+        matches!(self, Self::Fatal | Self::NotFound)
     }
 }
 
@@ -150,4 +159,14 @@ pub enum Error {
     /// The shard source failed in a way retrying cannot fix.
     #[error("shard source failed fatally")]
     Source(#[source] BackendError),
+    /// Reading one shard failed in a way retrying cannot fix (access denied, a disabled KMS
+    /// key, an invalid request): the worker stops rather than restart the shard forever.
+    #[error("reading shard {shard} failed fatally")]
+    Shard {
+        /// The shard.
+        shard: ShardId,
+        /// The source's error.
+        #[source]
+        source: BackendError,
+    },
 }

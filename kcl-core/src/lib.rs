@@ -57,6 +57,7 @@ pub mod lease;
 pub mod metrics;
 mod processor;
 mod source;
+mod task;
 mod types;
 mod worker;
 
@@ -64,7 +65,7 @@ mod worker;
 pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
-pub use config::WorkerConfig;
+pub use config::{MAX_DURATION, WorkerConfig};
 pub use error::{BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind};
 pub use lease::{CheckpointUpdate, Lease, LeaseStore};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};

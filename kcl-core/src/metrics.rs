@@ -27,3 +27,37 @@ pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
 pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
+
+/// The per-shard series of one shard while this worker processes it.
+#[derive(Debug)]
+pub(crate) struct ShardMetrics {
+    shard: String,
+}
+
+impl ShardMetrics {
+    pub(crate) fn new(shard: &crate::ShardId) -> Self {
+        Self {
+            shard: shard.to_string(),
+        }
+    }
+
+    /// How far behind the newest record the last batch was.
+    pub(crate) fn behind_latest(&self, millis: u64) {
+        #[allow(clippy::cast_precision_loss)]
+        ::metrics::gauge!(MILLIS_BEHIND_LATEST, "shard" => self.shard.clone()).set(millis as f64);
+    }
+
+    /// One batch delivered.
+    pub(crate) fn batch(
+        &self,
+        records: usize,
+        bytes: usize,
+        took: std::time::Duration,
+        delay: std::time::Duration,
+    ) {
+        ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(records as u64);
+        ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(bytes as u64);
+        ::metrics::histogram!(BATCH_DURATION).record(took.as_secs_f64());
+        ::metrics::histogram!(DELIVERY_DELAY).record(delay.as_secs_f64());
+    }
+}

@@ -6,6 +6,8 @@
 
 use std::future::Future;
 
+use chrono::{DateTime, Utc};
+
 use crate::error::BackendError;
 use crate::types::{HashKeyRange, Record, ShardId, StartingPosition};
 
@@ -42,7 +44,8 @@ pub struct RecordBatch {
 /// Lists shards and reads their records.
 ///
 /// Implementations classify failures with [`ErrorKind`](crate::ErrorKind): throttling as
-/// `Throttled`, an expired iterator as `ExpiredIterator`, a missing stream as `Fatal`.
+/// `Throttled`, an expired iterator as `ExpiredIterator`, a stream or shard that does not
+/// exist as `NotFound`, and what retrying cannot fix as `Fatal`.
 pub trait ShardSource: Send + Sync + 'static {
     /// Every shard of the stream, open and closed, with parents and hash-key ranges.
     fn list_shards(&self) -> impl Future<Output = Result<Vec<Shard>, BackendError>> + Send;
@@ -60,4 +63,12 @@ pub trait ShardSource: Send + Sync + 'static {
         iterator: &ShardIterator,
         limit: u32,
     ) -> impl Future<Output = Result<RecordBatch, BackendError>> + Send;
+
+    /// The time on the clock that stamps records' `approximate_arrival`, as near as this host
+    /// can tell. The worker pins `LATEST` starts with it (see
+    /// [`WorkerConfig::max_clock_skew`](crate::WorkerConfig::max_clock_skew)). Default: this
+    /// host's clock, which is right for Kinesis on an NTP-synchronised host.
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
 }

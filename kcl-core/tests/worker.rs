@@ -2,157 +2,17 @@
 //! graceful handback, handoffs, processor failures and the shutdown deadline.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
-use kcl_core::{
-    BoxError, Checkpointer, LeaseStore, ProcessRecordsInput, RecordProcessor, SequenceNumber,
-    ShardId, ShutdownHandle, Status, Worker, WorkerConfig,
+use common::{
+    Behaviour, Recorder, Seen, config, delivered_by, fill, held, start, wait_until, world,
 };
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use kcl_core::memory::MemoryLeaseStore;
+use kcl_core::{LeaseStore, RecordProcessor, ShardId, Worker, WorkerConfig};
 use tokio::time::{Instant, sleep};
-
-type Seen = Arc<Mutex<Vec<(String, ShardId, SequenceNumber)>>>;
-
-#[derive(Clone, Default)]
-struct Behaviour {
-    /// Checkpoint after every batch (otherwise only in `shutdown_requested`).
-    every_batch: bool,
-    /// Panic on the first batch of this shard, once.
-    panic_once_on: Option<ShardId>,
-    panicked: Arc<AtomicBool>,
-    /// Never return from `shutdown_requested`.
-    hang_on_shutdown: bool,
-}
-
-struct Recorder {
-    worker: String,
-    shard: ShardId,
-    seen: Seen,
-    behaviour: Behaviour,
-}
-
-impl RecordProcessor for Recorder {
-    async fn process_records(
-        &mut self,
-        input: ProcessRecordsInput,
-        cp: &mut Checkpointer,
-    ) -> Result<(), BoxError> {
-        if self.behaviour.panic_once_on.as_ref() == Some(&self.shard)
-            && !self.behaviour.panicked.swap(true, Ordering::SeqCst)
-        {
-            panic!("processor bug");
-        }
-        {
-            let mut seen = self.seen.lock().unwrap();
-            for r in &input.records {
-                seen.push((
-                    self.worker.clone(),
-                    self.shard.clone(),
-                    r.sequence_number.clone(),
-                ));
-            }
-        }
-        if self.behaviour.every_batch {
-            cp.checkpoint().await?;
-        }
-        Ok(())
-    }
-
-    async fn shutdown_requested(&mut self, cp: &mut Checkpointer) -> Result<(), BoxError> {
-        if self.behaviour.hang_on_shutdown {
-            std::future::pending::<()>().await;
-        }
-        cp.checkpoint().await?;
-        Ok(())
-    }
-}
-
-fn config() -> WorkerConfig {
-    WorkerConfig::default()
-        .failover_time(Duration::from_secs(6))
-        .taker_interval(Duration::from_millis(500))
-        .idle_time_between_reads(Duration::from_millis(200))
-}
-
-struct Running {
-    task: JoinHandle<Result<(), kcl_core::Error>>,
-    shutdown: ShutdownHandle,
-    status: watch::Receiver<Status>,
-}
-
-fn start(
-    id: &str,
-    config: WorkerConfig,
-    stream: &MemoryStream,
-    store: &MemoryLeaseStore,
-    seen: &Seen,
-    behaviour: &Behaviour,
-) -> Running {
-    let (worker, seen, behaviour) = (id.to_owned(), seen.clone(), behaviour.clone());
-    let w = Worker::new(
-        id,
-        config,
-        stream.client(id),
-        store.client(id),
-        move |shard: &ShardId| Recorder {
-            worker: worker.clone(),
-            shard: shard.clone(),
-            seen: seen.clone(),
-            behaviour: behaviour.clone(),
-        },
-    )
-    .unwrap();
-    Running {
-        shutdown: w.shutdown_handle(),
-        status: w.status(),
-        task: tokio::spawn(w.run()),
-    }
-}
-
-/// A stream of `shards` shards, an empty lease table, and a record of deliveries.
-fn world(shards: u32) -> (MemoryStream, MemoryLeaseStore, Seen) {
-    (
-        MemoryStream::new(shards),
-        MemoryLeaseStore::new(),
-        Seen::default(),
-    )
-}
-
-fn fill(stream: &MemoryStream, n: usize) {
-    for i in 0..n {
-        stream.put(&format!("key-{}", i % 37), format!("record-{i}"));
-    }
-}
-
-fn held(r: &Running) -> usize {
-    r.status.borrow().held.len()
-}
-
-async fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() <= limit {
-        if done() {
-            return Some(start.elapsed());
-        }
-        sleep(Duration::from_millis(10)).await;
-    }
-    None
-}
-
-fn delivered_by(seen: &Seen) -> BTreeMap<(ShardId, SequenceNumber), Vec<String>> {
-    let mut out: BTreeMap<_, Vec<String>> = BTreeMap::new();
-    for (w, s, q) in seen.lock().unwrap().iter() {
-        out.entry((s.clone(), q.clone()))
-            .or_default()
-            .push(w.clone());
-    }
-    out
-}
 
 #[tokio::test(start_paused = true)]
 async fn first_record_arrives_in_the_first_cycle_on_a_fresh_table() {

@@ -31,7 +31,7 @@ use self::schema::{
     CHECKPOINT, CHECKPOINT_OWNER, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_ABSENT,
     COND_COUNTER, COND_NO_OWNER, COND_OWNER, HANDOFF_TO, LEASE_COUNTER, LEASE_KEY, LEASE_OWNER,
     OWNER_SWITCHES_SINCE_CHECKPOINT, PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE,
-    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, VAL_COUNTER, VAL_OWNER,
+    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, START_TIMESTAMP, VAL_COUNTER, VAL_OWNER,
 };
 use crate::error::backend_error;
 
@@ -414,6 +414,9 @@ impl LeaseStore for DynamoDbLeaseStore {
         }
         if let Some(children) = schema::string_set(&update.child_shard_ids) {
             e.set(CHILD_SHARD_IDS, children);
+        }
+        if let Some(at) = update.start_timestamp {
+            e.set(START_TIMESTAMP, schema::timestamp(at));
         }
         self.update("checkpoint", &held.key, e).await
     }

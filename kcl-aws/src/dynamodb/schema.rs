@@ -6,7 +6,8 @@
 //! `checkpointSubSequenceNumber` N, `ownerSwitchesSinceCheckpoint` N, `parentShardId` SS
 //! (singular, as KCL Java names it), `childShardIds` SS, `pendingCheckpoint` S,
 //! `pendingCheckpointSubSequenceNumber` N, `startingHashKey` / `endingHashKey` S (decimal).
-//! `handoffTo` S is our own addition; KCL Java ignores it.
+//! `handoffTo` S and `startingTimestamp` N (epoch milliseconds) are our own additions; KCL
+//! Java ignores them.
 //!
 //! Every expression refers to attributes through `#name` placeholders (the placeholder is the
 //! attribute name behind a `#`), because some of them, such as `owner` and `checkpoint`-like
@@ -15,6 +16,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, Utc};
 use kcl_core::{Checkpoint, HashKeyRange, Lease, ShardId, WorkerId};
 
 use crate::error::ParseError;
@@ -51,6 +53,10 @@ pub const STARTING_HASH_KEY: &str = "startingHashKey";
 pub const ENDING_HASH_KEY: &str = "endingHashKey";
 /// kcl extension: the worker that asked the owner to hand the lease over (`S`).
 pub const HANDOFF_TO: &str = "handoffTo";
+/// kcl extension: where a lease whose checkpoint is still `LATEST` or `AT_TIMESTAMP` starts
+/// reading, in milliseconds since the Unix epoch (`N`); see
+/// [`Lease::start_timestamp`](kcl_core::Lease::start_timestamp). KCL Java ignores it.
+pub const START_TIMESTAMP: &str = "startingTimestamp";
 
 /// `create`: no row with this key yet.
 pub const COND_ABSENT: &str = "attribute_not_exists(#leaseKey)";
@@ -152,7 +158,16 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(to) = &lease.handoff_to {
         put(HANDOFF_TO, AttributeValue::S(to.as_str().to_owned()));
     }
+    if let Some(at) = lease.start_timestamp {
+        put(START_TIMESTAMP, timestamp(at));
+    }
     item
+}
+
+/// A timestamp as whole milliseconds since the Unix epoch, rounded down (a pin read back
+/// never lies after the time it pins), never before the epoch.
+pub(crate) fn timestamp(at: DateTime<Utc>) -> AttributeValue {
+    number(u64::try_from(at.timestamp_millis()).unwrap_or(0))
 }
 
 /// The lease key of a row, if it has a readable one (for log lines about bad rows).
@@ -204,6 +219,17 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         child_shard_ids: optional_ss(item, CHILD_SHARD_IDS)?,
         hash_key_range,
         handoff_to: optional_s(item, HANDOFF_TO)?.map(WorkerId::new),
+        start_timestamp: optional_n(item, START_TIMESTAMP)?
+            .map(|ms| {
+                i64::try_from(ms)
+                    .ok()
+                    .and_then(DateTime::from_timestamp_millis)
+                    .ok_or(ParseError::Invalid {
+                        name: START_TIMESTAMP,
+                        value: ms.to_string(),
+                    })
+            })
+            .transpose()?,
     })
 }
 
@@ -351,12 +377,25 @@ mod tests {
         lease.child_shard_ids = vec![ShardId::new("c")];
         lease.hash_key_range = Some(HashKeyRange::FULL);
         lease.handoff_to = Some(WorkerId::new("w2"));
+        lease.start_timestamp = DateTime::from_timestamp_millis(1_763_000_000_123);
         let item = to_item(&lease);
         assert!(matches!(
             item.get(PARENT_SHARD_ID),
             Some(AttributeValue::Ss(_))
         ));
+        assert_eq!(item.get(START_TIMESTAMP), Some(&n("1763000000123")));
         assert_eq!(from_item(&item).unwrap(), lease);
+    }
+
+    #[test]
+    fn a_start_timestamp_is_stored_in_whole_milliseconds_rounded_down() {
+        let at = DateTime::from_timestamp(1_763_000_000, 999_999_999).unwrap();
+        assert_eq!(timestamp(at), n("1763000000999"));
+        let pinned = DateTime::from_timestamp_millis(1_763_000_000_999).unwrap();
+        assert!(
+            pinned <= at,
+            "a pin read back is never after the time it pins"
+        );
     }
 
     #[test]

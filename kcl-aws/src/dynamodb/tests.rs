@@ -77,6 +77,7 @@ async fn failed_condition_is_a_conflict_and_create_reports_false() {
         checkpoint: Checkpoint::ShardEnd,
         pending: None,
         child_shard_ids: Vec::new(),
+        start_timestamp: None,
     };
     let err = store.checkpoint(&held(), &update_cp).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
@@ -98,7 +99,7 @@ async fn throttling_codes_are_throttled() {
 }
 
 #[tokio::test]
-async fn server_errors_are_retryable_and_a_missing_table_is_fatal() {
+async fn server_errors_are_retryable_and_a_missing_table_is_not_found() {
     let get = mock!(Client::get_item).then_http_response(|| aws_error(500, "InternalServerError"));
     let err = store(&[&get]).get(&ShardId::new("s")).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Retryable);
@@ -106,7 +107,8 @@ async fn server_errors_are_retryable_and_a_missing_table_is_fatal() {
     let get =
         mock!(Client::get_item).then_http_response(|| aws_error(400, "ResourceNotFoundException"));
     let err = store(&[&get]).get(&ShardId::new("s")).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Fatal);
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.kind().is_permanent());
     assert!(err.to_string().contains("app"), "{err}");
 }
 

@@ -108,12 +108,26 @@ async fn throughput_and_kms_throttling_are_throttled() {
 }
 
 #[tokio::test]
-async fn a_missing_stream_is_fatal_and_named() {
+async fn a_missing_stream_or_shard_is_not_found_and_named() {
     let rule = mock!(Client::list_shards)
         .then_http_response(|| aws_error(400, "ResourceNotFoundException"));
     let err = source(&[&rule]).list_shards().await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Fatal);
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.kind().is_permanent());
     assert!(err.to_string().contains("stream orders"), "{err}");
+
+    // A closed shard whose records all aged out: the worker checks the stream and ends it.
+    let rule = mock!(Client::get_shard_iterator)
+        .then_http_response(|| aws_error(400, "ResourceNotFoundException"));
+    let err = source(&[&rule])
+        .shard_iterator(
+            &ShardId::new("shardId-000000000007"),
+            &StartingPosition::TrimHorizon,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("shardId-000000000007"), "{err}");
 }
 
 #[tokio::test]

@@ -48,6 +48,7 @@ async fn retake(store: &MemoryLeaseStore, worker: &str) -> Arc<Tenure> {
         w,
         Arc::new(store.client(worker)),
         Duration::from_secs(10),
+        Duration::from_secs(10),
         Instant::now(),
     ))
 }

@@ -1,4 +1,5 @@
 use std::sync::Mutex;
+use std::time::Duration;
 
 use super::*;
 use crate::memory::MemoryLeaseStore;
@@ -20,6 +21,35 @@ fn candidate(
     tokio::task::JoinHandle<Result<(), Error>>,
     CancellationToken,
 ) {
+    slow_candidate(name, store, runs, Duration::ZERO)
+}
+
+/// Records the end of a run when dropped: whether the task returned or was dropped mid-run.
+struct RunGuard {
+    runs: Runs,
+    index: usize,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        let mut r = self
+            .runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        r[self.index].2.get_or_insert_with(Instant::now);
+    }
+}
+
+/// A candidate whose task needs `wind_down` to stop once its token is cancelled.
+fn slow_candidate(
+    name: &str,
+    store: &MemoryLeaseStore,
+    runs: &Runs,
+    wind_down: Duration,
+) -> (
+    tokio::task::JoinHandle<Result<(), Error>>,
+    CancellationToken,
+) {
     let singleton = Singleton::new("compactor", name, store.client(name), config())
         .unwrap_or_else(|e| unreachable!("{e}"));
     let shutdown = CancellationToken::new();
@@ -29,17 +59,16 @@ fn candidate(
             .run(stop, |lost| {
                 let (runs, me) = (runs.clone(), me.clone());
                 async move {
-                    let i = {
+                    let index = {
                         let mut r = runs
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
                         r.push((me, Instant::now(), None));
                         r.len() - 1
                     };
+                    let _guard = RunGuard { runs, index };
                     lost.cancelled().await;
-                    runs.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)[i]
-                        .2 = Some(Instant::now());
+                    sleep(wind_down).await;
                 }
             })
             .await
@@ -135,6 +164,27 @@ async fn shutdown_releases_at_once_and_a_partitioned_holder_stops_before_anyone_
     assert!(r.len() >= 3 && r[2].0 == "c", "{r:?}");
     assert_exclusive(&r);
     for (task, stop) in [(b, stop_b), (c, stop_c)] {
+        stop.cancel();
+        assert!(matches!(task.await, Ok(Ok(()))));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_slow_to_stop_is_dropped_before_the_next_holder_starts() {
+    let (store, runs) = (MemoryLeaseStore::new(), Runs::default());
+    let _ = store.ensure_table().await;
+    let wind_down = Duration::from_secs(2);
+    let (a, stop_a) = slow_candidate("a", &store, &runs, wind_down);
+    sleep(Duration::from_secs(1)).await;
+    let (b, stop_b) = slow_candidate("b", &store, &runs, wind_down);
+    sleep(Duration::from_secs(1)).await;
+    store.faults().partition("a"); // a's renewals fail from now on
+    sleep(Duration::from_secs(10)).await;
+    store.faults().heal("a");
+    let r = snapshot(&runs);
+    assert!(r.len() >= 2 && r[0].0 == "a" && r[1].0 == "b", "{r:?}");
+    assert_exclusive(&r);
+    for (task, stop) in [(a, stop_a), (b, stop_b)] {
         stop.cancel();
         assert!(matches!(task.await, Ok(Ok(()))));
     }

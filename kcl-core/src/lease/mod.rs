@@ -14,6 +14,8 @@ pub(crate) mod tenure;
 
 use std::future::Future;
 
+use chrono::{DateTime, Utc};
+
 use crate::error::BackendError;
 use crate::types::{Checkpoint, HashKeyRange, ShardId, WorkerId};
 
@@ -40,6 +42,12 @@ pub struct Lease {
     pub hash_key_range: Option<HashKeyRange>,
     /// A worker that asked the owner to hand this lease over (kcl extension, `handoffTo`).
     pub handoff_to: Option<WorkerId>,
+    /// Where reading starts while `checkpoint` is still `LATEST` or `AT_TIMESTAMP` (kcl
+    /// extension, `startingTimestamp`): the configured timestamp, or for `LATEST` the time the
+    /// shard was first opened (less [`max_clock_skew`](crate::WorkerConfig::max_clock_skew)).
+    /// Whoever reopens the shard before its first checkpoint reads from here, so nothing
+    /// written after the first open is skipped.
+    pub start_timestamp: Option<DateTime<Utc>>,
 }
 
 impl Lease {
@@ -56,6 +64,7 @@ impl Lease {
             child_shard_ids: Vec::new(),
             hash_key_range: None,
             handoff_to: None,
+            start_timestamp: None,
         }
     }
 
@@ -79,6 +88,9 @@ pub struct CheckpointUpdate {
     pub pending: Option<Checkpoint>,
     /// Child shards, written with `SHARD_END`; empty leaves the attribute as it is.
     pub child_shard_ids: Vec<ShardId>,
+    /// Pins where a `LATEST` or `AT_TIMESTAMP` lease starts ([`Lease::start_timestamp`]);
+    /// `None` leaves the attribute as it is.
+    pub start_timestamp: Option<DateTime<Utc>>,
 }
 
 /// The lease table.

@@ -2,8 +2,20 @@
 //!
 //! Pure functions. `plan` decides which leases to create (parents before children, so a child
 //! never exists without the parents it must wait for) and which to delete (a finished parent
-//! once every child has started: its row has no more use). A shard with a descendant lease is
-//! not created again: it was finished and cleaned up.
+//! once every child has started: its row has no more use; a finished lease of a shard the
+//! stream no longer lists). A shard with a descendant lease is not created again: it was
+//! finished and cleaned up.
+//!
+//! Where a new lease starts (as KCL Java's shard syncer decides it):
+//! - `TRIM_HORIZON`: every shard at its beginning.
+//! - `AT_TIMESTAMP`: every shard at the timestamp, children of tracked shards included (their
+//!   records before it are not wanted either), with the timestamp pinned in the row.
+//! - `LATEST`: a shard descending from a tracked shard starts at its beginning, or the records
+//!   written between its parent's end and now would be lost. Any other open shard starts at
+//!   `LATEST`. Any other *closed* shard gets no lease at all: everything in it was written
+//!   before the consumer started, and its children then count as untracked and start at
+//!   `LATEST` too — so a consumer started at `LATEST` on a resharded stream delivers nothing
+//!   written before it started.
 //!
 //! That check runs on a snapshot, and a worker that stalls between reading the table and
 //! creating a lease can still bring a cleaned-up parent back. [`Lineage`] catches such a
@@ -65,14 +77,16 @@ pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> Sy
         if has_descendant_lease(&s.id, &children, &by_key) {
             continue;
         }
-        // A child of a shard we track starts at its beginning whatever the initial position,
-        // or the records written between the parent's end and now would be skipped.
-        let checkpoint = if s.parent_shard_ids.iter().any(|p| will_exist.contains(p)) {
-            Checkpoint::TrimHorizon
-        } else {
-            Checkpoint::initial(initial)
+        let tracked_parent = s.parent_shard_ids.iter().any(|p| will_exist.contains(p));
+        let (checkpoint, start_timestamp) = match initial {
+            InitialPosition::TrimHorizon => (Checkpoint::TrimHorizon, None),
+            InitialPosition::AtTimestamp(t) => (Checkpoint::AtTimestamp, Some(*t)),
+            InitialPosition::Latest if tracked_parent => (Checkpoint::TrimHorizon, None),
+            InitialPosition::Latest if s.closed => continue,
+            InitialPosition::Latest => (Checkpoint::Latest, None),
         };
         let mut lease = Lease::new(s.id.clone(), checkpoint);
+        lease.start_timestamp = start_timestamp;
         lease.parent_shard_ids = s.parent_shard_ids.clone();
         lease.hash_key_range = Some(s.hash_key_range);
         will_exist.insert(&s.id);
@@ -90,7 +104,8 @@ pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> Sy
                         .get(c)
                         .is_some_and(|child| child.checkpoint.has_progress())
                 });
-            done || lineage.is_stale(l)
+            let vanished = l.is_finished() && !listed.contains_key(&l.key);
+            done || vanished || lineage.is_stale(l)
         })
         .cloned()
         .collect();

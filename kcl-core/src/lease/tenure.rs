@@ -9,7 +9,12 @@
 //!
 //! Validity: a renewal that *started* at `t` proves that nobody can take the lease before
 //! `t + failover_time` (others need to see the new counter stand still that long). The tenure
-//! keeps that deadline, less a safety margin, and the consumer delivers nothing after it.
+//! keeps that deadline, less a safety margin, and the consumer delivers nothing after it:
+//! [`Tenure::expired`] resolves at that deadline, and a processor hook still running then is
+//! dropped.
+//!
+//! Every write is bounded by the call timeout, so a hung store cannot hold the tenure's lock
+//! (and with it every renewal) forever.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,11 +22,12 @@ use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::{CheckpointUpdate, Lease, LeaseStore};
 use crate::error::{BackendError, ErrorKind};
+use crate::task::bounded;
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -104,6 +110,7 @@ pub(crate) struct Tenure {
     held: Mutex<Held>,
     valid_until: SyncMutex<Instant>,
     validity: Duration,
+    call_timeout: Duration,
     lost: CancellationToken,
 }
 
@@ -118,12 +125,13 @@ impl std::fmt::Debug for Tenure {
 
 impl Tenure {
     /// Starts a tenure from the lease as returned by a successful take, which started at
-    /// `started`.
+    /// `started`. Each write is given up after `call_timeout`.
     pub(crate) fn new(
         lease: Lease,
         worker: WorkerId,
         store: Arc<dyn HeldLeaseStore>,
         failover_time: Duration,
+        call_timeout: Duration,
         started: Instant,
     ) -> Self {
         // A tenth of the failover time absorbs clock-rate differences between machines.
@@ -138,6 +146,7 @@ impl Tenure {
             }),
             valid_until: SyncMutex::new(started + validity),
             validity,
+            call_timeout,
             lost: CancellationToken::new(),
         }
     }
@@ -179,6 +188,24 @@ impl Tenure {
     /// Gives the lease up locally (validity ran out, or a write lost its condition).
     pub(crate) fn mark_lost(&self) {
         self.lost.cancel();
+    }
+
+    /// Resolves once the lease is lost, or its validity runs out without a successful write
+    /// (then it marks the lease lost): from then on another worker may hold it.
+    pub(crate) async fn expired(&self) {
+        loop {
+            let until = self.valid_until();
+            tokio::select! {
+                biased;
+                () = self.lost.cancelled() => return,
+                () = sleep_until(until) => {
+                    if Instant::now() >= self.valid_until() {
+                        self.mark_lost();
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// The lease as last written by this tenure.
@@ -234,11 +261,16 @@ impl Tenure {
             let was_uncertain = std::mem::replace(&mut held.uncertain, true);
             let store = &*self.store;
             let lease = held.lease.clone();
+            let limit = self.call_timeout;
             let result = match op {
-                Write::Renew => store.renew(&lease).await,
-                Write::Checkpoint(update) => store.checkpoint(&lease, update).await,
-                Write::HandOff(to) => store.take(&lease, to).await,
-                Write::Release => store.release(&lease).await.map(|()| lease),
+                Write::Renew => bounded(limit, "renew", store.renew(&lease)).await,
+                Write::Checkpoint(update) => {
+                    bounded(limit, "checkpoint", store.checkpoint(&lease, update)).await
+                }
+                Write::HandOff(to) => bounded(limit, "take", store.take(&lease, to)).await,
+                Write::Release => bounded(limit, "release", store.release(&lease))
+                    .await
+                    .map(|()| lease),
             };
             match result {
                 Ok(lease) => {
@@ -254,7 +286,7 @@ impl Tenure {
                 Err(e) if e.kind() == ErrorKind::Conflict && was_uncertain => {
                     // Only this worker ever writes its own id as owner of a lease it holds, so
                     // a row that still names us was advanced by our own uncertain write.
-                    match self.store.get(&self.shard).await {
+                    match bounded(limit, "get", self.store.get(&self.shard)).await {
                         Ok(Some(row))
                             if row.is_owned_by(&self.worker)
                                 && row.counter > held.lease.counter =>

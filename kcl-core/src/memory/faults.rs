@@ -1,7 +1,8 @@
 //! Fault injection shared by the in-memory backends.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -26,6 +27,8 @@ struct State {
     expired_iterator_rate: f64,
     max_latency: Duration,
     partitioned: BTreeSet<String>,
+    /// Frozen processes and the tasks waiting for them to resume (see `process`).
+    frozen: BTreeMap<String, Vec<Waker>>,
 }
 
 /// What happens to one call.
@@ -55,6 +58,7 @@ impl Faults {
                 expired_iterator_rate: 0.0,
                 max_latency: Duration::ZERO,
                 partitioned: BTreeSet::new(),
+                frozen: BTreeMap::new(),
             })),
             paused: Arc::new(watch::Sender::new(BTreeSet::new())),
         }
@@ -99,19 +103,42 @@ impl Faults {
         self.state().partitioned.remove(client);
     }
 
-    /// Calls from `client` hang until [`resume`](Self::resume), like a process stopped by
-    /// SIGSTOP or a long GC pause.
+    /// Freezes `client` until [`resume`](Self::resume), like a process stopped by SIGSTOP, a
+    /// long GC pause or a VM suspend: its backend calls hang, and everything run with
+    /// [`run_as`](Self::run_as) for it (the whole worker: every task, every timer) stops.
     pub fn pause(&self, client: &str) {
+        let mut s = self.state();
+        s.frozen.entry(client.to_owned()).or_default();
         self.paused.send_modify(|p| {
             p.insert(client.to_owned());
         });
     }
 
-    /// Ends a [`pause`](Self::pause).
+    /// Ends a [`pause`](Self::pause): the process goes on with the state it had, and timers
+    /// that fell due meanwhile fire at once.
     pub fn resume(&self, client: &str) {
-        self.paused.send_modify(|p| {
-            p.remove(client);
-        });
+        let wakers = {
+            let mut s = self.state();
+            self.paused.send_modify(|p| {
+                p.remove(client);
+            });
+            s.frozen.remove(client).unwrap_or_default()
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// True (and `waker` kept for [`resume`](Self::resume)) while `client` is paused.
+    pub(crate) fn hold_if_paused(&self, client: &str, waker: &Waker) -> bool {
+        let mut s = self.state();
+        match s.frozen.get_mut(client) {
+            Some(waiting) => {
+                if !waiting.iter().any(|w| w.will_wake(waker)) {
+                    waiting.push(waker.clone());
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// True while `client` is paused.
@@ -127,15 +154,18 @@ impl Faults {
 
     /// Turns every fault off (pauses and partitions included).
     pub fn clear(&self) {
-        let mut s = self.state();
-        s.error_rate = 0.0;
-        s.throttle_rate = 0.0;
-        s.ambiguous_rate = 0.0;
-        s.expired_iterator_rate = 0.0;
-        s.max_latency = Duration::ZERO;
-        s.partitioned.clear();
-        drop(s);
-        self.paused.send_modify(BTreeSet::clear);
+        let wakers = {
+            let mut s = self.state();
+            s.error_rate = 0.0;
+            s.throttle_rate = 0.0;
+            s.ambiguous_rate = 0.0;
+            s.expired_iterator_rate = 0.0;
+            s.max_latency = Duration::ZERO;
+            s.partitioned.clear();
+            self.paused.send_modify(BTreeSet::clear);
+            std::mem::take(&mut s.frozen)
+        };
+        wakers.into_values().flatten().for_each(Waker::wake);
     }
 
     /// Decides the fate of one call by `client`, after its pause and latency.

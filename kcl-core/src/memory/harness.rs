@@ -53,6 +53,7 @@ pub async fn test_checkpointer(
         worker.clone(),
         Arc::new(store.client(worker.as_str())),
         Duration::from_secs(3600),
+        Duration::from_secs(60),
         Instant::now(),
     );
     Ok(Checkpointer::new(Arc::new(tenure)))

@@ -10,6 +10,7 @@
 
 mod faults;
 mod harness;
+mod process;
 mod store;
 mod stream;
 
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use faults::Faults;
 pub use harness::test_checkpointer;
+pub(crate) use process::current_process;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;
 

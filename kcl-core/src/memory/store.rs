@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
-use super::faults::Faults;
+use super::faults::{Fate, Faults};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::types::{ShardId, WorkerId};
@@ -15,8 +15,12 @@ use crate::types::{ShardId, WorkerId};
 pub struct StoreEvent {
     /// Orders events across backends and tests ([`next_event_seq`](super::next_event_seq)).
     pub seq: u64,
+    /// When the call that made it started (before any injected latency).
+    pub started: Instant,
     /// When it was applied.
     pub at: Instant,
+    /// Whether the writer was told it succeeded (`false`: applied, but the response was lost).
+    pub reported: bool,
     /// The client handle that wrote it.
     pub client: String,
     /// `create`, `renew`, `take`, `release`, `request_handoff`, `checkpoint` or `delete`.
@@ -107,13 +111,14 @@ impl MemoryLeaseStore {
         condition: impl FnOnce(Option<&Lease>) -> bool,
         change: impl FnOnce(Option<Lease>) -> Option<Lease>,
     ) -> Result<Option<Lease>, BackendError> {
+        let started = Instant::now();
         let fate = self.faults.enter(&self.client, operation, true).await?;
         let result = {
             let mut t = self.lock();
             let current = t.rows.get(key);
             if !t.exists {
                 Err(BackendError::new(
-                    ErrorKind::Fatal,
+                    ErrorKind::NotFound,
                     operation,
                     "lease table does not exist",
                 ))
@@ -133,7 +138,9 @@ impl MemoryLeaseStore {
                 if let Some(lease) = logged {
                     t.journal.push(StoreEvent {
                         seq: super::next_event_seq(),
+                        started,
                         at: Instant::now(),
+                        reported: fate == Fate::Apply,
                         client: self.client.to_string(),
                         operation,
                         lease,
@@ -154,7 +161,7 @@ impl MemoryLeaseStore {
         let t = self.lock();
         if !t.exists {
             return Err(BackendError::new(
-                ErrorKind::Fatal,
+                ErrorKind::NotFound,
                 operation,
                 "lease table does not exist",
             ));
@@ -281,6 +288,9 @@ impl LeaseStore for MemoryLeaseStore {
                     r.pending_checkpoint = update.pending.clone();
                     if !update.child_shard_ids.is_empty() {
                         r.child_shard_ids = update.child_shard_ids.clone();
+                    }
+                    if update.start_timestamp.is_some() {
+                        r.start_timestamp = update.start_timestamp;
                     }
                     r.counter += 1;
                     r

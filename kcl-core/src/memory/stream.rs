@@ -208,6 +208,20 @@ impl MemoryStream {
         Ok(child)
     }
 
+    /// Removes a closed shard and its records from the stream, as Kinesis does once a closed
+    /// shard's records have all aged out of the retention period.
+    pub fn age_out(&self, id: &ShardId) -> Result<(), String> {
+        let mut s = self.lock();
+        match s.shards.get(id) {
+            Some(m) if m.shard.closed => {
+                s.shards.remove(id);
+                Ok(())
+            }
+            Some(_) => Err(format!("{id} is open: only closed shards age out")),
+            None => Err(format!("{id} does not exist")),
+        }
+    }
+
     /// Every shard, as `ListShards` would return it.
     pub fn shards(&self) -> Vec<Shard> {
         self.lock()
@@ -267,7 +281,7 @@ impl ShardSource for MemoryStream {
         let s = self.lock();
         let Some(m) = s.shards.get(shard) else {
             return Err(BackendError::new(
-                ErrorKind::Fatal,
+                ErrorKind::NotFound,
                 "shard_iterator",
                 format!("no shard {shard}"),
             ));
@@ -313,7 +327,7 @@ impl ShardSource for MemoryStream {
         let s = self.lock();
         let Some(m) = s.shards.get(&shard) else {
             return Err(BackendError::new(
-                ErrorKind::Fatal,
+                ErrorKind::NotFound,
                 "get_records",
                 format!("no shard {shard}"),
             ));
@@ -346,5 +360,11 @@ impl ShardSource for MemoryStream {
             millis_behind_latest,
             child_shards,
         })
+    }
+
+    /// The stream's own clock (it stamps `approximate_arrival`): tokio time, so that it
+    /// follows paused time in tests.
+    fn now(&self) -> DateTime<Utc> {
+        self.lock().now()
     }
 }

@@ -4,7 +4,9 @@
 //! processing. The channel holds at most `max_prefetch_batches` batches and a semaphore holds
 //! `max_prefetch_bytes`: a slow processor stops the fetcher instead of growing memory. The
 //! loop also owns the Kinesis failure modes of reading: throttling and transient errors back
-//! off with jitter, an expired iterator is reopened after the last record read.
+//! off with jitter, an expired iterator is reopened after the last record read, or at the
+//! pinned start before any record was read (never at `LATEST` a second time). Every call is
+//! bounded by the call timeout.
 
 use std::sync::Arc;
 
@@ -13,10 +15,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::sleep;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::shard_consumer::Start;
 use crate::config::WorkerConfig;
 use crate::error::{BackendError, ErrorKind};
 use crate::metrics;
 use crate::source::{RecordBatch, ShardIterator, ShardSource};
+use crate::task::bounded;
 use crate::types::{ShardId, StartingPosition};
 
 /// What the fetch loop hands the consumer.
@@ -43,7 +47,7 @@ impl Prefetcher {
     pub(crate) fn spawn<S: ShardSource>(
         source: Arc<S>,
         shard: ShardId,
-        start: StartingPosition,
+        start: Start,
         config: &WorkerConfig,
         seed: u64,
     ) -> Self {
@@ -51,7 +55,8 @@ impl Prefetcher {
         let fetch = FetchLoop {
             source,
             shard,
-            position: start,
+            position: start.first,
+            reopen: Some(start.reopen),
             tx,
             bytes: Arc::new(Semaphore::new(
                 config.max_prefetch_bytes.min(Semaphore::MAX_PERMITS),
@@ -59,6 +64,7 @@ impl Prefetcher {
             budget: config.max_prefetch_bytes.min(u32::MAX as usize),
             max_records: config.max_records,
             idle: config.idle_time_between_reads,
+            call_timeout: config.call_timeout,
             backoff: ExponentialBuilder::default()
                 .with_min_delay(config.min_backoff)
                 .with_max_delay(config.max_backoff)
@@ -68,7 +74,7 @@ impl Prefetcher {
         };
         Self {
             rx,
-            _task: AbortOnDropHandle::new(tokio::spawn(fetch.run())),
+            _task: AbortOnDropHandle::new(crate::task::spawn(fetch.run())),
         }
     }
 
@@ -83,11 +89,14 @@ struct FetchLoop<S> {
     shard: ShardId,
     /// Where to open an iterator: the start, then just after the last record read.
     position: StartingPosition,
+    /// Where to reopen before any record was read; taken at the first open.
+    reopen: Option<StartingPosition>,
     tx: mpsc::Sender<Fetched>,
     bytes: Arc<Semaphore>,
     budget: usize,
     max_records: u32,
     idle: std::time::Duration,
+    call_timeout: std::time::Duration,
     backoff: ExponentialBuilder,
 }
 
@@ -98,11 +107,7 @@ impl<S: ShardSource> FetchLoop<S> {
         loop {
             let it = match iterator.take() {
                 Some(it) => it,
-                None => match self
-                    .source
-                    .shard_iterator(&self.shard, &self.position)
-                    .await
-                {
+                None => match self.open().await {
                     Ok(it) => it,
                     Err(e) => {
                         if !self.pause_after(e, &mut delays).await {
@@ -112,7 +117,8 @@ impl<S: ShardSource> FetchLoop<S> {
                     }
                 },
             };
-            match self.source.get_records(&it, self.max_records).await {
+            let read = self.source.get_records(&it, self.max_records);
+            match bounded(self.call_timeout, "get_records", read).await {
                 Ok(batch) => {
                     delays = self.backoff.build();
                     if let Some(last) = batch.records.last() {
@@ -160,6 +166,17 @@ impl<S: ShardSource> FetchLoop<S> {
                 }
             }
         }
+    }
+
+    /// Opens an iterator at the current position. Whatever the outcome, the first open is
+    /// the last one at the start position: later ones use the pinned `reopen` position.
+    async fn open(&mut self) -> Result<ShardIterator, BackendError> {
+        let call = self.source.shard_iterator(&self.shard, &self.position);
+        let result = bounded(self.call_timeout, "shard_iterator", call).await;
+        if let Some(reopen) = self.reopen.take() {
+            self.position = reopen;
+        }
+        result
     }
 
     /// Sleeps before a retry; reports a permanent failure and returns false.

@@ -5,8 +5,17 @@
 //! released with the same conditional writes, the same observed-expiry rule and the same
 //! local validity bound as shard leases. Every candidate runs [`Singleton::run`]; the one
 //! holding the row runs the task, the others watch the row and take over when it is released
-//! or expires. The task gets a [`CancellationToken`] that is cancelled when the lease is lost,
-//! at the latest when another candidate could take it, and on shutdown.
+//! or expires.
+//!
+//! **At no instant do two instances run.** The task gets a [`CancellationToken`], cancelled
+//! on shutdown or when its lease is at risk (renewals kept failing and less than
+//! [`SingletonConfig::stop_timeout`] of its validity is left). It then has `stop_timeout` to
+//! return; after that, and at the latest when the lease's local validity runs out (0.9 × the
+//! failover time after the start of its last successful write, before any other candidate may
+//! take the row), the task's future is dropped at its next `.await`. Work the task spawned
+//! elsewhere must stop with the token; a task that blocks its thread cannot be dropped until
+//! it yields (use `spawn_blocking` and check the token). The renewer runs as a task of its
+//! own, so a busy task does not stop its renewals.
 //!
 //! Leader election is a singleton whose task is "be the leader until cancelled"; everyone can
 //! follow who holds it with [`Singleton::holder`] (to route work to the leader, for example).
@@ -36,20 +45,23 @@
 //! # }
 //! ```
 
+mod config;
+
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
+pub use self::config::SingletonConfig;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::observer::Observer;
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
+use crate::task::bounded;
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
 /// Lease keys of singletons start with this; no Kinesis shard id does.
@@ -58,69 +70,6 @@ pub const COORDINATION_PREFIX: &str = "kcl-coordination/";
 /// True for rows that hold a singleton, not a shard.
 pub fn is_coordination_key(key: &ShardId) -> bool {
     key.as_str().starts_with(COORDINATION_PREFIX)
-}
-
-/// Timing of a [`Singleton`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct SingletonConfig {
-    /// As [`WorkerConfig::failover_time`](crate::WorkerConfig::failover_time). Default 10 s.
-    #[serde(with = "humantime_serde")]
-    pub failover_time: Duration,
-    /// How often the holder renews. Default: a third of the failover time.
-    #[serde(with = "humantime_serde")]
-    pub renew_interval: Duration,
-    /// How often candidates read the row. Default 1 s.
-    #[serde(with = "humantime_serde")]
-    pub poll_interval: Duration,
-}
-
-impl Default for SingletonConfig {
-    fn default() -> Self {
-        let failover_time = Duration::from_secs(10);
-        Self {
-            failover_time,
-            renew_interval: failover_time / 3,
-            poll_interval: Duration::from_secs(1),
-        }
-    }
-}
-
-impl SingletonConfig {
-    /// Sets the failover time and a third of it as the renew interval.
-    #[must_use]
-    pub fn failover_time(mut self, value: Duration) -> Self {
-        self.failover_time = value;
-        self.renew_interval = value / 3;
-        self
-    }
-
-    /// Sets the poll interval.
-    #[must_use]
-    pub fn poll_interval(mut self, value: Duration) -> Self {
-        self.poll_interval = value;
-        self
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let err = |key, reason: &str| {
-            Err(ConfigError {
-                key,
-                reason: reason.to_owned(),
-            })
-        };
-        if self.renew_interval.is_zero() || self.renew_interval * 2 > self.failover_time {
-            return err(
-                "renew_interval",
-                "must be above zero and at most half of failover_time",
-            );
-        }
-        if self.poll_interval.is_zero() {
-            return err("poll_interval", "must be above zero");
-        }
-        Ok(())
-    }
 }
 
 /// One named task that runs on exactly one candidate at a time. See the module docs.
@@ -172,7 +121,12 @@ impl<L: LeaseStore> Singleton<L> {
         Fut: Future<Output = ()>,
     {
         loop {
-            match self.store.ensure_table().await {
+            let ensured = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                ensured = self.store.ensure_table() => ensured,
+            };
+            match ensured {
                 Ok(()) => break,
                 Err(e) if e.kind().is_transient() => {
                     tracing::debug!(error = %e, "lease table not ready");
@@ -187,10 +141,15 @@ impl<L: LeaseStore> Singleton<L> {
         }
         let mut observer = Observer::default();
         while !shutdown.is_cancelled() {
-            match self.try_take(&mut observer).await {
+            let polled = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                polled = self.try_take(&mut observer) => polled,
+            };
+            match polled {
                 Ok(Some((lease, started))) => self.hold(lease, started, &shutdown, &mut task).await,
                 Ok(None) => {}
-                Err(e) if e.kind() == ErrorKind::Fatal => return Err(Error::Store(e)),
+                Err(e) if e.kind().is_permanent() => return Err(Error::Store(e)),
                 Err(error) => {
                     tracing::debug!(%error, singleton = %self.key, "singleton poll failed");
                 }
@@ -209,9 +168,10 @@ impl<L: LeaseStore> Singleton<L> {
         &self,
         observer: &mut Observer,
     ) -> Result<Option<(Lease, Instant)>, crate::BackendError> {
-        let Some(row) = self.store.get(&self.key).await? else {
+        let limit = self.config.failover_time;
+        let Some(row) = bounded(limit, "get", self.store.get(&self.key)).await? else {
             let row = Lease::new(self.key.clone(), Checkpoint::TrimHorizon);
-            self.store.create(&row).await?;
+            bounded(limit, "create", self.store.create(&row)).await?;
             return Ok(None);
         };
         let now = Instant::now();
@@ -230,7 +190,7 @@ impl<L: LeaseStore> Singleton<L> {
             return Ok(None);
         }
         let started = Instant::now();
-        match self.store.take(&row, &self.me).await {
+        match bounded(limit, "take", self.store.take(&row, &self.me)).await {
             Ok(lease) => Ok(Some((lease, started))),
             Err(e) if e.kind() == ErrorKind::Conflict => Ok(None),
             Err(e) => Err(e),
@@ -252,32 +212,19 @@ impl<L: LeaseStore> Singleton<L> {
             self.me.clone(),
             self.store.clone(),
             self.config.failover_time,
+            self.config.failover_time,
             started,
         ));
         self.holder.send_replace(Some(self.me.clone()));
         tracing::info!(singleton = %self.key, "singleton acquired");
-        let token = tenure.lost_token().child_token();
         {
-            // Scoped so the renewer is dropped, and with it any write it has under way, before
-            // the release below (which would otherwise wait for that write's lock forever).
-            let stop = shutdown.clone();
+            let renewer = renewer::run(tenure.clone(), self.config.renew_interval);
+            let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
+            let token = CancellationToken::new();
             let run = task(token.clone());
-            let renew = renewer::run(tenure.clone(), self.config.renew_interval);
-            let cancel_on_shutdown = async {
-                stop.cancelled().await;
-                token.cancel();
-                std::future::pending::<()>().await;
-            };
-            tokio::pin!(run, renew, cancel_on_shutdown);
-            let mut renewing = true;
-            loop {
-                tokio::select! {
-                    biased;
-                    () = &mut run => break,
-                    () = &mut renew, if renewing => renewing = false,
-                    () = &mut cancel_on_shutdown => {}
-                }
-            }
+            self.supervise(&tenure, shutdown, &token, run).await;
+            // Dropping the renewer here aborts any write it has under way, which frees the
+            // tenure for the release below.
         }
         if !tenure.is_lost()
             && let Err(error) = tenure.release().await
@@ -287,6 +234,58 @@ impl<L: LeaseStore> Singleton<L> {
         tenure.mark_lost();
         tracing::info!(singleton = %self.key, "singleton given up");
         self.holder.send_replace(None);
+    }
+
+    /// Runs the task until it returns, cancelling `token` on shutdown or when the lease is at
+    /// risk, and dropping the task `stop_timeout` later or when the validity runs out,
+    /// whichever comes first (see the module docs).
+    async fn supervise(
+        &self,
+        tenure: &Tenure,
+        shutdown: &CancellationToken,
+        token: &CancellationToken,
+        run: impl Future<Output = ()>,
+    ) {
+        let budget = self.config.stop_timeout;
+        tokio::pin!(run);
+        tokio::select! {
+            biased;
+            () = tenure.expired() => return self.dropped(),
+            () = &mut run => return,
+            () = at_risk(tenure, budget) => {
+                tracing::warn!(singleton = %self.key, "lease at risk: cancelling the task");
+            }
+            () = shutdown.cancelled() => {}
+        }
+        token.cancel();
+        let stop_by = Instant::now() + budget;
+        tokio::select! {
+            biased;
+            () = tenure.expired() => self.dropped(),
+            () = &mut run => {}
+            () = sleep_until(stop_by) => self.dropped(),
+        }
+    }
+
+    fn dropped(&self) {
+        tracing::warn!(singleton = %self.key, "the task did not stop in time: dropped");
+    }
+}
+
+/// Resolves once less than `budget` is left of the lease's validity (or it is lost).
+async fn at_risk(tenure: &Tenure, budget: std::time::Duration) {
+    loop {
+        let until = tenure.valid_until();
+        let alarm = until.checked_sub(budget).unwrap_or(until);
+        tokio::select! {
+            biased;
+            () = tenure.lost_token().cancelled() => return,
+            () = sleep_until(alarm) => {
+                if tenure.valid_until() == until {
+                    return;
+                }
+            }
+        }
     }
 }
 

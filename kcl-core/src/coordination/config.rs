@@ -1,0 +1,139 @@
+//! [`SingletonConfig`]: the timing of a singleton, validated like the worker's.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::MAX_DURATION;
+use crate::error::ConfigError;
+
+/// Timing of a [`Singleton`](super::Singleton).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SingletonConfig {
+    /// As [`WorkerConfig::failover_time`](crate::WorkerConfig::failover_time). Default 10 s.
+    /// Each call to the lease table is also given up after this long.
+    #[serde(with = "humantime_serde")]
+    pub failover_time: Duration,
+    /// How often the holder renews. Default: a third of the failover time.
+    #[serde(with = "humantime_serde")]
+    pub renew_interval: Duration,
+    /// How often candidates read the row. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// How long a task has to return once its token is cancelled (on shutdown, or when its
+    /// lease is at risk: renewals kept failing and less than this is left of its validity)
+    /// before it is dropped at its next `.await`. It is dropped at the latest when the
+    /// validity runs out, before any other candidate may take the row, so two instances never
+    /// run at once. Default: a quarter of the failover time (2.5 s).
+    #[serde(with = "humantime_serde")]
+    pub stop_timeout: Duration,
+}
+
+impl Default for SingletonConfig {
+    fn default() -> Self {
+        Self::derived(Duration::from_secs(10), Duration::from_secs(1))
+    }
+}
+
+impl SingletonConfig {
+    fn derived(failover_time: Duration, poll_interval: Duration) -> Self {
+        Self {
+            failover_time,
+            renew_interval: failover_time / 3,
+            poll_interval,
+            stop_timeout: failover_time / 4,
+        }
+    }
+
+    /// Sets the failover time, and derives the renew interval (a third) and the stop timeout
+    /// (a quarter) from it.
+    #[must_use]
+    pub fn failover_time(self, value: Duration) -> Self {
+        Self::derived(value, self.poll_interval)
+    }
+
+    /// Sets the poll interval.
+    #[must_use]
+    pub fn poll_interval(mut self, value: Duration) -> Self {
+        self.poll_interval = value;
+        self
+    }
+
+    /// Sets the stop timeout.
+    #[must_use]
+    pub fn stop_timeout(mut self, value: Duration) -> Self {
+        self.stop_timeout = value;
+        self
+    }
+
+    /// How long a successful renewal keeps the lease valid here: the failover time less a
+    /// tenth, as for shard leases.
+    pub(crate) fn validity(&self) -> Duration {
+        self.failover_time - self.failover_time / 10
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        let err = |key, reason: &str| {
+            Err(ConfigError {
+                key,
+                reason: reason.to_owned(),
+            })
+        };
+        for (key, value) in [
+            ("failover_time", self.failover_time),
+            ("renew_interval", self.renew_interval),
+            ("poll_interval", self.poll_interval),
+            ("stop_timeout", self.stop_timeout),
+        ] {
+            if value > MAX_DURATION {
+                return err(key, "must be at most 7 days");
+            }
+        }
+        if self.failover_time < Duration::from_millis(100) {
+            return err("failover_time", "must be at least 100ms");
+        }
+        if self.renew_interval.is_zero() || self.renew_interval * 2 > self.failover_time {
+            return err(
+                "renew_interval",
+                "must be above zero and at most half of failover_time",
+            );
+        }
+        if self.poll_interval.is_zero() {
+            return err("poll_interval", "must be above zero");
+        }
+        if self.stop_timeout + self.renew_interval >= self.validity() {
+            return err(
+                "stop_timeout",
+                "with renew_interval must stay below 0.9 × failover_time, or healthy renewals would cancel the task",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_name_their_key() {
+        assert_eq!(SingletonConfig::default().validate(), Ok(()));
+        let short = SingletonConfig::default().failover_time(Duration::from_secs(2));
+        assert_eq!(short.validate(), Ok(()));
+        assert_eq!(short.stop_timeout, Duration::from_millis(500));
+        let key = |c: SingletonConfig| c.validate().err().map(|e| e.key);
+        let huge = Duration::from_secs(u64::MAX / 4);
+        assert_eq!(
+            key(SingletonConfig::default().failover_time(huge)),
+            Some("failover_time")
+        );
+        assert_eq!(
+            key(SingletonConfig::default().poll_interval(huge)),
+            Some("poll_interval")
+        );
+        let slow = SingletonConfig::default().stop_timeout(Duration::from_secs(6));
+        assert_eq!(key(slow), Some("stop_timeout"));
+    }
+}

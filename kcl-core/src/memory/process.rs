@@ -1,0 +1,101 @@
+//! Whole-process freezes: what SIGSTOP, a long GC pause or a VM suspend do to a worker.
+//!
+//! A future run with [`Faults::run_as`] belongs to a simulated process named after a client.
+//! While that client is [paused](Faults::pause), the future is not polled at all, and neither
+//! is any task the worker spawns from it (the worker spawns through `crate::task`, which
+//! hands the process on). Time keeps going: timers that fall due meanwhile fire at resume,
+//! and the worker carries on with the state it had, as a thawed process does.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::Faults;
+
+tokio::task_local! {
+    static PROCESS: Process;
+}
+
+/// One simulated process: the faults that can freeze it, and its client name.
+#[derive(Debug, Clone)]
+pub(crate) struct Process {
+    faults: Faults,
+    client: Arc<str>,
+}
+
+/// The process the current task belongs to, if any.
+pub(crate) fn current_process() -> Option<Process> {
+    PROCESS.try_with(Clone::clone).ok()
+}
+
+impl Process {
+    pub(crate) fn new(faults: Faults, client: &str) -> Self {
+        Self {
+            faults,
+            client: Arc::from(client),
+        }
+    }
+
+    /// Runs `future` in this process: frozen while the process is paused.
+    pub(crate) fn run<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        let frozen = Frozen {
+            process: self.clone(),
+            inner: Box::pin(future),
+        };
+        PROCESS.scope(self, frozen)
+    }
+}
+
+struct Frozen<F> {
+    process: Process,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Frozen<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        if this
+            .process
+            .faults
+            .hold_if_paused(&this.process.client, cx.waker())
+        {
+            return Poll::Pending;
+        }
+        this.inner.as_mut().poll(cx)
+    }
+}
+
+impl Faults {
+    /// Runs `future` as the process `client` (use the worker id): while `client` is
+    /// [paused](Self::pause), neither it nor any task the worker spawns from it runs.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
+    /// use kcl_core::{ShardId, Worker, WorkerConfig};
+    /// # struct P;
+    /// # impl kcl_core::RecordProcessor for P {
+    /// #     async fn process_records(&mut self, _: kcl_core::ProcessRecordsInput, _: &mut kcl_core::Checkpointer) -> Result<(), kcl_core::BoxError> { Ok(()) }
+    /// # }
+    /// let faults = Faults::seeded(7);
+    /// let stream = MemoryStream::with_faults(2, faults.clone());
+    /// let store = MemoryLeaseStore::with_faults(faults.clone());
+    /// let worker = Worker::new("w1", WorkerConfig::default(), stream.client("w1"), store.client("w1"), |_: &ShardId| P)?;
+    /// let running = tokio::spawn(faults.run_as("w1", worker.run()));
+    /// faults.pause("w1"); // the whole worker stops, timers and all
+    /// faults.resume("w1"); // and goes on with the state it had
+    /// # running.abort();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn run_as<F: Future>(
+        &self,
+        client: &str,
+        future: F,
+    ) -> impl Future<Output = F::Output> + use<F> {
+        Process::new(self.clone(), client).run(future)
+    }
+}

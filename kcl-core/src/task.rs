@@ -1,0 +1,57 @@
+//! How the worker runs its work: spawned tasks and bounded backend calls.
+//!
+//! Every task the worker starts (shard consumers, their renewers and fetch loops) is spawned
+//! here, so that with feature `test-util` a simulated process freeze
+//! ([`Faults::pause`](crate::memory::Faults::pause)) stops all of one worker's tasks and
+//! timers at once, as SIGSTOP or a VM suspend would. Every backend call is bounded here too:
+//! a call that hangs must never hang the worker.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
+
+use crate::error::{BackendError, ErrorKind};
+
+/// Spawns a task of this worker.
+pub(crate) fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    #[cfg(feature = "test-util")]
+    if let Some(process) = crate::memory::current_process() {
+        return tokio::spawn(process.run(future));
+    }
+    tokio::spawn(future)
+}
+
+/// Spawns a task of this worker into `set`.
+pub(crate) fn spawn_in<T, F>(set: &mut JoinSet<T>, future: F) -> AbortHandle
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    #[cfg(feature = "test-util")]
+    if let Some(process) = crate::memory::current_process() {
+        return set.spawn(process.run(future));
+    }
+    set.spawn(future)
+}
+
+/// Runs one backend call, giving up after `limit`: a call that has not answered by then
+/// fails as `Retryable` (it may or may not have been applied).
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    operation: &'static str,
+    call: impl Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(BackendError::new(
+            ErrorKind::Retryable,
+            operation,
+            format!("no answer within {limit:?}"),
+        )),
+    }
+}

@@ -1,0 +1,325 @@
+//! One taker cycle: read the lease table, sync shards when due, grant handoffs, take, ask.
+//!
+//! Every backend call here is bounded by the call timeout; a failure retrying cannot fix (the
+//! table or the stream is gone, access is denied) ends the cycle with an error that stops the
+//! worker, anything else is logged and retried next cycle.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::Worker;
+use super::shard_consumer::{self, Control, Exit, ShardContext};
+use crate::coordination::is_coordination_key;
+use crate::error::{Error, ErrorKind};
+use crate::lease::observer::Observer;
+use crate::lease::sync::{self, Lineage};
+use crate::lease::taker::{self, Candidate, Holder, Limits};
+use crate::lease::tenure::Tenure;
+use crate::lease::{Lease, LeaseStore};
+use crate::metrics;
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::task::bounded;
+use crate::types::ShardId;
+
+/// What the coordinator loop owns.
+pub(super) struct Coordinator {
+    pub(super) held: BTreeMap<ShardId, Held>,
+    pub(super) tasks: JoinSet<Exit>,
+    task_keys: BTreeMap<tokio::task::Id, ShardId>,
+    observer: Observer,
+    pub(super) next_sync: Instant,
+}
+
+/// One held lease: its writer, and how to steer its task.
+pub(super) struct Held {
+    tenure: Arc<Tenure>,
+    control: Arc<Control>,
+}
+
+impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+    /// One taker cycle; see the module docs.
+    pub(super) async fn cycle(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        let listed_at = Instant::now();
+        let Some(mut leases) = self.list(state).await? else {
+            return Ok(());
+        };
+        if Instant::now() >= state.next_sync {
+            match self.sync_shards(&leases, listed_at, &state.observer).await {
+                Ok(changed) => {
+                    state.next_sync = Instant::now() + self.config.shard_sync_interval;
+                    if changed && let Some(fresh) = self.list(state).await? {
+                        leases = fresh;
+                    }
+                }
+                Err(error) => {
+                    let permanent = matches!(
+                        &error,
+                        Error::Source(e) | Error::Store(e) if e.kind().is_permanent()
+                    );
+                    if permanent {
+                        return Err(error);
+                    }
+                    tracing::warn!(%error, cause = ?std::error::Error::source(&error), "shard sync failed; retrying next cycle");
+                    state.next_sync = Instant::now() + self.config.taker_interval;
+                }
+            }
+        }
+
+        let now = Instant::now();
+        let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+        let lineage = Lineage::new(&leases);
+        let candidates: Vec<Candidate> = leases
+            .iter()
+            .filter(|l| lineage.is_ready(l))
+            .map(|l| Candidate {
+                key: l.key.clone(),
+                holder: self.holder(l, state, now),
+                handoff_to: l.handoff_to.clone(),
+            })
+            .collect();
+
+        self.grant_handoffs(state, &candidates, &by_key).await;
+
+        let limits = Limits {
+            max_leases: self.config.max_leases,
+            max_steal: self.config.max_leases_to_steal,
+        };
+        let plan = taker::plan(&self.id, &candidates, limits);
+        for key in &plan.take {
+            if let Some(observed) = by_key.get(key) {
+                self.take(state, ctx, observed).await;
+            }
+        }
+        for key in &plan.request_handoff {
+            let Some(observed) = by_key.get(key) else {
+                continue;
+            };
+            let request = self.store.request_handoff(observed, Some(&self.id));
+            match bounded(self.config.call_timeout, "request_handoff", request).await {
+                Ok(()) => {
+                    tracing::info!(shard = %key, from = ?observed.owner, "handoff requested");
+                    ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
+                }
+                Err(error) => tracing::debug!(shard = %key, %error, "handoff request failed"),
+            }
+        }
+        self.publish(state);
+        self.status
+            .send_modify(|s| s.last_cycle = Some(Instant::now()));
+        Ok(())
+    }
+
+    /// Reads the lease table and records what it saw. `None` if the read failed in a way
+    /// worth retrying next cycle.
+    async fn list(&self, state: &mut Coordinator) -> Result<Option<Vec<Lease>>, Error> {
+        match bounded(self.config.call_timeout, "list", self.store.list()).await {
+            Ok(mut leases) => {
+                self.status.send_modify(|s| s.store_reachable = true);
+                leases.retain(|l| !is_coordination_key(&l.key));
+                state.observer.update(&leases, Instant::now());
+                Ok(Some(leases))
+            }
+            Err(error) if error.kind().is_permanent() => Err(Error::Store(error)),
+            Err(error) => {
+                tracing::warn!(%error, "listing leases failed");
+                self.status.send_modify(|s| s.store_reachable = false);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Takes one lease and starts its shard task.
+    async fn take(&self, state: &mut Coordinator, ctx: &Arc<ShardContext<S, F>>, observed: &Lease) {
+        let key = &observed.key;
+        let started = Instant::now();
+        let take = self.store.take(observed, &self.id);
+        match bounded(self.config.call_timeout, "take", take).await {
+            Ok(lease) => {
+                let from = match &observed.owner {
+                    None => "unowned",
+                    Some(o) if o == &self.id => "handoff",
+                    Some(_) => "expired",
+                };
+                tracing::info!(shard = %key, from = ?observed.owner, "lease taken");
+                ::metrics::counter!(metrics::LEASES_TAKEN, "from" => from).increment(1);
+                state.spawn(self, ctx, lease, started);
+            }
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                tracing::debug!(shard = %key, "lease taken by someone else first");
+            }
+            Err(error) => tracing::warn!(shard = %key, %error, "taking lease failed"),
+        }
+    }
+
+    fn holder(&self, lease: &Lease, state: &Coordinator, now: Instant) -> Holder {
+        if state.held.contains_key(&lease.key) {
+            return Holder::Me;
+        }
+        match &lease.owner {
+            None => Holder::Unowned,
+            Some(owner) if owner == &self.id => Holder::Adoptable,
+            Some(owner) => {
+                let idle = state.observer.idle(lease, now);
+                if idle >= self.config.failover_time {
+                    Holder::Expired { idle }
+                } else {
+                    Holder::Other(owner.clone())
+                }
+            }
+        }
+    }
+
+    /// Starts handoffs other workers asked for while this worker stays at or above its lower
+    /// fair share, and declines the others (clears the request) so that a request from a
+    /// worker that has gone away, or one the fleet no longer needs, does not linger.
+    async fn grant_handoffs(
+        &self,
+        state: &Coordinator,
+        candidates: &[Candidate],
+        by_key: &BTreeMap<&ShardId, &Lease>,
+    ) {
+        let in_progress = state
+            .held
+            .values()
+            .filter(|h| h.control.is_handing_off())
+            .count();
+        let mut grant = taker::handoffs_to_grant(&self.id, candidates, in_progress);
+        for c in candidates {
+            let (Holder::Me, Some(to)) = (&c.holder, &c.handoff_to) else {
+                continue;
+            };
+            let Some(held) = state.held.get(&c.key) else {
+                continue;
+            };
+            if held.control.is_handing_off() {
+                continue;
+            }
+            if grant > 0 && to != &self.id {
+                grant -= 1;
+                tracing::info!(shard = %c.key, to = %to, "granting handoff");
+                held.control.hand_off(to.clone());
+            } else if let Some(row) = by_key.get(&c.key) {
+                tracing::debug!(shard = %c.key, to = %to, "declining handoff");
+                let decline = self.store.request_handoff(row, None);
+                if let Err(error) =
+                    bounded(self.config.call_timeout, "request_handoff", decline).await
+                {
+                    tracing::debug!(shard = %c.key, %error, "declining handoff failed");
+                }
+            }
+        }
+    }
+
+    /// Lists shards and creates or cleans up leases. True if anything was written.
+    ///
+    /// Creating a lease from an old view could bring back a parent that was processed and
+    /// cleaned up meanwhile, so creation stops once the view of the lease table (read at
+    /// `listed_at`) is older than half the failover time, and a finished parent is deleted
+    /// only after it stood still for `lease_cleanup_delay`, far longer than that.
+    async fn sync_shards(
+        &self,
+        leases: &[Lease],
+        listed_at: Instant,
+        observer: &Observer,
+    ) -> Result<bool, Error> {
+        let limit = self.config.call_timeout;
+        let shards = bounded(limit, "list_shards", self.source.list_shards())
+            .await
+            .map_err(Error::Source)?;
+        let plan = sync::plan(&shards, leases, &self.config.initial_position);
+        let lineage = Lineage::new(leases);
+        let mut changed = false;
+        for lease in &plan.create {
+            if listed_at.elapsed() > self.config.failover_time / 2 {
+                tracing::debug!("shard sync took too long; creating the rest next time");
+                return Ok(changed);
+            }
+            // In order, stopping at the first failure: a child never exists without its parents.
+            let created = bounded(limit, "create", self.store.create(lease)).await;
+            if created.map_err(Error::Store)? {
+                tracing::info!(shard = %lease.key, checkpoint = %lease.checkpoint, "lease created");
+                changed = true;
+            }
+        }
+        let now = Instant::now();
+        let due = plan.delete.iter().filter(|l| {
+            lineage.is_stale(l) || observer.idle(l, now) >= self.config.lease_cleanup_delay
+        });
+        for lease in due {
+            match bounded(limit, "delete", self.store.delete(lease)).await {
+                Ok(()) => {
+                    tracing::info!(shard = %lease.key, "finished lease cleaned up");
+                    changed = true;
+                }
+                Err(error) => tracing::debug!(shard = %lease.key, %error, "cleanup failed"),
+            }
+        }
+        Ok(changed)
+    }
+}
+
+impl Coordinator {
+    pub(super) fn new() -> Self {
+        Self {
+            held: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            task_keys: BTreeMap::new(),
+            observer: Observer::default(),
+            next_sync: Instant::now(),
+        }
+    }
+
+    fn spawn<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        ctx: &Arc<ShardContext<S, F>>,
+        lease: Lease,
+        started: Instant,
+    ) {
+        let key = lease.key.clone();
+        let tenure = Arc::new(Tenure::new(
+            lease,
+            worker.id.clone(),
+            worker.store.clone(),
+            worker.config.failover_time,
+            worker.config.call_timeout,
+            started,
+        ));
+        let control = Arc::new(Control::new(worker.handle.graceful.child_token()));
+        let task = shard_consumer::run(ctx.clone(), tenure.clone(), control.clone())
+            .instrument(shard_consumer::span(&key, &worker.id));
+        let handle = crate::task::spawn_in(&mut self.tasks, task);
+        self.task_keys.insert(handle.id(), key.clone());
+        self.held.insert(key, Held { tenure, control });
+    }
+
+    /// Forgets a finished shard task; returns its shard and why it ended.
+    pub(super) fn on_exit(
+        &mut self,
+        joined: Result<(tokio::task::Id, Exit), tokio::task::JoinError>,
+    ) -> Option<(ShardId, Exit)> {
+        let (id, exit) = match joined {
+            Ok((id, exit)) => (id, Some(exit)),
+            Err(error) => {
+                // Shard tasks catch processor panics: this is an abort, or a bug of ours.
+                tracing::error!(%error, "shard task failed");
+                (error.id(), None)
+            }
+        };
+        let key = self.task_keys.remove(&id)?;
+        tracing::debug!(shard = %key, ?exit, "shard task ended");
+        if let Some(held) = self.held.remove(&key) {
+            held.tenure.mark_lost();
+        }
+        exit.map(|exit| (key, exit))
+    }
+}

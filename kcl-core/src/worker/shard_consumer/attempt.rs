@@ -1,0 +1,266 @@
+//! One processor instance, from waiting on parents to its last hook.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use tokio::time::{Instant, sleep};
+
+use super::position::{self, Opened};
+use super::{Control, Failure, Hook, ShardContext, Stop, hook};
+use crate::checkpoint::Checkpointer;
+use crate::error::{BackendError, ErrorKind};
+use crate::lease::tenure::Tenure;
+use crate::metrics::ShardMetrics;
+use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
+use crate::source::{RecordBatch, ShardSource};
+use crate::task::bounded;
+use crate::worker::prefetch::{Fetched, Prefetcher};
+
+/// Runs one processor instance; see the module docs of `shard_consumer`.
+pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
+    ctx: &ShardContext<S, impl Sized>,
+    tenure: &Arc<Tenure>,
+    control: &Control,
+    mut processor: P,
+    seed: u64,
+) -> Result<Stop, Failure> {
+    if let Some(stop) = wait_for_parents(ctx, tenure, control).await {
+        return Ok(stop);
+    }
+
+    // Initializing.
+    let lease = tenure.snapshot().await;
+    let start = match position::open(ctx, tenure, &lease).await? {
+        Opened::Finished => return Ok(Stop::Finished),
+        Opened::Lost => return Ok(Stop::Lost),
+        Opened::At(start) => start,
+    };
+    let input = InitializationInput {
+        shard_id: lease.key.clone(),
+        checkpoint: lease.checkpoint.clone(),
+        pending_checkpoint: lease.pending_checkpoint.clone(),
+    };
+    let mut checkpointer = Checkpointer::new(tenure.clone());
+    if let Hook::Expired = hook(tenure, "initialize", processor.initialize(&input)).await? {
+        return lost(&mut processor).await;
+    }
+    tracing::info!(checkpoint = %lease.checkpoint, "processing shard");
+
+    // Processing.
+    let prefetch = Prefetcher::spawn(
+        ctx.source.clone(),
+        lease.key.clone(),
+        start,
+        &ctx.config,
+        seed,
+    );
+    let stop = match process(
+        ctx,
+        tenure,
+        control,
+        &mut processor,
+        &mut checkpointer,
+        prefetch,
+    )
+    .await
+    {
+        Ok(stop) => stop,
+        Err(Failure::Fatal(error)) => {
+            // The worker stops: let the processor checkpoint what it did, as on shutdown.
+            let call = processor.shutdown_requested(&mut checkpointer);
+            let _ = hook(tenure, "shutdown_requested", call).await;
+            return Err(Failure::Fatal(error));
+        }
+        Err(failure) => return Err(failure),
+    };
+
+    // Shutting down.
+    match stop {
+        Stop::Lost => lost(&mut processor).await,
+        Stop::Graceful => {
+            let call = processor.shutdown_requested(&mut checkpointer);
+            match hook(tenure, "shutdown_requested", call).await {
+                Ok(Hook::Done) => Ok(Stop::Graceful),
+                Ok(Hook::Expired) => lost(&mut processor).await,
+                Err(error) => {
+                    // The lease goes back anyway: at worst, records since the last checkpoint
+                    // repeat.
+                    tracing::warn!(%error, "shutdown_requested failed");
+                    Ok(Stop::Graceful)
+                }
+            }
+        }
+        Stop::ShardEnd => {
+            let call = processor.shard_ended(&mut checkpointer);
+            if let Hook::Expired = hook(tenure, "shard_ended", call).await? {
+                return lost(&mut processor).await;
+            }
+            if !tenure.snapshot().await.is_finished() {
+                return Err(Failure::ShardEndNotCheckpointed);
+            }
+            tracing::info!("shard ended");
+            Ok(Stop::ShardEnd)
+        }
+        Stop::Finished => Ok(Stop::Finished),
+    }
+}
+
+/// Tells the processor its lease is gone.
+async fn lost(processor: &mut impl RecordProcessor) -> Result<Stop, Failure> {
+    processor.lease_lost().await;
+    Ok(Stop::Lost)
+}
+
+/// Waits until every parent has finished: a child's records come after all of its parents'.
+/// Returns why the shard stopped meanwhile, if it did.
+async fn wait_for_parents<S>(
+    ctx: &ShardContext<S, impl Sized>,
+    tenure: &Tenure,
+    control: &Control,
+) -> Option<Stop> {
+    let lease = tenure.snapshot().await;
+    for parent in &lease.parent_shard_ids {
+        loop {
+            let read = bounded(ctx.config.call_timeout, "get", tenure.store().get(parent));
+            match read.await {
+                Ok(None) => break,
+                Ok(Some(p)) if p.is_finished() => break,
+                Ok(Some(_)) => {}
+                Err(error) => tracing::debug!(%error, %parent, "reading parent lease failed"),
+            }
+            tokio::select! {
+                biased;
+                () = tenure.lost_token().cancelled() => return Some(Stop::Lost),
+                () = control.graceful.cancelled() => return Some(Stop::Graceful),
+                () = sleep(ctx.config.parent_poll_interval) => {}
+            }
+        }
+    }
+    None
+}
+
+/// Feeds fetched batches to the processor until the shard ends or the task must stop.
+async fn process<S: ShardSource>(
+    ctx: &ShardContext<S, impl Sized>,
+    tenure: &Tenure,
+    control: &Control,
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    mut prefetch: Prefetcher,
+) -> Result<Stop, Failure> {
+    let metrics = ShardMetrics::new(tenure.shard());
+    loop {
+        let fetched = tokio::select! {
+            biased;
+            () = tenure.lost_token().cancelled() => return Ok(Stop::Lost),
+            () = control.graceful.cancelled() => return Ok(Stop::Graceful),
+            fetched = prefetch.recv() => fetched,
+        };
+        let (batch, bytes) = match fetched {
+            Some(Fetched::Batch { batch, bytes, .. }) => (batch, bytes),
+            Some(Fetched::Failed(e)) if e.kind() == ErrorKind::NotFound => {
+                return gone(ctx, tenure, checkpointer, e).await;
+            }
+            Some(Fetched::Failed(e)) if e.kind().is_permanent() => return Err(Failure::Fatal(e)),
+            Some(Fetched::Failed(e)) => return Err(Failure::Source(e)),
+            None => {
+                return Err(Failure::Source(BackendError::new(
+                    ErrorKind::Retryable,
+                    "get_records",
+                    "fetch task stopped",
+                )));
+            }
+        };
+        // Fencing in time: deliver nothing once another worker could have taken the lease.
+        if !tenure.is_valid() {
+            tenure.mark_lost();
+            return Ok(Stop::Lost);
+        }
+        let end = batch.next_iterator.is_none();
+        let children: Vec<_> = batch.child_shards.iter().map(|s| s.id.clone()).collect();
+        if let Hook::Expired =
+            deliver(tenure, processor, checkpointer, &metrics, batch, bytes).await?
+        {
+            return Ok(Stop::Lost);
+        }
+        if end {
+            checkpointer.set_shard_end(children);
+            return Ok(Stop::ShardEnd);
+        }
+    }
+}
+
+/// Hands one batch to the processor.
+async fn deliver(
+    tenure: &Tenure,
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    metrics: &ShardMetrics,
+    batch: RecordBatch,
+    bytes: usize,
+) -> Result<Hook, Failure> {
+    if let Some(millis) = batch.millis_behind_latest {
+        metrics.behind_latest(millis);
+    }
+    let (Some(first), Some(last)) = (batch.records.first(), batch.records.last()) else {
+        return Ok(Hook::Done);
+    };
+    checkpointer.set_last_delivered(last.position());
+    let count = batch.records.len();
+    let delay = (Utc::now() - first.approximate_arrival)
+        .to_std()
+        .unwrap_or_default();
+    let started = Instant::now();
+    let input = ProcessRecordsInput {
+        records: batch.records,
+        millis_behind_latest: batch.millis_behind_latest,
+    };
+    let outcome = hook(
+        tenure,
+        "process_records",
+        processor.process_records(input, checkpointer),
+    )
+    .await?;
+    let took = started.elapsed();
+    tracing::info!(
+        records = count,
+        bytes,
+        processing_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        millis_behind_latest = batch.millis_behind_latest,
+        "batch processed"
+    );
+    metrics.batch(count, bytes, took, delay);
+    Ok(outcome)
+}
+
+/// The stream said the shard does not exist. If the stream still lists shards and this is not
+/// one of them, its records aged out of retention (or the row never named a real shard):
+/// treat it as ended, so that its children can start and the row is cleaned up. Otherwise
+/// the stream itself is gone, which stops the worker.
+async fn gone<S: ShardSource>(
+    ctx: &ShardContext<S, impl Sized>,
+    tenure: &Tenure,
+    checkpointer: &mut Checkpointer,
+    error: BackendError,
+) -> Result<Stop, Failure> {
+    let listed = bounded(
+        ctx.config.call_timeout,
+        "list_shards",
+        ctx.source.list_shards(),
+    );
+    match listed.await {
+        Ok(shards) if !shards.is_empty() && shards.iter().all(|s| &s.id != tenure.shard()) => {
+            tracing::warn!(
+                %error,
+                "the stream no longer has this shard (aged out of retention?): treating it as \
+                 ended; records after the checkpoint that were not read are gone"
+            );
+            checkpointer.set_shard_end(Vec::new());
+            Ok(Stop::ShardEnd)
+        }
+        Ok(_) => Err(Failure::Source(error)),
+        Err(listing) if listing.kind().is_permanent() => Err(Failure::Fatal(listing)),
+        Err(listing) => Err(Failure::Source(listing)),
+    }
+}

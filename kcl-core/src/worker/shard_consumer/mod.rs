@@ -1,0 +1,245 @@
+//! One task per held lease: feed its processor in order, next to a task that renews it.
+//!
+//! The task is a small state machine — waiting on parents, initializing, processing, shutting
+//! down ([`attempt`]) — and stops for one of four reasons: the shard ended (checkpointed
+//! `SHARD_END`), the lease was lost (`lease_lost`, no checkpoint possible), the worker is
+//! stopping (`shutdown_requested`, then the lease is released at once) or another worker asked
+//! for the lease (`shutdown_requested`, then the lease is handed to it).
+//!
+//! Why it is built this way:
+//! - **The renewer is a task of its own.** A processor that blocks its thread (CPU work,
+//!   synchronous I/O) stops only its own task; on a multi-thread runtime the renewer keeps
+//!   the lease, so no other worker takes the shard while the batch runs.
+//! - **Hooks end at the lease's validity.** Once the lease could be held elsewhere
+//!   ([`Tenure::expired`]), a processor hook still running is dropped at its next `.await`
+//!   and the processor gets `lease_lost`: two processors never work on one shard at once,
+//!   unless one blocks its thread past that point (then only its checkpoints are refused).
+//! - **A processor that fails or panics is dropped**; after a backoff a new one starts from
+//!   the last checkpoint, while the lease stays held and renewed. A read that retrying cannot
+//!   fix (access denied, a disabled key) stops the worker with the error instead; a shard the
+//!   stream no longer has (aged out of retention) is treated as ended, so its children start.
+
+mod attempt;
+mod position;
+
+pub(crate) use position::Start;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::FutureExt;
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
+
+use crate::config::WorkerConfig;
+use crate::error::{BackendError, BoxError};
+use crate::lease::renewer;
+use crate::lease::tenure::Tenure;
+use crate::metrics;
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::types::{ShardId, WorkerId};
+
+/// What every shard task of a worker shares.
+#[derive(Debug)]
+pub(crate) struct ShardContext<S, F> {
+    pub(crate) source: Arc<S>,
+    pub(crate) factory: Arc<F>,
+    pub(crate) config: Arc<WorkerConfig>,
+}
+
+/// How the coordinator steers a running shard task.
+#[derive(Debug)]
+pub(crate) struct Control {
+    /// Cancelled to stop gracefully (worker shutdown, or a handoff).
+    graceful: CancellationToken,
+    handoff_to: Mutex<Option<WorkerId>>,
+}
+
+impl Control {
+    pub(crate) fn new(graceful: CancellationToken) -> Self {
+        Self {
+            graceful,
+            handoff_to: Mutex::new(None),
+        }
+    }
+
+    /// Stops the shard gracefully and hands its lease to `to`.
+    pub(crate) fn hand_off(&self, to: WorkerId) {
+        *self
+            .handoff_to
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(to);
+        self.graceful.cancel();
+    }
+
+    pub(crate) fn is_handing_off(&self) -> bool {
+        self.handoff_target().is_some()
+    }
+
+    fn handoff_target(&self) -> Option<WorkerId> {
+        self.handoff_to
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Why a shard task ended.
+#[derive(Debug)]
+pub(crate) enum Exit {
+    /// The shard was processed to its end (or no longer exists in the stream).
+    ShardEnd,
+    /// The lease is no longer ours.
+    Lost,
+    /// Stopped gracefully; the lease was released or handed over.
+    Released,
+    /// Stopped gracefully but the release failed; the lease will expire.
+    ReleaseFailed,
+    /// Reading the shard failed in a way retrying cannot fix; the worker must stop.
+    Fatal(BackendError),
+}
+
+enum Stop {
+    /// Nothing to do: the lease was already finished.
+    Finished,
+    ShardEnd,
+    Lost,
+    Graceful,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("processor {hook} failed")]
+    Processor {
+        hook: &'static str,
+        #[source]
+        source: BoxError,
+    },
+    #[error("processor {hook} panicked: {message}")]
+    Panic { hook: &'static str, message: String },
+    #[error("reading the shard failed")]
+    Source(#[source] BackendError),
+    #[error("pinning the start position in the lease failed")]
+    Pin(#[source] BackendError),
+    #[error("shard_ended returned without checkpointing SHARD_END")]
+    ShardEndNotCheckpointed,
+    /// Not worth a restart: the worker stops.
+    #[error("reading the shard failed; retrying cannot fix it")]
+    Fatal(#[source] BackendError),
+}
+
+/// Runs the shard until it stops; see the module docs.
+pub(crate) async fn run<S: ShardSource, F: ProcessorFactory>(
+    ctx: Arc<ShardContext<S, F>>,
+    tenure: Arc<Tenure>,
+    control: Arc<Control>,
+) -> Exit {
+    let renewer = renewer::run(tenure.clone(), ctx.config.renew_interval).in_current_span();
+    let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
+    let exit = consume(&ctx, &tenure, &control).await;
+    tenure.mark_lost(); // ends the tenure: no write may follow the task
+    exit
+}
+
+async fn consume<S: ShardSource, F: ProcessorFactory>(
+    ctx: &ShardContext<S, F>,
+    tenure: &Arc<Tenure>,
+    control: &Control,
+) -> Exit {
+    let seed = crate::types::stable_hash((tenure.worker(), tenure.shard()));
+    let mut restarts = ExponentialBuilder::default()
+        .with_min_delay(ctx.config.min_backoff.max(Duration::from_millis(500)))
+        .with_max_delay(ctx.config.max_backoff.max(Duration::from_secs(1)))
+        .with_jitter()
+        .with_jitter_seed(seed)
+        .without_max_times()
+        .build();
+    let stop = loop {
+        let processor = ctx.factory.create(tenure.shard());
+        match attempt::run(ctx, tenure, control, processor, seed).await {
+            Ok(stop) => break stop,
+            Err(Failure::Fatal(error)) => {
+                tracing::error!(%error, "reading the shard failed; retrying cannot fix it");
+                let _ = tenure.release().await;
+                return Exit::Fatal(error);
+            }
+            Err(failure) => {
+                ::metrics::counter!(metrics::PROCESSOR_FAILURES).increment(1);
+                let delay = restarts.next().unwrap_or(ctx.config.max_backoff);
+                tracing::warn!(error = %failure, cause = ?std::error::Error::source(&failure), ?delay, "shard failed; restarting from the last checkpoint");
+                tokio::select! {
+                    biased;
+                    () = tenure.lost_token().cancelled() => break Stop::Lost,
+                    () = control.graceful.cancelled() => break Stop::Graceful,
+                    () = sleep(delay) => {}
+                }
+            }
+        }
+    };
+    match stop {
+        Stop::Lost => Exit::Lost,
+        Stop::Finished | Stop::ShardEnd => {
+            // The finished lease is never processed again; releasing it just tidies the row.
+            let _ = tenure.release().await;
+            Exit::ShardEnd
+        }
+        Stop::Graceful => {
+            let result = match control.handoff_target() {
+                Some(to) => {
+                    tracing::info!(to = %to, "handing the lease over");
+                    tenure.hand_off(&to).await
+                }
+                None => tenure.release().await,
+            };
+            match result {
+                Ok(()) => Exit::Released,
+                Err(error) => {
+                    tracing::warn!(?error, "could not hand the lease back; it will expire");
+                    Exit::ReleaseFailed
+                }
+            }
+        }
+    }
+}
+
+/// How a processor hook ended.
+enum Hook {
+    Done,
+    /// The lease's validity ran out first: the hook was dropped at its `.await`.
+    Expired,
+}
+
+/// Runs a processor hook until it returns or the lease's validity runs out, turning its
+/// error or panic into a [`Failure`].
+async fn hook(
+    tenure: &Tenure,
+    name: &'static str,
+    call: impl Future<Output = Result<(), BoxError>>,
+) -> Result<Hook, Failure> {
+    tokio::select! {
+        biased;
+        () = tenure.expired() => Ok(Hook::Expired),
+        result = AssertUnwindSafe(call).catch_unwind() => match result {
+            Ok(Ok(())) => Ok(Hook::Done),
+            Ok(Err(source)) => Err(Failure::Processor { hook: name, source }),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic".to_owned());
+                Err(Failure::Panic { hook: name, message })
+            }
+        },
+    }
+}
+
+/// The span every shard task runs in.
+pub(crate) fn span(shard: &ShardId, owner: &WorkerId) -> tracing::Span {
+    tracing::info_span!("shard", shard.id = %shard, lease.owner = %owner)
+}
