@@ -71,9 +71,16 @@ pub struct KinesisShardSource {
 
 impl KinesisShardSource {
     /// A source on `stream` (name or ARN), with the credentials, region, endpoint
-    /// (`AWS_ENDPOINT_URL_KINESIS`) and retry settings of `config`.
+    /// (`AWS_ENDPOINT_URL_KINESIS`), retry and timeout settings of `config`, and an attempt
+    /// timeout of 5 s and an operation timeout of 10 s where `config` sets none.
     pub fn new(config: &SdkConfig, stream: impl Into<StreamRef>) -> Self {
-        Self::from_client(Client::new(config), stream)
+        let conf = aws_sdk_kinesis::config::Builder::from(config)
+            .timeout_config(crate::timeouts::with_defaults(
+                config,
+                crate::timeouts::KINESIS,
+            ))
+            .build();
+        Self::from_client(Client::from_conf(conf), stream)
     }
 
     /// A source using an already built client (custom configuration, tests).

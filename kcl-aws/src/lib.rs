@@ -7,7 +7,9 @@
 //!
 //! Both are built from an [`aws_config::SdkConfig`], so credentials, region, retries and
 //! endpoints (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL_DYNAMODB`)
-//! come from the standard AWS chain, exactly as for any other Rust AWS client.
+//! come from the standard AWS chain, exactly as for any other Rust AWS client. Where that
+//! config sets no operation or attempt timeout, `new` adds them (Kinesis: 5 s an attempt,
+//! 10 s an operation; DynamoDB: 3 s and 10 s), so that no call can hang a worker.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,6 +31,7 @@
 pub mod dynamodb;
 mod error;
 pub mod kinesis;
+mod timeouts;
 
 pub use dynamodb::{DynamoDbLeaseStore, TableBilling};
 pub use kinesis::{KinesisShardSource, StreamRef};

@@ -55,6 +55,8 @@ pub mod coordination;
 mod error;
 pub mod lease;
 pub mod metrics;
+#[doc(hidden)]
+pub mod mutation;
 mod processor;
 mod source;
 mod task;

@@ -2,6 +2,15 @@
 //!
 //! The library records; the application chooses an exporter (the example consumer serves
 //! Prometheus text). Per-shard series carry a `shard` label; fleet-level ones carry none.
+//!
+//! **Series stay fresh while they mean something.** A running worker refreshes every counter
+//! and gauge it owns each taker cycle (counters at zero from the start, so `rate()` has
+//! something to work on), and each shard task refreshes its shard's series as often while it
+//! holds the lease. When a shard leaves the worker, its series stop being refreshed, so an
+//! exporter's idle timeout (metrics-exporter-prometheus: `idle_timeout(MetricKindMask::COUNTER
+//! | MetricKindMask::GAUGE, …)`, a few taker cycles) removes exactly them, rather than leaving
+//! a `kcl_millis_behind_latest` for a shard processed elsewhere. `Status::held` says which
+//! shards are this worker's at any moment.
 
 /// Records delivered to processors (counter, `shard`).
 pub const RECORDS: &str = "kcl_records_processed_total";
@@ -28,23 +37,58 @@ pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
 
+/// Label values of [`LEASES_TAKEN`].
+pub(crate) const TAKEN_FROM: [&str; 3] = ["unowned", "expired", "handoff"];
+/// Label values of [`THROTTLED`].
+pub(crate) const THROTTLED_OPERATIONS: [&str; 2] = ["get_records", "shard_iterator"];
+
+/// Registers every worker-level counter (at zero on the first call) and keeps it fresh; see
+/// the module docs. Called each taker cycle.
+pub(crate) fn refresh_worker_series() {
+    for name in [LEASES_STOLEN, LEASES_LOST, CHECKPOINTS, PROCESSOR_FAILURES] {
+        ::metrics::counter!(name).increment(0);
+    }
+    for from in TAKEN_FROM {
+        ::metrics::counter!(LEASES_TAKEN, "from" => from).increment(0);
+    }
+    for operation in THROTTLED_OPERATIONS {
+        ::metrics::counter!(THROTTLED, "operation" => operation).increment(0);
+    }
+}
+
 /// The per-shard series of one shard while this worker processes it.
 #[derive(Debug)]
 pub(crate) struct ShardMetrics {
     shard: String,
+    behind: Option<f64>,
 }
 
 impl ShardMetrics {
     pub(crate) fn new(shard: &crate::ShardId) -> Self {
-        Self {
+        let metrics = Self {
             shard: shard.to_string(),
+            behind: None,
+        };
+        metrics.refresh();
+        metrics
+    }
+
+    /// Registers the shard's counters (at zero the first time) and re-sets its gauge, so that
+    /// its series stay fresh while the shard is held; see the module docs.
+    pub(crate) fn refresh(&self) {
+        ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(0);
+        ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(0);
+        if let Some(behind) = self.behind {
+            ::metrics::gauge!(MILLIS_BEHIND_LATEST, "shard" => self.shard.clone()).set(behind);
         }
     }
 
     /// How far behind the newest record the last batch was.
-    pub(crate) fn behind_latest(&self, millis: u64) {
+    pub(crate) fn behind_latest(&mut self, millis: u64) {
         #[allow(clippy::cast_precision_loss)]
-        ::metrics::gauge!(MILLIS_BEHIND_LATEST, "shard" => self.shard.clone()).set(millis as f64);
+        let millis = millis as f64;
+        self.behind = Some(millis);
+        ::metrics::gauge!(MILLIS_BEHIND_LATEST, "shard" => self.shard.clone()).set(millis);
     }
 
     /// One batch delivered.

@@ -63,9 +63,17 @@ pub struct DynamoDbLeaseStore {
 
 impl DynamoDbLeaseStore {
     /// A store on `table_name` (KCL Java: the application name), with the credentials,
-    /// region, endpoint (`AWS_ENDPOINT_URL_DYNAMODB`) and retry settings of `config`.
+    /// region, endpoint (`AWS_ENDPOINT_URL_DYNAMODB`), retry and timeout settings of
+    /// `config`, and an attempt timeout of 3 s and an operation timeout of 10 s where
+    /// `config` sets none.
     pub fn new(config: &SdkConfig, table_name: impl Into<String>) -> Self {
-        Self::from_client(Client::new(config), table_name)
+        let conf = aws_sdk_dynamodb::config::Builder::from(config)
+            .timeout_config(crate::timeouts::with_defaults(
+                config,
+                crate::timeouts::DYNAMODB,
+            ))
+            .build();
+        Self::from_client(Client::from_conf(conf), table_name)
     }
 
     /// A store using an already built client (custom configuration, tests).

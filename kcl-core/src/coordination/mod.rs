@@ -61,6 +61,7 @@ use crate::lease::observer::Observer;
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
+use crate::mutation::{self, Mutation};
 use crate::task::bounded;
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
@@ -248,6 +249,18 @@ impl<L: LeaseStore> Singleton<L> {
     ) {
         let budget = self.config.stop_timeout;
         tokio::pin!(run);
+        if mutation::on(Mutation::SingletonNeverStopped) {
+            return run.await;
+        }
+        if mutation::on(Mutation::SingletonNotDropped) {
+            tokio::select! {
+                () = &mut run => return,
+                () = tenure.lost_token().cancelled() => {}
+                () = shutdown.cancelled() => {}
+            }
+            token.cancel();
+            return run.await;
+        }
         tokio::select! {
             biased;
             () = tenure.expired() => return self.dropped(),

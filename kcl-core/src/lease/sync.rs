@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Lease;
+use crate::mutation::{self, Mutation};
 use crate::source::Shard;
 use crate::types::{Checkpoint, InitialPosition, ShardId};
 
@@ -81,8 +82,16 @@ pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> Sy
         let (checkpoint, start_timestamp) = match initial {
             InitialPosition::TrimHorizon => (Checkpoint::TrimHorizon, None),
             InitialPosition::AtTimestamp(t) => (Checkpoint::AtTimestamp, Some(*t)),
-            InitialPosition::Latest if tracked_parent => (Checkpoint::TrimHorizon, None),
-            InitialPosition::Latest if s.closed => continue,
+            InitialPosition::Latest
+                if tracked_parent && !mutation::on(Mutation::ChildrenAtLatest) =>
+            {
+                (Checkpoint::TrimHorizon, None)
+            }
+            InitialPosition::Latest
+                if s.closed && !mutation::on(Mutation::ClosedShardsLeasedAtLatest) =>
+            {
+                continue;
+            }
             InitialPosition::Latest => (Checkpoint::Latest, None),
         };
         let mut lease = Lease::new(s.id.clone(), checkpoint);
@@ -161,9 +170,11 @@ impl<'a> Lineage<'a> {
         !lease.is_finished()
             && !self.is_stale(lease)
             && lease.parent_shard_ids.iter().all(|p| {
-                self.by_key
-                    .get(p)
-                    .is_none_or(|parent| parent.is_finished() || self.is_stale(parent))
+                mutation::on(Mutation::ForgetLineage)
+                    || self
+                        .by_key
+                        .get(p)
+                        .is_none_or(|parent| parent.is_finished() || self.is_stale(parent))
             })
     }
 
@@ -269,5 +280,91 @@ mod tests {
         assert!(lineage.is_ready(&all[1]));
         let p = plan(&shards, &all, &InitialPosition::TrimHorizon);
         assert_eq!(p.delete, vec![zombie]);
+    }
+
+    fn closed(id: &str, parents: &[&str]) -> Shard {
+        Shard {
+            closed: true,
+            ..shard(id, parents)
+        }
+    }
+
+    #[test]
+    fn latest_on_a_fresh_table_leases_only_what_is_open_and_replays_no_history() {
+        // p split into a and b before the consumer started; b split again into c and d.
+        let shards = [
+            closed("p", &[]),
+            shard("a", &["p"]),
+            closed("b", &["p"]),
+            shard("c", &["b"]),
+            shard("d", &["b"]),
+        ];
+        let plan = plan(&shards, &[], &InitialPosition::Latest);
+        let created: Vec<(&str, &Checkpoint)> = plan
+            .create
+            .iter()
+            .map(|l| (l.key.as_str(), &l.checkpoint))
+            .collect();
+        assert_eq!(
+            created,
+            [
+                ("a", &Checkpoint::Latest),
+                ("c", &Checkpoint::Latest),
+                ("d", &Checkpoint::Latest)
+            ],
+            "closed shards predate the start; their children are not descendants of a tracked shard"
+        );
+        let all: Vec<Lease> = plan.create;
+        assert!(all.iter().all(|l| Lineage::new(&all).is_ready(l)));
+        let again = super::plan(&shards, &all, &InitialPosition::Latest);
+        assert!(
+            again.create.is_empty(),
+            "skipped parents are never created later"
+        );
+    }
+
+    #[test]
+    fn latest_children_of_tracked_shards_start_at_their_beginning() {
+        let shards = [closed("p", &[]), shard("a", &["p"]), shard("b", &["p"])];
+        let mut parent = Lease::new(ShardId::new("p"), Checkpoint::Latest);
+        parent.start_timestamp = chrono::DateTime::from_timestamp(1_700_000_000, 0);
+        let plan = plan(&shards, &[parent], &InitialPosition::Latest);
+        assert!(
+            plan.create
+                .iter()
+                .all(|l| l.checkpoint == Checkpoint::TrimHorizon)
+        );
+        assert_eq!(plan.create.len(), 2);
+    }
+
+    #[test]
+    fn at_timestamp_pins_every_new_lease_children_included() {
+        let at = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default();
+        let shards = [closed("p", &[]), shard("a", &["p"]), shard("b", &["p"])];
+        let plan = plan(&shards, &[], &InitialPosition::AtTimestamp(at));
+        assert_eq!(plan.create.len(), 3);
+        for lease in &plan.create {
+            assert_eq!(lease.checkpoint, Checkpoint::AtTimestamp);
+            assert_eq!(lease.start_timestamp, Some(at));
+        }
+    }
+
+    #[test]
+    fn a_finished_lease_of_a_shard_the_stream_no_longer_has_is_deleted() {
+        let shards = [shard("a", &["gone"])];
+        let mut vanished = Lease::new(ShardId::new("gone"), Checkpoint::ShardEnd);
+        vanished.child_shard_ids = Vec::new(); // ended as vanished: no children known
+        let unfinished = Lease::new(ShardId::new("also-gone"), Checkpoint::TrimHorizon);
+        let child = Lease::new(ShardId::new("a"), Checkpoint::TrimHorizon);
+        let plan = plan(
+            &shards,
+            &[vanished.clone(), unfinished, child],
+            &InitialPosition::TrimHorizon,
+        );
+        assert_eq!(
+            plan.delete,
+            vec![vanished],
+            "an unfinished one is first ended by its consumer"
+        );
     }
 }

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{CheckpointUpdate, Lease, LeaseStore};
 use crate::error::{BackendError, ErrorKind};
+use crate::mutation::{self, Mutation};
 use crate::task::bounded;
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
@@ -288,8 +289,9 @@ impl Tenure {
                     // a row that still names us was advanced by our own uncertain write.
                     match bounded(limit, "get", self.store.get(&self.shard)).await {
                         Ok(Some(row))
-                            if row.is_owned_by(&self.worker)
-                                && row.counter > held.lease.counter =>
+                            if (row.is_owned_by(&self.worker)
+                                && row.counter > held.lease.counter)
+                                || mutation::on(Mutation::ReconcileAnyRow) =>
                         {
                             held.lease = row;
                             held.uncertain = false;

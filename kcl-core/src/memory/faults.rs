@@ -26,6 +26,8 @@ struct State {
     ambiguous_rate: f64,
     expired_iterator_rate: f64,
     max_latency: Duration,
+    straggler_rate: f64,
+    straggler_delay: Duration,
     partitioned: BTreeSet<String>,
     /// Frozen processes and the tasks waiting for them to resume (see `process`).
     frozen: BTreeMap<String, Vec<Waker>>,
@@ -38,6 +40,9 @@ pub(crate) enum Fate {
     Apply,
     /// Apply it, then report a transient error (a response lost on the way back).
     ApplyThenFail,
+    /// Report a transient error now and apply it this much later, if its condition still
+    /// holds then (a request stuck in the network after its client gave up).
+    Straggle(Duration),
 }
 
 impl Default for Faults {
@@ -57,6 +62,8 @@ impl Faults {
                 ambiguous_rate: 0.0,
                 expired_iterator_rate: 0.0,
                 max_latency: Duration::ZERO,
+                straggler_rate: 0.0,
+                straggler_delay: Duration::ZERO,
                 partitioned: BTreeSet::new(),
                 frozen: BTreeMap::new(),
             })),
@@ -86,6 +93,16 @@ impl Faults {
     /// Share of `get_records` calls that fail with an expired iterator.
     pub fn set_expired_iterator_rate(&self, rate: f64) {
         self.state().expired_iterator_rate = rate;
+    }
+
+    /// Share of writes held up in the network: the caller gets no answer (a transient error)
+    /// at once, and the write lands `delay` later if its condition still holds then, as a
+    /// request stuck in a retransmission queue does long after its client timed out. Only
+    /// conditional writes keep such a straggler from undoing what happened meanwhile.
+    pub fn set_stragglers(&self, rate: f64, delay: Duration) {
+        let mut s = self.state();
+        s.straggler_rate = rate;
+        s.straggler_delay = delay;
     }
 
     /// Every call waits a random time up to this.
@@ -161,6 +178,7 @@ impl Faults {
             s.ambiguous_rate = 0.0;
             s.expired_iterator_rate = 0.0;
             s.max_latency = Duration::ZERO;
+            s.straggler_rate = 0.0;
             s.partitioned.clear();
             self.paused.send_modify(BTreeSet::clear);
             std::mem::take(&mut s.frozen)
@@ -215,6 +233,10 @@ impl Faults {
         if write && a > 0.0 && s.rng.random_bool(a.min(1.0)) {
             return Ok(Fate::ApplyThenFail);
         }
+        let straggle = s.straggler_rate;
+        if write && straggle > 0.0 && s.rng.random_bool(straggle.min(1.0)) {
+            return Ok(Fate::Straggle(s.straggler_delay));
+        }
         Ok(Fate::Apply)
     }
 
@@ -234,6 +256,11 @@ impl Fate {
         result: Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         match (self, result) {
+            (Self::Straggle(_), _) => Err(BackendError::new(
+                ErrorKind::Retryable,
+                operation,
+                "injected: no answer; the write may still land",
+            )),
             (Self::ApplyThenFail, Ok(_)) => Err(BackendError::new(
                 ErrorKind::Retryable,
                 operation,

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::faults::{Fate, Faults};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
+use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
 /// One applied write, as recorded in the [journal](MemoryLeaseStore::journal).
@@ -102,54 +103,81 @@ impl MemoryLeaseStore {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs one conditional write: `change` sees the current row (if `expected` matches it)
-    /// and returns the new row, or `None` to delete it.
+    /// Runs one conditional write: `change` sees the current row (if `condition` holds for
+    /// it) and returns the new row, or `None` to delete it.
     async fn write(
         &self,
         operation: &'static str,
         key: &ShardId,
-        condition: impl FnOnce(Option<&Lease>) -> bool,
-        change: impl FnOnce(Option<Lease>) -> Option<Lease>,
+        condition: impl FnOnce(Option<&Lease>) -> bool + Send + 'static,
+        change: impl FnOnce(Option<Lease>) -> Option<Lease> + Send + 'static,
     ) -> Result<Option<Lease>, BackendError> {
         let started = Instant::now();
         let fate = self.faults.enter(&self.client, operation, true).await?;
-        let result = {
-            let mut t = self.lock();
-            let current = t.rows.get(key);
-            if !t.exists {
-                Err(BackendError::new(
-                    ErrorKind::NotFound,
-                    operation,
-                    "lease table does not exist",
-                ))
-            } else if !condition(current) {
-                Err(BackendError::new(
-                    ErrorKind::Conflict,
-                    operation,
-                    format!("condition failed on {key}"),
-                ))
-            } else {
-                let before = t.rows.remove(key);
-                let after = change(before.clone());
-                let logged = after.clone().or(before);
-                if let Some(row) = &after {
-                    t.rows.insert(key.clone(), row.clone());
-                }
-                if let Some(lease) = logged {
-                    t.journal.push(StoreEvent {
-                        seq: super::next_event_seq(),
-                        started,
-                        at: Instant::now(),
-                        reported: fate == Fate::Apply,
-                        client: self.client.to_string(),
-                        operation,
-                        lease,
-                    });
-                }
-                Ok(after)
-            }
-        };
-        fate.report(operation, result)
+        if let Fate::Straggle(delay) = fate {
+            // Not a task of the writer's process: it lands even if the writer is frozen.
+            let (store, key) = (self.clone(), key.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = store.apply(operation, &key, started, false, condition, change);
+            });
+        } else {
+            let result = self.apply(
+                operation,
+                key,
+                started,
+                fate == Fate::Apply,
+                condition,
+                change,
+            );
+            return fate.report(operation, result);
+        }
+        fate.report(operation, Ok(None))
+    }
+
+    fn apply(
+        &self,
+        operation: &'static str,
+        key: &ShardId,
+        started: Instant,
+        reported: bool,
+        condition: impl FnOnce(Option<&Lease>) -> bool,
+        change: impl FnOnce(Option<Lease>) -> Option<Lease>,
+    ) -> Result<Option<Lease>, BackendError> {
+        let mut t = self.lock();
+        let current = t.rows.get(key);
+        if !t.exists {
+            return Err(BackendError::new(
+                ErrorKind::NotFound,
+                operation,
+                "lease table does not exist",
+            ));
+        }
+        if !condition(current) {
+            return Err(BackendError::new(
+                ErrorKind::Conflict,
+                operation,
+                format!("condition failed on {key}"),
+            ));
+        }
+        let before = t.rows.remove(key);
+        let after = change(before.clone());
+        let logged = after.clone().or(before);
+        if let Some(row) = &after {
+            t.rows.insert(key.clone(), row.clone());
+        }
+        if let Some(lease) = logged {
+            t.journal.push(StoreEvent {
+                seq: super::next_event_seq(),
+                started,
+                at: Instant::now(),
+                reported,
+                client: self.client.to_string(),
+                operation,
+                lease,
+            });
+        }
+        Ok(after)
     }
 
     async fn read<T>(
@@ -171,8 +199,9 @@ impl MemoryLeaseStore {
 }
 
 /// The fence of writes by a holder: owner and counter as the holder last saw them.
-fn held_by(expected: &Lease) -> impl FnOnce(Option<&Lease>) -> bool + '_ {
-    move |row| row.is_some_and(|r| r.owner == expected.owner && r.counter == expected.counter)
+fn held_by(expected: &Lease) -> impl Fn(Option<&Lease>) -> bool + Send + 'static {
+    let (owner, counter) = (expected.owner.clone(), expected.counter);
+    move |row| row.is_some_and(|r| r.owner == owner && r.counter == counter)
 }
 
 fn missing(operation: &'static str) -> BackendError {
@@ -202,12 +231,13 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
+        let new = lease.clone();
         let result = self
             .write(
                 "create",
                 &lease.key,
                 |row: Option<&Lease>| row.is_none(),
-                |_| Some(lease.clone()),
+                move |_| Some(new),
             )
             .await;
         match result {
@@ -218,8 +248,12 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
+        let fence = held_by(held);
+        let condition = move |row: Option<&Lease>| {
+            row.is_some() && (mutation::on(Mutation::RenewUnconditional) || fence(row))
+        };
         let row = self
-            .write("renew", &held.key, held_by(held), |row| {
+            .write("renew", &held.key, condition, |row| {
                 row.map(|mut r| {
                     r.counter += 1;
                     r
@@ -230,13 +264,14 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn take(&self, observed: &Lease, new_owner: &WorkerId) -> Result<Lease, BackendError> {
+        let new_owner = new_owner.clone();
         let row = self
-            .write("take", &observed.key, held_by(observed), |row| {
+            .write("take", &observed.key, held_by(observed), move |row| {
                 row.map(|mut r| {
-                    if r.owner.as_ref() != Some(new_owner) {
+                    if r.owner.as_ref() != Some(&new_owner) {
                         r.owner_switches_since_checkpoint += 1;
                     }
-                    r.owner = Some(new_owner.clone());
+                    r.owner = Some(new_owner);
                     r.counter += 1;
                     r.handoff_to = None;
                     r
@@ -264,10 +299,11 @@ impl LeaseStore for MemoryLeaseStore {
         observed: &Lease,
         to: Option<&WorkerId>,
     ) -> Result<(), BackendError> {
-        let owner = |row: Option<&Lease>| row.is_some_and(|r| r.owner == observed.owner);
-        self.write("request_handoff", &observed.key, owner, |row| {
+        let (expected, to) = (observed.owner.clone(), to.cloned());
+        let owner = move |row: Option<&Lease>| row.is_some_and(|r| r.owner == expected);
+        self.write("request_handoff", &observed.key, owner, move |row| {
             row.map(|mut r| {
-                r.handoff_to = to.cloned();
+                r.handoff_to = to;
                 r
             })
         })
@@ -280,14 +316,19 @@ impl LeaseStore for MemoryLeaseStore {
         held: &Lease,
         update: &CheckpointUpdate,
     ) -> Result<Lease, BackendError> {
+        let fence = held_by(held);
+        let condition = move |row: Option<&Lease>| {
+            row.is_some() && (mutation::on(Mutation::CheckpointUnconditional) || fence(row))
+        };
+        let update = update.clone();
         let row = self
-            .write("checkpoint", &held.key, held_by(held), |row| {
+            .write("checkpoint", &held.key, condition, move |row| {
                 row.map(|mut r| {
                     r.owner_switches_since_checkpoint = 0;
-                    r.checkpoint = update.checkpoint.clone();
-                    r.pending_checkpoint = update.pending.clone();
+                    r.checkpoint = update.checkpoint;
+                    r.pending_checkpoint = update.pending;
                     if !update.child_shard_ids.is_empty() {
-                        r.child_shard_ids = update.child_shard_ids.clone();
+                        r.child_shard_ids = update.child_shard_ids;
                     }
                     if update.start_timestamp.is_some() {
                         r.start_timestamp = update.start_timestamp;
@@ -301,10 +342,11 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {
+        let counter = lease.counter;
         self.write(
             "delete",
             &lease.key,
-            |row| row.is_some_and(|r| r.counter == lease.counter),
+            move |row| row.is_some_and(|r| r.counter == counter),
             |_| None,
         )
         .await

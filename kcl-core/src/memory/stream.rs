@@ -27,6 +27,8 @@ struct State {
     next_sequence: u128,
     wall: DateTime<Utc>,
     start: Instant,
+    /// Per shard, the index of the first record the first iterator opened on it pointed at.
+    first_open: BTreeMap<ShardId, usize>,
 }
 
 impl State {
@@ -92,6 +94,7 @@ impl MemoryStream {
             next_sequence: 1_000,
             wall: Utc::now(),
             start: Instant::now(),
+            first_open: BTreeMap::new(),
         };
         let n = u128::from(shards.max(1));
         let width = u128::MAX / n;
@@ -241,6 +244,13 @@ impl MemoryStream {
             .collect()
     }
 
+    /// Where the first iterator ever opened on `shard` pointed: the index (into
+    /// [`records`](Self::records)) of the first record it would return. `None` if no iterator
+    /// was opened on it yet. Every record from there on must be delivered.
+    pub fn first_open(&self, shard: &ShardId) -> Option<usize> {
+        self.lock().first_open.get(shard).copied()
+    }
+
     /// Every record written to `shard`.
     pub fn records(&self, shard: &ShardId) -> Vec<Record> {
         self.lock()
@@ -278,7 +288,7 @@ impl ShardSource for MemoryStream {
         self.faults
             .enter(&self.client, "shard_iterator", false)
             .await?;
-        let s = self.lock();
+        let mut s = self.lock();
         let Some(m) = s.shards.get(shard) else {
             return Err(BackendError::new(
                 ErrorKind::NotFound,
@@ -299,6 +309,7 @@ impl ShardSource for MemoryStream {
                 m.records.partition_point(|r| r.sequence_number <= *q)
             }
         };
+        s.first_open.entry(shard.clone()).or_insert(index);
         Ok(ShardIterator(format!("{shard}/{index}")))
     }
 

@@ -21,6 +21,7 @@ use crate::lease::taker::{self, Candidate, Holder, Limits};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
+use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
@@ -103,6 +104,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             let Some(observed) = by_key.get(key) else {
                 continue;
             };
+            if mutation::on(Mutation::StealWithoutHandoff) {
+                self.take(state, ctx, observed).await;
+                continue;
+            }
             let request = self.store.request_handoff(observed, Some(&self.id));
             match bounded(self.config.call_timeout, "request_handoff", request).await {
                 Ok(()) => {
@@ -113,6 +118,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         self.publish(state);
+        metrics::refresh_worker_series();
         self.status
             .send_modify(|s| s.last_cycle = Some(Instant::now()));
         Ok(())
@@ -144,10 +150,11 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let take = self.store.take(observed, &self.id);
         match bounded(self.config.call_timeout, "take", take).await {
             Ok(lease) => {
+                let [unowned, expired, handoff] = metrics::TAKEN_FROM;
                 let from = match &observed.owner {
-                    None => "unowned",
-                    Some(o) if o == &self.id => "handoff",
-                    Some(_) => "expired",
+                    None => unowned,
+                    Some(o) if o == &self.id => handoff,
+                    Some(_) => expired,
                 };
                 tracing::info!(shard = %key, from = ?observed.owner, "lease taken");
                 ::metrics::counter!(metrics::LEASES_TAKEN, "from" => from).increment(1);
@@ -169,7 +176,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             Some(owner) if owner == &self.id => Holder::Adoptable,
             Some(owner) => {
                 let idle = state.observer.idle(lease, now);
-                if idle >= self.config.failover_time {
+                let expiry = if mutation::on(Mutation::TakeAtHalfFailover) {
+                    self.config.failover_time / 2
+                } else {
+                    self.config.failover_time
+                };
+                if idle >= expiry {
                     Holder::Expired { idle }
                 } else {
                     Holder::Other(owner.clone())

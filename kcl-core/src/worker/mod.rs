@@ -174,6 +174,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             return Ok(());
         }
         self.status.send_modify(|s| s.phase = Phase::Running);
+        crate::metrics::refresh_worker_series();
         tracing::info!("worker started");
         let ctx = Arc::new(ShardContext {
             source: self.source.clone(),

@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
-use kcl_core::memory::{Faults, next_event_seq};
+use kcl_core::memory::next_event_seq;
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, ProcessRecordsInput, RecordProcessor, SequenceNumber,
     ShardId,
@@ -24,6 +25,14 @@ pub struct Delivery {
     pub sequence: SequenceNumber,
 }
 
+/// A batch's work completed (its side effects happened), after every `.await` inside it.
+#[derive(Debug, Clone)]
+pub struct Effect {
+    pub seq: u64,
+    pub worker: String,
+    pub shard: ShardId,
+}
+
 /// One checkpoint call and how it ended.
 #[derive(Debug, Clone)]
 pub struct Attempt {
@@ -40,18 +49,21 @@ pub struct Instance {
     pub created_seq: u64,
 }
 
-/// One run of the fleet's singleton task: who, from when, until when.
+/// One run of the fleet's singleton task: who, from when, and when it last executed
+/// anything (a process frozen meanwhile executes nothing; a task dropped at its next `.await`
+/// executes nothing more).
 #[derive(Debug, Clone)]
 pub struct SingletonRun {
     pub worker: String,
     pub start: Instant,
-    pub end: Option<Instant>,
+    pub last: Instant,
 }
 
 #[derive(Debug, Default)]
 pub struct Journal {
     pub singleton_runs: Vec<SingletonRun>,
     pub deliveries: Vec<Delivery>,
+    pub effects: Vec<Effect>,
     pub attempts: Vec<Attempt>,
     pub instances: BTreeMap<u64, Instance>,
 }
@@ -63,6 +75,23 @@ impl Log {
     pub fn lock(&self) -> MutexGuard<'_, Journal> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Starts a singleton run; returns its index.
+    pub fn run_started(&self, worker: &str) -> usize {
+        let mut j = self.lock();
+        let now = Instant::now();
+        j.singleton_runs.push(SingletonRun {
+            worker: worker.to_owned(),
+            start: now,
+            last: now,
+        });
+        j.singleton_runs.len() - 1
+    }
+
+    /// The singleton run `index` executes something now.
+    pub fn run_active(&self, index: usize) {
+        self.lock().singleton_runs[index].last = Instant::now();
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +99,8 @@ enum Style {
     EveryBatch,
     EveryNth(u32),
     TwoPhase,
+    /// Only in `shutdown_requested` and `shard_ended`.
+    OnlyWhenStopping,
 }
 
 pub const INJECTED_PANIC: &str = "injected processor panic";
@@ -79,7 +110,6 @@ pub const INJECTED_PANIC: &str = "injected processor panic";
 pub struct Factory {
     pub worker: String,
     pub log: Log,
-    pub faults: Faults,
     pub seed: u64,
     pub instances: Arc<AtomicU64>,
     pub failure_rate: f64,
@@ -96,17 +126,17 @@ impl Factory {
         );
         let mut rng =
             StdRng::seed_from_u64(self.seed ^ instance.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let style = match rng.random_range(0..3) {
+        let style = match rng.random_range(0..4) {
             0 => Style::EveryBatch,
             1 => Style::EveryNth(rng.random_range(2..5)),
-            _ => Style::TwoPhase,
+            2 => Style::TwoPhase,
+            _ => Style::OnlyWhenStopping,
         };
         SimProcessor {
             worker: self.worker.clone(),
             instance,
             shard: shard.clone(),
             log: self.log.clone(),
-            faults: self.faults.clone(),
             rng,
             style,
             batches: 0,
@@ -121,7 +151,6 @@ pub struct SimProcessor {
     instance: u64,
     shard: ShardId,
     log: Log,
-    faults: Faults,
     rng: StdRng,
     style: Style,
     batches: u32,
@@ -174,8 +203,9 @@ impl RecordProcessor for SimProcessor {
                 });
             }
         }
-        // A paused process is stuck wherever it is, including in the middle of a batch.
-        self.faults.wait_while_paused(&self.worker).await;
+        // Work that takes time: a frozen process can stop in the middle of it.
+        let work = Duration::from_millis(self.rng.random_range(0..60));
+        tokio::time::sleep(work).await;
         self.batches += 1;
         if self.failure_rate > 0.0 && self.rng.random_bool(self.failure_rate) {
             if self.rng.random_bool(0.5) {
@@ -188,14 +218,18 @@ impl RecordProcessor for SimProcessor {
             Style::EveryNth(n) if self.batches.is_multiple_of(n) => {
                 self.checkpoint(checkpointer, false).await?;
             }
-            Style::EveryNth(_) => {}
+            Style::EveryNth(_) | Style::OnlyWhenStopping => {}
             Style::TwoPhase => self.checkpoint(checkpointer, true).await?,
         }
+        self.log.lock().effects.push(Effect {
+            seq: next_event_seq(),
+            worker: self.worker.clone(),
+            shard: self.shard.clone(),
+        });
         Ok(())
     }
 
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
-        self.faults.wait_while_paused(&self.worker).await;
         self.checkpoint(checkpointer, false).await?;
         Ok(())
     }

@@ -11,6 +11,7 @@ use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::tenure::Tenure;
 use crate::metrics::ShardMetrics;
+use crate::mutation::{self, Mutation};
 use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
 use crate::source::{RecordBatch, ShardSource};
 use crate::task::bounded;
@@ -77,6 +78,12 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     // Shutting down.
     match stop {
         Stop::Lost => lost(&mut processor).await,
+        Stop::Graceful
+            if control.is_handing_off()
+                && mutation::on(Mutation::HandoffWithoutShutdownRequested) =>
+        {
+            Ok(Stop::Graceful)
+        }
         Stop::Graceful => {
             let call = processor.shutdown_requested(&mut checkpointer);
             match hook(tenure, "shutdown_requested", call).await {
@@ -119,6 +126,9 @@ async fn wait_for_parents<S>(
     control: &Control,
 ) -> Option<Stop> {
     let lease = tenure.snapshot().await;
+    if mutation::on(Mutation::ForgetLineage) {
+        return None;
+    }
     for parent in &lease.parent_shard_ids {
         loop {
             let read = bounded(ctx.config.call_timeout, "get", tenure.store().get(parent));
@@ -148,13 +158,18 @@ async fn process<S: ShardSource>(
     checkpointer: &mut Checkpointer,
     mut prefetch: Prefetcher,
 ) -> Result<Stop, Failure> {
-    let metrics = ShardMetrics::new(tenure.shard());
+    let mut metrics = ShardMetrics::new(tenure.shard());
+    let mut refresh = tokio::time::interval(ctx.config.taker_interval);
     loop {
         let fetched = tokio::select! {
             biased;
             () = tenure.lost_token().cancelled() => return Ok(Stop::Lost),
             () = control.graceful.cancelled() => return Ok(Stop::Graceful),
             fetched = prefetch.recv() => fetched,
+            _ = refresh.tick() => {
+                metrics.refresh();
+                continue;
+            }
         };
         let (batch, bytes) = match fetched {
             Some(Fetched::Batch { batch, bytes, .. }) => (batch, bytes),
@@ -172,14 +187,14 @@ async fn process<S: ShardSource>(
             }
         };
         // Fencing in time: deliver nothing once another worker could have taken the lease.
-        if !tenure.is_valid() {
+        if !tenure.is_valid() && !mutation::on(Mutation::SkipValidityCheck) {
             tenure.mark_lost();
             return Ok(Stop::Lost);
         }
         let end = batch.next_iterator.is_none();
         let children: Vec<_> = batch.child_shards.iter().map(|s| s.id.clone()).collect();
         if let Hook::Expired =
-            deliver(tenure, processor, checkpointer, &metrics, batch, bytes).await?
+            deliver(tenure, processor, checkpointer, &mut metrics, batch, bytes).await?
         {
             return Ok(Stop::Lost);
         }
@@ -195,7 +210,7 @@ async fn deliver(
     tenure: &Tenure,
     processor: &mut impl RecordProcessor,
     checkpointer: &mut Checkpointer,
-    metrics: &ShardMetrics,
+    metrics: &mut ShardMetrics,
     batch: RecordBatch,
     bytes: usize,
 ) -> Result<Hook, Failure> {
@@ -249,6 +264,9 @@ async fn gone<S: ShardSource>(
         "list_shards",
         ctx.source.list_shards(),
     );
+    if mutation::on(Mutation::VanishedShardRetried) {
+        return Err(Failure::Source(error));
+    }
     match listed.await {
         Ok(shards) if !shards.is_empty() && shards.iter().all(|s| &s.id != tenure.shard()) => {
             tracing::warn!(

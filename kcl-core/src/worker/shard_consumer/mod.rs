@@ -40,6 +40,7 @@ use crate::error::{BackendError, BoxError};
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
 use crate::metrics;
+use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
@@ -221,9 +222,15 @@ async fn hook(
     name: &'static str,
     call: impl Future<Output = Result<(), BoxError>>,
 ) -> Result<Hook, Failure> {
+    let expired = async {
+        if mutation::on(Mutation::HooksOutliveLease) || mutation::on(Mutation::SkipValidityCheck) {
+            std::future::pending::<()>().await;
+        }
+        tenure.expired().await;
+    };
     tokio::select! {
         biased;
-        () = tenure.expired() => Ok(Hook::Expired),
+        () = expired => Ok(Hook::Expired),
         result = AssertUnwindSafe(call).catch_unwind() => match result {
             Ok(Ok(())) => Ok(Hook::Done),
             Ok(Err(source)) => Err(Failure::Processor { hook: name, source }),

@@ -17,6 +17,7 @@ use chrono::TimeDelta;
 use super::{Failure, ShardContext};
 use crate::lease::tenure::{Tenure, TenureError};
 use crate::lease::{CheckpointUpdate, Lease};
+use crate::mutation::{self, Mutation};
 use crate::source::ShardSource;
 use crate::types::{Checkpoint, InitialPosition, StartingPosition};
 
@@ -62,6 +63,9 @@ pub(super) async fn open<S: ShardSource>(
             at(StartingPosition::AtSequence(s.sequence.clone()))
         }
         (Checkpoint::Sequence(s), _) => at(StartingPosition::AfterSequence(s.sequence.clone())),
+        (Checkpoint::Latest, _) if mutation::on(Mutation::LatestUnpinned) => {
+            at(StartingPosition::Latest)
+        }
         (Checkpoint::Latest | Checkpoint::AtTimestamp, Some(t)) => {
             at(StartingPosition::AtTimestamp(t))
         }

@@ -1,0 +1,94 @@
+//! Deliberate bugs, for kcl's own mutation check (feature `mutation-testing`).
+//!
+//! A checker that never fails proves nothing. The simulation's mutation mode turns these on
+//! one at a time and must report a violation for each; a mutation nothing catches is a hole
+//! in the checker. Without the feature [`on`] is a constant `false` and the compiler removes
+//! every branch that asks it, so production builds carry none of this.
+
+/// One deliberate bug.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// The in-memory store writes checkpoints without checking owner and counter.
+    CheckpointUnconditional,
+    /// The in-memory store renews without checking owner and counter.
+    RenewUnconditional,
+    /// A shard consumer ignores its lease's validity: it delivers without checking it, and
+    /// hooks run on past it.
+    SkipValidityCheck,
+    /// A processor hook runs on after the lease's validity ran out.
+    HooksOutliveLease,
+    /// A handoff passes the lease on without calling `shutdown_requested`.
+    HandoffWithoutShutdownRequested,
+    /// Leases are taken once their counter stood still for half the failover time.
+    TakeAtHalfFailover,
+    /// Children are taken and processed whether or not their parents finished.
+    ForgetLineage,
+    /// A singleton task is neither cancelled nor dropped when its lease is lost.
+    SingletonNeverStopped,
+    /// A singleton task is cancelled but awaited without limit (not dropped at the deadline).
+    SingletonNotDropped,
+    /// A `LATEST` start is not pinned: every reopen is at `LATEST` again.
+    LatestUnpinned,
+    /// On a fresh table, closed shards get `LATEST` leases and their children start at
+    /// `TRIM_HORIZON`.
+    ClosedShardsLeasedAtLatest,
+    /// Children of tracked shards start at `LATEST` instead of their beginning.
+    ChildrenAtLatest,
+    /// After an uncertain write, a tenure adopts whatever row it reads back.
+    ReconcileAnyRow,
+    /// A shard the stream no longer has is retried forever instead of ended.
+    VanishedShardRetried,
+    /// Rebalancing takes leases from live owners instead of asking for a handoff.
+    StealWithoutHandoff,
+}
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: &'static [Self] = &[
+        Self::CheckpointUnconditional,
+        Self::RenewUnconditional,
+        Self::SkipValidityCheck,
+        Self::HooksOutliveLease,
+        Self::HandoffWithoutShutdownRequested,
+        Self::TakeAtHalfFailover,
+        Self::ForgetLineage,
+        Self::SingletonNeverStopped,
+        Self::SingletonNotDropped,
+        Self::LatestUnpinned,
+        Self::ClosedShardsLeasedAtLatest,
+        Self::ChildrenAtLatest,
+        Self::ReconcileAnyRow,
+        Self::VanishedShardRetried,
+        Self::StealWithoutHandoff,
+    ];
+}
+
+#[cfg(feature = "mutation-testing")]
+static ACTIVE: std::sync::Mutex<Option<Mutation>> = std::sync::Mutex::new(None);
+
+/// Turns `mutation` on (or every mutation off), process-wide.
+#[doc(hidden)]
+#[cfg(feature = "mutation-testing")]
+pub fn set(mutation: Option<Mutation>) {
+    *ACTIVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = mutation;
+}
+
+/// True while `mutation` is on.
+#[inline]
+pub(crate) fn on(mutation: Mutation) -> bool {
+    #[cfg(feature = "mutation-testing")]
+    {
+        *ACTIVE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            == Some(mutation)
+    }
+    #[cfg(not(feature = "mutation-testing"))]
+    {
+        let _ = mutation;
+        false
+    }
+}

@@ -1,0 +1,270 @@
+//! Invariants about leases: checkpoints, fencing in counter and in time, exclusive
+//! ownership at every delivery and every completed batch, lineage, and the singleton.
+
+use std::collections::BTreeMap;
+
+use kcl_core::memory::StoreEvent;
+use kcl_core::{Checkpoint, ShardId};
+
+use super::Evidence;
+
+/// checkpoints: never move backwards and never pass a record the writer had not delivered.
+pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let mut current: BTreeMap<&ShardId, &Checkpoint> = BTreeMap::new();
+    for ev in e.store.iter().filter(|ev| ev.operation == "checkpoint") {
+        let cp = &ev.lease.checkpoint;
+        let prev = current.insert(&ev.lease.key, cp);
+        if let Some(prev) = prev
+            && prev.progress_cmp(cp).is_none_or(|o| o.is_gt())
+        {
+            v.push(format!(
+                "checkpoints: {} moved back from {prev} to {cp}",
+                ev.lease.key
+            ));
+        }
+        // A prepared checkpoint or a pin rewrites the committed one unchanged: only changes
+        // count.
+        if prev == Some(cp) {
+            continue;
+        }
+        if let Checkpoint::Sequence(s) = cp {
+            let delivered = e.journal.deliveries.iter().any(|d| {
+                d.seq < ev.seq
+                    && d.worker == ev.client
+                    && d.shard == ev.lease.key
+                    && d.sequence == s.sequence
+            });
+            if !delivered {
+                v.push(format!(
+                    "checkpoints: {} by {} at {s} before delivering it",
+                    ev.lease.key, ev.client
+                ));
+            }
+        }
+    }
+}
+
+/// The owner of each lease right after each store event, by event order.
+fn owners(store: &[StoreEvent]) -> BTreeMap<&ShardId, Vec<(u64, Option<&str>)>> {
+    let mut out: BTreeMap<&ShardId, Vec<(u64, Option<&str>)>> = BTreeMap::new();
+    for ev in store {
+        let owner = if ev.operation == "delete" {
+            None
+        } else {
+            ev.lease.owner.as_ref().map(|o| o.as_str())
+        };
+        out.entry(&ev.lease.key).or_default().push((ev.seq, owner));
+    }
+    out
+}
+
+/// The owner of `shard` just before event `seq`.
+fn owner_at<'a>(
+    owners: &BTreeMap<&ShardId, Vec<(u64, Option<&'a str>)>>,
+    shard: &ShardId,
+    seq: u64,
+) -> Option<&'a str> {
+    owners
+        .get(shard)?
+        .iter()
+        .take_while(|(s, _)| *s < seq)
+        .last()
+        .and_then(|(_, o)| *o)
+}
+
+/// fencing: a holder's write (renew, checkpoint, release) applies only while the row names
+/// it as owner — even one that reaches the table long after its writer gave up on it. A
+/// checkpoint succeeds only for the processor instance of the writer's current tenure: never
+/// once another worker took the lease, nor for an instance created before the writer last
+/// (re)acquired it.
+pub(super) fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let owners = owners(e.store);
+    for ev in e
+        .store
+        .iter()
+        .filter(|ev| matches!(ev.operation, "renew" | "checkpoint" | "release"))
+    {
+        let owner = owner_at(&owners, &ev.lease.key, ev.seq);
+        if owner != Some(ev.client.as_str()) {
+            v.push(format!(
+                "fencing: {}'s {} of {} applied while the table named {owner:?}",
+                ev.client, ev.operation, ev.lease.key
+            ));
+        }
+    }
+    for a in e.journal.attempts.iter().filter(|a| a.ok) {
+        let Some(history) = owners.get(&a.shard) else {
+            continue;
+        };
+        let before: Vec<&(u64, Option<&str>)> = history
+            .iter()
+            .filter(|(seq, _)| *seq < a.start_seq)
+            .collect();
+        let owner_now = before.last().and_then(|(_, o)| *o);
+        if owner_now != Some(a.worker.as_str()) {
+            v.push(format!(
+                "fencing: {} checkpointed {} while {owner_now:?} owned it",
+                a.worker, a.shard
+            ));
+            continue;
+        }
+        // When did the writer last become owner (the previous event had another owner)?
+        let acquired = before
+            .windows(2)
+            .filter(|w| w[0].1 != Some(a.worker.as_str()) && w[1].1 == Some(a.worker.as_str()))
+            .map(|w| w[1].0)
+            .next_back();
+        let created = e.journal.instances.get(&a.instance).map(|i| i.created_seq);
+        if let (Some(acquired), Some(created)) = (acquired, created)
+            && created < acquired
+        {
+            v.push(format!(
+                "fencing: an instance of {} from before it retook {} checkpointed",
+                a.worker, a.shard
+            ));
+        }
+    }
+}
+
+/// expiry: a lease another worker owns is taken (not handed over) only once its counter has
+/// stood still for the failover time: the taker cannot have observed it for longer.
+pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
+    // Per lease: the owner and counter after the last event, and when the counter last moved.
+    let mut last: BTreeMap<&ShardId, (Option<&str>, u64, tokio::time::Instant)> = BTreeMap::new();
+    for ev in e.store {
+        let key = &ev.lease.key;
+        let owner = ev.lease.owner.as_ref().map(|o| o.as_str());
+        if let Some((before, _, moved)) = last.get(key)
+            && ev.operation == "take"
+            && owner == Some(ev.client.as_str())
+            && before.is_some_and(|b| b != ev.client)
+            && ev.started.saturating_duration_since(*moved) < e.failover
+        {
+            v.push(format!(
+                "expiry: {} took {key} from {before:?} {:?} after its counter last moved",
+                ev.client,
+                ev.started.saturating_duration_since(*moved)
+            ));
+        }
+        if ev.operation == "delete" {
+            last.remove(key);
+            continue;
+        }
+        let moved = match last.get(key) {
+            Some((_, counter, moved)) if *counter == ev.lease.counter => *moved,
+            _ => ev.at,
+        };
+        last.insert(key, (owner, ev.lease.counter, moved));
+    }
+}
+
+/// validity: no delivery later than 0.9 × the failover time after the *start* of the
+/// deliverer's last write of that lease that reported success — exactly the local rule the
+/// worker promises to keep.
+pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let mut writes: BTreeMap<(&str, &ShardId), Vec<&StoreEvent>> = BTreeMap::new();
+    for ev in e.store.iter().filter(|ev| ev.reported) {
+        if ev
+            .lease
+            .owner
+            .as_ref()
+            .is_some_and(|o| o.as_str() == ev.client)
+        {
+            writes
+                .entry((ev.client.as_str(), &ev.lease.key))
+                .or_default()
+                .push(ev);
+        }
+    }
+    for d in &e.journal.deliveries {
+        let last = writes
+            .get(&(d.worker.as_str(), &d.shard))
+            .and_then(|w| w.iter().rfind(|ev| ev.seq < d.seq));
+        match last {
+            Some(w) if d.at < w.started + e.validity => {}
+            Some(w) => v.push(format!(
+                "validity: {} delivered {} of {} {:?} after the start of its last successful write",
+                d.worker,
+                d.sequence,
+                d.shard,
+                d.at.saturating_duration_since(w.started)
+            )),
+            None => v.push(format!(
+                "validity: {} delivered from {} without ever writing its lease",
+                d.worker, d.shard
+            )),
+        }
+    }
+}
+
+/// exclusive: records reach one worker at a time. At every delivery and at the end of every
+/// batch's work, the lease table names the worker doing it as the lease's owner.
+pub(super) fn exclusive(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let owners = owners(e.store);
+    let deliveries = e
+        .journal
+        .deliveries
+        .iter()
+        .map(|d| ("delivered to", d.seq, &d.worker, &d.shard));
+    let effects = e
+        .journal
+        .effects
+        .iter()
+        .map(|f| ("finished a batch on", f.seq, &f.worker, &f.shard));
+    for (what, seq, worker, shard) in deliveries.chain(effects) {
+        let owner = owner_at(&owners, shard, seq);
+        if owner != Some(worker.as_str()) {
+            v.push(format!(
+                "exclusive: {worker} {what} {shard} while the table named {owner:?}"
+            ));
+        }
+    }
+}
+
+/// lineage: no record of a child is delivered before every parent that had a lease reached
+/// `SHARD_END` (a parent that never had one was never owed: it predates the start).
+pub(super) fn lineage(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let leased = e.leased();
+    let mut ended: BTreeMap<&ShardId, u64> = BTreeMap::new();
+    for ev in e
+        .store
+        .iter()
+        .filter(|ev| ev.operation == "checkpoint" && ev.lease.checkpoint == Checkpoint::ShardEnd)
+    {
+        ended.entry(&ev.lease.key).or_insert(ev.seq);
+    }
+    let mut first: BTreeMap<&ShardId, u64> = BTreeMap::new();
+    for d in &e.journal.deliveries {
+        first.entry(&d.shard).or_insert(d.seq);
+    }
+    for shard in e.shards {
+        let Some(start) = first.get(&shard.id) else {
+            continue;
+        };
+        for parent in shard.parent_shard_ids.iter().filter(|p| leased.contains(p)) {
+            match ended.get(parent) {
+                Some(end) if end < start => {}
+                _ => v.push(format!(
+                    "lineage: {} delivered before its parent {parent} ended",
+                    shard.id
+                )),
+            }
+        }
+    }
+}
+
+/// singleton: the fleet's singleton task never executed on two workers at one instant: no
+/// run started before another worker's run last executed and ended after it started.
+pub(super) fn singleton(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let runs = &e.journal.singleton_runs;
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            if a.worker != b.worker && a.start < b.last && b.start < a.last {
+                v.push(format!(
+                    "singleton: {} and {} ran it at once ({a:?}, {b:?})",
+                    a.worker, b.worker
+                ));
+            }
+        }
+    }
+}

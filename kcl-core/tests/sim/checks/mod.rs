@@ -1,0 +1,88 @@
+//! The invariants every simulated run must keep, each named in the summary line.
+
+mod leases;
+mod records;
+
+pub use records::undelivered;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kcl_core::memory::StoreEvent;
+use kcl_core::{InitialPosition, Record, Shard, ShardId};
+
+use super::processor::Journal;
+
+/// The invariants, in the order they are checked.
+pub const INVARIANTS: &[&str] = &[
+    "no-loss",
+    "no-history",
+    "order",
+    "checkpoints",
+    "fencing",
+    "expiry",
+    "validity",
+    "exclusive",
+    "lineage",
+    "singleton",
+    "no-duplicates",
+];
+
+/// How the fleet started reading.
+#[derive(Debug, Clone)]
+pub struct Start {
+    pub position: InitialPosition,
+    /// The stream's clock when the first worker started.
+    pub at: DateTime<Utc>,
+    /// The configured margin of `LATEST` pins.
+    pub skew: Duration,
+    /// The shards that existed when the fleet started, and whether each was closed.
+    pub shards: BTreeMap<ShardId, bool>,
+}
+
+pub struct Evidence<'a> {
+    pub journal: &'a Journal,
+    pub store: &'a [StoreEvent],
+    /// The stream's shards at the end (aged-out ones are gone).
+    pub shards: &'a [Shard],
+    /// Every record of every shard still in the stream, in order.
+    pub records: &'a BTreeMap<ShardId, Vec<Record>>,
+    /// Records of shards that aged out during the run: not owed, but still dated.
+    pub aged_out: &'a BTreeMap<ShardId, Vec<Record>>,
+    /// Per shard, the index of the first record the first iterator opened on it pointed at.
+    pub first_open: &'a BTreeMap<ShardId, usize>,
+    pub start: &'a Start,
+    /// The failover time.
+    pub failover: Duration,
+    /// Validity of a successful lease write: 0.9 × the failover time.
+    pub validity: Duration,
+    /// Only planned changes happened (no crashes, pauses, faults or failing processors).
+    pub planned: bool,
+}
+
+impl Evidence<'_> {
+    /// The shards that had a lease at some point.
+    fn leased(&self) -> BTreeSet<&ShardId> {
+        self.store.iter().map(|e| &e.lease.key).collect()
+    }
+}
+
+/// Every violation, each prefixed with its invariant's name.
+pub fn check(e: &Evidence<'_>) -> Vec<String> {
+    let mut v = Vec::new();
+    records::no_loss(e, &mut v);
+    records::no_history(e, &mut v);
+    records::order(e, &mut v);
+    leases::checkpoints(e, &mut v);
+    leases::fencing(e, &mut v);
+    leases::expiry(e, &mut v);
+    leases::validity(e, &mut v);
+    leases::exclusive(e, &mut v);
+    leases::lineage(e, &mut v);
+    leases::singleton(e, &mut v);
+    if e.planned {
+        records::no_duplicates(e, &mut v);
+    }
+    v
+}

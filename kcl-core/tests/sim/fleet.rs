@@ -1,0 +1,162 @@
+//! The simulated fleet: workers as whole processes (frozen together by a pause), each also a
+//! candidate for one fleet-wide singleton task.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use kcl_core::coordination::{Singleton, SingletonConfig};
+use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
+use kcl_core::{ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+
+use super::processor::{Factory, Log};
+
+pub struct Member {
+    task: JoinHandle<Result<(), kcl_core::Error>>,
+    singleton: JoinHandle<Result<(), kcl_core::Error>>,
+    singleton_stop: CancellationToken,
+    shutdown: ShutdownHandle,
+    pub status: watch::Receiver<Status>,
+}
+
+pub struct Fleet {
+    pub seed: u64,
+    pub config: WorkerConfig,
+    pub stream: MemoryStream,
+    pub store: MemoryLeaseStore,
+    pub faults: Faults,
+    pub log: Log,
+    pub instances: Arc<AtomicU64>,
+    pub live: BTreeMap<String, Member>,
+    pub next_id: usize,
+    pub failure_rate: f64,
+}
+
+impl Fleet {
+    pub fn join(&mut self) {
+        let id = format!("w{}", self.next_id);
+        self.next_id += 1;
+        let factory = Factory {
+            worker: id.clone(),
+            log: self.log.clone(),
+            seed: self.seed,
+            instances: self.instances.clone(),
+            failure_rate: self.failure_rate,
+        };
+        let worker = Worker::new(
+            id.as_str(),
+            self.config.clone(),
+            // Its own client name, so that a partition can cut a worker off from the lease table
+            // alone, or from the stream alone.
+            self.stream.client(&stream_client(&id)),
+            self.store.client(&id),
+            move |shard: &ShardId| factory.create(shard),
+        )
+        .expect("valid config");
+        let (singleton, singleton_stop) = self.compete_for_singleton(&id);
+        let member = Member {
+            shutdown: worker.shutdown_handle(),
+            status: worker.status(),
+            task: tokio::spawn(self.faults.run_as(&id, worker.run())),
+            singleton,
+            singleton_stop,
+        };
+        self.live.insert(id, member);
+    }
+
+    pub fn singleton_config(&self) -> SingletonConfig {
+        SingletonConfig::default()
+            .failover_time(self.config.failover_time)
+            .poll_interval(self.config.taker_interval)
+    }
+
+    /// Every worker is also a candidate for one fleet-wide singleton task, which takes a
+    /// while to stop once cancelled: sometimes longer than it is given.
+    fn compete_for_singleton(
+        &self,
+        id: &str,
+    ) -> (JoinHandle<Result<(), kcl_core::Error>>, CancellationToken) {
+        let config = self.singleton_config();
+        let budget = config.stop_timeout;
+        let singleton =
+            Singleton::new("sim", id, self.store.client(id), config).expect("valid config");
+        let stop = CancellationToken::new();
+        let (log, me, token) = (self.log.clone(), id.to_owned(), stop.clone());
+        let mut rng = StdRng::seed_from_u64(self.seed ^ crate::sim::hash(id));
+        let task = async move {
+            singleton
+                .run(token, |cancelled| {
+                    let (log, me) = (log.clone(), me.clone());
+                    let wind_down = budget.mul_f64(rng.random_range(0.0..2.0));
+                    async move {
+                        let index = log.run_started(&me);
+                        // It works every 100 ms until cancelled, then takes `wind_down` to stop.
+                        loop {
+                            tokio::select! {
+                                () = cancelled.cancelled() => break,
+                                () = sleep(Duration::from_millis(100)) => log.run_active(index),
+                            }
+                        }
+                        log.run_active(index);
+                        sleep(wind_down).await;
+                        log.run_active(index);
+                    }
+                })
+                .await
+        };
+        (tokio::spawn(self.faults.run_as(id, task)), stop)
+    }
+
+    pub fn pick(&self, rng: &mut StdRng) -> Option<String> {
+        let ids: Vec<&String> = self.live.keys().collect();
+        (!ids.is_empty()).then(|| ids[rng.random_range(0..ids.len())].clone())
+    }
+
+    /// Removes a worker: crashed (its process gone, nothing released) or stopped gracefully.
+    /// A graceful stop must end within the shutdown deadline (plus the singleton's stop
+    /// budget); what does not is returned as a violation.
+    pub async fn remove(&mut self, id: &str, crash: bool) -> Option<String> {
+        let m = self.live.remove(id)?;
+        self.faults.resume(id);
+        if crash {
+            m.task.abort();
+            m.singleton.abort();
+            let _ = m.task.await;
+            let _ = m.singleton.await;
+            return None;
+        }
+        let limit = self.config.shutdown_timeout + Duration::from_secs(1);
+        m.singleton_stop.cancel();
+        let singleton = tokio::time::timeout(limit, m.singleton).await;
+        m.shutdown.shutdown();
+        let worker = tokio::time::timeout(limit, m.task).await;
+        match (singleton, worker) {
+            (Ok(Ok(Ok(()))), Ok(Ok(Ok(())))) => None,
+            (singleton, worker) => Some(format!(
+                "shutdown: {id} did not stop cleanly within {limit:?}: singleton {singleton:?}, worker {worker:?}"
+            )),
+        }
+    }
+
+    /// Stops every worker gracefully.
+    pub async fn stop_all(&mut self) -> Vec<String> {
+        let ids: Vec<String> = self.live.keys().cloned().collect();
+        let mut violations = Vec::new();
+        for id in ids {
+            violations.extend(self.remove(&id, false).await);
+        }
+        violations
+    }
+}
+
+/// The client name of a worker's stream handle.
+pub fn stream_client(worker: &str) -> String {
+    format!("{worker}/stream")
+}

@@ -1,0 +1,63 @@
+//! The mutation check: every deliberate bug in `kcl_core::mutation` must make the simulation
+//! report a violation. `SIM_MUTATIONS=1 cargo test -p kcl-core --features mutation-testing
+//! --test simulation` turns them on one at a time and runs seeds until one fails, at most
+//! `SIM_MUTATION_SEEDS` (default 60) each, and prints `mutations: N caught of M`.
+//! `SIM_MUTATION=<name> SIM_SEED=<seed>` replays one mutation on one seed.
+
+use super::scenario::Outcome;
+
+/// Runs the check; true if every mutation was caught.
+#[cfg(feature = "mutation-testing")]
+pub fn run(max_seeds: u64, run_seeds: fn(&[u64]) -> Vec<(u64, Outcome)>) -> bool {
+    use kcl_core::mutation::{self, Mutation};
+
+    let mut caught = 0;
+    for m in Mutation::ALL {
+        mutation::set(Some(*m));
+        let mut found = None;
+        // Two seeds at a time, one per core, until one reports a violation.
+        for pair in (0..max_seeds).collect::<Vec<_>>().chunks(2) {
+            let results = run_seeds(pair);
+            if let Some((seed, outcome)) = results.iter().find(|(_, o)| !o.violations.is_empty()) {
+                found = Some((*seed, outcome.violations[0].clone()));
+                break;
+            }
+        }
+        mutation::set(None);
+        match found {
+            Some((seed, violation)) => {
+                caught += 1;
+                let short: String = violation.chars().take(160).collect();
+                println!("mutation {m:?}: caught by seed {seed}: {short}");
+                eprintln!(
+                    "  replay: SIM_MUTATION={m:?} SIM_SEED={seed} cargo test -p kcl-core --features mutation-testing --test simulation"
+                );
+            }
+            None => println!("mutation {m:?}: NOT caught in {max_seeds} seeds"),
+        }
+    }
+    println!("mutations: {caught} caught of {}", Mutation::ALL.len());
+    caught == Mutation::ALL.len()
+}
+
+/// Without the deliberate bugs compiled in there is nothing to check.
+#[cfg(not(feature = "mutation-testing"))]
+pub fn run(_: u64, _: fn(&[u64]) -> Vec<(u64, Outcome)>) -> bool {
+    eprintln!("the mutation check needs `--features mutation-testing`");
+    false
+}
+
+/// Turns on the mutation named `name` for the whole run; false if there is none such.
+#[cfg(feature = "mutation-testing")]
+pub fn set(name: &str) -> bool {
+    use kcl_core::mutation::{self, Mutation};
+    let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
+    mutation::set(found.copied());
+    found.is_some()
+}
+
+/// Without the deliberate bugs compiled in there is none to turn on.
+#[cfg(not(feature = "mutation-testing"))]
+pub fn set(_: &str) -> bool {
+    false
+}

@@ -1,0 +1,345 @@
+//! One seeded run: choose a start, fill the stream's past, start a fleet, let a scheduler
+//! disturb it while a producer writes, drain, and gather the evidence.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use kcl_core::coordination::is_coordination_key;
+use kcl_core::lease::sync::Lineage;
+use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
+use kcl_core::{InitialPosition, LeaseStore, Record, ShardId, ShardSource, WorkerConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+use super::checks::{self, Evidence, Start};
+use super::fleet::Fleet;
+use super::processor::Log;
+use super::schedule::{Run, disturb, produce, reshard};
+
+pub const MAX_SHARDS: usize = 32;
+pub const MAX_WORKERS: usize = 5;
+/// How many taker cycles after the drain the fleet may take to balance.
+const BALANCE_CYCLES: u32 = 20;
+
+pub fn config() -> WorkerConfig {
+    WorkerConfig::default()
+        .failover_time(Duration::from_secs(3))
+        .taker_interval(Duration::from_millis(500))
+        .shard_sync_interval(Duration::from_secs(5))
+        .lease_cleanup_delay(Duration::from_secs(15))
+        .idle_time_between_reads(Duration::from_millis(250))
+        .parent_poll_interval(Duration::from_millis(250))
+        .max_records(40)
+        .max_leases_to_steal(2)
+        .min_backoff(Duration::from_millis(50))
+        .max_backoff(Duration::from_secs(1))
+        .shutdown_timeout(Duration::from_secs(10))
+        .call_timeout(Duration::from_secs(2))
+}
+
+pub struct Outcome {
+    pub violations: Vec<String>,
+    pub records: usize,
+    /// Taker cycles after the drain until balance held twice in a row.
+    pub balance_cycles: u32,
+    pub stats: Stats,
+}
+
+/// What a run went through, to show the faults and cases really happened.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub latest: usize,
+    pub at_timestamp: usize,
+    pub planned: usize,
+    pub crashes: usize,
+    pub freezes: usize,
+    pub joins: usize,
+    pub leaves: usize,
+    pub store_faults: usize,
+    pub partitions: usize,
+    pub splits: usize,
+    pub merges: usize,
+    pub aged_out: usize,
+    pub aged_out_unread: usize,
+    pub processors: usize,
+    pub refused_checkpoints: usize,
+    pub handoffs: usize,
+    pub deliveries: usize,
+    pub singleton_runs: usize,
+}
+
+impl Outcome {
+    /// A run that could not be checked.
+    pub fn failed(why: String) -> Self {
+        Self {
+            violations: vec![why],
+            records: 0,
+            balance_cycles: 0,
+            stats: Stats::default(),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Stats {
+    fn add_assign(&mut self, o: Self) {
+        self.latest += o.latest;
+        self.at_timestamp += o.at_timestamp;
+        self.planned += o.planned;
+        self.crashes += o.crashes;
+        self.freezes += o.freezes;
+        self.joins += o.joins;
+        self.leaves += o.leaves;
+        self.store_faults += o.store_faults;
+        self.partitions += o.partitions;
+        self.splits += o.splits;
+        self.merges += o.merges;
+        self.aged_out += o.aged_out;
+        self.aged_out_unread += o.aged_out_unread;
+        self.processors += o.processors;
+        self.refused_checkpoints += o.refused_checkpoints;
+        self.handoffs += o.handoffs;
+        self.deliveries += o.deliveries;
+        self.singleton_runs += o.singleton_runs;
+    }
+}
+
+/// Seeds whose number is a multiple of this run with planned changes only.
+const PLANNED_EVERY: u64 = 5;
+
+pub async fn simulate(seed: u64) -> Outcome {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let planned = seed.is_multiple_of(PLANNED_EVERY);
+    let faults = Faults::seeded(seed.wrapping_mul(31).wrapping_add(7));
+    let stream = MemoryStream::with_faults(rng.random_range(1..=16u32), faults.clone());
+    let mut stats = Stats {
+        planned: usize::from(planned),
+        ..Stats::default()
+    };
+    let position = past(&stream, &mut rng, &mut stats).await;
+    let start = Start {
+        position,
+        at: stream.now(),
+        skew: config().max_clock_skew,
+        shards: stream
+            .shards()
+            .into_iter()
+            .map(|s| (s.id, s.closed))
+            .collect(),
+    };
+    let mut fleet = Fleet {
+        seed,
+        config: config().initial_position(position),
+        stream: stream.clone(),
+        store: MemoryLeaseStore::with_faults(faults.clone()),
+        faults: faults.clone(),
+        log: Log::default(),
+        instances: Arc::new(AtomicU64::new(0)),
+        live: BTreeMap::new(),
+        next_id: 0,
+        failure_rate: if !planned && rng.random_bool(0.5) {
+            0.02
+        } else {
+            0.0
+        },
+    };
+    for _ in 0..rng.random_range(1..=MAX_WORKERS) {
+        fleet.join();
+    }
+    let producing = CancellationToken::new();
+    let producer = tokio::spawn(produce(stream.clone(), seed, producing.clone()));
+    let mut aged_out = BTreeMap::new();
+    let run = Run {
+        fleet: &mut fleet,
+        rng: &mut rng,
+        stats: &mut stats,
+        aged_out: &mut aged_out,
+        violations: Vec::new(),
+    };
+    let mut violations = disturb(run, planned).await;
+    faults.clear();
+    if fleet.live.is_empty() {
+        fleet.join();
+    }
+    sleep(Duration::from_secs(2)).await;
+    producing.cancel();
+    let _ = producer.await;
+    let records = records(&stream);
+    drain(&fleet, &records, &start).await;
+    let (balance_cycles, unbalanced) = balance(&fleet).await;
+    violations.extend(unbalanced);
+    violations.extend(fleet.stop_all().await);
+    violations.extend(judge(
+        &fleet, &records, &aged_out, &start, planned, &mut stats,
+    ));
+    Outcome {
+        violations,
+        records: records.values().map(Vec::len).sum(),
+        balance_cycles,
+        stats,
+    }
+}
+
+/// Waits (at most two minutes) until everything owed was delivered.
+async fn drain(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let first_open = first_open(&fleet.stream, records);
+        let outstanding: usize = {
+            let journal = fleet.log.lock();
+            checks::undelivered(&journal, records, &first_open, start)
+                .iter()
+                .map(|(_, lost, _)| lost.len())
+                .sum()
+        };
+        if outstanding == 0 {
+            return;
+        }
+        sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Checks the run against every invariant; fills in the counts of what happened.
+fn judge(
+    fleet: &Fleet,
+    records: &BTreeMap<ShardId, Vec<Record>>,
+    aged_out: &BTreeMap<ShardId, Vec<Record>>,
+    start: &Start,
+    planned: bool,
+    stats: &mut Stats,
+) -> Vec<String> {
+    let journal = fleet.log.lock();
+    let store_events = fleet.store.journal();
+    stats.refused_checkpoints = journal.attempts.iter().filter(|a| !a.ok).count();
+    stats.processors = journal.instances.len();
+    stats.deliveries = journal.deliveries.len();
+    stats.singleton_runs = journal.singleton_runs.len();
+    stats.handoffs = store_events
+        .iter()
+        .filter(|e| {
+            e.operation == "take"
+                && e.lease
+                    .owner
+                    .as_ref()
+                    .is_some_and(|o| o.as_str() != e.client)
+        })
+        .count();
+    let failover = config().failover_time;
+    checks::check(&Evidence {
+        journal: &journal,
+        store: &store_events,
+        shards: &fleet.stream.shards(),
+        records,
+        aged_out,
+        first_open: &first_open(&fleet.stream, records),
+        start,
+        failover,
+        validity: failover - failover / 10,
+        planned,
+    })
+}
+
+/// Writes the stream's past, sometimes resharding it, and chooses where the fleet starts.
+async fn past(stream: &MemoryStream, rng: &mut StdRng, stats: &mut Stats) -> InitialPosition {
+    let mut timestamps = Vec::new();
+    for _ in 0..rng.random_range(1..=4) {
+        for i in 0..rng.random_range(5..30) {
+            stream.put(
+                &format!("old-{}", rng.random_range(0..40)),
+                format!("past-{i}"),
+            );
+        }
+        timestamps.push(stream.now());
+        if rng.random_bool(0.5) {
+            reshard(stream, rng);
+        }
+        sleep(Duration::from_millis(rng.random_range(500..4000))).await;
+    }
+    match rng.random_range(0..10) {
+        0..5 => InitialPosition::TrimHorizon,
+        5..8 => {
+            stats.latest += 1;
+            InitialPosition::Latest
+        }
+        _ => {
+            stats.at_timestamp += 1;
+            InitialPosition::AtTimestamp(timestamps[rng.random_range(0..timestamps.len())])
+        }
+    }
+}
+
+fn records(stream: &MemoryStream) -> BTreeMap<ShardId, Vec<Record>> {
+    stream
+        .shards()
+        .into_iter()
+        .map(|s| {
+            let records = stream.records(&s.id);
+            (s.id, records)
+        })
+        .collect()
+}
+
+fn first_open(
+    stream: &MemoryStream,
+    records: &BTreeMap<ShardId, Vec<Record>>,
+) -> BTreeMap<ShardId, usize> {
+    records
+        .keys()
+        .filter_map(|s| stream.first_open(s).map(|i| (s.clone(), i)))
+        .collect()
+}
+
+/// Balance: every live worker holds floor(S/W) or ceil(S/W), for two taker cycles running.
+/// Returns the cycles it took and, if it never held, why.
+async fn balance(fleet: &Fleet) -> (u32, Vec<String>) {
+    let mut cycles = 0;
+    let mut streak = 0;
+    let mut last = Vec::new();
+    while streak < 2 {
+        if cycles == BALANCE_CYCLES {
+            let mut v = vec![format!(
+                "balance: not reached within {BALANCE_CYCLES} taker cycles of the drain"
+            )];
+            v.extend(last);
+            return (cycles, v);
+        }
+        sleep(config().taker_interval).await;
+        cycles += 1;
+        last = unbalanced(fleet).await;
+        streak = if last.is_empty() { streak + 1 } else { 0 };
+    }
+    (cycles, Vec::new())
+}
+
+/// What is unbalanced now (empty if balanced).
+async fn unbalanced(fleet: &Fleet) -> Vec<String> {
+    let mut violations = Vec::new();
+    let leases = fleet.store.list().await.unwrap_or_default();
+    let lineage = Lineage::new(&leases);
+    let ready = leases
+        .iter()
+        .filter(|l| !is_coordination_key(&l.key) && lineage.is_ready(l))
+        .count();
+    let workers = fleet.live.len();
+    let (lo, hi) = (ready / workers, ready.div_ceil(workers));
+    let counts: BTreeMap<&String, usize> = fleet
+        .live
+        .iter()
+        .map(|(id, m)| (id, m.status.borrow().held.len()))
+        .collect();
+    if counts.values().any(|c| !(lo..=hi).contains(c)) {
+        violations.push(format!(
+            "balance: {ready} ready leases over {workers} workers, held {counts:?}"
+        ));
+        for l in &leases {
+            violations.push(format!(
+                "  lease {} owner {:?} counter {} checkpoint {} parents {:?} handoff {:?}",
+                l.key, l.owner, l.counter, l.checkpoint, l.parent_shard_ids, l.handoff_to
+            ));
+        }
+    }
+    violations
+}

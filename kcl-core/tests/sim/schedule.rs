@@ -1,0 +1,275 @@
+//! What happens to the fleet while it runs: a producer, and a scheduler of faults and changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use kcl_core::memory::{Faults, MemoryStream};
+use kcl_core::{Record, ShardId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+use super::fleet::{Fleet, stream_client};
+use super::scenario::{MAX_SHARDS, MAX_WORKERS, Stats, config};
+
+/// The producer: writes until told to stop.
+pub async fn produce(stream: MemoryStream, seed: u64, stop: CancellationToken) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xfeed);
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        sleep(Duration::from_millis(rng.random_range(20..200))).await;
+        for _ in 0..rng.random_range(1..=3) {
+            stream.put(
+                &format!("pk-{}", rng.random_range(0..40)),
+                format!("record-{n}"),
+            );
+            n += 1;
+        }
+    }
+}
+
+/// Splits or merges one shard; true if it did.
+pub fn reshard(stream: &MemoryStream, rng: &mut StdRng) -> bool {
+    let shards = stream.shards();
+    let mut open: Vec<_> = shards.iter().filter(|s| !s.closed).collect();
+    if rng.random_bool(0.5) {
+        open.len() < MAX_SHARDS
+            && stream
+                .split(&open[rng.random_range(0..open.len())].id)
+                .is_ok()
+    } else {
+        open.sort_by_key(|s| s.hash_key_range.start);
+        if open.len() < 2 {
+            return false;
+        }
+        let i = rng.random_range(0..open.len() - 1);
+        stream.merge(&open[i].id, &open[i + 1].id).is_ok()
+    }
+}
+
+/// Faults to undo later: a client to resume and heal, or the store's fault rates.
+struct Undo(Vec<(Instant, Option<String>)>);
+
+impl Undo {
+    fn due(&mut self, faults: &Faults, now: Instant) {
+        self.0.retain(|(at, who)| {
+            if *at > now {
+                return true;
+            }
+            match who {
+                None => {
+                    faults.set_error_rate(0.0);
+                    faults.set_throttle_rate(0.0);
+                    faults.set_ambiguous_rate(0.0);
+                    faults.set_max_latency(Duration::ZERO);
+                    faults.set_expired_iterator_rate(0.0);
+                    faults.set_stragglers(0.0, Duration::ZERO);
+                }
+                Some(id) => {
+                    faults.resume(id);
+                    faults.heal(id);
+                }
+            }
+            false
+        });
+    }
+}
+
+/// What the scheduler works on.
+pub struct Run<'a> {
+    pub fleet: &'a mut Fleet,
+    pub rng: &'a mut StdRng,
+    pub stats: &'a mut Stats,
+    pub aged_out: &'a mut BTreeMap<ShardId, Vec<Record>>,
+    pub violations: Vec<String>,
+}
+
+/// The scheduler: for 15 to 45 s, one event every 0.3 to 2.5 s. With `planned`, only joins,
+/// graceful leaves, splits and merges. Returns what went wrong on the way (an unclean leave).
+pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
+    let faults = run.fleet.faults.clone();
+    let fault_end = Instant::now() + Duration::from_secs(run.rng.random_range(15..45));
+    let mut undo = Undo(Vec::new());
+    while Instant::now() < fault_end {
+        sleep(Duration::from_millis(run.rng.random_range(300..2500))).await;
+        let now = Instant::now();
+        undo.due(&faults, now);
+        let event = run.rng.random_range(0..100);
+        if planned && !(24..44).contains(&event) && event < 66 {
+            continue;
+        }
+        match event {
+            0..12 => run.crash().await,
+            12..24 => run.freeze(now, &mut undo),
+            24..36 => run.join(),
+            36..44 => run.leave().await,
+            44..56 => run.store_faults(now, &mut undo),
+            56..62 => run.partition(now, &mut undo),
+            62..66 => run.age_out(),
+            66..83 => run.split(),
+            _ => run.merge(),
+        }
+    }
+    run.violations
+}
+
+impl Run<'_> {
+    async fn crash(&mut self) {
+        if self.fleet.live.len() > 1
+            && let Some(id) = self.fleet.pick(self.rng)
+        {
+            self.fleet.remove(&id, true).await;
+            self.stats.crashes += 1;
+        }
+    }
+
+    /// The whole process stops (SIGSTOP, a GC pause, a VM suspend), past the failover time,
+    /// then resumes with the state it had.
+    fn freeze(&mut self, now: Instant, undo: &mut Undo) {
+        if let Some(id) = self.fleet.pick(self.rng) {
+            self.fleet.faults.pause(&id);
+            let length =
+                config().failover_time + Duration::from_millis(self.rng.random_range(100..4000));
+            self.stats.freezes += 1;
+            undo.0.push((now + length, Some(id)));
+        }
+    }
+
+    fn join(&mut self) {
+        if self.fleet.live.len() < MAX_WORKERS {
+            self.fleet.join();
+            self.stats.joins += 1;
+        }
+    }
+
+    async fn leave(&mut self) {
+        if self.fleet.live.len() > 1
+            && let Some(id) = self.fleet.pick(self.rng)
+            && !self.fleet.faults.is_paused(&id)
+        {
+            self.violations.extend(self.fleet.remove(&id, false).await);
+            self.stats.leaves += 1;
+        }
+    }
+
+    fn store_faults(&mut self, now: Instant, undo: &mut Undo) {
+        let (faults, rng) = (&self.fleet.faults, &mut *self.rng);
+        faults.set_error_rate(rng.random_range(0.0..0.2));
+        faults.set_throttle_rate(rng.random_range(0.0..0.2));
+        faults.set_ambiguous_rate(rng.random_range(0.0..0.1));
+        faults.set_max_latency(Duration::from_millis(rng.random_range(0..400)));
+        faults.set_expired_iterator_rate(rng.random_range(0.0..0.1));
+        let straggle = config().failover_time + Duration::from_millis(rng.random_range(0..3000));
+        faults.set_stragglers(rng.random_range(0.0..0.05), straggle);
+        undo.0.push((
+            now + Duration::from_millis(rng.random_range(500..5000)),
+            None,
+        ));
+        self.stats.store_faults += 1;
+    }
+
+    /// Cuts one worker off from the lease table, from the stream, or from both.
+    fn partition(&mut self, now: Instant, undo: &mut Undo) {
+        let Some(id) = self.fleet.pick(self.rng) else {
+            return;
+        };
+        let until = now + Duration::from_millis(self.rng.random_range(500..6000));
+        let stream = stream_client(&id);
+        let cut = match self.rng.random_range(0..3) {
+            0 => vec![id],
+            1 => vec![stream],
+            _ => vec![id, stream],
+        };
+        for client in cut {
+            self.fleet.faults.partition(&client);
+            undo.0.push((until, Some(client)));
+        }
+        self.stats.partitions += 1;
+    }
+
+    /// A shard is split and its parent ages out of retention before the fleet has read it to
+    /// its end (the fleet was slow, or down).
+    fn age_out(&mut self) {
+        if let Some((shard, unread)) = oldest_closed(self.fleet, self.rng) {
+            self.aged_out
+                .insert(shard.clone(), self.fleet.stream.records(&shard));
+            if self.fleet.stream.age_out(&shard).is_ok() {
+                self.stats.aged_out += 1;
+                self.stats.aged_out_unread += usize::from(unread);
+            }
+        }
+    }
+
+    fn split(&mut self) {
+        let open = self.fleet.stream.open_shards();
+        if open.len() < MAX_SHARDS
+            && !open.is_empty()
+            && self
+                .fleet
+                .stream
+                .split(&open[self.rng.random_range(0..open.len())])
+                .is_ok()
+        {
+            self.stats.splits += 1;
+        }
+    }
+
+    fn merge(&mut self) {
+        let shards = self.fleet.stream.shards();
+        let mut open: Vec<_> = shards.iter().filter(|s| !s.closed).collect();
+        open.sort_by_key(|s| s.hash_key_range.start);
+        if open.len() > 1 {
+            let i = self.rng.random_range(0..open.len() - 1);
+            if self
+                .fleet
+                .stream
+                .merge(&open[i].id, &open[i + 1].id)
+                .is_ok()
+            {
+                self.stats.merges += 1;
+            }
+        }
+    }
+}
+
+/// A closed shard to age out of retention, after splitting an open shard of the oldest
+/// generation to make one. As in Kinesis, the oldest first: never while a parent of it is
+/// still there. Preferably one the fleet has not read to its end yet, which is the case the
+/// worker must survive; true if it is one.
+fn oldest_closed(fleet: &Fleet, rng: &mut StdRng) -> Option<(ShardId, bool)> {
+    let roots = |shards: &[kcl_core::Shard], closed: bool| -> Vec<ShardId> {
+        let listed: BTreeSet<&ShardId> = shards.iter().map(|s| &s.id).collect();
+        shards
+            .iter()
+            .filter(|s| {
+                s.closed == closed && s.parent_shard_ids.iter().all(|p| !listed.contains(p))
+            })
+            .map(|s| s.id.clone())
+            .collect()
+    };
+    let open = roots(&fleet.stream.shards(), false);
+    if fleet.stream.open_shards().len() < MAX_SHARDS && !open.is_empty() {
+        let _ = fleet.stream.split(&open[rng.random_range(0..open.len())]);
+    }
+    let oldest = roots(&fleet.stream.shards(), true);
+    let unfinished: BTreeSet<ShardId> = fleet
+        .store
+        .leases()
+        .into_iter()
+        .filter(|l| !l.is_finished())
+        .map(|l| l.key)
+        .collect();
+    let unread: Vec<&ShardId> = oldest.iter().filter(|s| unfinished.contains(*s)).collect();
+    let pool: Vec<&ShardId> = if unread.is_empty() {
+        oldest.iter().collect()
+    } else {
+        unread.clone()
+    };
+    (!pool.is_empty()).then(|| {
+        (
+            pool[rng.random_range(0..pool.len())].clone(),
+            !unread.is_empty(),
+        )
+    })
+}
