@@ -44,10 +44,17 @@
 //!
 //! ## Guarantees
 //! - At least once: a record is delivered again after a failover unless it was checkpointed.
+//!   A `LATEST` start is pinned in the lease at its first open, so nothing written after it is
+//!   skipped by a later reopen, whoever makes it; an `AT_TIMESTAMP` start is pinned likewise.
 //! - In order within a shard, to one processor at a time; a child shard starts only after
-//!   every parent was processed to its end.
+//!   every parent was processed to its end (or aged out of the stream).
 //! - Every lease and checkpoint write is conditional on the lease counter; a worker that lost
-//!   a lease cannot checkpoint it, and delivers nothing once the lease could be expired.
+//!   a lease cannot checkpoint it, and delivers nothing once the lease could be expired: a
+//!   processor hook still running then is dropped at its next `.await`.
+//! - Renewals do not depend on the processor yielding; every backend call has a deadline, so
+//!   shutdown meets its own.
+//!
+//! The README's Guarantees section states each precisely; the fleet simulation checks them.
 
 mod checkpoint;
 mod config;

@@ -2,7 +2,7 @@
 //!
 //! A checker that never fails proves nothing. The simulation's mutation mode turns these on
 //! one at a time and must report a violation for each; a mutation nothing catches is a hole
-//! in the checker. Without the feature [`on`] is a constant `false` and the compiler removes
+//! in the checker. Without the feature every check is a constant `false` and the compiler removes
 //! every branch that asks it, so production builds carry none of this.
 
 /// One deliberate bug.

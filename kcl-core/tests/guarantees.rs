@@ -274,3 +274,71 @@ async fn durations_too_large_to_add_to_an_instant_are_refused_by_name() {
         }
     }
 }
+
+/// A stream whose reads of one shard fail in a way retrying cannot fix (access denied).
+struct Denied {
+    inner: MemoryStream,
+    shard: kcl_core::ShardId,
+}
+
+impl kcl_core::ShardSource for Denied {
+    async fn list_shards(&self) -> Result<Vec<kcl_core::Shard>, kcl_core::BackendError> {
+        self.inner.list_shards().await
+    }
+    async fn shard_iterator(
+        &self,
+        shard: &kcl_core::ShardId,
+        position: &kcl_core::StartingPosition,
+    ) -> Result<kcl_core::ShardIterator, kcl_core::BackendError> {
+        self.inner.shard_iterator(shard, position).await
+    }
+    async fn get_records(
+        &self,
+        iterator: &kcl_core::ShardIterator,
+        limit: u32,
+    ) -> Result<kcl_core::RecordBatch, kcl_core::BackendError> {
+        if iterator.0.starts_with(self.shard.as_str()) {
+            return Err(kcl_core::BackendError::new(
+                kcl_core::ErrorKind::Fatal,
+                "get_records",
+                "AccessDeniedException: not authorized to read this stream's key",
+            ));
+        }
+        self.inner.get_records(iterator, limit).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_retrying_cannot_fix_stops_the_worker_with_the_shard_named() {
+    let (stream, store, seen) = world(2);
+    let shard = stream.open_shards().remove(0);
+    let factory = {
+        let seen = seen.clone();
+        move |s: &kcl_core::ShardId| common::Recorder {
+            worker: "a".into(),
+            shard: s.clone(),
+            seen: seen.clone(),
+            behaviour: Behaviour::default(),
+        }
+    };
+    let source = Denied {
+        inner: stream.clone(),
+        shard: shard.clone(),
+    };
+    let worker = kcl_core::Worker::new("a", config(), source, store.clone(), factory).unwrap();
+    let ended = timeout(Duration::from_secs(60), worker.run()).await;
+    let Ok(Err(kcl_core::Error::Shard {
+        shard: named,
+        source,
+    })) = ended
+    else {
+        panic!("the worker must stop with the shard's error, not retry it forever: {ended:?}");
+    };
+    assert_eq!(named, shard);
+    assert!(source.to_string().contains("AccessDenied"), "{source}");
+    assert!(
+        store.leases().iter().all(|l| l.owner.is_none()),
+        "leases handed back: {:?}",
+        store.leases()
+    );
+}

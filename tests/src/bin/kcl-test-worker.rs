@@ -22,8 +22,8 @@ use std::time::Duration;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, InitializationInput, ProcessRecordsInput,
-    RecordProcessor, ShardId, Worker, WorkerConfig,
+    BoxError, CheckpointError, Checkpointer, InitialPosition, InitializationInput,
+    ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
 };
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -67,6 +67,9 @@ struct Args {
     /// Sleep this long in each batch before checkpointing, in milliseconds.
     #[arg(long, default_value_t = 0)]
     batch_delay_ms: u64,
+    /// Where a shard without a checkpoint starts: `trim-horizon` or `latest`.
+    #[arg(long, default_value = "trim-horizon")]
+    initial_position: String,
 }
 
 /// Appends JSON lines; shared by every processor of the process.
@@ -224,7 +227,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .max_records(args.max_records)
         .max_leases_to_steal(args.max_steal)
         .max_backoff(Duration::from_secs(1))
-        .shutdown_timeout(Duration::from_secs(10));
+        .shutdown_timeout(Duration::from_secs(10))
+        .initial_position(match args.initial_position.as_str() {
+            "latest" => InitialPosition::Latest,
+            "trim-horizon" => InitialPosition::TrimHorizon,
+            other => anyhow::bail!("invalid --initial-position {other}"),
+        });
     let factory = {
         let journal = journal.clone();
         let batch_checkpoint = !args.no_batch_checkpoint;
