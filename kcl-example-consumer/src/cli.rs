@@ -278,9 +278,15 @@ pub(crate) fn command() -> clap::Command {
 }
 
 /// Parses `10s`, `500ms`, `1m30s`.
+/// A duration such as `10s`, at most [`kcl_core::MAX_DURATION`] (7 days): beyond any useful
+/// value, and small enough that adding it to a clock reading never overflows.
 pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("expected a duration such as 10s, 500ms or 1m30s, got {s:?} ({e})"))
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("expected a duration such as 10s, 500ms or 1m30s, got {s:?} ({e})"))?;
+    if d > kcl_core::MAX_DURATION {
+        return Err(format!("must be at most 7 days, got {}", s.trim()));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -143,8 +143,11 @@ where
     L: LeaseStore,
     F: ProcessorFactory,
 {
-    let metrics = http::install_metrics()?;
-    let listener = http::bind(settings.listen).await?;
+    http::server::raise_open_file_limit();
+    let probes = http::Probes::for_worker(&settings.worker);
+    // Refreshed each taker cycle while they mean something; see `http`.
+    let metrics = http::install_metrics(probes.readiness.max(settings.worker.taker_interval * 10))?;
+    let listener = http::server::bind(settings.listen).await?;
     let worker = Worker::new(
         settings.worker_id.clone(),
         settings.worker.clone(),
@@ -161,10 +164,11 @@ where
     })?;
 
     let stop_http = CancellationToken::new();
-    let server = tokio::spawn(http::serve_on(
+    let server = tokio::spawn(http::server::serve(
         listener,
-        http::router(settings.worker_id.clone(), worker.status(), metrics),
+        http::router(settings.worker_id.clone(), worker.status(), metrics, probes),
         stop_http.clone().cancelled_owned(),
+        http::server::Limits::default(),
     ));
     let forced = CancellationToken::new();
     let signals = tokio::spawn(on_signals(

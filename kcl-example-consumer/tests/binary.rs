@@ -111,6 +111,32 @@ fn invalid_values_fail_in_one_line_naming_the_key() {
 }
 
 #[test]
+fn durations_too_long_for_a_clock_are_refused_at_start_naming_the_key() {
+    for (flag, key) in [
+        ("--shutdown-timeout", "`shutdown-timeout`"),
+        ("--window", "`window`"),
+        ("--failover-time", "`failover-time`"),
+    ] {
+        let out = output(consumer().args([
+            "--stream",
+            "s",
+            "--application-name",
+            "app",
+            "--backend",
+            "memory",
+            flag,
+            "500000000000years",
+        ]));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(key) && stderr.contains("at most 7 days"),
+            "{flag}: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn help_documents_every_option_with_its_default() {
     let out = output(consumer().arg("--help"));
     let help = String::from_utf8_lossy(&out.stdout);

@@ -19,7 +19,7 @@ async fn a_vanished_parent_ends_and_its_child_proceeds() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("vanished").await? else {
         return Ok(());
     };
-    with_timeout(Duration::from_secs(120), run(ctx)).await
+    with_timeout(Duration::from_secs(120), Box::pin(run(ctx))).await
 }
 
 async fn run(ctx: Context) -> anyhow::Result<()> {

@@ -197,7 +197,11 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let mut next_cycle = Instant::now();
         loop {
             if Instant::now() >= next_cycle {
-                match self.interruptible(beat, self.cycle(state, ctx)).await {
+                // Boxed: a cycle's backend calls make a large future, allocated once a cycle.
+                match self
+                    .interruptible(beat, Box::pin(self.cycle(state, ctx)))
+                    .await
+                {
                     None => return Ok(()),
                     Some(Err(error)) => {
                         tracing::error!(%error, "stopping: the stream or lease table is unusable");
@@ -275,7 +279,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 () = sleep_until(deadline) => {
                     tracing::warn!("shutdown deadline reached while releasing leases handed to us");
                 }
-                () = self.release_unheld() => {}
+                () = Box::pin(self.release_unheld()) => {}
             }
         }
         tracing::info!("worker stopped");
@@ -329,7 +333,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let mut delays = self.backoff().build();
         loop {
             // Not bounded by the call timeout: a new table may take minutes to become usable.
-            match self.interruptible(beat, self.store.ensure_table()).await {
+            match self
+                .interruptible(beat, Box::pin(self.store.ensure_table()))
+                .await
+            {
                 None => return Ok(false),
                 Some(Ok(())) => return Ok(true),
                 Some(Err(e)) if e.kind().is_transient() => {

@@ -1,4 +1,16 @@
 //! Health and metrics over HTTP: `/healthz`, `/readyz`, `/metrics`, `/status`.
+//!
+//! - `/healthz` (liveness) fails when the worker's coordinator loop has not gone round for
+//!   [`Probes::liveness`]: the loop itself is stuck, and only a restart helps.
+//! - `/readyz` (readiness) fails while the worker is not running, cannot read its lease table,
+//!   or has not completed a taker cycle for [`Probes::readiness`]; the body says which.
+//! - `/metrics` drops series that have not been refreshed for a while: kcl-core refreshes
+//!   every series it owns each taker cycle, and a shard's only while this worker holds it, so
+//!   the series of a shard that moved away disappear within that time.
+//!
+//! The server itself is in [`server`]: hardened against clients that never finish a request.
+
+pub(crate) mod server;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,17 +20,44 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use kcl_core::{Phase, Status};
+use kcl_core::{Phase, Status, WorkerConfig};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How old the worker's heartbeat and last cycle may be before a probe fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probes {
+    /// `/healthz` fails when the coordinator loop has not gone round for this long:
+    /// 10 taker cycles, at least 30 s (a loop that is merely busy beats every cycle).
+    pub(crate) liveness: Duration,
+    /// `/readyz` fails when no taker cycle completed for this long: 3 taker cycles plus the
+    /// call timeout (one slow lease-table read must not flap readiness).
+    pub(crate) readiness: Duration,
+}
+
+impl Probes {
+    pub(crate) fn for_worker(config: &WorkerConfig) -> Self {
+        Self {
+            liveness: (config.taker_interval * 10).max(Duration::from_secs(30)),
+            readiness: config.taker_interval * 3 + config.call_timeout,
+        }
+    }
+}
 
 /// Installs the global Prometheus recorder, describes kcl's metrics and keeps histograms
-/// drained. Call once, inside the runtime.
-pub(crate) fn install_metrics() -> anyhow::Result<PrometheusHandle> {
+/// drained. Counters and gauges not refreshed for `stale_after` are dropped (see the module
+/// docs). Call once, inside the runtime.
+pub(crate) fn install_metrics(stale_after: Duration) -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&[
             0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ])?
+        .idle_timeout(
+            MetricKindMask::COUNTER | MetricKindMask::GAUGE,
+            Some(stale_after),
+        )
         .install_recorder()?;
     describe();
     let upkeep = handle.clone();
@@ -82,6 +121,7 @@ struct AppState {
     worker_id: String,
     status: watch::Receiver<Status>,
     metrics: PrometheusHandle,
+    probes: Probes,
 }
 
 /// The router; `status` is the worker's [`status`](kcl_core::Worker::status) watch.
@@ -89,6 +129,7 @@ pub(crate) fn router(
     worker_id: String,
     status: watch::Receiver<Status>,
     metrics: PrometheusHandle,
+    probes: Probes,
 ) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
@@ -99,29 +140,8 @@ pub(crate) fn router(
             worker_id,
             status,
             metrics,
+            probes,
         })
-}
-
-/// Binds the listen address first, so that a bad `listen` fails before the worker starts.
-pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("invalid setting `listen`: cannot listen on {addr}: {e}"))
-}
-
-/// Serves `router` on a bound `listener` until `stop` resolves.
-pub(crate) async fn serve_on(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /status");
-    }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(stop)
-        .await?;
-    Ok(())
 }
 
 /// `healthcheck`: GET `path` on `listen` with a blocking socket; success on a 200.
@@ -171,8 +191,28 @@ pub(crate) fn healthcheck(args: &crate::cli::HealthcheckArgs) -> std::process::E
     }
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// How long ago `at` was, if it was.
+fn age(at: Option<Instant>) -> Option<Duration> {
+    at.map(|t| Instant::now().saturating_duration_since(t))
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    let heartbeat = age(state.status.borrow().heartbeat);
+    match heartbeat {
+        Some(age) if age > state.probes.liveness => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "coordinator loop stuck: last heartbeat {} ago\n",
+                seconds(age)
+            ),
+        )
+            .into_response(),
+        _ => "ok\n".into_response(),
+    }
 }
 
 fn phase_name(phase: Phase) -> &'static str {
@@ -185,19 +225,34 @@ fn phase_name(phase: Phase) -> &'static str {
     }
 }
 
-fn is_ready(status: &Status) -> bool {
-    status.phase == Phase::Running && status.store_reachable
+/// Why the worker is not ready, if it is not.
+fn not_ready(status: &Status, probes: Probes) -> Option<String> {
+    if status.phase != Phase::Running {
+        return Some(format!("phase is {}", phase_name(status.phase)));
+    }
+    if !status.store_reachable {
+        return Some("the lease table cannot be read".to_owned());
+    }
+    match age(status.last_cycle) {
+        None => Some("no taker cycle completed yet".to_owned()),
+        Some(age) if age > probes.readiness => Some(format!("last cycle {} ago", seconds(age))),
+        Some(_) => None,
+    }
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
     let status = state.status.borrow().clone();
+    let why = not_ready(&status, state.probes);
     let body = format!(
-        "phase={} store_reachable={} leases={}\n",
+        "phase={} store_reachable={} leases={}{}\n",
         phase_name(status.phase),
         status.store_reachable,
-        status.held.len()
+        status.held.len(),
+        why.as_deref()
+            .map(|w| format!(" not_ready=\"{w}\""))
+            .unwrap_or_default()
     );
-    let code = if is_ready(&status) {
+    let code = if why.is_none() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -221,7 +276,7 @@ async fn status_json(State(state): State<AppState>) -> Response {
     axum::Json(serde_json::json!({
         "worker_id": state.worker_id,
         "phase": phase_name(status.phase),
-        "ready": is_ready(&status),
+        "ready": not_ready(&status, state.probes).is_none(),
         "store_reachable": status.store_reachable,
         "leases": status.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
     }))
@@ -261,36 +316,56 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn readiness_follows_the_worker_status() {
+    async fn probes_follow_the_worker_status() {
         let (tx, rx) = watch::channel(Status::default());
         let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
             metrics::counter!(kcl_core::metrics::RECORDS, "shard" => "shardId-0").increment(3);
         });
-        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        let listener = server::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_on(
+        let probes = Probes {
+            liveness: Duration::from_secs(30),
+            readiness: Duration::from_secs(10),
+        };
+        let server = tokio::spawn(server::serve(
             listener,
-            router("w-1".into(), rx, handle),
+            router("w-1".into(), rx, handle, probes),
             stop.clone().cancelled_owned(),
+            server::Limits::default(),
         ));
 
-        assert_eq!(get(addr, "/healthz").await.0, 200);
+        assert_eq!(get(addr, "/healthz").await.0, 200, "starting: alive");
         let (code, body) = get(addr, "/readyz").await;
         assert_eq!(code, 503, "{body}");
         assert!(body.contains("phase=starting"), "{body}");
 
+        let ago = |secs| Instant::now().checked_sub(Duration::from_secs(secs));
         tx.send_modify(|s| {
             s.phase = Phase::Running;
             s.store_reachable = true;
+            s.heartbeat = ago(1);
+            s.last_cycle = ago(1);
         });
         assert_eq!(get(addr, "/readyz").await.0, 200);
+        assert_eq!(get(addr, "/healthz").await.0, 200);
         tx.send_modify(|s| s.store_reachable = false);
         assert_eq!(get(addr, "/readyz").await.0, 503, "lease table unreachable");
+        tx.send_modify(|s| {
+            s.store_reachable = true;
+            s.last_cycle = ago(20);
+        });
+        let (code, body) = get(addr, "/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("last cycle 20."), "{body}");
+        tx.send_modify(|s| s.heartbeat = ago(60));
+        let (code, body) = get(addr, "/healthz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("coordinator loop stuck"), "{body}");
 
         let (code, body) = get(addr, "/metrics").await;
         assert_eq!(code, 200);

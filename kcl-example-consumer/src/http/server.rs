@@ -1,0 +1,250 @@
+//! The HTTP server of the probes and metrics, hardened so that no client can starve them.
+//!
+//! A liveness probe that times out gets a healthy worker killed, so the server must answer the
+//! kubelet whatever else connects. `axum::serve` has neither a header-read timeout nor a
+//! connection limit: a client that opens connections and never finishes its request headers
+//! (slowloris) holds a task and a file descriptor each, until the process runs out of
+//! descriptors and cannot accept the probe at all. Here:
+//! - a request's headers must arrive within [`Limits::header_timeout`] (hyper's
+//!   `header_read_timeout`, also the idle timeout of a kept-alive connection), and its answer
+//!   within [`Limits::request_timeout`] (else 503);
+//! - at most [`Limits::max_connections`] are open. When a new connection finds them all taken,
+//!   the oldest one with no request in flight (a slow or idle client) is closed to make room,
+//!   so a client that sends its request at once (a probe, a scrape) always gets in; only if
+//!   every connection is busy answering is the new one refused.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// What the server allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Connections open at once. 256: a probe endpoint needs a handful (the kubelet, a
+    /// scraper, a person), and 256 stays far below even a 1,024 file-descriptor limit.
+    pub(crate) max_connections: usize,
+    /// Time to receive a request's headers (and the idle time of a kept-alive connection).
+    /// 5 s: a probe or a scraper sends its headers in milliseconds.
+    pub(crate) header_timeout: Duration,
+    /// Time to answer a request. 10 s: rendering any of the endpoints takes milliseconds.
+    pub(crate) request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            header_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `router` on a bound `listener` until `stop` resolves; see the module docs.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    stop: impl Future<Output = ()> + Send + 'static,
+    limits: Limits,
+) -> anyhow::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /status");
+    }
+    let connections = Connections::new(limits.max_connections);
+    let graceful = GracefulShutdown::new();
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, or the peer gave up: try again shortly.
+                tracing::warn!(%error, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(slot) = connections.admit() else {
+            tracing::debug!(%peer, "every connection is busy: refused");
+            continue;
+        };
+        let service = answer(router.clone(), slot.busy.clone(), limits.request_timeout);
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = connection => {}
+                () = slot.evicted.cancelled() => tracing::debug!(%peer, "idle connection closed to make room"),
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(2), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("HTTP connections still open at shutdown: dropped");
+    }
+    Ok(())
+}
+
+/// The service of one connection: `router`, with a deadline, counted as busy while it runs.
+fn answer(
+    router: Router,
+    busy: Arc<AtomicUsize>,
+    limit: Duration,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Body>,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<Response<Body>, std::convert::Infallible>> + Send,
+> + Clone {
+    hyper::service::service_fn(move |request: Request<Incoming>| {
+        let (router, busy) = (router.clone(), busy.clone());
+        busy.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let response = match tokio::time::timeout(limit, router.oneshot(request)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out\n").into_response(),
+            };
+            busy.fetch_sub(1, Ordering::SeqCst);
+            Ok(response)
+        }
+    })
+}
+
+/// The open connections, oldest first.
+#[derive(Debug, Clone)]
+struct Connections {
+    open: Arc<Mutex<BTreeMap<u64, Entry>>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+    max: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    busy: Arc<AtomicUsize>,
+    evicted: CancellationToken,
+}
+
+/// A connection's place; gives it back when dropped.
+struct Slot {
+    id: u64,
+    busy: Arc<AtomicUsize>,
+    evicted: CancellationToken,
+    connections: Connections,
+}
+
+impl Connections {
+    fn new(max: usize) -> Self {
+        Self {
+            open: Arc::default(),
+            next: Arc::default(),
+            max: max.max(1),
+        }
+    }
+
+    /// A place for a new connection: free, or taken from the oldest idle one (which is told
+    /// to close). `None` if every connection has a request in flight.
+    fn admit(&self) -> Option<Slot> {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if open.len() >= self.max {
+            let idle = open
+                .iter()
+                .find(|(_, e)| e.busy.load(Ordering::SeqCst) == 0)
+                .map(|(id, _)| *id)?;
+            if let Some(entry) = open.remove(&idle) {
+                entry.evicted.cancel();
+            }
+        }
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot {
+            id,
+            busy: Arc::default(),
+            evicted: CancellationToken::new(),
+            connections: self.clone(),
+        };
+        open.insert(
+            id,
+            Entry {
+                busy: slot.busy.clone(),
+                evicted: slot.evicted.clone(),
+            },
+        );
+        Some(slot)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.connections
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+/// Raises this process's soft limit of open files to its hard limit, so that a burst of
+/// connections runs into the server's own limit long before the kernel's.
+pub(crate) fn raise_open_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open file limit"),
+        Err(error) => tracing::debug!(%error, "cannot raise the open file limit"),
+    }
+}
+
+/// Binds the listen address first, so that a bad `listen` fails before the worker starts.
+pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("invalid setting `listen`: cannot listen on {addr}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_server_makes_room_by_closing_the_oldest_idle_connection_only() {
+        let c = Connections::new(2);
+        let first = c.admit().unwrap_or_else(|| unreachable!());
+        let second = c.admit().unwrap_or_else(|| unreachable!());
+        first.busy.fetch_add(1, Ordering::SeqCst); // the oldest is answering a request
+        let third = c.admit();
+        assert!(third.is_some(), "the idle one made room");
+        assert!(second.evicted.is_cancelled() && !first.evicted.is_cancelled());
+        second.busy.fetch_add(1, Ordering::SeqCst);
+        third
+            .as_ref()
+            .map(|t| t.busy.fetch_add(1, Ordering::SeqCst));
+        assert!(c.admit().is_none(), "every connection busy: refused");
+        drop(first);
+        assert!(
+            c.admit().is_some(),
+            "a closed connection gives its place back"
+        );
+    }
+}
