@@ -4,7 +4,7 @@
 //! Prometheus text). Per-shard series carry a `shard` label; fleet-level ones carry none.
 //!
 //! **Series stay fresh while they mean something.** A running worker refreshes every counter
-//! and gauge it owns each taker cycle (counters at zero from the start, so `rate()` has
+//! and gauge it owns every `taker_interval` (counters at zero from the start, so `rate()` has
 //! something to work on), and each shard task refreshes its shard's series as often while it
 //! holds the lease. When a shard leaves the worker, its series stop being refreshed, so an
 //! exporter's idle timeout (metrics-exporter-prometheus: `idle_timeout(MetricKindMask::COUNTER
@@ -43,7 +43,7 @@ pub(crate) const TAKEN_FROM: [&str; 3] = ["unowned", "expired", "handoff"];
 pub(crate) const THROTTLED_OPERATIONS: [&str; 2] = ["get_records", "shard_iterator"];
 
 /// Registers every worker-level counter (at zero on the first call) and keeps it fresh; see
-/// the module docs. Called each taker cycle.
+/// the module docs. Called every taker interval.
 pub(crate) fn refresh_worker_series() {
     for name in [LEASES_STOLEN, LEASES_LOST, CHECKPOINTS, PROCESSOR_FAILURES] {
         ::metrics::counter!(name).increment(0);

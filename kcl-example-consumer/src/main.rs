@@ -145,8 +145,9 @@ where
 {
     http::server::raise_open_file_limit();
     let probes = http::Probes::for_worker(&settings.worker);
-    // Refreshed each taker cycle while they mean something; see `http`.
-    let metrics = http::install_metrics(probes.readiness.max(settings.worker.taker_interval * 10))?;
+    // kcl-core refreshes its series every taker interval while they mean something; see `http`.
+    let stale_after = (settings.worker.taker_interval * 10).max(Duration::from_secs(10));
+    let metrics = http::install_metrics(stale_after)?;
     let listener = http::server::bind(settings.listen).await?;
     let worker = Worker::new(
         settings.worker_id.clone(),

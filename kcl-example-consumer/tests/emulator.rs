@@ -215,3 +215,84 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The `shard` label values of `metric` in a Prometheus scrape.
+fn shards_in(scrape: &str, metric: &str) -> BTreeSet<String> {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")))
+        .filter_map(|l| {
+            l.split("shard=\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_series_of_a_shard_handed_away_leave_metrics() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("stale-series").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(150), Box::pin(stale_series(ctx))).await
+}
+
+async fn stale_series(ctx: Context) -> anyhow::Result<()> {
+    const BEHIND: &str = "kcl_millis_behind_latest";
+    ctx.create_stream(4).await?;
+    ctx.put(&records("spread", 80)).await?;
+    let a = Consumer::spawn(&ctx, "consumer-a")?;
+    wait_until(
+        "consumer-a to report all 4 shards",
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+        async || {
+            Ok(a.get("/metrics")
+                .is_some_and(|(_, m)| shards_in(&m, BEHIND).len() == 4))
+        },
+    )
+    .await
+    .map_err(|e| e.context(a.log_tail()))?;
+    let b = Consumer::spawn(&ctx, "consumer-b")?;
+    wait_until(
+        "a handoff of 2 leases to consumer-b",
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+        async || {
+            let by = count_by_owner(&ctx.owners().await.unwrap_or_default());
+            Ok(by.get(&Some("consumer-b".into())) == Some(&2))
+        },
+    )
+    .await
+    .map_err(|e| e.context(b.log_tail()))?;
+    let owners = ctx.owners().await?;
+    let held_by = |who: &str| -> BTreeSet<String> {
+        owners
+            .iter()
+            .filter(|(_, o)| o.as_deref() == Some(who))
+            .map(|(s, _)| s.clone())
+            .collect()
+    };
+    let (kept, moved) = (held_by("consumer-a"), held_by("consumer-b"));
+    let took = wait_until(
+        "consumer-a to stop exporting the series of the shards it handed away",
+        Duration::from_secs(40),
+        Duration::from_millis(500),
+        async || {
+            let shown = a
+                .get("/metrics")
+                .map(|(_, m)| shards_in(&m, BEHIND))
+                .unwrap_or_default();
+            Ok(shown == kept)
+        },
+    )
+    .await
+    .map_err(|e| {
+        let shown = a.get("/metrics").map(|(_, m)| shards_in(&m, BEHIND));
+        e.context(format!("kept {kept:?}, moved {moved:?}, shown {shown:?}"))
+    })?;
+    eprintln!("the moved shards' series left consumer-a's /metrics {took:?} after the handoff");
+    Ok(())
+}

@@ -118,7 +118,6 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         self.publish(state);
-        metrics::refresh_worker_series();
         self.status
             .send_modify(|s| s.last_cycle = Some(Instant::now()));
         Ok(())

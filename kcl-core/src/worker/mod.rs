@@ -174,7 +174,6 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             return Ok(());
         }
         self.status.send_modify(|s| s.phase = Phase::Running);
-        crate::metrics::refresh_worker_series();
         tracing::info!("worker started");
         let ctx = Arc::new(ShardContext {
             source: self.source.clone(),
@@ -303,7 +302,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
     }
 
+    /// The loop went round: says so in `Status`, and keeps the worker's metric series fresh
+    /// (every `taker_interval`, even while a cycle waits on a slow backend).
     fn beat(&self) {
+        crate::metrics::refresh_worker_series();
         self.status
             .send_modify(|s| s.heartbeat = Some(Instant::now()));
     }

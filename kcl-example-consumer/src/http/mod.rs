@@ -4,9 +4,9 @@
 //!   [`Probes::liveness`]: the loop itself is stuck, and only a restart helps.
 //! - `/readyz` (readiness) fails while the worker is not running, cannot read its lease table,
 //!   or has not completed a taker cycle for [`Probes::readiness`]; the body says which.
-//! - `/metrics` drops series that have not been refreshed for a while: kcl-core refreshes
-//!   every series it owns each taker cycle, and a shard's only while this worker holds it, so
-//!   the series of a shard that moved away disappear within that time.
+//! - `/metrics` drops counters and gauges not refreshed for 10 taker intervals (at least
+//!   10 s): kcl-core refreshes every series it owns every taker interval, and a shard's only
+//!   while this worker holds it, so the series of a shard that moved away disappear then.
 //!
 //! The server itself is in [`server`]: hardened against clients that never finish a request.
 

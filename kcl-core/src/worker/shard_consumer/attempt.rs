@@ -75,9 +75,19 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
         Err(failure) => return Err(failure),
     };
 
-    // Shutting down.
+    finish(stop, tenure, control, &mut processor, &mut checkpointer).await
+}
+
+/// Shutting down: the hook that goes with why the processor stops.
+async fn finish(
+    stop: Stop,
+    tenure: &Tenure,
+    control: &Control,
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+) -> Result<Stop, Failure> {
     match stop {
-        Stop::Lost => lost(&mut processor).await,
+        Stop::Lost => lost(processor).await,
         Stop::Graceful
             if control.is_handing_off()
                 && mutation::on(Mutation::HandoffWithoutShutdownRequested) =>
@@ -85,10 +95,10 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
             Ok(Stop::Graceful)
         }
         Stop::Graceful => {
-            let call = processor.shutdown_requested(&mut checkpointer);
+            let call = processor.shutdown_requested(checkpointer);
             match hook(tenure, "shutdown_requested", call).await {
                 Ok(Hook::Done) => Ok(Stop::Graceful),
-                Ok(Hook::Expired) => lost(&mut processor).await,
+                Ok(Hook::Expired) => lost(processor).await,
                 Err(error) => {
                     // The lease goes back anyway: at worst, records since the last checkpoint
                     // repeat.
@@ -98,9 +108,9 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
             }
         }
         Stop::ShardEnd => {
-            let call = processor.shard_ended(&mut checkpointer);
+            let call = processor.shard_ended(checkpointer);
             if let Hook::Expired = hook(tenure, "shard_ended", call).await? {
-                return lost(&mut processor).await;
+                return lost(processor).await;
             }
             if !tenure.snapshot().await.is_finished() {
                 return Err(Failure::ShardEndNotCheckpointed);
