@@ -94,6 +94,37 @@ pub struct WorkerConfig {
 /// that adding it to a clock reading never overflows.
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The checks every lease holder's timing must pass: each duration at most [`MAX_DURATION`],
+/// a failover time of at least 100 ms, and renewals at least twice per failover time, so
+/// that one failed renewal does not lose the lease.
+pub(crate) fn check_lease_timing(
+    durations: &[(&'static str, Duration)],
+    failover_time: Duration,
+    renew_interval: Duration,
+) -> Result<(), ConfigError> {
+    let err = |key, reason: &str| {
+        Err(ConfigError {
+            key,
+            reason: reason.to_owned(),
+        })
+    };
+    for &(key, value) in durations {
+        if value > MAX_DURATION {
+            return err(key, "must be at most 7 days");
+        }
+    }
+    if failover_time < Duration::from_millis(100) {
+        return err("failover_time", "must be at least 100ms");
+    }
+    if renew_interval.is_zero() || renew_interval * 2 > failover_time {
+        return err(
+            "renew_interval",
+            "must be above zero and at most half of failover_time, so that one failed renewal does not lose the lease",
+        );
+    }
+    Ok(())
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         let failover_time = Duration::from_secs(10);
@@ -205,20 +236,7 @@ impl WorkerConfig {
                 reason: reason.to_owned(),
             })
         };
-        for (key, value) in self.durations() {
-            if value > MAX_DURATION {
-                return err(key, "must be at most 7 days");
-            }
-        }
-        if self.failover_time < Duration::from_millis(100) {
-            return err("failover_time", "must be at least 100ms");
-        }
-        if self.renew_interval.is_zero() || self.renew_interval * 2 > self.failover_time {
-            return err(
-                "renew_interval",
-                "must be above zero and at most half of failover_time, so that one failed renewal does not lose the lease",
-            );
-        }
+        check_lease_timing(&self.durations(), self.failover_time, self.renew_interval)?;
         for (key, value) in [
             ("taker_interval", self.taker_interval),
             ("shard_sync_interval", self.shard_sync_interval),

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{
-    Behaviour, Seen, config, delivered_of, fill, held, start, undelivered, wait_until, world,
+    Behaviour, Seen, config, delivered_of, fill, held, start, undelivered,
+    undelivered_after_waiting, wait_until, world,
 };
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
 use kcl_core::{Checkpoint, InitialPosition, Lease, LeaseStore};
@@ -41,11 +42,7 @@ async fn latest_reopened_after_an_expired_iterator_skips_nothing() {
     faults.set_expired_iterator_rate(0.0);
     sleep(Duration::from_secs(1)).await;
     written.extend(fill(&stream, 10));
-    wait_until(Duration::from_secs(10), || {
-        undelivered(&seen, &written) == 0
-    })
-    .await;
-    let lost = undelivered(&seen, &written);
+    let lost = undelivered_after_waiting(&seen, &written).await;
     assert_eq!(
         lost, 0,
         "{lost} of 20 records written after the shard was opened never delivered"
@@ -84,11 +81,7 @@ async fn latest_after_a_processor_failure_before_the_first_checkpoint_skips_noth
     written.extend(fill(&stream, 10)); // while the processor restarts
     sleep(Duration::from_secs(3)).await;
     written.extend(fill(&stream, 5));
-    wait_until(Duration::from_secs(10), || {
-        undelivered(&seen, &written) == 0
-    })
-    .await;
-    let lost = undelivered(&seen, &written);
+    let lost = undelivered_after_waiting(&seen, &written).await;
     assert_eq!(lost, 0, "{lost} of 20 records never delivered");
     a.shutdown.shutdown();
     a.task.await.unwrap().unwrap();
@@ -121,11 +114,7 @@ async fn latest_after_a_crash_before_the_first_checkpoint_skips_nothing() {
     );
     sleep(Duration::from_secs(1)).await;
     written.extend(fill(&stream, 5));
-    wait_until(Duration::from_secs(10), || {
-        undelivered(&seen, &written) == 0
-    })
-    .await;
-    let lost = undelivered(&seen, &written);
+    let lost = undelivered_after_waiting(&seen, &written).await;
     assert_eq!(lost, 0, "{lost} of 20 records never delivered");
     c.shutdown.shutdown();
     c.task.await.unwrap().unwrap();
@@ -141,8 +130,7 @@ async fn latest_on_a_fresh_table_after_a_reshard_replays_no_history() {
     let a = start("a", latest(), &stream, &store, &seen, &Behaviour::default());
     sleep(Duration::from_secs(3)).await;
     let new = fill(&stream, 10);
-    wait_until(Duration::from_secs(10), || undelivered(&seen, &new) == 0).await;
-    assert_eq!(undelivered(&seen, &new), 0);
+    assert_eq!(undelivered_after_waiting(&seen, &new).await, 0);
     let replayed = delivered_of(&seen, &old);
     assert_eq!(
         replayed, 0,

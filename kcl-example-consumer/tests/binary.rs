@@ -3,10 +3,9 @@
 #![allow(clippy::panic, clippy::print_stderr)]
 
 mod common;
-use common::http_get;
+use common::{MEMORY_CONSUMER, http_get, serving_addr};
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -156,23 +155,14 @@ fn help_documents_every_option_with_its_default() {
 #[test]
 fn sigterm_shuts_down_gracefully() {
     let mut child = consumer()
+        .args(MEMORY_CONSUMER)
         .args([
-            "--backend",
-            "memory",
-            "--stream",
-            "demo",
-            "--application-name",
-            "demo",
             "--worker-id",
             "test-worker",
-            "--listen",
-            "127.0.0.1:0",
             "--window",
             "1s",
             "--idle-time-between-reads",
             "100ms",
-            "--log-format",
-            "json",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -195,19 +185,7 @@ fn sigterm_shuts_down_gracefully() {
     };
 
     // The server logs the address it bound.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let addr: SocketAddr = loop {
-        assert!(Instant::now() < deadline, "no `serving` log line");
-        let Some(line) = next_log(Duration::from_secs(20)) else {
-            continue;
-        };
-        let Ok(json) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if let Some(addr) = json.get("addr").and_then(|a| a.as_str()) {
-            break addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
-        }
-    };
+    let addr = serving_addr(|| next_log(Duration::from_secs(20)));
     assert_eq!(http_get(addr, "/healthz").map(|r| r.0), Some(200));
     let deadline = Instant::now() + Duration::from_secs(10);
     while http_get(addr, "/readyz").map(|r| r.0) != Some(200) {

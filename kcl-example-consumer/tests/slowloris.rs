@@ -6,10 +6,10 @@
 #![allow(clippy::panic, clippy::print_stderr)]
 
 mod common;
-use common::http_get;
+use common::{MEMORY_CONSUMER, http_get, serving_addr};
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,39 +24,15 @@ fn healthz_answers_while_1100_half_open_connections_are_held() {
     let mut child = Command::new("prlimit")
         .arg("--nofile=1024")
         .arg(BIN)
-        .args([
-            "--backend",
-            "memory",
-            "--stream",
-            "demo",
-            "--application-name",
-            "demo",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ])
+        .args(MEMORY_CONSUMER)
         .env_remove("KCL_LISTEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run prlimit (util-linux) and {BIN}: {e}"));
     let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
-    let mut lines = BufReader::new(stderr).lines();
-    let addr: SocketAddr = loop {
-        let line = lines
-            .next()
-            .unwrap_or_else(|| panic!("no `serving` log line"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
-        if let Some(addr) = json
-            .as_ref()
-            .and_then(|j| j.get("addr"))
-            .and_then(|a| a.as_str())
-        {
-            break addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
-        }
-    };
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    let addr = serving_addr(|| lines.next());
     // Keep draining the logs so that the binary never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
     assert_eq!(http_get(addr, "/healthz").map(|r| r.0), Some(200));

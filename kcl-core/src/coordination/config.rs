@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::MAX_DURATION;
+use crate::config::check_lease_timing;
 use crate::error::ConfigError;
 
 /// Timing of a [`Singleton`](super::Singleton).
@@ -81,25 +81,13 @@ impl SingletonConfig {
                 reason: reason.to_owned(),
             })
         };
-        for (key, value) in [
+        let durations = [
             ("failover_time", self.failover_time),
             ("renew_interval", self.renew_interval),
             ("poll_interval", self.poll_interval),
             ("stop_timeout", self.stop_timeout),
-        ] {
-            if value > MAX_DURATION {
-                return err(key, "must be at most 7 days");
-            }
-        }
-        if self.failover_time < Duration::from_millis(100) {
-            return err("failover_time", "must be at least 100ms");
-        }
-        if self.renew_interval.is_zero() || self.renew_interval * 2 > self.failover_time {
-            return err(
-                "renew_interval",
-                "must be above zero and at most half of failover_time",
-            );
-        }
+        ];
+        check_lease_timing(&durations, self.failover_time, self.renew_interval)?;
         if self.poll_interval.is_zero() {
             return err("poll_interval", "must be above zero");
         }

@@ -178,6 +178,12 @@ pub fn undelivered(seen: &Seen, written: &[SequenceNumber]) -> usize {
     written.iter().filter(|q| !delivered.contains(q)).count()
 }
 
+/// Waits (up to 10 s) until every record of `written` was delivered; how many never were.
+pub async fn undelivered_after_waiting(seen: &Seen, written: &[SequenceNumber]) -> usize {
+    wait_until(Duration::from_secs(10), || undelivered(seen, written) == 0).await;
+    undelivered(seen, written)
+}
+
 /// How many deliveries were of records in `old`.
 pub fn delivered_of(seen: &Seen, old: &[SequenceNumber]) -> usize {
     seen.lock()

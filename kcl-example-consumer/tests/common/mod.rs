@@ -1,8 +1,39 @@
 //! Helpers shared by the binary's tests.
+#![allow(dead_code, clippy::panic)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
+
+/// The arguments of a consumer on the in-memory backend that logs JSON and listens on a free
+/// port of 127.0.0.1.
+pub(crate) const MEMORY_CONSUMER: &[&str] = &[
+    "--backend",
+    "memory",
+    "--stream",
+    "demo",
+    "--application-name",
+    "demo",
+    "--listen",
+    "127.0.0.1:0",
+    "--log-format",
+    "json",
+];
+
+/// The address the server logged (`serving …` with an `addr` field), from JSON log lines.
+pub(crate) fn serving_addr(mut next_line: impl FnMut() -> Option<String>) -> SocketAddr {
+    loop {
+        let line = next_line().unwrap_or_else(|| panic!("no `serving` log line"));
+        let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
+        if let Some(addr) = json
+            .as_ref()
+            .and_then(|j| j.get("addr"))
+            .and_then(|a| a.as_str())
+        {
+            return addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+        }
+    }
+}
 
 /// `GET path` over plain HTTP/1.1: the status code and the body, or `None` if nothing answers.
 pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
