@@ -2,11 +2,12 @@
 //! tests and simulation (feature `test-util`).
 //!
 //! Both honour the same contracts as the AWS implementations — conditional writes, shard
-//! lineage, closed shards that end with their children — and both can be made to misbehave
-//! through a shared [`Faults`] handle: errors, throttling, writes that apply but report
-//! failure, latency, per-client partitions and pauses. Every handle has a client name (use
-//! the worker id) so faults can target one worker. Randomness is seeded, and all waiting is
-//! tokio time, so a run under paused time is reproducible.
+//! lineage, closed shards that end with their children, shards that age out of retention —
+//! and both can be made to misbehave through a shared [`Faults`] handle: errors, throttling,
+//! writes that apply but report failure, writes that land long after their caller gave up,
+//! latency, per-client partitions, and whole-process freezes ([`Faults::run_as`]). Every
+//! handle has a client name (use the worker id) so faults can target one worker. Randomness is
+//! seeded, and all waiting is tokio time, so a run under paused time is reproducible.
 
 mod faults;
 mod harness;
