@@ -11,7 +11,10 @@
 //! - at most [`Limits::max_connections`] are open. When a new connection finds them all taken,
 //!   the oldest one with no request in flight (a slow or idle client) is closed to make room,
 //!   so a client that sends its request at once (a probe, a scrape) always gets in; only if
-//!   every connection is busy answering is the new one refused.
+//!   every connection is busy answering is the new one refused. A request is in flight from
+//!   the moment its headers are read until the last byte of its answer is written, and a
+//!   connection is chosen for eviction and marked so under one lock, so a request that has
+//!   begun is never cut off to make room.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -24,6 +27,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use axum::response::IntoResponse;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -89,7 +93,7 @@ pub(crate) async fn serve(
             tracing::debug!(%peer, "every connection is busy: refused");
             continue;
         };
-        let service = answer(router.clone(), slot.busy.clone(), limits.request_timeout);
+        let service = answer(router.clone(), slot.handle(), limits.request_timeout);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             tokio::select! {
@@ -109,10 +113,11 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// The service of one connection: `router`, with a deadline, counted as busy while it runs.
+/// The service of one connection: `router`, with a deadline, in flight (not evictable) from
+/// the request's headers to the last byte of its answer.
 fn answer(
     router: Router,
-    busy: Arc<AtomicUsize>,
+    slot: SlotRef,
     limit: Duration,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
@@ -121,17 +126,31 @@ fn answer(
     Future = impl Future<Output = Result<Response<Body>, std::convert::Infallible>> + Send,
 > + Clone {
     hyper::service::service_fn(move |request: Request<Incoming>| {
-        let (router, busy) = (router.clone(), busy.clone());
-        busy.fetch_add(1, Ordering::SeqCst);
+        let router = router.clone();
+        let in_flight = slot.begin();
         async move {
+            let Some(in_flight) = in_flight else {
+                // Chosen for eviction before this request arrived: the connection is closing.
+                return Ok((StatusCode::SERVICE_UNAVAILABLE, "closing\n").into_response());
+            };
             let response = match tokio::time::timeout(limit, router.oneshot(request)).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(never)) => match never {},
                 Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "timed out\n").into_response(),
             };
-            busy.fetch_sub(1, Ordering::SeqCst);
-            Ok(response)
+            Ok(in_flight_until_written(response, in_flight))
         }
+    })
+}
+
+/// Moves the guard into the response body, which hyper drops once it has written all of it
+/// (or the connection is gone).
+fn in_flight_until_written(response: Response<Body>, in_flight: InFlight) -> Response<Body> {
+    response.map(|body| {
+        Body::new(body.map_frame(move |frame| {
+            let _in_flight = &in_flight;
+            frame
+        }))
     })
 }
 
@@ -155,6 +174,40 @@ struct Slot {
     busy: Arc<AtomicUsize>,
     evicted: CancellationToken,
     connections: Connections,
+}
+
+/// What a connection's service needs of its slot: to mark requests in flight.
+#[derive(Clone)]
+struct SlotRef {
+    busy: Arc<AtomicUsize>,
+    evicted: CancellationToken,
+    connections: Connections,
+}
+
+/// A request in flight; its connection cannot be evicted until every one is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl SlotRef {
+    /// Marks a request in flight, unless the connection was already chosen for eviction.
+    /// Under the lock [`Connections::admit`] chooses under, so the two cannot interleave.
+    fn begin(&self) -> Option<InFlight> {
+        let _open = self
+            .connections
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.evicted.is_cancelled() {
+            return None;
+        }
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        Some(InFlight(self.busy.clone()))
+    }
 }
 
 impl Connections {
@@ -197,6 +250,16 @@ impl Connections {
     }
 }
 
+impl Slot {
+    fn handle(&self) -> SlotRef {
+        SlotRef {
+            busy: self.busy.clone(),
+            evicted: self.evicted.clone(),
+            connections: self.connections.clone(),
+        }
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         self.connections
@@ -232,19 +295,46 @@ mod tests {
         let c = Connections::new(2);
         let first = c.admit().unwrap_or_else(|| unreachable!());
         let second = c.admit().unwrap_or_else(|| unreachable!());
-        first.busy.fetch_add(1, Ordering::SeqCst); // the oldest is answering a request
-        let third = c.admit();
-        assert!(third.is_some(), "the idle one made room");
+        let answering = first.handle().begin(); // the oldest is answering a request
+        assert!(answering.is_some());
+        let third = c
+            .admit()
+            .unwrap_or_else(|| unreachable!("the idle one makes room"));
         assert!(second.evicted.is_cancelled() && !first.evicted.is_cancelled());
-        second.busy.fetch_add(1, Ordering::SeqCst);
-        third
-            .as_ref()
-            .map(|t| t.busy.fetch_add(1, Ordering::SeqCst));
-        assert!(c.admit().is_none(), "every connection busy: refused");
-        drop(first);
         assert!(
-            c.admit().is_some(),
-            "a closed connection gives its place back"
+            second.handle().begin().is_none(),
+            "a request arriving on an evicted connection does not begin"
         );
+        let _third_answering = third.handle().begin();
+        assert!(c.admit().is_none(), "every connection busy: refused");
+        drop(answering); // the first's answer is written
+        assert!(c.admit().is_some(), "an idle connection makes room again");
+        assert!(first.evicted.is_cancelled());
+        drop((first, second));
+    }
+
+    #[test]
+    fn a_closed_connection_gives_its_place_back() {
+        let c = Connections::new(1);
+        let only = c.admit().unwrap_or_else(|| unreachable!());
+        let _answering = only.handle().begin();
+        assert!(c.admit().is_none());
+        drop(only);
+        assert!(c.admit().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_request_stays_in_flight_until_its_answer_is_written() {
+        let c = Connections::new(1);
+        let slot = c.admit().unwrap_or_else(|| unreachable!());
+        let in_flight = slot.handle().begin().unwrap_or_else(|| unreachable!());
+        let response = in_flight_until_written(Response::new(Body::from("answer")), in_flight);
+        assert!(c.admit().is_none(), "the answer is not written yet");
+        let written = response.into_body().collect().await;
+        assert_eq!(
+            written.map(|b| b.to_bytes()).ok().as_deref(),
+            Some(&b"answer"[..])
+        );
+        assert!(c.admit().is_some(), "written: the connection is idle again");
     }
 }
