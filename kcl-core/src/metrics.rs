@@ -37,6 +37,15 @@ pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
 
+/// Lease-table requests that reached the table (counter, `operation`: see
+/// [`Operation`](crate::lease::usage::Operation)).
+pub const STORE_REQUESTS: &str = "kcl_lease_store_requests_total";
+/// Read capacity units the lease table consumed (counter, `operation`): computed by the
+/// in-memory store, as reported by DynamoDB for the DynamoDB store.
+pub const STORE_READ_UNITS: &str = "kcl_lease_store_read_units_total";
+/// Write capacity units the lease table consumed (counter, `operation`).
+pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
+
 /// Label values of [`LEASES_TAKEN`].
 pub(crate) const TAKEN_FROM: [&str; 3] = ["unowned", "expired", "handoff"];
 /// Label values of [`THROTTLED`].
@@ -53,6 +62,18 @@ pub(crate) fn refresh_worker_series() {
     }
     for operation in THROTTLED_OPERATIONS {
         ::metrics::counter!(THROTTLED, "operation" => operation).increment(0);
+    }
+    for operation in crate::lease::usage::Operation::ALL {
+        let op = operation.as_str();
+        ::metrics::counter!(STORE_REQUESTS, "operation" => op).increment(0);
+        let units = if operation.is_read() {
+            STORE_READ_UNITS
+        } else {
+            STORE_WRITE_UNITS
+        };
+        if operation != crate::lease::usage::Operation::EnsureTable {
+            ::metrics::counter!(units, "operation" => op).increment(0);
+        }
     }
 }
 

@@ -155,6 +155,12 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         let (code, metrics) = c.get("/metrics").expect("/metrics answers");
         assert_eq!(code, 200);
         assert!(metrics.contains("kcl_leases_held"), "{metrics}");
+        // The lease table's bill is visible: scans counted with the units DynamoDB reported.
+        let list = r#"{operation="list"}"#;
+        let scans = sample(&metrics, &format!("kcl_lease_store_requests_total{list}"));
+        let units = sample(&metrics, &format!("kcl_lease_store_read_units_total{list}"));
+        assert!(scans.is_some_and(|n| n >= 1.0), "{metrics}");
+        assert!(units.is_some_and(|n| n >= 1.0), "{metrics}");
     }
     wait_until(
         "records processed",
@@ -295,4 +301,12 @@ async fn stale_series(ctx: Context) -> anyhow::Result<()> {
     })?;
     eprintln!("the moved shards' series left consumer-a's /metrics {took:?} after the handoff");
     Ok(())
+}
+
+/// The value of the series `series` (name and labels, exactly as exported) in Prometheus text.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
 }

@@ -13,6 +13,10 @@
 //!   `ConsistentRead`), and the scan follows `LastEvaluatedKey` to the end.
 //! - **A row we cannot parse is skipped**, with a warning naming its key, so one bad row does
 //!   not stop a fleet.
+//! - **Every request is counted** ([`kcl_core::lease::usage`]): each asks for
+//!   `ReturnConsumedCapacity=TOTAL`, and the units DynamoDB reports are recorded with the
+//!   request. A write refused by its condition is counted without units: DynamoDB charges it
+//!   but does not report it.
 //!
 //! The schema (names, conditions, conversions) is in [`schema`]; table creation in `table`.
 
@@ -24,7 +28,11 @@ use std::time::Duration;
 
 use aws_config::SdkConfig;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
+};
+use kcl_core::lease::usage::{Operation, Usage};
 use kcl_core::{BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, WorkerId};
 
 use self::schema::{
@@ -59,6 +67,7 @@ pub struct DynamoDbLeaseStore {
     table: String,
     billing: TableBilling,
     table_wait: Duration,
+    usage: Usage,
 }
 
 impl DynamoDbLeaseStore {
@@ -83,6 +92,7 @@ impl DynamoDbLeaseStore {
             table: table_name.into(),
             billing: TableBilling::default(),
             table_wait: Duration::from_secs(300),
+            usage: Usage::default(),
         }
     }
 
@@ -118,15 +128,44 @@ impl DynamoDbLeaseStore {
         )
     }
 
+    /// Counts a request that reached DynamoDB (an answer, or an error DynamoDB returned) with
+    /// the capacity it reported.
+    fn count<T, E, R>(
+        &self,
+        operation: Operation,
+        result: &Result<T, SdkError<E, R>>,
+        capacity: impl FnOnce(&T) -> Option<&ConsumedCapacity>,
+    ) {
+        let reported = match result {
+            Ok(out) => capacity(out),
+            Err(SdkError::ServiceError(_)) => None,
+            Err(_) => return,
+        };
+        let units = reported.map_or(0.0, |c| {
+            let split = if operation.is_read() {
+                c.read_capacity_units
+            } else {
+                c.write_capacity_units
+            };
+            split.or(c.capacity_units).unwrap_or(0.0)
+        });
+        if operation.is_read() {
+            self.usage.record(operation, units, 0.0);
+        } else {
+            self.usage.record(operation, 0.0, units);
+        }
+    }
+
     /// One conditional `UpdateItem` returning the row as stored after the write.
     async fn update(
         &self,
-        operation: &'static str,
+        operation: Operation,
         key: &ShardId,
         expr: Expr,
     ) -> Result<Lease, BackendError> {
+        let operation_name = operation.as_str();
         let (k, v) = self.key(key);
-        let out = self
+        let result = self
             .client
             .update_item()
             .table_name(&self.table)
@@ -136,20 +175,22 @@ impl DynamoDbLeaseStore {
             .set_expression_attribute_names(Some(expr.names))
             .set_expression_attribute_values(Some(expr.values))
             .return_values(ReturnValue::AllNew)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
-            .await
-            .map_err(|e| backend_error(operation, self.what(key), e))?;
+            .await;
+        self.count(operation, &result, |o| o.consumed_capacity());
+        let out = result.map_err(|e| backend_error(operation_name, self.what(key), e))?;
         let Some(item) = out.attributes else {
             return Err(BackendError::new(
                 ErrorKind::Retryable,
-                operation,
+                operation_name,
                 format!("{}: the answer carried no attributes", self.what(key)),
             ));
         };
         schema::from_item(&item).map_err(|e| {
             BackendError::new(
                 ErrorKind::Fatal,
-                operation,
+                operation_name,
                 format!(
                     "{}: the row written cannot be read back: {e}",
                     self.what(key)
@@ -278,19 +319,26 @@ impl LeaseStore for DynamoDbLeaseStore {
         table::ensure(&self.client, &self.table, self.billing, self.table_wait).await
     }
 
+    fn usage(&self) -> Option<Usage> {
+        Some(self.usage.clone())
+    }
+
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
         let mut leases = Vec::new();
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         loop {
-            let out = self
+            let result = self
                 .client
                 .scan()
                 .table_name(&self.table)
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
-                .await
-                .map_err(|e| backend_error("list", format!("table {}", self.table), e))?;
+                .await;
+            self.count(Operation::List, &result, |o| o.consumed_capacity());
+            let out =
+                result.map_err(|e| backend_error("list", format!("table {}", self.table), e))?;
             leases.extend(
                 out.items
                     .iter()
@@ -308,15 +356,17 @@ impl LeaseStore for DynamoDbLeaseStore {
 
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
         let (k, v) = self.key(key);
-        let out = self
+        let result = self
             .client
             .get_item()
             .table_name(&self.table)
             .key(k, v)
             .consistent_read(true)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
-            .await
-            .map_err(|e| backend_error("get", self.what(key), e))?;
+            .await;
+        self.count(Operation::Get, &result, |o| o.consumed_capacity());
+        let out = result.map_err(|e| backend_error("get", self.what(key), e))?;
         Ok(out.item.as_ref().and_then(|item| self.parse_or_skip(item)))
     }
 
@@ -328,8 +378,10 @@ impl LeaseStore for DynamoDbLeaseStore {
             .set_item(Some(schema::to_item(lease)))
             .condition_expression(COND_ABSENT)
             .expression_attribute_names(schema::placeholder(LEASE_KEY), LEASE_KEY)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
+        self.count(Operation::Create, &result, |o| o.consumed_capacity());
         match result {
             Ok(_) => Ok(true),
             Err(e) => {
@@ -346,7 +398,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
         let mut e = Expr::held(held);
         e.set(LEASE_COUNTER, schema::number(held.counter + 1));
-        self.update("renew", &held.key, e).await
+        self.update(Operation::Renew, &held.key, e).await
     }
 
     async fn take(&self, observed: &Lease, new_owner: &WorkerId) -> Result<Lease, BackendError> {
@@ -361,7 +413,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         if observed.owner.as_ref() != Some(new_owner) {
             e.increment(OWNER_SWITCHES_SINCE_CHECKPOINT);
         }
-        self.update("take", &observed.key, e).await
+        self.update(Operation::Take, &observed.key, e).await
     }
 
     async fn release(&self, held: &Lease) -> Result<(), BackendError> {
@@ -369,7 +421,9 @@ impl LeaseStore for DynamoDbLeaseStore {
         e.set(LEASE_COUNTER, schema::number(held.counter + 1))
             .remove(LEASE_OWNER)
             .remove(HANDOFF_TO);
-        self.update("release", &held.key, e).await.map(drop)
+        self.update(Operation::Release, &held.key, e)
+            .await
+            .map(drop)
     }
 
     async fn request_handoff(
@@ -382,7 +436,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             Some(to) => e.set(HANDOFF_TO, AttributeValue::S(to.as_str().to_owned())),
             None => e.remove(HANDOFF_TO),
         };
-        self.update("request_handoff", &observed.key, e)
+        self.update(Operation::RequestHandoff, &observed.key, e)
             .await
             .map(drop)
     }
@@ -426,20 +480,24 @@ impl LeaseStore for DynamoDbLeaseStore {
         if let Some(at) = update.start_timestamp {
             e.set(START_TIMESTAMP, schema::timestamp(at));
         }
-        self.update("checkpoint", &held.key, e).await
+        self.update(Operation::Checkpoint, &held.key, e).await
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {
         let (k, v) = self.key(&lease.key);
-        self.client
+        let result = self
+            .client
             .delete_item()
             .table_name(&self.table)
             .key(k, v)
             .condition_expression(COND_COUNTER)
             .expression_attribute_names(schema::placeholder(LEASE_COUNTER), LEASE_COUNTER)
             .expression_attribute_values(VAL_COUNTER, schema::number(lease.counter))
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
-            .await
+            .await;
+        self.count(Operation::Delete, &result, |o| o.consumed_capacity());
+        result
             .map_err(|e| backend_error("delete", self.what(&lease.key), e))
             .map(drop)
     }

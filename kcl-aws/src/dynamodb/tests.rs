@@ -197,3 +197,44 @@ async fn list_pages_through_the_scan_and_skips_rows_it_cannot_parse() {
     assert_eq!(first.num_calls(), 1);
     assert_eq!(second.num_calls(), 1);
 }
+
+#[tokio::test]
+async fn requests_are_counted_with_the_capacity_dynamodb_reports() {
+    use aws_sdk_dynamodb::types::ConsumedCapacity;
+    use kcl_core::lease::usage::Operation;
+
+    let page = |units: f64| {
+        ScanOutput::builder()
+            .items(row(&held()))
+            .consumed_capacity(
+                ConsumedCapacity::builder()
+                    .table_name("app")
+                    .capacity_units(units)
+                    .build(),
+            )
+            .build()
+    };
+    let scan = mock!(Client::scan)
+        .sequence()
+        .output(move || page(1.5))
+        .output(move || page(2.0))
+        .build();
+    let refused = mock!(Client::update_item)
+        .then_http_response(|| aws_error(400, "ConditionalCheckFailedException"));
+    let store = store(&[&scan, &refused]);
+    store.list().await.unwrap();
+    store.list().await.unwrap();
+    assert!(store.renew(&held()).await.is_err());
+    let usage = store.usage().unwrap();
+    let list = usage.of(Operation::List);
+    assert_eq!(
+        (list.requests, list.read_units, list.write_units),
+        (2, 3.5, 0.0)
+    );
+    let renew = usage.of(Operation::Renew);
+    assert_eq!(
+        (renew.requests, renew.write_units),
+        (1, 0.0),
+        "a refused write is counted; DynamoDB does not report its units"
+    );
+}

@@ -11,6 +11,7 @@ pub(crate) mod renewer;
 pub mod sync;
 pub mod taker;
 pub(crate) mod tenure;
+pub mod usage;
 
 use std::future::Future;
 
@@ -151,4 +152,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Deletes a lease nobody wrote since `observed` (a finished parent, or a stale lease).
     /// Condition: the counter as in `observed`.
     fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// The requests and capacity units this handle has spent so far, if it counts them (both
+    /// stores of this workspace do). See [`usage`].
+    fn usage(&self) -> Option<usage::Usage> {
+        None
+    }
 }

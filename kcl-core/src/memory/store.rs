@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::faults::{Fate, Faults};
 use crate::error::{BackendError, ErrorKind};
+use crate::lease::usage::{self, Operation, Usage};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
@@ -35,6 +36,8 @@ struct Table {
     exists: bool,
     rows: BTreeMap<ShardId, Lease>,
     journal: Vec<StoreEvent>,
+    /// Every client's requests.
+    usage: Usage,
 }
 
 /// An in-memory [`LeaseStore`]. Clones share the table; see [`client`](Self::client).
@@ -43,6 +46,8 @@ pub struct MemoryLeaseStore {
     table: Arc<Mutex<Table>>,
     faults: Faults,
     client: Arc<str>,
+    /// This handle's requests.
+    usage: Usage,
 }
 
 impl Default for MemoryLeaseStore {
@@ -63,6 +68,7 @@ impl MemoryLeaseStore {
             table: Arc::default(),
             faults,
             client: Arc::from("default"),
+            usage: Usage::default(),
         }
     }
 
@@ -74,6 +80,7 @@ impl MemoryLeaseStore {
             table: self.table.clone(),
             faults: self.faults.clone(),
             client: Arc::from(client),
+            usage: Usage::default(),
         }
     }
 
@@ -85,6 +92,12 @@ impl MemoryLeaseStore {
     /// Every lease, as stored now.
     pub fn leases(&self) -> Vec<Lease> {
         self.lock().rows.values().cloned().collect()
+    }
+
+    /// The requests of every client so far, with the units DynamoDB would charge for them
+    /// (see [`usage`](crate::lease::usage)); [`LeaseStore::usage`] gives this handle's.
+    pub fn table_usage(&self) -> Usage {
+        self.lock().usage.clone()
     }
 
     /// Every applied write so far, in order.
@@ -103,17 +116,26 @@ impl MemoryLeaseStore {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Counts a request that reached the table, here and table-wide.
+    fn count(&self, table: &Table, operation: Operation, read_units: f64, write_units: f64) {
+        self.usage.record(operation, read_units, write_units);
+        table.usage.record(operation, read_units, write_units);
+    }
+
     /// Runs one conditional write: `change` sees the current row (if `condition` holds for
     /// it) and returns the new row, or `None` to delete it.
     async fn write(
         &self,
-        operation: &'static str,
+        operation: Operation,
         key: &ShardId,
         condition: impl FnOnce(Option<&Lease>) -> bool + Send + 'static,
         change: impl FnOnce(Option<Lease>) -> Option<Lease> + Send + 'static,
     ) -> Result<Option<Lease>, BackendError> {
         let started = Instant::now();
-        let fate = self.faults.enter(&self.client, operation, true).await?;
+        let fate = self
+            .faults
+            .enter(&self.client, operation.as_str(), true)
+            .await?;
         if let Fate::Straggle(delay) = fate {
             // Not a task of the writer's process: it lands even if the writer is frozen.
             let (store, key) = (self.clone(), key.clone());
@@ -130,14 +152,14 @@ impl MemoryLeaseStore {
                 condition,
                 change,
             );
-            return fate.report(operation, result);
+            return fate.report(operation.as_str(), result);
         }
-        fate.report(operation, Ok(None))
+        fate.report(operation.as_str(), Ok(None))
     }
 
     fn apply(
         &self,
-        operation: &'static str,
+        operation: Operation,
         key: &ShardId,
         started: Instant,
         reported: bool,
@@ -149,19 +171,24 @@ impl MemoryLeaseStore {
         if !t.exists {
             return Err(BackendError::new(
                 ErrorKind::NotFound,
-                operation,
+                operation.as_str(),
                 "lease table does not exist",
             ));
         }
         if !condition(current) {
+            let units = usage::write_units(current.map_or(0, usage::item_size));
+            self.count(&t, operation, 0.0, units);
             return Err(BackendError::new(
                 ErrorKind::Conflict,
-                operation,
+                operation.as_str(),
                 format!("condition failed on {key}"),
             ));
         }
         let before = t.rows.remove(key);
         let after = change(before.clone());
+        let size = |row: &Option<Lease>| row.as_ref().map_or(0, usage::item_size);
+        let units = usage::write_units(size(&before).max(size(&after)));
+        self.count(&t, operation, 0.0, units);
         let logged = after.clone().or(before);
         if let Some(row) = &after {
             t.rows.insert(key.clone(), row.clone());
@@ -173,28 +200,33 @@ impl MemoryLeaseStore {
                 at: Instant::now(),
                 reported,
                 client: self.client.to_string(),
-                operation,
+                operation: operation.as_str(),
                 lease,
             });
         }
         Ok(after)
     }
 
+    /// Runs one consistent read; `f` returns its result and the bytes it read.
     async fn read<T>(
         &self,
-        operation: &'static str,
-        f: impl FnOnce(&Table) -> T,
+        operation: Operation,
+        f: impl FnOnce(&Table) -> (T, usize),
     ) -> Result<T, BackendError> {
-        self.faults.enter(&self.client, operation, false).await?;
+        self.faults
+            .enter(&self.client, operation.as_str(), false)
+            .await?;
         let t = self.lock();
         if !t.exists {
             return Err(BackendError::new(
                 ErrorKind::NotFound,
-                operation,
+                operation.as_str(),
                 "lease table does not exist",
             ));
         }
-        Ok(f(&t))
+        let (result, bytes) = f(&t);
+        self.count(&t, operation, usage::read_units(bytes, true), 0.0);
+        Ok(result)
     }
 }
 
@@ -215,26 +247,40 @@ fn missing(operation: &'static str) -> BackendError {
 impl LeaseStore for MemoryLeaseStore {
     async fn ensure_table(&self) -> Result<(), BackendError> {
         self.faults
-            .enter(&self.client, "ensure_table", true)
+            .enter(&self.client, Operation::EnsureTable.as_str(), true)
             .await?;
-        self.lock().exists = true;
+        let mut t = self.lock();
+        t.exists = true;
+        self.count(&t, Operation::EnsureTable, 0.0, 0.0);
         Ok(())
     }
 
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
-        self.read("list", |t| t.rows.values().cloned().collect())
-            .await
+        self.read(Operation::List, |t| {
+            let bytes = t.rows.values().map(usage::item_size).sum();
+            (t.rows.values().cloned().collect(), bytes)
+        })
+        .await
     }
 
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
-        self.read("get", |t| t.rows.get(key).cloned()).await
+        self.read(Operation::Get, |t| {
+            let row = t.rows.get(key).cloned();
+            let bytes = row.as_ref().map_or(0, usage::item_size);
+            (row, bytes)
+        })
+        .await
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        Some(self.usage.clone())
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
         let new = lease.clone();
         let result = self
             .write(
-                "create",
+                Operation::Create,
                 &lease.key,
                 |row: Option<&Lease>| row.is_none(),
                 move |_| Some(new),
@@ -253,7 +299,7 @@ impl LeaseStore for MemoryLeaseStore {
             row.is_some() && (mutation::on(Mutation::RenewUnconditional) || fence(row))
         };
         let row = self
-            .write("renew", &held.key, condition, |row| {
+            .write(Operation::Renew, &held.key, condition, |row| {
                 row.map(|mut r| {
                     r.counter += 1;
                     r
@@ -266,23 +312,28 @@ impl LeaseStore for MemoryLeaseStore {
     async fn take(&self, observed: &Lease, new_owner: &WorkerId) -> Result<Lease, BackendError> {
         let new_owner = new_owner.clone();
         let row = self
-            .write("take", &observed.key, held_by(observed), move |row| {
-                row.map(|mut r| {
-                    if r.owner.as_ref() != Some(&new_owner) {
-                        r.owner_switches_since_checkpoint += 1;
-                    }
-                    r.owner = Some(new_owner);
-                    r.counter += 1;
-                    r.handoff_to = None;
-                    r
-                })
-            })
+            .write(
+                Operation::Take,
+                &observed.key,
+                held_by(observed),
+                move |row| {
+                    row.map(|mut r| {
+                        if r.owner.as_ref() != Some(&new_owner) {
+                            r.owner_switches_since_checkpoint += 1;
+                        }
+                        r.owner = Some(new_owner);
+                        r.counter += 1;
+                        r.handoff_to = None;
+                        r
+                    })
+                },
+            )
             .await?;
         row.ok_or_else(|| missing("take"))
     }
 
     async fn release(&self, held: &Lease) -> Result<(), BackendError> {
-        self.write("release", &held.key, held_by(held), |row| {
+        self.write(Operation::Release, &held.key, held_by(held), |row| {
             row.map(|mut r| {
                 r.owner = None;
                 r.counter += 1;
@@ -301,12 +352,17 @@ impl LeaseStore for MemoryLeaseStore {
     ) -> Result<(), BackendError> {
         let (expected, to) = (observed.owner.clone(), to.cloned());
         let owner = move |row: Option<&Lease>| row.is_some_and(|r| r.owner == expected);
-        self.write("request_handoff", &observed.key, owner, move |row| {
-            row.map(|mut r| {
-                r.handoff_to = to;
-                r
-            })
-        })
+        self.write(
+            Operation::RequestHandoff,
+            &observed.key,
+            owner,
+            move |row| {
+                row.map(|mut r| {
+                    r.handoff_to = to;
+                    r
+                })
+            },
+        )
         .await
         .map(drop)
     }
@@ -322,7 +378,7 @@ impl LeaseStore for MemoryLeaseStore {
         };
         let update = update.clone();
         let row = self
-            .write("checkpoint", &held.key, condition, move |row| {
+            .write(Operation::Checkpoint, &held.key, condition, move |row| {
                 row.map(|mut r| {
                     r.owner_switches_since_checkpoint = 0;
                     r.checkpoint = update.checkpoint;
@@ -344,7 +400,7 @@ impl LeaseStore for MemoryLeaseStore {
     async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {
         let counter = lease.counter;
         self.write(
-            "delete",
+            Operation::Delete,
             &lease.key,
             move |row| row.is_some_and(|r| r.counter == counter),
             |_| None,

@@ -1,0 +1,269 @@
+//! What the lease table costs: requests and capacity units, by operation.
+//!
+//! The lease table is billed per request unit, so its bill follows from how often each
+//! operation runs and how large the rows are. Both [`LeaseStore`](super::LeaseStore)
+//! implementations count every request that reaches the table in a [`Usage`]: the in-memory
+//! store computes the units DynamoDB would charge for the rows it touched (see
+//! [`read_units`], [`write_units`] and [`item_size`]), the DynamoDB store records what
+//! DynamoDB reports as consumed. [`Usage::record`] also feeds the
+//! [`REQUESTS`](crate::metrics::STORE_REQUESTS) and capacity counters, so the bill of a running
+//! fleet can be read off its metrics; [`LeaseStore::usage`](super::LeaseStore::usage) gives
+//! the totals to code (benchmarks, tests of the request bound).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::Lease;
+use crate::metrics;
+
+/// A lease-table operation, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Creating or describing the table (control plane: no capacity units).
+    EnsureTable,
+    /// Reading every lease (a Scan).
+    List,
+    /// Reading one lease.
+    Get,
+    /// Creating a lease.
+    Create,
+    /// Renewing a held lease.
+    Renew,
+    /// Taking a lease.
+    Take,
+    /// Releasing a held lease.
+    Release,
+    /// Asking for, or declining, a handoff.
+    RequestHandoff,
+    /// Writing a checkpoint.
+    Checkpoint,
+    /// Deleting a lease.
+    Delete,
+}
+
+impl Operation {
+    /// Every operation, in order.
+    pub const ALL: [Self; 10] = [
+        Self::EnsureTable,
+        Self::List,
+        Self::Get,
+        Self::Create,
+        Self::Renew,
+        Self::Take,
+        Self::Release,
+        Self::RequestHandoff,
+        Self::Checkpoint,
+        Self::Delete,
+    ];
+
+    /// The name used in metric labels and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EnsureTable => "ensure_table",
+            Self::List => "list",
+            Self::Get => "get",
+            Self::Create => "create",
+            Self::Renew => "renew",
+            Self::Take => "take",
+            Self::Release => "release",
+            Self::RequestHandoff => "request_handoff",
+            Self::Checkpoint => "checkpoint",
+            Self::Delete => "delete",
+        }
+    }
+
+    /// Whether the operation reads rows (its units are read units).
+    pub fn is_read(self) -> bool {
+        matches!(self, Self::List | Self::Get)
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Requests and capacity units of one operation, or of several summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    /// Requests that reached the table (including those whose condition failed).
+    pub requests: u64,
+    /// Read capacity units consumed.
+    pub read_units: f64,
+    /// Write capacity units consumed.
+    pub write_units: f64,
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, other: Self) {
+        self.requests += other.requests;
+        self.read_units += other.read_units;
+        self.write_units += other.write_units;
+    }
+}
+
+/// Counts of lease-table requests by operation. Clones share the counts.
+#[derive(Debug, Clone, Default)]
+pub struct Usage {
+    tallies: Arc<Mutex<BTreeMap<Operation, Tally>>>,
+}
+
+impl Usage {
+    /// Counts one request of `operation` that consumed `read_units` and `write_units` (zero
+    /// where unknown), here and in the metrics.
+    pub fn record(&self, operation: Operation, read_units: f64, write_units: f64) {
+        let (read_before, write_before, read_after, write_after) = {
+            let mut tallies = self.tallies.lock().unwrap_or_else(PoisonError::into_inner);
+            let tally = tallies.entry(operation).or_default();
+            let before = (tally.read_units, tally.write_units);
+            *tally += Tally {
+                requests: 1,
+                read_units,
+                write_units,
+            };
+            (before.0, before.1, tally.read_units, tally.write_units)
+        };
+        let op = operation.as_str();
+        ::metrics::counter!(metrics::STORE_REQUESTS, "operation" => op).increment(1);
+        // Counters are whole numbers: each moves by the whole units this request completed,
+        // so over time the counter tracks the exact total to within one unit.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // whole, ≥ 0, < 2^53
+        let whole = |before: f64, after: f64| (after.floor() - before.floor()).max(0.0) as u64;
+        let read = whole(read_before, read_after);
+        if read > 0 {
+            ::metrics::counter!(metrics::STORE_READ_UNITS, "operation" => op).increment(read);
+        }
+        let write = whole(write_before, write_after);
+        if write > 0 {
+            ::metrics::counter!(metrics::STORE_WRITE_UNITS, "operation" => op).increment(write);
+        }
+    }
+
+    /// The counts so far, by operation.
+    pub fn by_operation(&self) -> BTreeMap<Operation, Tally> {
+        self.tallies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The counts so far, all operations summed.
+    pub fn total(&self) -> Tally {
+        let mut total = Tally::default();
+        for tally in self.by_operation().into_values() {
+            total += tally;
+        }
+        total
+    }
+
+    /// The counts of one operation so far.
+    pub fn of(&self, operation: Operation) -> Tally {
+        self.by_operation()
+            .get(&operation)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// DynamoDB's read units for reading `bytes` in one request: 4 KiB per unit, rounded up,
+/// halved when eventually consistent; at least one (half) unit.
+pub fn read_units(bytes: usize, consistent: bool) -> f64 {
+    let units = bytes.div_ceil(4096).max(1) as f64;
+    if consistent { units } else { units / 2.0 }
+}
+
+/// DynamoDB's write units for writing an item of `bytes` (the larger of its size before and
+/// after): 1 KiB per unit, rounded up, at least one. A write whose condition fails costs the
+/// same.
+pub fn write_units(bytes: usize) -> f64 {
+    bytes.div_ceil(1024).max(1) as f64
+}
+
+/// The size DynamoDB would bill for `lease`'s row in KCL Java's schema: attribute names plus
+/// values (strings their length, numbers about one byte per two digits), plus a few bytes per
+/// attribute.
+pub fn item_size(lease: &Lease) -> usize {
+    fn text(name: &str, value: &str) -> usize {
+        name.len() + value.len() + 3
+    }
+    fn number(name: &str, value: u64) -> usize {
+        name.len() + value.to_string().len().div_ceil(2) + 2
+    }
+    let mut size = text("leaseKey", lease.key.as_str())
+        + number("leaseCounter", lease.counter)
+        + text("checkpoint", &lease.checkpoint.to_string())
+        + number("checkpointSubSequenceNumber", 0)
+        + number(
+            "ownerSwitchesSinceCheckpoint",
+            lease.owner_switches_since_checkpoint,
+        );
+    if let Some(owner) = &lease.owner {
+        size += text("leaseOwner", owner.as_str());
+    }
+    if let Some(pending) = &lease.pending_checkpoint {
+        size += text("pendingCheckpoint", &pending.to_string());
+    }
+    if let Some(to) = &lease.handoff_to {
+        size += text("handoffTo", to.as_str());
+    }
+    let ids = |ids: &[crate::ShardId]| ids.iter().map(|id| id.as_str().len() + 1).sum::<usize>();
+    if !lease.parent_shard_ids.is_empty() {
+        size += "parentShardId".len() + ids(&lease.parent_shard_ids) + 3;
+    }
+    if !lease.child_shard_ids.is_empty() {
+        size += "childShardIds".len() + ids(&lease.child_shard_ids) + 3;
+    }
+    if lease.hash_key_range.is_some() {
+        size += text("startingHashKey", &"9".repeat(39)) + text("endingHashKey", &"9".repeat(39));
+    }
+    if lease.start_timestamp.is_some() {
+        size += number("startingTimestamp", 1_800_000_000_000);
+    }
+    size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Checkpoint, ShardId};
+
+    #[test]
+    fn units_follow_dynamodbs_rounding() {
+        assert_eq!(read_units(1, true), 1.0);
+        assert_eq!(read_units(4096, true), 1.0);
+        assert_eq!(read_units(4097, true), 2.0);
+        assert_eq!(read_units(10_000, false), 1.5);
+        assert_eq!(write_units(300), 1.0);
+        assert_eq!(write_units(1025), 2.0);
+    }
+
+    #[test]
+    fn a_typical_row_is_a_few_hundred_bytes() {
+        let mut lease = Lease::new(
+            ShardId::from("shardId-000000000042"),
+            Checkpoint::TrimHorizon,
+        );
+        lease.owner = Some(crate::WorkerId::from("worker-7f3a9c"));
+        lease.counter = 123_456;
+        let size = item_size(&lease);
+        assert!((120..400).contains(&size), "{size} bytes");
+    }
+
+    #[test]
+    fn usage_sums_by_operation() {
+        let usage = Usage::default();
+        usage.record(Operation::List, 3.0, 0.0);
+        usage.record(Operation::Renew, 0.0, 1.0);
+        let shared = usage.clone();
+        shared.record(Operation::Renew, 0.0, 1.0);
+        assert_eq!(usage.of(Operation::Renew).requests, 2);
+        let total = usage.total();
+        assert_eq!(
+            (total.requests, total.read_units, total.write_units),
+            (3, 3.0, 2.0)
+        );
+    }
+}
