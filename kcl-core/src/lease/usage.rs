@@ -186,16 +186,22 @@ pub fn write_units(bytes: usize) -> f64 {
 /// values (strings their length, numbers about one byte per two digits), plus a few bytes per
 /// attribute.
 pub fn item_size(lease: &Lease) -> usize {
+    const HASH_KEY_DIGITS: usize = 39; // 2^128 has 39 decimal digits
     fn text(name: &str, value: &str) -> usize {
         name.len() + value.len() + 3
     }
     fn number(name: &str, value: u64) -> usize {
-        name.len() + value.to_string().len().div_ceil(2) + 2
+        let digits = value.checked_ilog10().map_or(1, |d| d as usize + 1);
+        name.len() + digits.div_ceil(2) + 2
     }
+    let ids = |ids: &[crate::ShardId]| ids.iter().map(|id| id.as_str().len() + 1).sum::<usize>();
     let mut size = text("leaseKey", lease.key.as_str())
         + number("leaseCounter", lease.counter)
-        + text("checkpoint", &lease.checkpoint.to_string())
-        + number("checkpointSubSequenceNumber", 0)
+        + text("checkpoint", lease.checkpoint.as_str())
+        + number(
+            "checkpointSubSequenceNumber",
+            lease.checkpoint.sub_sequence(),
+        )
         + number(
             "ownerSwitchesSinceCheckpoint",
             lease.owner_switches_since_checkpoint,
@@ -204,12 +210,11 @@ pub fn item_size(lease: &Lease) -> usize {
         size += text("leaseOwner", owner.as_str());
     }
     if let Some(pending) = &lease.pending_checkpoint {
-        size += text("pendingCheckpoint", &pending.to_string());
+        size += text("pendingCheckpoint", pending.as_str());
     }
     if let Some(to) = &lease.handoff_to {
         size += text("handoffTo", to.as_str());
     }
-    let ids = |ids: &[crate::ShardId]| ids.iter().map(|id| id.as_str().len() + 1).sum::<usize>();
     if !lease.parent_shard_ids.is_empty() {
         size += "parentShardId".len() + ids(&lease.parent_shard_ids) + 3;
     }
@@ -217,7 +222,7 @@ pub fn item_size(lease: &Lease) -> usize {
         size += "childShardIds".len() + ids(&lease.child_shard_ids) + 3;
     }
     if lease.hash_key_range.is_some() {
-        size += text("startingHashKey", &"9".repeat(39)) + text("endingHashKey", &"9".repeat(39));
+        size += "startingHashKey".len() + "endingHashKey".len() + 2 * (HASH_KEY_DIGITS + 3);
     }
     if lease.start_timestamp.is_some() {
         size += number("startingTimestamp", 1_800_000_000_000);
