@@ -1,6 +1,8 @@
 //! How many records per second one worker pushes through its pipeline (fetch, prefetch,
-//! processor call, fenced checkpoint per batch) on the in-memory backends: the framework's own
-//! overhead, with no network. Prints a table of medians over several runs.
+//! processor call, fenced checkpoint per batch) on the in-memory backends, against a bare
+//! loop that reads the same source with the same batch size and does nothing else: the
+//! framework's own overhead, with no network. Both run on one core (a current-thread
+//! runtime), alternately, and the table shows medians over several runs and their ratio.
 //!
 //! `cargo bench -p kcl-core --bench throughput`
 #![allow(
@@ -16,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
+    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, ShardSource,
+    StartingPosition, Worker, WorkerConfig,
 };
 
 struct Count(Arc<AtomicUsize>);
@@ -33,22 +36,30 @@ impl RecordProcessor for Count {
     }
 }
 
-/// Seconds to deliver `records` records spread over `shards` shards.
-fn run(shards: u32, records: usize, max_records: u32) -> f64 {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// A stream of `shards` shards holding `records` records of `size` bytes.
+fn filled(shards: u32, records: usize, size: usize) -> MemoryStream {
+    let stream = MemoryStream::new(shards);
+    let payload = bytes::Bytes::from(vec![b'x'; size]);
+    for i in 0..records {
+        stream.put(&format!("k{i}"), payload.clone());
+    }
+    stream
+}
+
+fn one_core() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    rt.block_on(async {
-        let stream = MemoryStream::new(shards);
-        let payload = bytes::Bytes::from(vec![b'x'; 100]);
-        for i in 0..records {
-            stream.put(&format!("k{i}"), payload.clone());
-        }
+        .unwrap()
+}
+
+/// Seconds for one worker to deliver every record of `stream`.
+fn worker(stream: MemoryStream, records: usize, batch: u32) -> f64 {
+    one_core().block_on(async {
         let seen = Arc::new(AtomicUsize::new(0));
         let counter = seen.clone();
         let config = WorkerConfig::default()
-            .max_records(max_records)
+            .max_records(batch)
             .idle_time_between_reads(Duration::from_millis(5));
         let worker = Worker::new(
             "bench",
@@ -71,6 +82,40 @@ fn run(shards: u32, records: usize, max_records: u32) -> f64 {
     })
 }
 
+/// Seconds for a bare loop per shard (iterator, then `get_records` until the shard is read)
+/// to read every record of `stream`.
+fn bare(stream: MemoryStream, records: usize, batch: u32) -> f64 {
+    one_core().block_on(async {
+        let shards = stream.list_shards().await.unwrap();
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        let seen = Arc::new(AtomicUsize::new(0));
+        for shard in shards {
+            let (stream, seen) = (stream.clone(), seen.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut it = stream
+                    .shard_iterator(&shard.id, &StartingPosition::TrimHorizon)
+                    .await
+                    .unwrap();
+                // Until a read finds nothing more: the shard is read.
+                loop {
+                    let batch = stream.get_records(&it, batch).await.unwrap();
+                    if batch.records.is_empty() {
+                        break;
+                    }
+                    seen.fetch_add(batch.records.len(), Ordering::Relaxed);
+                    it = batch.next_iterator.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(seen.load(Ordering::Relaxed), records);
+        start.elapsed().as_secs_f64()
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -78,17 +123,27 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     const RUNS: usize = 5;
-    let records = 200_000;
-    println!("| shards | batch size | records | median records/s | median ns/record |");
-    println!("|-------:|-----------:|--------:|-----------------:|-----------------:|");
-    for (shards, batch) in [(1, 10_000), (4, 10_000), (16, 10_000), (4, 100)] {
-        let secs = median((0..RUNS).map(|_| run(shards, records, batch)).collect());
+    const BATCH: u32 = 10_000;
+    let records = 1_000_000;
+    println!(
+        "| shards | record bytes | records | worker records/s | bare loop records/s | worker / bare |"
+    );
+    println!("|-------:|------:|--------:|------:|------:|------:|");
+    for (shards, size) in [(1, 100), (32, 100), (1, 1024), (32, 1024)] {
+        let stream = filled(shards, records, size);
+        let (mut with_worker, mut with_loop) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            with_worker.push(worker(stream.clone(), records, BATCH));
+            with_loop.push(bare(stream.clone(), records, BATCH));
+        }
         #[allow(clippy::cast_precision_loss)]
         let n = records as f64;
+        let (w, b) = (median(with_worker), median(with_loop));
         println!(
-            "| {shards} | {batch} | {records} | {:.0} | {:.0} |",
-            n / secs,
-            secs * 1e9 / n
+            "| {shards} | {size} | {records} | {:.0} | {:.0} | {:.2} |",
+            n / w,
+            n / b,
+            b / w
         );
     }
 }
