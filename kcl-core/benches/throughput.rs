@@ -84,7 +84,7 @@ fn worker(stream: MemoryStream, records: usize, batch: u32) -> f64 {
 
 /// Seconds for a bare loop per shard (iterator, then `get_records` until the shard is read)
 /// to read every record of `stream`.
-fn bare(stream: MemoryStream, records: usize, batch: u32) -> f64 {
+fn bare(stream: &MemoryStream, records: usize, batch: u32) -> f64 {
     one_core().block_on(async {
         let shards = stream.list_shards().await.unwrap();
         let start = Instant::now();
@@ -134,7 +134,7 @@ fn main() {
         let (mut with_worker, mut with_loop) = (Vec::new(), Vec::new());
         for _ in 0..RUNS {
             with_worker.push(worker(stream.clone(), records, BATCH));
-            with_loop.push(bare(stream.clone(), records, BATCH));
+            with_loop.push(bare(&stream, records, BATCH));
         }
         #[allow(clippy::cast_precision_loss)]
         let n = records as f64;
