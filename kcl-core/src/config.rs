@@ -88,6 +88,32 @@ pub struct WorkerConfig {
     /// and reopens at `LATEST`, skipping what arrived in between).
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
+    /// Who reads the whole lease table. Default [`Coordination::EveryWorker`] (every worker,
+    /// every taker interval: the behaviour of earlier releases).
+    pub coordination: Coordination,
+}
+
+/// Who in a fleet reads the whole lease table, and so what the table costs.
+///
+/// Safety does not depend on the choice: every take, handoff and checkpoint is a conditional
+/// write whatever the mode, and workers of both modes can share a table (during a rolling
+/// change, for example). See `docs/design/coordination.md` for the design and its costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Coordination {
+    /// Every worker reads the whole table each taker interval, takes available leases for
+    /// itself and asks loaded workers for handoffs. Reads grow with workers × shards.
+    #[default]
+    EveryWorker,
+    /// One elected worker, the leader, reads the whole table each taker interval, syncs
+    /// shards, takes available leases and assigns them, and balances the fleet by asking
+    /// owners for handoffs; a standby reads it too, so that it can act at once if the leader
+    /// dies. The others read only which leases name them (`LeaseStore::owned_by`) and learn
+    /// of handoff requests from their renewals. Reads grow with shards, not workers × shards.
+    /// Without a leader the fleet keeps processing what it holds; workers that hold nothing
+    /// look for work themselves every few intervals.
+    Leader,
 }
 
 /// The longest duration any setting may have: far beyond any useful value, and small enough
@@ -147,6 +173,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(30),
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
+            coordination: Coordination::EveryWorker,
         }
     }
 }
@@ -208,6 +235,8 @@ impl WorkerConfig {
         call_timeout: Duration,
         /// Sets [`WorkerConfig::max_clock_skew`].
         max_clock_skew: Duration,
+        /// Sets [`WorkerConfig::coordination`].
+        coordination: Coordination,
     }
 
     /// Every duration field with its key.

@@ -26,6 +26,8 @@ pub const MILLIS_BEHIND_LATEST: &str = "kcl_millis_behind_latest";
 pub const LEASES_HELD: &str = "kcl_leases_held";
 /// Leases taken (counter, `from`: `unowned`, `expired` or `handoff`).
 pub const LEASES_TAKEN: &str = "kcl_leases_taken_total";
+/// Available leases the leader wrote to other workers (counter; `Coordination::Leader`).
+pub const LEASES_ASSIGNED: &str = "kcl_leases_assigned_total";
 /// Handoffs requested from more loaded workers (counter).
 pub const LEASES_STOLEN: &str = "kcl_lease_handoffs_requested_total";
 /// Leases lost: taken by others or expired locally (counter).
@@ -54,7 +56,13 @@ pub(crate) const THROTTLED_OPERATIONS: [&str; 2] = ["get_records", "shard_iterat
 /// Registers every worker-level counter (at zero on the first call) and keeps it fresh; see
 /// the module docs. Called every taker interval.
 pub(crate) fn refresh_worker_series() {
-    for name in [LEASES_STOLEN, LEASES_LOST, CHECKPOINTS, PROCESSOR_FAILURES] {
+    for name in [
+        LEASES_STOLEN,
+        LEASES_ASSIGNED,
+        LEASES_LOST,
+        CHECKPOINTS,
+        PROCESSOR_FAILURES,
+    ] {
         ::metrics::counter!(name).increment(0);
     }
     for from in TAKEN_FROM {

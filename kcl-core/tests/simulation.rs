@@ -139,12 +139,20 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         eprintln!("taker cycles to a stable balance after the drain: median {median}, max {max}");
     }
     eprintln!("faults and events over all seeds: {stats:?}");
+    let led_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.led > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
     println!(
-        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned), {violations} violations of [{}], {records} records",
+        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds {led_violations} violations), {violations} violations of [{}], {records} records",
         results.len(),
         stats.latest,
         stats.at_timestamp,
         stats.planned,
+        results.len() - stats.led,
+        violations - led_violations,
+        stats.led,
         INVARIANTS.join(", ")
     );
     violations

@@ -81,6 +81,8 @@ pub struct Singleton<L> {
     store: Arc<L>,
     config: SingletonConfig,
     holder: watch::Sender<Option<WorkerId>>,
+    /// The poll interval in force, in milliseconds (the worker's roles change it).
+    poll_millis: std::sync::atomic::AtomicU64,
 }
 
 impl<L: LeaseStore> Singleton<L> {
@@ -102,9 +104,25 @@ impl<L: LeaseStore> Singleton<L> {
             key: ShardId::new(format!("{COORDINATION_PREFIX}{name}")),
             me: me.into(),
             store: Arc::new(store),
+            poll_millis: std::sync::atomic::AtomicU64::new(
+                u64::try_from(config.poll_interval.as_millis()).unwrap_or(u64::MAX),
+            ),
             config,
             holder: watch::Sender::new(None),
         })
+    }
+
+    /// Changes how often this candidate reads the row while it does not hold it (a worker's
+    /// leader candidates poll often only while they stand by).
+    pub(crate) fn set_poll_interval(&self, value: std::time::Duration) {
+        let millis = u64::try_from(value.as_millis()).unwrap_or(u64::MAX);
+        self.poll_millis
+            .store(millis, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn poll_interval(&self) -> std::time::Duration {
+        let millis = self.poll_millis.load(std::sync::atomic::Ordering::Relaxed);
+        std::time::Duration::from_millis(millis)
     }
 
     /// Who holds the singleton, as last seen by this candidate.
@@ -137,7 +155,7 @@ impl<L: LeaseStore> Singleton<L> {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
-                () = sleep(self.config.poll_interval) => {}
+                () = sleep(self.poll_interval()) => {}
             }
         }
         let mut observer = Observer::default();
@@ -158,7 +176,7 @@ impl<L: LeaseStore> Singleton<L> {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {}
-                () = sleep(self.config.poll_interval) => {}
+                () = sleep(self.poll_interval()) => {}
             }
         }
         Ok(())
@@ -170,10 +188,16 @@ impl<L: LeaseStore> Singleton<L> {
         observer: &mut Observer,
     ) -> Result<Option<(Lease, Instant)>, crate::BackendError> {
         let limit = self.config.failover_time;
-        let Some(row) = bounded(limit, "get", self.store.get(&self.key)).await? else {
-            let row = Lease::new(self.key.clone(), Checkpoint::TrimHorizon);
-            bounded(limit, "create", self.store.create(&row)).await?;
-            return Ok(None);
+        let row = match bounded(limit, "get", self.store.get(&self.key)).await? {
+            Some(row) => row,
+            None => {
+                // A new row is free: whoever created it tries to take it at once.
+                let row = Lease::new(self.key.clone(), Checkpoint::TrimHorizon);
+                if !bounded(limit, "create", self.store.create(&row)).await? {
+                    return Ok(None);
+                }
+                row
+            }
         };
         let now = Instant::now();
         observer.update(std::slice::from_ref(&row), now);

@@ -6,6 +6,7 @@
 //! standing still for the failover time. The schema follows KCL Java's lease table so a fleet
 //! can migrate without losing checkpoints.
 
+pub mod leader;
 pub(crate) mod observer;
 pub(crate) mod renewer;
 pub mod sync;
@@ -153,9 +154,97 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Condition: the counter as in `observed`.
     fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
 
+    /// The keys of the leases whose owner is `owner`, read cheaply and possibly a little stale
+    /// (DynamoDB: a query of the `leaseOwner` index). Used by workers that do not read the
+    /// whole table every cycle ([`Coordination::Leader`](crate::Coordination::Leader)); what
+    /// they do with a key is conditional, so a stale answer costs a failed write, never a
+    /// second owner. Default: every lease, filtered.
+    fn owned_by(
+        &self,
+        owner: &WorkerId,
+    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
+        async move {
+            let leases = self.list().await?;
+            Ok(leases
+                .into_iter()
+                .filter(|l| l.is_owned_by(owner))
+                .map(|l| l.key)
+                .collect())
+        }
+    }
+
     /// The requests and capacity units this handle has spent so far, if it counts them (both
     /// stores of this workspace do). See [`usage`].
     fn usage(&self) -> Option<usage::Usage> {
         None
+    }
+}
+
+/// A shared store is a store: workers hand `Arc`s of theirs to the singletons they run.
+impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
+    fn ensure_table(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
+        (**self).ensure_table()
+    }
+
+    fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send {
+        (**self).list()
+    }
+
+    fn get(
+        &self,
+        key: &ShardId,
+    ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
+        (**self).get(key)
+    }
+
+    fn owned_by(
+        &self,
+        owner: &WorkerId,
+    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
+        (**self).owned_by(owner)
+    }
+
+    fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        (**self).create(lease)
+    }
+
+    fn renew(&self, held: &Lease) -> impl Future<Output = Result<Lease, BackendError>> + Send {
+        (**self).renew(held)
+    }
+
+    fn take(
+        &self,
+        observed: &Lease,
+        new_owner: &WorkerId,
+    ) -> impl Future<Output = Result<Lease, BackendError>> + Send {
+        (**self).take(observed, new_owner)
+    }
+
+    fn release(&self, held: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send {
+        (**self).release(held)
+    }
+
+    fn request_handoff(
+        &self,
+        observed: &Lease,
+        to: Option<&WorkerId>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        (**self).request_handoff(observed, to)
+    }
+
+    fn checkpoint(
+        &self,
+        held: &Lease,
+        update: &CheckpointUpdate,
+    ) -> impl Future<Output = Result<Lease, BackendError>> + Send {
+        (**self).checkpoint(held, update)
+    }
+
+    fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send {
+        (**self).delete(lease)
+    }
+
+    fn usage(&self) -> Option<usage::Usage> {
+        (**self).usage()
     }
 }

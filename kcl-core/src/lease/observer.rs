@@ -5,6 +5,12 @@
 //! compared with another's, so clock skew cannot make a live lease look dead. A lease seen for
 //! the first time counts as just renewed, which is why a fleet migrating from KCL Java (whose
 //! rows keep their owner after shutdown) waits one failover time before taking them.
+//!
+//! It also tells which workers are *active*: a worker is seen active when a lease it owns
+//! moves while still naming it (its own renewal, checkpoint or adoption: nobody else writes a
+//! row that keeps its owner and bumps its counter), or when it asks for a lease (a new
+//! handoff request naming it). A leader gives work only to active workers, so a worker that
+//! died is not handed leases it would never process.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,11 +18,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Lease;
-use crate::types::ShardId;
+use crate::types::{ShardId, WorkerId};
 
 #[derive(Debug, Default)]
 pub(crate) struct Observer {
-    seen: BTreeMap<ShardId, (u64, Instant)>,
+    seen: BTreeMap<ShardId, Seen>,
+    active: BTreeMap<WorkerId, Instant>,
+    /// Handoff requests this worker wrote on others' behalf: not a sign of their life.
+    requested: BTreeMap<ShardId, WorkerId>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    counter: u64,
+    since: Instant,
+    owner: Option<WorkerId>,
+    handoff_to: Option<WorkerId>,
 }
 
 impl Observer {
@@ -24,21 +41,62 @@ impl Observer {
     pub(crate) fn update(&mut self, leases: &[Lease], now: Instant) {
         let mut next = BTreeMap::new();
         for lease in leases {
-            let since = match self.seen.get(&lease.key) {
-                Some((counter, since)) if *counter == lease.counter => *since,
+            let before = self.seen.get(&lease.key);
+            let since = match before {
+                Some(seen) if seen.counter == lease.counter => seen.since,
                 _ => now,
             };
-            next.insert(lease.key.clone(), (lease.counter, since));
+            if let Some(seen) = before {
+                if seen.counter != lease.counter
+                    && seen.owner == lease.owner
+                    && let Some(owner) = &lease.owner
+                {
+                    self.active.insert(owner.clone(), now);
+                }
+                if let Some(to) = &lease.handoff_to
+                    && seen.handoff_to.as_ref() != Some(to)
+                    && self.requested.get(&lease.key) != Some(to)
+                {
+                    self.active.insert(to.clone(), now);
+                }
+            }
+            next.insert(
+                lease.key.clone(),
+                Seen {
+                    counter: lease.counter,
+                    since,
+                    owner: lease.owner.clone(),
+                    handoff_to: lease.handoff_to.clone(),
+                },
+            );
         }
         self.seen = next;
+        self.requested.clear();
+    }
+
+    /// Notes that this worker asked for `key` to go to `to` (so that the request, seen in the
+    /// next read, is not taken for `to` asking).
+    pub(crate) fn requested_for(&mut self, key: &ShardId, to: &WorkerId) {
+        self.requested.insert(key.clone(), to.clone());
+    }
+
+    /// Whether `worker` was seen active (see the module docs) within `within` of `now`.
+    pub(crate) fn is_active(&self, worker: &WorkerId, now: Instant, within: Duration) -> bool {
+        self.active
+            .get(worker)
+            .is_some_and(|at| now.saturating_duration_since(*at) < within)
+    }
+
+    /// Forgets workers not seen active for `after` (workers that left).
+    pub(crate) fn forget_inactive(&mut self, now: Instant, after: Duration) {
+        self.active
+            .retain(|_, at| now.saturating_duration_since(*at) < after);
     }
 
     /// How long the lease's counter has stood still, as observed here.
     pub(crate) fn idle(&self, lease: &Lease, now: Instant) -> Duration {
         match self.seen.get(&lease.key) {
-            Some((counter, since)) if *counter == lease.counter => {
-                now.saturating_duration_since(*since)
-            }
+            Some(seen) if seen.counter == lease.counter => now.saturating_duration_since(seen.since),
             _ => Duration::ZERO,
         }
     }
@@ -47,7 +105,7 @@ impl Observer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Checkpoint, WorkerId};
+    use crate::types::Checkpoint;
 
     #[tokio::test(start_paused = true)]
     async fn a_lease_expires_only_after_its_counter_stood_still() {
@@ -65,5 +123,30 @@ mod tests {
         assert_eq!(o.idle(&lease, Instant::now()), Duration::from_secs(3));
         o.update(&[], Instant::now());
         assert_eq!(o.idle(&lease, Instant::now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_is_active_when_its_own_rows_move_or_it_asks() {
+        let failover = Duration::from_secs(10);
+        let (a, b, c) = (WorkerId::new("a"), WorkerId::new("b"), WorkerId::new("c"));
+        let mut lease = Lease::new(ShardId::new("s"), Checkpoint::TrimHorizon);
+        lease.owner = Some(a.clone());
+        let mut o = Observer::default();
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        assert!(!o.is_active(&a, Instant::now(), failover), "first sight says nothing");
+        lease.counter += 1; // a renews
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        assert!(o.is_active(&a, Instant::now(), failover));
+        lease.owner = Some(b.clone()); // someone writes b as the owner
+        lease.counter += 1;
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        assert!(!o.is_active(&b, Instant::now(), failover), "b has not written yet");
+        lease.handoff_to = Some(c.clone()); // c asks
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        assert!(o.is_active(&c, Instant::now(), failover));
+        tokio::time::advance(failover).await;
+        assert!(!o.is_active(&a, Instant::now(), failover), "not since the failover time");
+        o.forget_inactive(Instant::now(), failover);
+        assert!(o.active.is_empty());
     }
 }

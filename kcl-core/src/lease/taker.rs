@@ -30,6 +30,8 @@ pub enum Holder {
     Expired {
         /// Time since the counter last moved.
         idle: Duration,
+        /// The owner named in the row, which has stopped renewing it.
+        owner: WorkerId,
     },
     /// Owned by a live worker.
     Other(WorkerId),
@@ -136,7 +138,7 @@ pub fn plan(me: &WorkerId, leases: &[Candidate], limits: Limits) -> Plan {
         let (rank, idle) = match c.holder {
             Holder::Adoptable => (0, Duration::ZERO),
             Holder::Unowned => (1, Duration::ZERO),
-            Holder::Expired { idle } => (2, idle),
+            Holder::Expired { idle, .. } => (2, idle),
             _ => (3, Duration::ZERO),
         };
         (rank, Reverse(idle), spread(me, &c.key))

@@ -214,6 +214,12 @@ impl Tenure {
         self.held.lock().await.lease.clone()
     }
 
+    /// Who asked, in the row as last written, for this lease to be handed over; `None` also
+    /// while a write is under way (it is looked at again next cycle).
+    pub(crate) fn handoff_requested(&self) -> Option<WorkerId> {
+        self.held.try_lock().ok()?.lease.handoff_to.clone()
+    }
+
     pub(crate) async fn renew(&self) -> Result<Lease, TenureError> {
         self.write(Write::Renew).await
     }

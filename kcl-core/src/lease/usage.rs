@@ -27,6 +27,8 @@ pub enum Operation {
     List,
     /// Reading one lease.
     Get,
+    /// Reading which leases name one owner (an index query).
+    OwnedBy,
     /// Creating a lease.
     Create,
     /// Renewing a held lease.
@@ -45,10 +47,11 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::EnsureTable,
         Self::List,
         Self::Get,
+        Self::OwnedBy,
         Self::Create,
         Self::Renew,
         Self::Take,
@@ -64,6 +67,7 @@ impl Operation {
             Self::EnsureTable => "ensure_table",
             Self::List => "list",
             Self::Get => "get",
+            Self::OwnedBy => "owned_by",
             Self::Create => "create",
             Self::Renew => "renew",
             Self::Take => "take",
@@ -76,7 +80,7 @@ impl Operation {
 
     /// Whether the operation reads rows (its units are read units).
     pub fn is_read(self) -> bool {
-        matches!(self, Self::List | Self::Get)
+        matches!(self, Self::List | Self::Get | Self::OwnedBy)
     }
 }
 
@@ -91,6 +95,8 @@ impl fmt::Display for Operation {
 pub struct Tally {
     /// Requests that reached the table (including those whose condition failed).
     pub requests: u64,
+    /// Rows (or index entries) the reads returned.
+    pub rows: u64,
     /// Read capacity units consumed.
     pub read_units: f64,
     /// Write capacity units consumed.
@@ -100,6 +106,7 @@ pub struct Tally {
 impl std::ops::AddAssign for Tally {
     fn add_assign(&mut self, other: Self) {
         self.requests += other.requests;
+        self.rows += other.rows;
         self.read_units += other.read_units;
         self.write_units += other.write_units;
     }
@@ -115,12 +122,18 @@ impl Usage {
     /// Counts one request of `operation` that consumed `read_units` and `write_units` (zero
     /// where unknown), here and in the metrics.
     pub fn record(&self, operation: Operation, read_units: f64, write_units: f64) {
+        self.record_read(operation, 0, read_units, write_units);
+    }
+
+    /// As [`record`](Self::record), for a read that returned `rows` rows.
+    pub fn record_read(&self, operation: Operation, rows: u64, read_units: f64, write_units: f64) {
         let (read_before, write_before, read_after, write_after) = {
             let mut tallies = self.tallies.lock().unwrap_or_else(PoisonError::into_inner);
             let tally = tallies.entry(operation).or_default();
             let before = (tally.read_units, tally.write_units);
             *tally += Tally {
                 requests: 1,
+                rows,
                 read_units,
                 write_units,
             };

@@ -207,11 +207,12 @@ impl MemoryLeaseStore {
         Ok(after)
     }
 
-    /// Runs one consistent read; `f` returns its result and the bytes it read.
+    /// Runs one read (consistent, but for `owned_by`); `f` returns its result, the rows and
+    /// the bytes it read.
     async fn read<T>(
         &self,
         operation: Operation,
-        f: impl FnOnce(&Table) -> (T, usize),
+        f: impl FnOnce(&Table) -> (T, u64, usize),
     ) -> Result<T, BackendError> {
         self.faults
             .enter(&self.client, operation.as_str(), false)
@@ -224,8 +225,10 @@ impl MemoryLeaseStore {
                 "lease table does not exist",
             ));
         }
-        let (result, bytes) = f(&t);
-        self.count(&t, operation, usage::read_units(bytes, true), 0.0);
+        let (result, rows, bytes) = f(&t);
+        let units = usage::read_units(bytes, operation != Operation::OwnedBy);
+        self.usage.record_read(operation, rows, units, 0.0);
+        t.usage.record_read(operation, rows, units, 0.0);
         Ok(result)
     }
 }
@@ -258,7 +261,7 @@ impl LeaseStore for MemoryLeaseStore {
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
         self.read(Operation::List, |t| {
             let bytes = t.rows.values().map(usage::item_size).sum();
-            (t.rows.values().cloned().collect(), bytes)
+            (t.rows.values().cloned().collect(), t.rows.len() as u64, bytes)
         })
         .await
     }
@@ -266,8 +269,23 @@ impl LeaseStore for MemoryLeaseStore {
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
         self.read(Operation::Get, |t| {
             let row = t.rows.get(key).cloned();
-            let bytes = row.as_ref().map_or(0, usage::item_size);
-            (row, bytes)
+            let (found, bytes) = (row.is_some(), row.as_ref().map_or(0, usage::item_size));
+            (row, u64::from(found), bytes)
+        })
+        .await
+    }
+
+    /// The index of owners, as DynamoDB would keep it: keys only, about 60 bytes an entry.
+    async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
+        self.read(Operation::OwnedBy, |t| {
+            let keys: Vec<ShardId> = t
+                .rows
+                .values()
+                .filter(|l| l.is_owned_by(owner))
+                .map(|l| l.key.clone())
+                .collect();
+            let rows = keys.len() as u64;
+            (keys, rows, rows as usize * 60)
         })
         .await
     }

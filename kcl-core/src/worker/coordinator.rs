@@ -1,4 +1,6 @@
 //! One taker cycle: read the lease table, sync shards when due, grant handoffs, take, ask.
+//! This is the whole cycle of [`Coordination::EveryWorker`]; under
+//! [`Coordination::Leader`] the cycle depends on the worker's role (see `led.rs`).
 //!
 //! Every backend call here is bounded by the call timeout; a failure retrying cannot fix (the
 //! table or the stream is gone, access is denied) ends the cycle with an error that stops the
@@ -20,40 +22,139 @@ use crate::lease::sync::{self, Lineage};
 use crate::lease::taker::{self, Candidate, Holder, Limits};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
+use crate::config::Coordination;
 use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
-use crate::types::ShardId;
+use crate::types::{ShardId, WorkerId};
+use super::roles::Roles;
 
 /// What the coordinator loop owns.
 pub(super) struct Coordinator {
     pub(super) held: BTreeMap<ShardId, Held>,
     pub(super) tasks: JoinSet<Exit>,
     task_keys: BTreeMap<tokio::task::Id, ShardId>,
-    observer: Observer,
+    pub(super) observer: Observer,
     pub(super) next_sync: Instant,
+    /// The worker's role under `Coordination::Leader`.
+    pub(super) roles: Roles,
+    /// When this worker last read the whole table as a follower looking for work.
+    pub(super) looked_for_work: Option<Instant>,
 }
 
 /// One held lease: its writer, and how to steer its task.
 pub(super) struct Held {
-    tenure: Arc<Tenure>,
-    control: Arc<Control>,
+    pub(super) tenure: Arc<Tenure>,
+    pub(super) control: Arc<Control>,
 }
 
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
-    /// One taker cycle; see the module docs.
+    /// One taker cycle, as the coordination mode and this worker's role want it.
     pub(super) async fn cycle(
         &self,
         state: &mut Coordinator,
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
-        let listed_at = Instant::now();
-        let Some(mut leases) = self.list(state).await? else {
+        match self.config.coordination {
+            Coordination::EveryWorker => self.cycle_for_myself(state, ctx, true).await?,
+            Coordination::Leader => self.led_cycle(state, ctx).await?,
+        }
+        self.publish(state);
+        Ok(())
+    }
+
+    /// The cycle of a worker that coordinates for itself: reads the whole table, syncs shards
+    /// when due (if `sync`), grants handoffs, takes and asks for what it needs.
+    pub(super) async fn cycle_for_myself(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        sync: bool,
+    ) -> Result<(), Error> {
+        let Some(leases) = self.list_and_sync(state, sync).await? else {
             return Ok(());
         };
-        if Instant::now() >= state.next_sync {
+        let (by_key, candidates) = self.candidates(state, &leases);
+        self.grant_handoffs(state, &candidates, &by_key).await;
+
+        let limits = Limits {
+            max_leases: self.config.max_leases,
+            max_steal: self.config.max_leases_to_steal,
+        };
+        let plan = taker::plan(&self.id, &candidates, limits);
+        for key in &plan.take {
+            if let Some(observed) = by_key.get(key) {
+                self.take(state, ctx, observed).await;
+            }
+        }
+        for key in &plan.request_handoff {
+            let Some(observed) = by_key.get(key) else {
+                continue;
+            };
+            if mutation::on(Mutation::StealWithoutHandoff) {
+                self.take(state, ctx, observed).await;
+                continue;
+            }
+            self.ask_handoff(observed, &self.id).await;
+        }
+        self.cycle_done();
+        Ok(())
+    }
+
+    /// Asks the owner of `observed` to hand it to `to`.
+    pub(super) async fn ask_handoff(&self, observed: &Lease, to: &WorkerId) {
+        let key = &observed.key;
+        let request = self.store.request_handoff(observed, Some(to));
+        match bounded(self.config.call_timeout, "request_handoff", request).await {
+            Ok(()) => {
+                tracing::info!(shard = %key, from = ?observed.owner, %to, "handoff requested");
+                ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
+            }
+            Err(error) => tracing::debug!(shard = %key, %error, "handoff request failed"),
+        }
+    }
+
+    /// A cycle completed with a successful read: says so in `Status`.
+    pub(super) fn cycle_done(&self) {
+        self.status
+            .send_modify(|s| s.last_cycle = Some(Instant::now()));
+    }
+
+    /// The ready leases as candidates for planning, and every lease by key.
+    pub(super) fn candidates<'a>(
+        &self,
+        state: &Coordinator,
+        leases: &'a [Lease],
+    ) -> (BTreeMap<&'a ShardId, &'a Lease>, Vec<Candidate>) {
+        let now = Instant::now();
+        let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+        let lineage = Lineage::new(leases);
+        let candidates: Vec<Candidate> = leases
+            .iter()
+            .filter(|l| lineage.is_ready(l))
+            .map(|l| Candidate {
+                key: l.key.clone(),
+                holder: self.holder(l, state, now),
+                handoff_to: l.handoff_to.clone(),
+            })
+            .collect();
+        (by_key, candidates)
+    }
+
+    /// Reads the whole table and, if `sync` and it is due, syncs shards (reading the table
+    /// again if that changed it). `None` if the read failed in a way worth retrying next cycle.
+    pub(super) async fn list_and_sync(
+        &self,
+        state: &mut Coordinator,
+        sync: bool,
+    ) -> Result<Option<Vec<Lease>>, Error> {
+        let listed_at = Instant::now();
+        let Some(mut leases) = self.list(state).await? else {
+            return Ok(None);
+        };
+        if sync && Instant::now() >= state.next_sync {
             match self.sync_shards(&leases, listed_at, &state.observer).await {
                 Ok(changed) => {
                     state.next_sync = Instant::now() + self.config.shard_sync_interval;
@@ -75,57 +176,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
 
-        let now = Instant::now();
-        let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
-        let lineage = Lineage::new(&leases);
-        let candidates: Vec<Candidate> = leases
-            .iter()
-            .filter(|l| lineage.is_ready(l))
-            .map(|l| Candidate {
-                key: l.key.clone(),
-                holder: self.holder(l, state, now),
-                handoff_to: l.handoff_to.clone(),
-            })
-            .collect();
-
-        self.grant_handoffs(state, &candidates, &by_key).await;
-
-        let limits = Limits {
-            max_leases: self.config.max_leases,
-            max_steal: self.config.max_leases_to_steal,
-        };
-        let plan = taker::plan(&self.id, &candidates, limits);
-        for key in &plan.take {
-            if let Some(observed) = by_key.get(key) {
-                self.take(state, ctx, observed).await;
-            }
-        }
-        for key in &plan.request_handoff {
-            let Some(observed) = by_key.get(key) else {
-                continue;
-            };
-            if mutation::on(Mutation::StealWithoutHandoff) {
-                self.take(state, ctx, observed).await;
-                continue;
-            }
-            let request = self.store.request_handoff(observed, Some(&self.id));
-            match bounded(self.config.call_timeout, "request_handoff", request).await {
-                Ok(()) => {
-                    tracing::info!(shard = %key, from = ?observed.owner, "handoff requested");
-                    ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
-                }
-                Err(error) => tracing::debug!(shard = %key, %error, "handoff request failed"),
-            }
-        }
-        self.publish(state);
-        self.status
-            .send_modify(|s| s.last_cycle = Some(Instant::now()));
-        Ok(())
+        Ok(Some(leases))
     }
 
     /// Reads the lease table and records what it saw. `None` if the read failed in a way
     /// worth retrying next cycle.
-    async fn list(&self, state: &mut Coordinator) -> Result<Option<Vec<Lease>>, Error> {
+    pub(super) async fn list(
+        &self,
+        state: &mut Coordinator,
+    ) -> Result<Option<Vec<Lease>>, Error> {
         match bounded(self.config.call_timeout, "list", self.store.list()).await {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
@@ -143,7 +202,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Takes one lease and starts its shard task.
-    async fn take(&self, state: &mut Coordinator, ctx: &Arc<ShardContext<S, F>>, observed: &Lease) {
+    pub(super) async fn take(&self, state: &mut Coordinator, ctx: &Arc<ShardContext<S, F>>, observed: &Lease) {
         let key = &observed.key;
         let started = Instant::now();
         let take = self.store.take(observed, &self.id);
@@ -181,7 +240,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     self.config.failover_time
                 };
                 if idle >= expiry {
-                    Holder::Expired { idle }
+                    Holder::Expired {
+                        idle,
+                        owner: owner.clone(),
+                    }
                 } else {
                     Holder::Other(owner.clone())
                 }
@@ -286,10 +348,12 @@ impl Coordinator {
             task_keys: BTreeMap::new(),
             observer: Observer::default(),
             next_sync: Instant::now(),
+            roles: Roles::none(),
+            looked_for_work: None,
         }
     }
 
-    fn spawn<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    pub(super) fn spawn<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
         &mut self,
         worker: &Worker<S, L, F>,
         ctx: &Arc<ShardContext<S, F>>,

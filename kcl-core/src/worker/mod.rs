@@ -13,7 +13,9 @@
 //! `shutdown_timeout` (or at once on [`ShutdownHandle::force`]), stops what is left.
 
 mod coordinator;
+mod led;
 mod prefetch;
+mod roles;
 mod shard_consumer;
 
 use std::future::Future;
@@ -181,6 +183,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             config: self.config.clone(),
         });
         let mut state = Coordinator::new();
+        if self.config.coordination == crate::Coordination::Leader {
+            state.roles = roles::Roles::start(&self.id, self.store.clone(), &self.config);
+        }
         let outcome = self.coordinate(&mut state, &ctx, &mut beat).await;
         self.stop(state, &mut beat).await;
         outcome
@@ -240,6 +245,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     async fn stop(&self, mut state: Coordinator, beat: &mut Interval) {
         self.handle.graceful.cancel();
         self.status.send_modify(|s| s.phase = Phase::ShuttingDown);
+        // Roles first, so that a successor leads while this worker hands its leases back.
+        let roles = std::mem::replace(&mut state.roles, roles::Roles::none());
+        let give_back = roles.stop(self.config.call_timeout);
+        if self.interruptible(beat, give_back).await.is_none() {
+            tracing::debug!("shutdown forced while giving the coordination rows back");
+        }
         tracing::info!(
             leases = state.held.len(),
             "shutting down: handing leases back"

@@ -9,7 +9,9 @@ use std::time::Duration;
 use kcl_core::coordination::is_coordination_key;
 use kcl_core::lease::sync::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
-use kcl_core::{InitialPosition, LeaseStore, Record, ShardId, ShardSource, WorkerConfig};
+use kcl_core::{
+    Coordination, InitialPosition, LeaseStore, Record, ShardId, ShardSource, WorkerConfig,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, sleep};
@@ -52,6 +54,8 @@ pub struct Outcome {
 /// What a run went through, to show the faults and cases really happened.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Stats {
+    /// Seeds run under `Coordination::Leader`.
+    pub led: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -86,6 +90,7 @@ impl Outcome {
 
 impl std::ops::AddAssign for Stats {
     fn add_assign(&mut self, o: Self) {
+        self.led += o.led;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -113,9 +118,17 @@ const PLANNED_EVERY: u64 = 5;
 pub async fn simulate(seed: u64) -> Outcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let planned = seed.is_multiple_of(PLANNED_EVERY);
+    // Odd seeds run under a leader, even ones with every worker coordinating for itself.
+    let led = seed % 2 == 1;
+    let coordination = if led {
+        Coordination::Leader
+    } else {
+        Coordination::EveryWorker
+    };
     let faults = Faults::seeded(seed.wrapping_mul(31).wrapping_add(7));
     let stream = MemoryStream::with_faults(rng.random_range(1..=16u32), faults.clone());
     let mut stats = Stats {
+        led: usize::from(led),
         planned: usize::from(planned),
         ..Stats::default()
     };
@@ -132,7 +145,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     };
     let mut fleet = Fleet {
         seed,
-        config: config().initial_position(position),
+        config: config()
+            .initial_position(position)
+            .coordination(coordination),
         stream: stream.clone(),
         store: MemoryLeaseStore::with_faults(faults.clone()),
         faults: faults.clone(),

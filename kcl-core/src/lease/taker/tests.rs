@@ -145,6 +145,7 @@ fn takes_adoptable_then_unowned_then_longest_expired() {
             key: k(0),
             holder: Holder::Expired {
                 idle: Duration::from_secs(11),
+                owner: w(5),
             },
             handoff_to: None,
         },
@@ -152,6 +153,7 @@ fn takes_adoptable_then_unowned_then_longest_expired() {
             key: k(1),
             holder: Holder::Expired {
                 idle: Duration::from_secs(50),
+                owner: w(6),
             },
             handoff_to: None,
         },

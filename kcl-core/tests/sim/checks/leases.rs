@@ -127,7 +127,8 @@ pub(super) fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
 }
 
 /// expiry: a lease another worker owns is taken (not handed over) only once its counter has
-/// stood still for the failover time: the taker cannot have observed it for longer.
+/// stood still for the failover time: the taker cannot have observed it for longer. That
+/// holds for a leader writing the lease to a third worker too.
 pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
     // Per lease: the owner and counter after the last event, and when the counter last moved.
     let mut last: BTreeMap<&ShardId, (Option<&str>, u64, tokio::time::Instant)> = BTreeMap::new();
@@ -136,7 +137,7 @@ pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
         let owner = ev.lease.owner.as_ref().map(|o| o.as_str());
         if let Some((before, _, moved)) = last.get(key)
             && ev.operation == "take"
-            && owner == Some(ev.client.as_str())
+            && owner != *before
             && before.is_some_and(|b| b != ev.client)
             && ev.started.saturating_duration_since(*moved) < e.failover
         {

@@ -1,0 +1,285 @@
+//! The leader's plan for the whole fleet: a pure function of what the leader observed.
+//!
+//! With [`Coordination::Leader`](crate::Coordination::Leader) only the leader reads the whole
+//! table, so it decides for everyone. Available leases (unowned first, then the longest
+//! expired) go to the least loaded known worker, the leader included; the leader writes the
+//! new owner (a conditional take on the new owner's behalf) and that worker adopts the lease
+//! when it next reads which leases name it. Then, while one worker holds at least two leases
+//! more than another, the most loaded is asked to hand one to the least loaded (a handoff
+//! request, which the owner sees in its next renewal and grants); each worker receives at
+//! most `max_steal` new requests a round, so the fleet moves gradually, as with the
+//! per-worker taker.
+//!
+//! Workers are known as in [`taker::workers`]: owners of live leases and targets of pending
+//! handoffs. Only workers seen *active* lately (their own rows moved, or they asked for a
+//! lease) are given leases or asked for handoffs: a lease written to a worker that has died
+//! would look alive for another failover time, and a dead owner cannot hand anything over. A
+//! worker that owns an expired lease gets nothing new either. Loads count pending handoffs at their target, so a request is not repeated while
+//! it is under way. A lease the leader misjudges costs a failed conditional write, never a
+//! second owner: leadership decides who should do the work, not who may.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::taker::{self, Candidate, Holder, Limits};
+use crate::types::{ShardId, WorkerId};
+
+/// What the leader does this round.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// Available leases and who gets them (the leader itself, or another worker).
+    pub take: Vec<(ShardId, WorkerId)>,
+    /// Owned leases whose owner is asked to hand them to a less loaded worker.
+    pub request_handoff: Vec<(ShardId, WorkerId)>,
+}
+
+/// Plans one round for the fleet, as seen by the leader `me`; `active` tells which workers
+/// were seen working lately (see the module docs). See the module docs.
+pub fn assign(
+    me: &WorkerId,
+    leases: &[Candidate],
+    limits: Limits,
+    active: impl Fn(&WorkerId) -> bool,
+) -> Assignment {
+    let mut load: BTreeMap<&WorkerId, usize> = taker::workers(me, leases)
+        .into_iter()
+        .map(|w| (w, 0))
+        .collect();
+    let mut assignment = Assignment::default();
+    let mut movable: Vec<(&WorkerId, &ShardId)> = Vec::new();
+    for c in leases {
+        let holder = match &c.holder {
+            Holder::Me => me,
+            Holder::Other(w) => w,
+            Holder::Adoptable => {
+                assignment.take.push((c.key.clone(), me.clone()));
+                me
+            }
+            Holder::Unowned | Holder::Expired { .. } => continue,
+        };
+        let pending = c
+            .handoff_to
+            .as_ref()
+            .filter(|to| *to != holder && load.contains_key(to));
+        if let Some(to) = pending {
+            *load.entry(to).or_default() += 1;
+        } else {
+            *load.entry(holder).or_default() += 1;
+            if holder == me || active(holder) {
+                movable.push((holder, &c.key));
+            }
+        }
+    }
+    // A worker that let a lease expire is not given more: it may be gone, and a lease the
+    // leader writes to it would look alive again for a failover time.
+    let suspects: Vec<&WorkerId> = leases
+        .iter()
+        .filter_map(|c| match &c.holder {
+            Holder::Expired { owner, .. } => Some(owner),
+            _ => None,
+        })
+        .collect();
+    let room = |w: &WorkerId, n: usize| {
+        if w == me {
+            n < limits.max_leases
+        } else {
+            active(w) && !suspects.contains(&w)
+        }
+    };
+
+    let mut available: Vec<&Candidate> = leases
+        .iter()
+        .filter(|c| matches!(c.holder, Holder::Unowned | Holder::Expired { .. }))
+        .collect();
+    available.sort_by_key(|c| match c.holder {
+        Holder::Expired { idle, .. } => (1, Reverse(idle), c.key.clone()),
+        _ => (0, Reverse(Duration::ZERO), c.key.clone()),
+    });
+    for c in available {
+        let least = load
+            .iter()
+            .filter(|(w, n)| room(w, **n))
+            .min_by_key(|(w, n)| (**n, spread(w, &c.key)))
+            .map(|(w, _)| *w);
+        if let Some(w) = least {
+            assignment.take.push((c.key.clone(), w.clone()));
+            *load.entry(w).or_default() += 1;
+        }
+    }
+
+    let mut received: BTreeMap<&WorkerId, usize> = BTreeMap::new();
+    loop {
+        let most = load
+            .iter()
+            .filter(|(w, _)| movable.iter().any(|(h, _)| h == *w))
+            .max_by_key(|(w, n)| (**n, Reverse(**w)))
+            .map(|(w, n)| (*w, *n));
+        let least = load
+            .iter()
+            .filter(|(w, n)| room(w, **n) && received.get(*w).copied().unwrap_or(0) < limits.max_steal)
+            .min_by_key(|(w, n)| (**n, **w))
+            .map(|(w, n)| (*w, *n));
+        let (Some((from, high)), Some((to, low))) = (most, least) else {
+            break;
+        };
+        if high < low + 2 {
+            break;
+        }
+        let Some(pick) = movable
+            .iter()
+            .enumerate()
+            .filter(|(_, (h, _))| *h == from)
+            .min_by_key(|(_, (_, key))| spread(to, key))
+            .map(|(i, _)| i)
+        else {
+            break;
+        };
+        let (_, key) = movable.swap_remove(pick);
+        assignment.request_handoff.push((key.clone(), to.clone()));
+        *load.entry(from).or_default() -= 1;
+        *load.entry(to).or_default() += 1;
+        *received.entry(to).or_default() += 1;
+    }
+    assignment
+}
+
+/// A per-worker order over keys, so that what one worker gets is spread over the key space.
+fn spread(worker: &WorkerId, key: &ShardId) -> u64 {
+    crate::types::stable_hash((worker, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(id: &str) -> WorkerId {
+        WorkerId::from(id)
+    }
+
+    fn lease(key: &str, holder: Holder) -> Candidate {
+        Candidate {
+            key: ShardId::from(key),
+            holder,
+            handoff_to: None,
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        max_leases: usize::MAX,
+        max_steal: 1,
+    };
+
+    fn count(a: &Assignment, to: &str) -> usize {
+        a.take.iter().filter(|(_, t)| t.as_str() == to).count()
+    }
+
+    #[test]
+    fn available_leases_go_to_the_least_loaded_live_workers() {
+        let me = w("leader");
+        let mut leases = vec![
+            lease("s0", Holder::Me),
+            lease("s1", Holder::Other(w("a"))),
+            lease("s2", Holder::Other(w("a"))),
+            lease("s3", Holder::Other(w("b"))),
+        ];
+        for i in 4..10 {
+            leases.push(lease(&format!("s{i}"), Holder::Unowned));
+        }
+        leases.push(lease(
+            "s10",
+            Holder::Expired {
+                idle: Duration::from_secs(12),
+                owner: w("gone"),
+            },
+        ));
+        let a = assign(&me, &leases, LIMITS, |_| true);
+        assert_eq!(a.take.len(), 7, "{a:?}");
+        // 11 leases over 3 workers: 4, 4, 3 whatever the start.
+        let mut totals = [1 + count(&a, "leader"), 2 + count(&a, "a"), 1 + count(&a, "b")];
+        totals.sort_unstable();
+        assert_eq!(totals, [3, 4, 4], "{a:?}");
+        assert!(a.request_handoff.is_empty(), "balanced by the takes alone");
+    }
+
+    #[test]
+    fn the_most_loaded_hands_to_the_least_loaded_a_few_at_a_time() {
+        let me = w("leader");
+        let mut leases: Vec<Candidate> = (0..8)
+            .map(|i| lease(&format!("s{i}"), Holder::Other(w("a"))))
+            .collect();
+        // `b` is known from a pending request on one of `a`'s leases.
+        leases[0].handoff_to = Some(w("b"));
+        let a = assign(&me, &leases, LIMITS, |_| true);
+        assert!(a.take.is_empty());
+        let to: Vec<&str> = a.request_handoff.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(to.len(), 2, "one each for the leader and b: {a:?}");
+        assert!(to.contains(&"leader") && to.contains(&"b"));
+        assert!(
+            a.request_handoff.iter().all(|(k, _)| k.as_str() != "s0"),
+            "a lease already moving is not asked for again"
+        );
+    }
+
+    #[test]
+    fn a_balanced_fleet_is_left_alone_and_the_leader_adopts_what_names_it() {
+        let me = w("leader");
+        let leases = vec![
+            lease("s0", Holder::Adoptable),
+            lease("s1", Holder::Other(w("a"))),
+            lease("s2", Holder::Other(w("a"))),
+            lease("s3", Holder::Other(w("b"))),
+        ];
+        let a = assign(&me, &leases, LIMITS, |_| true);
+        assert_eq!(a.take, vec![(ShardId::from("s0"), me)]);
+        assert!(a.request_handoff.is_empty(), "{a:?}");
+    }
+
+    #[test]
+    fn the_leader_stays_within_its_own_limit() {
+        let me = w("leader");
+        let leases: Vec<Candidate> = (0..6)
+            .map(|i| lease(&format!("s{i}"), Holder::Unowned))
+            .chain([lease("s9", Holder::Other(w("a")))])
+            .collect();
+        let limits = Limits {
+            max_leases: 1,
+            max_steal: 1,
+        };
+        let a = assign(&me, &leases, limits, |_| true);
+        assert_eq!(count(&a, "leader"), 1, "{a:?}");
+        assert_eq!(count(&a, "a"), 5, "{a:?}");
+    }
+
+    #[test]
+    fn a_worker_that_let_a_lease_expire_gets_nothing_new() {
+        let me = w("leader");
+        let leases = vec![
+            lease("s0", Holder::Me),
+            lease("s1", Holder::Other(w("zombie"))),
+            lease(
+                "s2",
+                Holder::Expired {
+                    idle: Duration::from_secs(30),
+                    owner: w("zombie"),
+                },
+            ),
+            lease("s3", Holder::Unowned),
+        ];
+        let a = assign(&me, &leases, LIMITS, |_| true);
+        assert!(a.take.iter().all(|(_, to)| to.as_str() != "zombie"), "{a:?}");
+        assert_eq!(a.take.len(), 2, "{a:?}");
+    }
+
+    #[test]
+    fn workers_not_seen_active_get_nothing_and_give_nothing() {
+        let me = w("leader");
+        let mut leases: Vec<Candidate> = (0..6)
+            .map(|i| lease(&format!("s{i}"), Holder::Other(w("quiet"))))
+            .collect();
+        leases.push(lease("s9", Holder::Unowned));
+        let a = assign(&me, &leases, LIMITS, |w| w.as_str() != "quiet");
+        assert_eq!(a.take, vec![(ShardId::from("s9"), me)]);
+        assert!(a.request_handoff.is_empty(), "a quiet owner is not asked: {a:?}");
+    }
+}

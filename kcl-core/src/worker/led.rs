@@ -1,0 +1,197 @@
+//! The taker cycle under [`Coordination::Leader`](crate::Coordination::Leader), by role.
+//!
+//! - The **leader** reads the whole table, syncs shards, and plans for the fleet
+//!   ([`lease::leader`](crate::lease::leader)): it takes available leases for itself or
+//!   writes them to other workers, and asks loaded owners for handoffs.
+//! - The **standby** reads the whole table too, to observe: when it becomes the leader its
+//!   observations are a failover time old already, so the old leader's leases move in its
+//!   first cycle as leader. While it holds nothing it also plans for itself.
+//! - Everyone (the leader through its own read) adopts leases that name it but that it does
+//!   not hold, found with [`LeaseStore::owned_by`], and hands over leases whose renewal
+//!   showed a handoff request: the requests come from the leader, or from a worker looking
+//!   for work.
+//! - A follower that holds nothing reads the whole table every few cycles and plans for
+//!   itself as under `EveryWorker` (without shard sync): that is how a new worker, or any
+//!   worker while no leader is known, finds work and makes itself known to the leader.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::Worker;
+use super::coordinator::Coordinator;
+use super::roles::Role;
+use super::shard_consumer::ShardContext;
+use crate::coordination::is_coordination_key;
+use crate::error::{Error, ErrorKind};
+use crate::lease::leader;
+use crate::lease::taker::Limits;
+use crate::lease::{Lease, LeaseStore};
+use crate::metrics;
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::task::bounded;
+use crate::types::WorkerId;
+
+/// A follower that holds nothing reads the whole table at most once per this many taker
+/// intervals.
+const LOOK_FOR_WORK_EVERY: u32 = 5;
+
+impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+    /// One cycle under `Coordination::Leader`; see the module docs.
+    pub(super) async fn led_cycle(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        match state.roles.current() {
+            Role::Leader => self.lead(state, ctx).await?,
+            // A standby that holds nothing plans for itself, as a follower looking for work
+            // does: the leader learns of a worker only from the leases it holds or asks for.
+            Role::Standby if state.held.is_empty() => {
+                self.cycle_for_myself(state, ctx, false).await?;
+            }
+            Role::Standby => {
+                if self.list(state).await?.is_some() {
+                    self.cycle_done();
+                }
+                self.follow(state, ctx).await?;
+            }
+            Role::Follower => {
+                let due = state.looked_for_work.is_none_or(|at| {
+                    at.elapsed() >= self.config.taker_interval * LOOK_FOR_WORK_EVERY
+                });
+                if state.held.is_empty() && due {
+                    state.looked_for_work = Some(Instant::now());
+                    self.cycle_for_myself(state, ctx, false).await?;
+                } else {
+                    self.follow(state, ctx).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The leader's cycle: read, sync, plan for the fleet, act.
+    async fn lead(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        let Some(leases) = self.list_and_sync(state, true).await? else {
+            return Ok(());
+        };
+        let (by_key, candidates) = self.candidates(state, &leases);
+        let limits = Limits {
+            max_leases: self.config.max_leases,
+            max_steal: self.config.max_leases_to_steal,
+        };
+        let (now, failover) = (Instant::now(), self.config.failover_time);
+        state.observer.forget_inactive(now, failover * 10);
+        let observer = &state.observer;
+        let plan = leader::assign(&self.id, &candidates, limits, |w| {
+            observer.is_active(w, now, failover)
+        });
+        for (key, to) in &plan.take {
+            let Some(observed) = by_key.get(key) else {
+                continue;
+            };
+            if to == &self.id {
+                self.take(state, ctx, observed).await;
+            } else {
+                self.assign(observed, to).await;
+            }
+        }
+        for (key, to) in &plan.request_handoff {
+            match state.held.get(key) {
+                Some(held) if !held.control.is_handing_off() => {
+                    tracing::info!(shard = %key, %to, "handing off to balance the fleet");
+                    held.control.hand_off(to.clone());
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(observed) = by_key.get(key) {
+                        state.observer.requested_for(key, to);
+                        self.ask_handoff(observed, to).await;
+                    }
+                }
+            }
+        }
+        self.hand_over_requested(state);
+        self.cycle_done();
+        Ok(())
+    }
+
+    /// Writes `to` as the owner of an available lease; `to` adopts it when it next looks.
+    async fn assign(&self, observed: &Lease, to: &WorkerId) {
+        let key = &observed.key;
+        let take = self.store.take(observed, to);
+        match bounded(self.config.call_timeout, "take", take).await {
+            Ok(_) => {
+                tracing::info!(shard = %key, from = ?observed.owner, %to, "lease assigned");
+                ::metrics::counter!(metrics::LEASES_ASSIGNED).increment(1);
+            }
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                tracing::debug!(shard = %key, "lease moved before it could be assigned");
+            }
+            Err(error) => tracing::warn!(shard = %key, %error, "assigning lease failed"),
+        }
+    }
+
+    /// What every worker does each cycle under a leader: hand over what was asked for, adopt
+    /// what names it.
+    async fn follow(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        self.hand_over_requested(state);
+        let limit = self.config.call_timeout;
+        let mine = match bounded(limit, "owned_by", self.store.owned_by(&self.id)).await {
+            Ok(keys) => keys,
+            Err(error) if error.kind().is_permanent() => return Err(Error::Store(error)),
+            Err(error) => {
+                tracing::warn!(%error, "reading which leases name this worker failed");
+                return Ok(());
+            }
+        };
+        let unheld: Vec<_> = mine
+            .into_iter()
+            .filter(|k| !state.held.contains_key(k) && !is_coordination_key(k))
+            .collect();
+        for key in &unheld {
+            let row = match bounded(limit, "get", self.store.get(key)).await {
+                Ok(Some(row)) if row.is_owned_by(&self.id) && !row.is_finished() => row,
+                Ok(_) => continue,
+                Err(error) => {
+                    tracing::debug!(shard = %key, %error, "reading a lease to adopt failed");
+                    continue;
+                }
+            };
+            if state.held.len() >= self.config.max_leases {
+                tracing::info!(shard = %key, "at max_leases: giving an assigned lease back");
+                let release = self.store.release(&row);
+                if let Err(error) = bounded(limit, "release", release).await {
+                    tracing::debug!(shard = %key, %error, "giving a lease back failed");
+                }
+                continue;
+            }
+            self.take(state, ctx, &row).await;
+        }
+        self.cycle_done();
+        Ok(())
+    }
+
+    /// Hands over held leases whose last write showed a handoff request to another worker.
+    fn hand_over_requested(&self, state: &Coordinator) {
+        for (key, held) in &state.held {
+            if held.control.is_handing_off() {
+                continue;
+            }
+            if let Some(to) = held.tenure.handoff_requested().filter(|to| to != &self.id) {
+                tracing::info!(shard = %key, %to, "handing off as asked");
+                held.control.hand_off(to);
+            }
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! A worker's role under [`Coordination::Leader`](crate::Coordination::Leader): leader,
+//! standby or follower, each held through a [`Singleton`] on the lease table.
+//!
+//! Two singleton rows, `worker-leader` and `worker-standby`. A worker competes for the standby
+//! row only while it is not the leader. The standby reads the leader row every taker
+//! interval, so that it takes over within one interval of the leader's expiry (and, having
+//! observed the whole table as the leader did, can take the old leader's leases at once).
+//! Everyone else reads the two rows once per failover time: they only matter when the leader
+//! and the standby are both gone. So the rows cost a few reads per worker per failover time,
+//! not per interval.
+//!
+//! Roles decide who does the work of reading the table, not who may write: every take and
+//! handoff stays conditional, so a stale role (a leader that has just lost its row) costs at
+//! most a failed write. A role ends when its singleton task ends: when the row is at risk,
+//! lost, or the worker shuts down (and the row is then released, so a successor takes over at
+//! once).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::WorkerConfig;
+use crate::coordination::{Singleton, SingletonConfig};
+use crate::lease::LeaseStore;
+use crate::types::WorkerId;
+
+/// What this worker does in the fleet's coordination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Reads the whole table, syncs shards, assigns and balances.
+    Leader,
+    /// Reads the whole table, ready to lead.
+    Standby,
+    /// Reads only its own rows.
+    Follower,
+}
+
+/// The role this worker holds, kept current by two background tasks.
+pub(super) struct Roles {
+    leader: watch::Receiver<bool>,
+    standby: watch::Receiver<bool>,
+    stop: CancellationToken,
+    /// Aborted when dropped: a worker that crashes (its future dropped) stops competing.
+    tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+/// Sets its flag while a singleton task runs, and clears it however the task ends (returns,
+/// or is dropped at the lease's validity deadline).
+struct Flag(watch::Sender<bool>);
+
+impl Flag {
+    fn raise(sender: &watch::Sender<bool>) -> Self {
+        sender.send_replace(true);
+        Self(sender.clone())
+    }
+}
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        self.0.send_replace(false);
+    }
+}
+
+impl Roles {
+    /// No roles: every worker coordinates for itself.
+    pub(super) fn none() -> Self {
+        Self {
+            leader: watch::Sender::new(false).subscribe(),
+            standby: watch::Sender::new(false).subscribe(),
+            stop: CancellationToken::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Starts competing for the leader and standby rows.
+    pub(super) fn start<L: LeaseStore>(me: &WorkerId, store: Arc<L>, config: &WorkerConfig) -> Self {
+        let singleton_config = SingletonConfig::default()
+            .failover_time(config.failover_time)
+            .poll_interval(config.failover_time);
+        let fast = config.taker_interval;
+        let slow = config.failover_time;
+        let (leader_tx, leader) = watch::channel(false);
+        let (standby_tx, standby) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let mut tasks = Vec::new();
+        let candidates = (
+            Singleton::new("worker-leader", me.clone(), store.clone(), singleton_config.clone()),
+            Singleton::new("worker-standby", me.clone(), store, singleton_config),
+        );
+        let (lead, stand_by) = match candidates {
+            (Ok(lead), Ok(stand_by)) => (Arc::new(lead), Arc::new(stand_by)),
+            (Err(error), _) | (_, Err(error)) => {
+                // The worker's own timing was validated the same way; this cannot happen.
+                tracing::error!(%error, "cannot compete for the leader: following only");
+                return Self::none();
+            }
+        };
+        // The leader candidate polls fast only while this worker is the standby.
+        let mut is_standby = standby.clone();
+        let poll = lead.clone();
+        let stopped = stop.clone();
+        tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
+            loop {
+                let interval = if *is_standby.borrow_and_update() { fast } else { slow };
+                poll.set_poll_interval(interval);
+                tokio::select! {
+                    () = stopped.cancelled() => return,
+                    changed = is_standby.changed() => if changed.is_err() { return },
+                }
+            }
+        })));
+        let (stopped, tx) = (stop.clone(), leader_tx);
+        let leading = lead.clone();
+        tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
+            let result = leading
+                .run(stopped, |lost| {
+                    let flag = Flag::raise(&tx);
+                    async move {
+                        tracing::info!("leading the fleet's coordination");
+                        lost.cancelled().await;
+                        drop(flag);
+                    }
+                })
+                .await;
+            if let Err(error) = result {
+                tracing::error!(%error, "competing for the leader failed");
+            }
+        })));
+        let (stopped, leading) = (stop.clone(), leader.clone());
+        tasks.push(AbortOnDropHandle::new(crate::task::spawn(stand_by_loop(
+            stand_by, leading, stopped, standby_tx,
+        ))));
+        Self {
+            leader,
+            standby,
+            stop,
+            tasks,
+        }
+    }
+
+    /// The role held now.
+    pub(super) fn current(&self) -> Role {
+        if *self.leader.borrow() {
+            Role::Leader
+        } else if *self.standby.borrow() {
+            Role::Standby
+        } else {
+            Role::Follower
+        }
+    }
+
+    /// Gives the rows back (so that successors take over at once) and ends the tasks, within
+    /// `limit`.
+    pub(super) async fn stop(self, limit: Duration) {
+        self.stop.cancel();
+        let tasks = join_all(self.tasks);
+        if tokio::time::timeout(limit, tasks).await.is_err() {
+            tracing::debug!("giving the coordination rows back took too long");
+        }
+    }
+}
+
+async fn join_all(tasks: Vec<AbortOnDropHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// Competes for the standby row whenever this worker is not the leader.
+async fn stand_by_loop<L: LeaseStore>(
+    singleton: Arc<Singleton<L>>,
+    mut leader: watch::Receiver<bool>,
+    stop: CancellationToken,
+    flag: watch::Sender<bool>,
+) {
+    loop {
+        while *leader.borrow_and_update() {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                changed = leader.changed() => if changed.is_err() { return },
+            }
+        }
+        if stop.is_cancelled() {
+            return;
+        }
+        let quit = stop.child_token();
+        let run = async {
+            let result = singleton
+                .run(quit.clone(), |lost| {
+                    let raised = Flag::raise(&flag);
+                    async move {
+                        lost.cancelled().await;
+                        drop(raised);
+                    }
+                })
+                .await;
+            quit.cancel();
+            result
+        };
+        let watch_leader = async {
+            loop {
+                tokio::select! {
+                    () = quit.cancelled() => return,
+                    changed = leader.changed() => {
+                        if changed.is_err() || *leader.borrow_and_update() {
+                            quit.cancel();
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let (result, ()) = tokio::join!(run, watch_leader);
+        if let Err(error) = result {
+            tracing::error!(%error, "competing for the standby failed");
+            return;
+        }
+    }
+}
