@@ -28,8 +28,8 @@ use std::time::Duration;
 use kcl_core::lease::usage::{self, Operation, Tally};
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    BoxError, Checkpoint, Checkpointer, Lease, ProcessRecordsInput, RecordProcessor, ShardId,
-    Worker, WorkerConfig, WorkerId,
+    BoxError, Checkpoint, Checkpointer, Coordination, Lease, ProcessRecordsInput, RecordProcessor,
+    ShardId, Worker, WorkerConfig, WorkerId,
 };
 
 /// On-demand prices, us-east-1: dollars per million request units.
@@ -60,7 +60,7 @@ struct Measured {
     row_bytes: usize,
 }
 
-fn measure(workers: usize, shards: u32) -> Measured {
+fn measure(workers: usize, shards: u32, coordination: Coordination) -> Measured {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -84,7 +84,7 @@ fn measure(workers: usize, shards: u32) -> Measured {
         for id in &ids {
             let worker = Worker::new(
                 id.as_str(),
-                WorkerConfig::default(),
+                WorkerConfig::default().coordination(coordination),
                 stream.client(id.as_str()),
                 store.client(id.as_str()),
                 |_: &ShardId| Idle,
@@ -105,6 +105,7 @@ fn measure(workers: usize, shards: u32) -> Measured {
             let earlier = before.get(op).copied().unwrap_or_default();
             window += Tally {
                 requests: tally.requests - earlier.requests,
+                rows: tally.rows - earlier.rows,
                 read_units: tally.read_units - earlier.read_units,
                 write_units: tally.write_units - earlier.write_units,
             };
@@ -152,30 +153,33 @@ fn main() {
             continue;
         }
         for workers in [10, 100] {
-            let m = measure(workers, shards);
-            row_bytes = m.row_bytes;
-            let hour = 3600.0 / f64::from(shards);
-            let ours = dollars_per_1000_shards_month(m.reads_per_s, m.writes_per_s, shards);
-            let (java_reads, java_writes) = kcl_java(workers, shards, m.row_bytes);
+            let modes = [
+                ("every worker reads the table", Coordination::EveryWorker),
+                ("leader", Coordination::Leader),
+            ]
+            .map(|(mode, coordination)| (mode, measure(workers, shards, coordination)));
+            row_bytes = modes[0].1.row_bytes;
+            let (java_reads, java_writes) = kcl_java(workers, shards, row_bytes);
             let java = dollars_per_1000_shards_month(java_reads, java_writes, shards);
-            println!(
-                "| {workers} | {shards} | default (every worker scans) | {:.0} | {:.1} | {:.1} | {ours:.0} | {:.2}× |",
-                m.requests_per_s,
-                m.reads_per_s * hour,
-                m.writes_per_s * hour,
-                ours / java
-            );
+            let hour = 3600.0 / f64::from(shards);
+            for (mode, m) in &modes {
+                let ours = dollars_per_1000_shards_month(m.reads_per_s, m.writes_per_s, shards);
+                println!(
+                    "| {workers} | {shards} | {mode} | {:.0} | {:.1} | {:.1} | {ours:.0} | {:.2}× |",
+                    m.requests_per_s,
+                    m.reads_per_s * hour,
+                    m.writes_per_s * hour,
+                    ours / java
+                );
+                if m.takes > 0 {
+                    println!("(not settled: {} takes in the window)", m.takes);
+                }
+            }
             println!(
                 "| {workers} | {shards} | KCL Java 3.x (computed) | | {:.1} | {:.1} | {java:.0} | 1.00× |",
                 java_reads * hour,
                 java_writes * hour,
             );
-            if m.takes > 0 {
-                println!(
-                    "(the fleet was not settled: {} takes in the window)",
-                    m.takes
-                );
-            }
         }
     }
     println!(

@@ -117,7 +117,9 @@ pub fn assign(
             .map(|(w, n)| (*w, *n));
         let least = load
             .iter()
-            .filter(|(w, n)| room(w, **n) && received.get(*w).copied().unwrap_or(0) < limits.max_steal)
+            .filter(|(w, n)| {
+                room(w, **n) && received.get(*w).copied().unwrap_or(0) < limits.max_steal
+            })
             .min_by_key(|(w, n)| (**n, **w))
             .map(|(w, n)| (*w, *n));
         let (Some((from, high)), Some((to, low))) = (most, least) else {
@@ -196,7 +198,11 @@ mod tests {
         let a = assign(&me, &leases, LIMITS, |_| true);
         assert_eq!(a.take.len(), 7, "{a:?}");
         // 11 leases over 3 workers: 4, 4, 3 whatever the start.
-        let mut totals = [1 + count(&a, "leader"), 2 + count(&a, "a"), 1 + count(&a, "b")];
+        let mut totals = [
+            1 + count(&a, "leader"),
+            2 + count(&a, "a"),
+            1 + count(&a, "b"),
+        ];
         totals.sort_unstable();
         assert_eq!(totals, [3, 4, 4], "{a:?}");
         assert!(a.request_handoff.is_empty(), "balanced by the takes alone");
@@ -267,7 +273,10 @@ mod tests {
             lease("s3", Holder::Unowned),
         ];
         let a = assign(&me, &leases, LIMITS, |_| true);
-        assert!(a.take.iter().all(|(_, to)| to.as_str() != "zombie"), "{a:?}");
+        assert!(
+            a.take.iter().all(|(_, to)| to.as_str() != "zombie"),
+            "{a:?}"
+        );
         assert_eq!(a.take.len(), 2, "{a:?}");
     }
 
@@ -280,6 +289,9 @@ mod tests {
         leases.push(lease("s9", Holder::Unowned));
         let a = assign(&me, &leases, LIMITS, |w| w.as_str() != "quiet");
         assert_eq!(a.take, vec![(ShardId::from("s9"), me)]);
-        assert!(a.request_handoff.is_empty(), "a quiet owner is not asked: {a:?}");
+        assert!(
+            a.request_handoff.is_empty(),
+            "a quiet owner is not asked: {a:?}"
+        );
     }
 }

@@ -96,7 +96,9 @@ impl Observer {
     /// How long the lease's counter has stood still, as observed here.
     pub(crate) fn idle(&self, lease: &Lease, now: Instant) -> Duration {
         match self.seen.get(&lease.key) {
-            Some(seen) if seen.counter == lease.counter => now.saturating_duration_since(seen.since),
+            Some(seen) if seen.counter == lease.counter => {
+                now.saturating_duration_since(seen.since)
+            }
             _ => Duration::ZERO,
         }
     }
@@ -133,19 +135,28 @@ mod tests {
         lease.owner = Some(a.clone());
         let mut o = Observer::default();
         o.update(std::slice::from_ref(&lease), Instant::now());
-        assert!(!o.is_active(&a, Instant::now(), failover), "first sight says nothing");
+        assert!(
+            !o.is_active(&a, Instant::now(), failover),
+            "first sight says nothing"
+        );
         lease.counter += 1; // a renews
         o.update(std::slice::from_ref(&lease), Instant::now());
         assert!(o.is_active(&a, Instant::now(), failover));
         lease.owner = Some(b.clone()); // someone writes b as the owner
         lease.counter += 1;
         o.update(std::slice::from_ref(&lease), Instant::now());
-        assert!(!o.is_active(&b, Instant::now(), failover), "b has not written yet");
+        assert!(
+            !o.is_active(&b, Instant::now(), failover),
+            "b has not written yet"
+        );
         lease.handoff_to = Some(c.clone()); // c asks
         o.update(std::slice::from_ref(&lease), Instant::now());
         assert!(o.is_active(&c, Instant::now(), failover));
         tokio::time::advance(failover).await;
-        assert!(!o.is_active(&a, Instant::now(), failover), "not since the failover time");
+        assert!(
+            !o.is_active(&a, Instant::now(), failover),
+            "not since the failover time"
+        );
         o.forget_inactive(Instant::now(), failover);
         assert!(o.active.is_empty());
     }

@@ -261,7 +261,11 @@ impl LeaseStore for MemoryLeaseStore {
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
         self.read(Operation::List, |t| {
             let bytes = t.rows.values().map(usage::item_size).sum();
-            (t.rows.values().cloned().collect(), t.rows.len() as u64, bytes)
+            (
+                t.rows.values().cloned().collect(),
+                t.rows.len() as u64,
+                bytes,
+            )
         })
         .await
     }
@@ -284,8 +288,8 @@ impl LeaseStore for MemoryLeaseStore {
                 .filter(|l| l.is_owned_by(owner))
                 .map(|l| l.key.clone())
                 .collect();
-            let rows = keys.len() as u64;
-            (keys, rows, rows as usize * 60)
+            let (rows, bytes) = (keys.len() as u64, keys.len() * 60);
+            (keys, rows, bytes)
         })
         .await
     }

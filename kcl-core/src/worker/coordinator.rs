@@ -14,7 +14,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Worker;
+use super::roles::Roles;
 use super::shard_consumer::{self, Control, Exit, ShardContext};
+use crate::config::Coordination;
 use crate::coordination::is_coordination_key;
 use crate::error::{Error, ErrorKind};
 use crate::lease::observer::Observer;
@@ -22,14 +24,12 @@ use crate::lease::sync::{self, Lineage};
 use crate::lease::taker::{self, Candidate, Holder, Limits};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
-use crate::config::Coordination;
 use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
 use crate::types::{ShardId, WorkerId};
-use super::roles::Roles;
 
 /// What the coordinator loop owns.
 pub(super) struct Coordinator {
@@ -143,8 +143,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         (by_key, candidates)
     }
 
-    /// Reads the whole table and, if `sync` and it is due, syncs shards (reading the table
-    /// again if that changed it). `None` if the read failed in a way worth retrying next cycle.
+    /// Reads the whole table and, if `sync` (or the table has no leases yet) and it is due,
+    /// syncs shards (reading the table again if that changed it). `None` if the read failed in a way worth retrying next cycle.
     pub(super) async fn list_and_sync(
         &self,
         state: &mut Coordinator,
@@ -154,10 +154,19 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let Some(mut leases) = self.list(state).await? else {
             return Ok(None);
         };
-        if sync && Instant::now() >= state.next_sync {
+        // Any worker syncs a table without leases: a new fleet then starts from the moment
+        // its first worker does, with or without a leader.
+        if (sync || leases.is_empty()) && Instant::now() >= state.next_sync {
             match self.sync_shards(&leases, listed_at, &state.observer).await {
-                Ok(changed) => {
-                    state.next_sync = Instant::now() + self.config.shard_sync_interval;
+                Ok((changed, complete)) => {
+                    // An interrupted sync resumes next cycle: a shard without a lease is a
+                    // shard nobody reads, and at LATEST what it receives meanwhile is owed.
+                    let next = if complete {
+                        self.config.shard_sync_interval
+                    } else {
+                        self.config.taker_interval
+                    };
+                    state.next_sync = Instant::now() + next;
                     if changed && let Some(fresh) = self.list(state).await? {
                         leases = fresh;
                     }
@@ -181,10 +190,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Reads the lease table and records what it saw. `None` if the read failed in a way
     /// worth retrying next cycle.
-    pub(super) async fn list(
-        &self,
-        state: &mut Coordinator,
-    ) -> Result<Option<Vec<Lease>>, Error> {
+    pub(super) async fn list(&self, state: &mut Coordinator) -> Result<Option<Vec<Lease>>, Error> {
         match bounded(self.config.call_timeout, "list", self.store.list()).await {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
@@ -202,7 +208,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Takes one lease and starts its shard task.
-    pub(super) async fn take(&self, state: &mut Coordinator, ctx: &Arc<ShardContext<S, F>>, observed: &Lease) {
+    pub(super) async fn take(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        observed: &Lease,
+    ) {
         let key = &observed.key;
         let started = Instant::now();
         let take = self.store.take(observed, &self.id);
@@ -292,7 +303,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
     }
 
-    /// Lists shards and creates or cleans up leases. True if anything was written.
+    /// Lists shards and creates or cleans up leases. Returns whether anything was written, and
+    /// whether every lease due was created.
     ///
     /// Creating a lease from an old view could bring back a parent that was processed and
     /// cleaned up meanwhile, so creation stops once the view of the lease table (read at
@@ -303,7 +315,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         leases: &[Lease],
         listed_at: Instant,
         observer: &Observer,
-    ) -> Result<bool, Error> {
+    ) -> Result<(bool, bool), Error> {
         let limit = self.config.call_timeout;
         let shards = bounded(limit, "list_shards", self.source.list_shards())
             .await
@@ -313,8 +325,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let mut changed = false;
         for lease in &plan.create {
             if listed_at.elapsed() > self.config.failover_time / 2 {
-                tracing::debug!("shard sync took too long; creating the rest next time");
-                return Ok(changed);
+                tracing::debug!("shard sync took too long; creating the rest next cycle");
+                return Ok((changed, false));
             }
             // In order, stopping at the first failure: a child never exists without its parents.
             let created = bounded(limit, "create", self.store.create(lease)).await;
@@ -336,7 +348,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Err(error) => tracing::debug!(shard = %lease.key, %error, "cleanup failed"),
             }
         }
-        Ok(changed)
+        Ok((changed, true))
     }
 }
 

@@ -76,7 +76,11 @@ impl Roles {
     }
 
     /// Starts competing for the leader and standby rows.
-    pub(super) fn start<L: LeaseStore>(me: &WorkerId, store: Arc<L>, config: &WorkerConfig) -> Self {
+    pub(super) fn start<L: LeaseStore>(
+        me: &WorkerId,
+        store: Arc<L>,
+        config: &WorkerConfig,
+    ) -> Self {
         let singleton_config = SingletonConfig::default()
             .failover_time(config.failover_time)
             .poll_interval(config.failover_time);
@@ -87,7 +91,12 @@ impl Roles {
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
         let candidates = (
-            Singleton::new("worker-leader", me.clone(), store.clone(), singleton_config.clone()),
+            Singleton::new(
+                "worker-leader",
+                me.clone(),
+                store.clone(),
+                singleton_config.clone(),
+            ),
             Singleton::new("worker-standby", me.clone(), store, singleton_config),
         );
         let (lead, stand_by) = match candidates {
@@ -104,7 +113,11 @@ impl Roles {
         let stopped = stop.clone();
         tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
             loop {
-                let interval = if *is_standby.borrow_and_update() { fast } else { slow };
+                let interval = if *is_standby.borrow_and_update() {
+                    fast
+                } else {
+                    slow
+                };
                 poll.set_poll_interval(interval);
                 tokio::select! {
                     () = stopped.cancelled() => return,
@@ -113,7 +126,7 @@ impl Roles {
             }
         })));
         let (stopped, tx) = (stop.clone(), leader_tx);
-        let leading = lead.clone();
+        let leading = lead;
         tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
             let result = leading
                 .run(stopped, |lost| {

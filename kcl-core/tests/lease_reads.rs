@@ -1,0 +1,103 @@
+//! The lease table's reads grow with shards, not workers × shards, under a leader.
+//!
+//! Fleets of W workers over S shards run on the in-memory backends (paused time) until
+//! settled; then the store's request accounting counts the rows read over ten taker
+//! intervals. Under `Coordination::Leader` that is two whole-table reads (leader and standby),
+//! each worker's own keys (S in all), and a few singleton rows: at most 3.5 × S + 10 an
+//! interval for every W up to S. The same fleet with every worker reading the table exceeds
+//! that bound from a handful of workers, which shows the check can fail.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
+use kcl_core::{
+    BoxError, Checkpointer, Coordination, ProcessRecordsInput, RecordProcessor, ShardId,
+    ShutdownHandle, Worker, WorkerConfig,
+};
+
+const SHARDS: u32 = 120;
+const INTERVALS: u32 = 10;
+
+struct Idle;
+
+impl RecordProcessor for Idle {
+    async fn process_records(
+        &mut self,
+        _: ProcessRecordsInput,
+        _: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+/// Rows read per taker interval by a settled fleet of `workers`, and how many leases each
+/// worker held.
+async fn rows_per_interval(workers: usize, coordination: Coordination) -> (f64, Vec<usize>) {
+    let stream = MemoryStream::new(SHARDS);
+    let store = MemoryLeaseStore::new();
+    let config = WorkerConfig::default().coordination(coordination);
+    let interval = config.taker_interval;
+    let mut handles: Vec<ShutdownHandle> = Vec::new();
+    let mut statuses = Vec::new();
+    for i in 0..workers {
+        let id = format!("w{i}");
+        let worker = Worker::new(
+            id.as_str(),
+            config.clone(),
+            stream.client(&id),
+            store.client(&id),
+            |_: &ShardId| Idle,
+        )
+        .unwrap();
+        handles.push(worker.shutdown_handle());
+        statuses.push(worker.status());
+        tokio::spawn(worker.run());
+    }
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let before = store.table_usage().total().rows;
+    tokio::time::sleep(interval * INTERVALS).await;
+    let after = store.table_usage().total().rows;
+    let held = statuses.iter().map(|s| s.borrow().held.len()).collect();
+    for handle in &handles {
+        handle.force();
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let rows = (after - before) as f64 / f64::from(INTERVALS);
+    (rows, held)
+}
+
+fn bound() -> f64 {
+    3.5 * f64::from(SHARDS) + 10.0
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_a_leader_one_intervals_reads_are_linear_in_shards_whatever_the_fleet_size() {
+    for workers in [2, 10, 40] {
+        let (rows, held) = rows_per_interval(workers, Coordination::Leader).await;
+        assert_eq!(
+            held.iter().sum::<usize>(),
+            SHARDS as usize,
+            "{workers} workers: every shard is held ({held:?})"
+        );
+        let (least, most) = (held.iter().min(), held.iter().max());
+        assert!(
+            most.zip(least).is_some_and(|(m, l)| m - l <= 1),
+            "{workers} workers: balanced ({held:?})"
+        );
+        assert!(
+            rows <= bound(),
+            "{workers} workers read {rows} rows an interval, above {}",
+            bound()
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_every_worker_reading_the_table_the_bound_is_exceeded() {
+    let (rows, _) = rows_per_interval(10, Coordination::EveryWorker).await;
+    assert!(
+        rows > bound(),
+        "10 workers each reading the table: {rows} rows an interval"
+    );
+}
