@@ -24,7 +24,9 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS and AWS_ENDPOINT_URL_DYNAMODB.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = kcl_aws::KinesisShardSource::new(&sdk, settings.stream.clone());
-    let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone());
+    let leader = settings.worker.coordination == kcl_core::Coordination::Leader;
+    let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
+        .with_owner_index(leader);
     let factory = crate::window_counters(&settings);
     crate::run_worker(&settings, source, store, factory).await
 }

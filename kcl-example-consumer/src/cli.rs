@@ -122,6 +122,17 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) max_leases_to_steal: String,
 
+    /// Who reads the whole lease table: `every-worker` (each worker, every second), or
+    /// `leader` (an elected leader and a standby; the others read only their own leases, so
+    /// the table's reads grow with shards, not workers × shards).
+    #[arg(
+        long,
+        env = "KCL_COORDINATION",
+        value_name = "MODE",
+        default_value = "every-worker"
+    )]
+    pub(crate) coordination: String,
+
     /// A lease not renewed for this long is taken over by another worker (renewals happen
     /// every third of it).
     #[arg(

@@ -14,7 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
-use kcl_core::{InitialPosition, WorkerConfig};
+use kcl_core::{Coordination, InitialPosition, WorkerConfig};
 
 use crate::cli::parse_duration;
 
@@ -28,6 +28,7 @@ pub(crate) const KEYS: &[&str] = &[
     "worker_id",
     "max_leases",
     "max_leases_to_steal",
+    "coordination",
     "failover_time",
     "shutdown_timeout",
     "max_records",
@@ -346,6 +347,9 @@ fn build(
     if let Some(v) = parsed!("max_leases_to_steal", parse_count) {
         worker = worker.max_leases_to_steal(v);
     }
+    if let Some(v) = parsed!("coordination", parse_coordination) {
+        worker = worker.coordination(v);
+    }
     if let Some(v) = parsed!("shutdown_timeout", parse_duration) {
         worker = worker.shutdown_timeout(v);
     }
@@ -447,6 +451,14 @@ fn parse_position(s: &str) -> Result<Position, String> {
         _ => Err(format!(
             "expected TRIM_HORIZON, LATEST or AT_TIMESTAMP, got {s:?}"
         )),
+    }
+}
+
+fn parse_coordination(s: &str) -> Result<Coordination, String> {
+    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+        "every-worker" => Ok(Coordination::EveryWorker),
+        "leader" => Ok(Coordination::Leader),
+        _ => Err(format!("expected every-worker or leader, got {s:?}")),
     }
 }
 

@@ -356,13 +356,14 @@ impl Context {
         Ok(records)
     }
 
-    /// The owner of every lease, by lease key.
+    /// The owner of every shard lease, by lease key (singleton rows left out).
     pub async fn owners(&self) -> anyhow::Result<BTreeMap<String, Option<String>>> {
         Ok(self
             .store()
             .list()
             .await?
             .into_iter()
+            .filter(|l| !kcl_core::coordination::is_coordination_key(&l.key))
             .map(|l| {
                 (
                     l.key.as_str().to_owned(),

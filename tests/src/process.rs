@@ -21,6 +21,12 @@ pub struct WorkerProcess {
     child: Child,
 }
 
+/// The coordination mode worker processes run in: `KCL_TEST_COORDINATION` (`every-worker`,
+/// the default, or `leader`), so that `scripts/test` runs the fleet tests in both modes.
+pub fn coordination() -> String {
+    std::env::var("KCL_TEST_COORDINATION").unwrap_or_else(|_| "every-worker".to_owned())
+}
+
 impl WorkerProcess {
     /// Starts `bin` (pass `env!("CARGO_BIN_EXE_kcl-test-worker")`) as worker `id` on the
     /// context's stream and table, with `extra` command-line arguments.
@@ -42,6 +48,8 @@ impl WorkerProcess {
             ])
             .arg("--out")
             .arg(&journal)
+            .arg("--coordination")
+            .arg(coordination())
             .args(extra)
             .envs(ctx.worker_env())
             .stdin(Stdio::null())

@@ -36,28 +36,33 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         "--max-steal",
         "4",
     ];
-    let (mut a, mut b, _) = balanced_pair(WORKER, &ctx, 8, 40, &args).await?;
+    let (a, b, _) = balanced_pair(WORKER, &ctx, 8, 40, &args).await?;
 
     let producer = Producer::start(&ctx, "live", 8, Duration::from_millis(200));
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Under a leader, the leader is killed (worker-a, the first to start, leads): the standby
+    // must take over its role and its leases as fast as any survivor takes a dead worker's.
+    let leader = kcl_integration_tests::process::coordination() == "leader";
+    let (mut victim, mut survivor) = if leader { (a, b) } else { (b, a) };
     assert!(
-        b.events()?.iter().any(|e| e.event == "record"),
-        "worker-b delivered nothing before the kill"
+        victim.events()?.iter().any(|e| e.event == "record"),
+        "{} delivered nothing before the kill",
+        victim.id
     );
-    b.kill()?;
+    victim.kill()?;
     let killed = Instant::now();
     let took = wait_until(
-        "worker-a to own all 8 leases",
+        "the survivor to own all 8 leases",
         Duration::from_secs(30),
         Duration::from_millis(100),
         async || {
             let by = count_by_owner(&ctx.owners().await?);
-            Ok(by.get(&Some("worker-a".to_owned())) == Some(&8))
+            Ok(by.get(&Some(survivor.id.clone())) == Some(&8))
         },
     )
     .await
-    .map_err(|e| e.context(a.log_tail()))?;
-    eprintln!("worker-a owned all 8 leases {took:?} after the kill");
+    .map_err(|e| e.context(survivor.log_tail()))?;
+    eprintln!("{} owned all 8 leases {took:?} after the kill", survivor.id);
     // Failover time plus one taker cycle, plus a second for the emulators' latency.
     let bound = FAILOVER + TAKER + Duration::from_secs(1);
     assert!(
@@ -73,24 +78,24 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         Duration::from_secs(60),
         Duration::from_millis(250),
         async || {
-            let got = delivered_set([a.events()?.as_slice(), b.events()?.as_slice()]);
+            let got = delivered_set([victim.events()?.as_slice(), survivor.events()?.as_slice()]);
             Ok(want.iter().all(|d| got.contains(d)))
         },
     )
     .await
     .map_err(|e| {
         let got = delivered_set([
-            a.events().unwrap_or_default().as_slice(),
-            b.events().unwrap_or_default().as_slice(),
+            victim.events().unwrap_or_default().as_slice(),
+            survivor.events().unwrap_or_default().as_slice(),
         ]);
         let missing: Vec<&String> = want.iter().filter(|d| !got.contains(*d)).collect();
         e.context(format!(
             "missing {}: {missing:?}\n{}",
             missing.len(),
-            a.log_tail()
+            survivor.log_tail()
         ))
     })?;
-    a.terminate()?;
-    assert!(a.wait_exit(Duration::from_secs(20)).await?.success());
+    survivor.terminate()?;
+    assert!(survivor.wait_exit(Duration::from_secs(20)).await?.success());
     Ok(())
 }

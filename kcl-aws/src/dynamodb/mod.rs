@@ -24,6 +24,8 @@ pub mod schema;
 mod table;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
@@ -68,6 +70,10 @@ pub struct DynamoDbLeaseStore {
     billing: TableBilling,
     table_wait: Duration,
     usage: Usage,
+    owner_index: bool,
+    /// Whether the owner index was found unusable (then `owned_by` reads the table), so that
+    /// it is said once, not every cycle.
+    index_unusable: Arc<AtomicBool>,
 }
 
 impl DynamoDbLeaseStore {
@@ -93,6 +99,8 @@ impl DynamoDbLeaseStore {
             billing: TableBilling::default(),
             table_wait: Duration::from_secs(300),
             usage: Usage::default(),
+            owner_index: false,
+            index_unusable: Arc::default(),
         }
     }
 
@@ -108,6 +116,17 @@ impl DynamoDbLeaseStore {
     #[must_use]
     pub fn with_table_wait(mut self, wait: Duration) -> Self {
         self.table_wait = wait;
+        self
+    }
+
+    /// Makes [`LeaseStore::ensure_table`] add the `leaseOwner` index
+    /// ([`schema::OWNER_INDEX`], as KCL Java 3.x does) when the table lacks it. Workers under
+    /// `Coordination::Leader` find their leases with it; until it exists (DynamoDB builds it
+    /// in the background, minutes on a large table) they read the whole table instead. The
+    /// index costs a write only when a lease changes owner, not on renewals or checkpoints.
+    #[must_use]
+    pub fn with_owner_index(mut self, create: bool) -> Self {
+        self.owner_index = create;
         self
     }
 
@@ -128,19 +147,57 @@ impl DynamoDbLeaseStore {
         )
     }
 
+    /// The keys of `owner`'s leases from the owner index (eventually consistent).
+    async fn query_owner_index(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
+        let mut keys = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let result = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(schema::OWNER_INDEX)
+                .key_condition_expression(COND_OWNER)
+                .expression_attribute_names(schema::placeholder(LEASE_OWNER), LEASE_OWNER)
+                .expression_attribute_values(
+                    VAL_OWNER,
+                    AttributeValue::S(owner.as_str().to_owned()),
+                )
+                .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            self.count(Operation::OwnedBy, &result, |o| {
+                (o.consumed_capacity(), o.count())
+            });
+            let what = format!("index {} of table {}", schema::OWNER_INDEX, self.table);
+            let out = result.map_err(|e| backend_error("owned_by", what, e))?;
+            keys.extend(out.items().iter().filter_map(|item| {
+                item.get(LEASE_KEY)
+                    .and_then(|v| v.as_s().ok())
+                    .map(|k| ShardId::new(k.clone()))
+            }));
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => return Ok(keys),
+            }
+        }
+    }
+
     /// Counts a request that reached DynamoDB (an answer, or an error DynamoDB returned) with
     /// the capacity it reported.
     fn count<T, E, R>(
         &self,
         operation: Operation,
         result: &Result<T, SdkError<E, R>>,
-        capacity: impl FnOnce(&T) -> Option<&ConsumedCapacity>,
+        capacity: impl FnOnce(&T) -> (Option<&ConsumedCapacity>, i32),
     ) {
-        let reported = match result {
+        let (reported, rows) = match result {
             Ok(out) => capacity(out),
-            Err(SdkError::ServiceError(_)) => None,
+            Err(SdkError::ServiceError(_)) => (None, 0),
             Err(_) => return,
         };
+        let rows = u64::try_from(rows).unwrap_or(0);
         let units = reported.map_or(0.0, |c| {
             let split = if operation.is_read() {
                 c.read_capacity_units
@@ -150,7 +207,7 @@ impl DynamoDbLeaseStore {
             split.or(c.capacity_units).unwrap_or(0.0)
         });
         if operation.is_read() {
-            self.usage.record(operation, units, 0.0);
+            self.usage.record_read(operation, rows, units, 0.0);
         } else {
             self.usage.record(operation, 0.0, units);
         }
@@ -178,7 +235,7 @@ impl DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        self.count(operation, &result, |o| o.consumed_capacity());
+        self.count(operation, &result, |o| (o.consumed_capacity(), 0));
         let out = result.map_err(|e| backend_error(operation_name, self.what(key), e))?;
         let Some(item) = out.attributes else {
             return Err(BackendError::new(
@@ -316,7 +373,35 @@ impl Expr {
 
 impl LeaseStore for DynamoDbLeaseStore {
     async fn ensure_table(&self) -> Result<(), BackendError> {
-        table::ensure(&self.client, &self.table, self.billing, self.table_wait).await
+        table::ensure(&self.client, &self.table, self.billing, self.table_wait).await?;
+        if self.owner_index {
+            table::ensure_owner_index(&self.client, &self.table, self.billing).await?;
+        }
+        Ok(())
+    }
+
+    async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
+        match self.query_owner_index(owner).await {
+            Ok(keys) => {
+                self.index_unusable.store(false, Ordering::Relaxed);
+                Ok(keys)
+            }
+            Err(error) if error.kind() == ErrorKind::Fatal => {
+                if !self.index_unusable.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        table = %self.table, %error,
+                        "the leaseOwner index cannot be queried; reading the whole table instead"
+                    );
+                }
+                let leases = self.list().await?;
+                Ok(leases
+                    .into_iter()
+                    .filter(|l| l.is_owned_by(owner))
+                    .map(|l| l.key)
+                    .collect())
+            }
+            Err(error) => Err(error),
+        }
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -336,7 +421,9 @@ impl LeaseStore for DynamoDbLeaseStore {
                 .return_consumed_capacity(ReturnConsumedCapacity::Total)
                 .send()
                 .await;
-            self.count(Operation::List, &result, |o| o.consumed_capacity());
+            self.count(Operation::List, &result, |o| {
+                (o.consumed_capacity(), o.count())
+            });
             let out =
                 result.map_err(|e| backend_error("list", format!("table {}", self.table), e))?;
             leases.extend(
@@ -365,7 +452,9 @@ impl LeaseStore for DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        self.count(Operation::Get, &result, |o| o.consumed_capacity());
+        self.count(Operation::Get, &result, |o| {
+            (o.consumed_capacity(), i32::from(o.item.is_some()))
+        });
         let out = result.map_err(|e| backend_error("get", self.what(key), e))?;
         Ok(out.item.as_ref().and_then(|item| self.parse_or_skip(item)))
     }
@@ -381,7 +470,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        self.count(Operation::Create, &result, |o| o.consumed_capacity());
+        self.count(Operation::Create, &result, |o| (o.consumed_capacity(), 0));
         match result {
             Ok(_) => Ok(true),
             Err(e) => {
@@ -496,7 +585,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             .return_consumed_capacity(ReturnConsumedCapacity::Total)
             .send()
             .await;
-        self.count(Operation::Delete, &result, |o| o.consumed_capacity());
+        self.count(Operation::Delete, &result, |o| (o.consumed_capacity(), 0));
         result
             .map_err(|e| backend_error("delete", self.what(&lease.key), e))
             .map(drop)

@@ -57,6 +57,9 @@ pub const HANDOFF_TO: &str = "handoffTo";
 /// reading, in milliseconds since the Unix epoch (`N`); see
 /// [`Lease::start_timestamp`](kcl_core::Lease::start_timestamp). KCL Java ignores it.
 pub const START_TIMESTAMP: &str = "startingTimestamp";
+/// The global secondary index from `leaseOwner` to `leaseKey` (keys only), as KCL Java 3.x
+/// creates it: workers that do not read the whole table find their own leases with it.
+pub const OWNER_INDEX: &str = "LeaseOwnerToLeaseKeyIndex";
 
 /// `create`: no row with this key yet.
 pub const COND_ABSENT: &str = "attribute_not_exists(#leaseKey)";

@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ProvisionedThroughput,
+    AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate,
+    KeySchemaElement, KeyType, Projection, ProjectionType, ProvisionedThroughput,
     ScalarAttributeType, TableStatus,
 };
 use kcl_core::{BackendError, ErrorKind};
 use tokio::time::{Instant, sleep};
 
 use super::TableBilling;
-use super::schema::LEASE_KEY;
+use super::schema::{LEASE_KEY, LEASE_OWNER, OWNER_INDEX};
 use crate::error::{Cause, backend_error};
 
 const OPERATION: &str = "ensure_table";
@@ -95,6 +96,87 @@ pub(crate) async fn ensure(
         }
         let wait = polls.next().unwrap_or(MAX_POLL);
         sleep(wait.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+}
+
+/// Adds the `leaseOwner` index (keys only) unless the table has it. Does not wait for it:
+/// DynamoDB builds it in the background, and until then `owned_by` reads the table.
+pub(crate) async fn ensure_owner_index(
+    client: &Client,
+    table: &str,
+    billing: TableBilling,
+) -> Result<(), BackendError> {
+    let what = format!("lease table {table}");
+    let described = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(|e| backend_error(OPERATION, &what, e))?;
+    let has_index = described
+        .table()
+        .map(|t| t.global_secondary_indexes())
+        .is_some_and(|indexes| indexes.iter().any(|i| i.index_name() == Some(OWNER_INDEX)));
+    if has_index {
+        return Ok(());
+    }
+    let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
+        BackendError::new(ErrorKind::Fatal, OPERATION, e.to_string())
+    };
+    let mut index = CreateGlobalSecondaryIndexAction::builder()
+        .index_name(OWNER_INDEX)
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(LEASE_OWNER)
+                .key_type(KeyType::Hash)
+                .build()
+                .map_err(invalid)?,
+        )
+        .projection(
+            Projection::builder()
+                .projection_type(ProjectionType::KeysOnly)
+                .build(),
+        );
+    if let TableBilling::Provisioned {
+        read_capacity_units,
+        write_capacity_units,
+    } = billing
+    {
+        index = index.provisioned_throughput(
+            ProvisionedThroughput::builder()
+                .read_capacity_units(read_capacity_units)
+                .write_capacity_units(write_capacity_units)
+                .build()
+                .map_err(invalid)?,
+        );
+    }
+    tracing::info!(table, index = OWNER_INDEX, "adding the leaseOwner index");
+    let added = client
+        .update_table()
+        .table_name(table)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(LEASE_OWNER)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(invalid)?,
+        )
+        .global_secondary_index_updates(
+            GlobalSecondaryIndexUpdate::builder()
+                .create(index.build().map_err(invalid)?)
+                .build(),
+        )
+        .send()
+        .await;
+    match added {
+        Ok(_) => Ok(()),
+        // Another worker adding it at the same moment, or the table busy: fine either way,
+        // the index is looked for again at the next start, and `owned_by` copes without it.
+        Err(e) => {
+            let error = backend_error(OPERATION, &what, e);
+            tracing::warn!(%error, "adding the leaseOwner index failed; continuing without it");
+            Ok(())
+        }
     }
 }
 

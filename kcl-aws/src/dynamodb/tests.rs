@@ -238,3 +238,48 @@ async fn requests_are_counted_with_the_capacity_dynamodb_reports() {
         "a refused write is counted; DynamoDB does not report its units"
     );
 }
+
+#[tokio::test]
+async fn owned_by_queries_the_owner_index_and_reads_the_table_without_it() {
+    use aws_sdk_dynamodb::operation::query::QueryOutput;
+
+    let key_only = |key: &str| {
+        HashMap::from([(
+            schema::LEASE_KEY.to_owned(),
+            AttributeValue::S(key.to_owned()),
+        )])
+    };
+    let indexed = mock!(Client::query)
+        .match_requests(|r| r.index_name() == Some(schema::OWNER_INDEX))
+        .then_output(move || {
+            QueryOutput::builder()
+                .items(key_only("shardId-000000000001"))
+                .items(key_only("shardId-000000000002"))
+                .count(2)
+                .build()
+        });
+    let found = store(&[&indexed])
+        .owned_by(&WorkerId::new("w1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        found,
+        [
+            ShardId::new("shardId-000000000001"),
+            ShardId::new("shardId-000000000002")
+        ]
+    );
+
+    let missing = mock!(Client::query).then_http_response(|| aws_error(400, "ValidationException"));
+    let mut other = held();
+    other.key = ShardId::new("shardId-000000000009");
+    other.owner = Some(WorkerId::new("w2"));
+    let rows = vec![row(&held()), row(&other)];
+    let scan = mock!(Client::scan)
+        .then_output(move || ScanOutput::builder().set_items(Some(rows.clone())).build());
+    let found = store(&[&missing, &scan])
+        .owned_by(&WorkerId::new("w1"))
+        .await
+        .unwrap();
+    assert_eq!(found, [held().key], "only w1's lease, from the table");
+}

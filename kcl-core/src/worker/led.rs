@@ -25,7 +25,7 @@ use super::shard_consumer::ShardContext;
 use crate::coordination::is_coordination_key;
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader;
-use crate::lease::taker::Limits;
+use crate::lease::taker::{Holder, Limits};
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
 use crate::processor::ProcessorFactory;
@@ -115,6 +115,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                         self.ask_handoff(observed, to).await;
                     }
                 }
+            }
+        }
+        // The leader sees requests on its own leases in its read, before its renewals do.
+        for c in &candidates {
+            if let (Holder::Me, Some(to)) = (&c.holder, &c.handoff_to)
+                && to != &self.id
+                && let Some(held) = state.held.get(&c.key)
+                && !held.control.is_handing_off()
+            {
+                tracing::info!(shard = %c.key, %to, "handing off as asked");
+                held.control.hand_off(to.clone());
             }
         }
         self.hand_over_requested(state);

@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, InitialPosition, InitializationInput,
+    BoxError, CheckpointError, Checkpointer, Coordination, InitialPosition, InitializationInput,
     ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
 };
 use serde_json::{Value, json};
@@ -70,6 +70,9 @@ struct Args {
     /// Where a shard without a checkpoint starts: `trim-horizon` or `latest`.
     #[arg(long, default_value = "trim-horizon")]
     initial_position: String,
+    /// `every-worker` or `leader`.
+    #[arg(long, default_value = "every-worker")]
+    coordination: String,
 }
 
 /// Appends JSON lines; shared by every processor of the process.
@@ -217,7 +220,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let journal = Journal::open(&args.out, &args.worker_id)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = KinesisShardSource::new(&sdk, args.stream.clone());
-    let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
+    let coordination = match args.coordination.as_str() {
+        "every-worker" => Coordination::EveryWorker,
+        "leader" => Coordination::Leader,
+        other => anyhow::bail!("invalid --coordination {other}"),
+    };
+    let store = DynamoDbLeaseStore::new(&sdk, args.table.clone())
+        .with_owner_index(coordination == Coordination::Leader);
     let config = WorkerConfig::default()
         .failover_time(Duration::from_millis(args.failover_ms))
         .taker_interval(Duration::from_millis(args.taker_ms))
@@ -228,6 +237,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .max_leases_to_steal(args.max_steal)
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
+        .coordination(coordination)
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,
