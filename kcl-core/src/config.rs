@@ -1,10 +1,11 @@
 //! Worker configuration: typed, with documented defaults and validation.
 //!
 //! Every default says where it comes from. Where we depart from KCL Java it is to fail over
-//! faster: KCL Java scans the lease table every 20 s, we scan every second, which costs one
-//! consistent read of the lease table per worker per second (a few read units for hundreds of
-//! shards) and lets a lease held by a dead worker move after the failover time plus about a
-//! second instead of up to half a minute later.
+//! faster: KCL Java scans the lease table every 20 s, we scan every second, which lets a lease
+//! held by a dead worker move after the failover time plus about a second instead of up to
+//! half a minute later. By default every worker scans, which costs one consistent read of the
+//! table per worker per second; with [`Coordination::Leader`] only a leader and a standby do,
+//! so the reads no longer grow with the number of workers.
 
 use std::time::Duration;
 

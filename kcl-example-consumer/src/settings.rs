@@ -653,6 +653,17 @@ mod tests {
     }
 
     #[test]
+    fn coordination_is_every_worker_unless_leader_is_asked_for() {
+        let s = resolve_ok(REQUIRED, None);
+        assert_eq!(s.worker.coordination, Coordination::EveryWorker);
+        let s = resolve_ok(&[REQUIRED, &["--coordination", "leader"]].concat(), None);
+        assert_eq!(s.worker.coordination, Coordination::Leader);
+        let e = resolve_err(&[REQUIRED, &["--coordination", "raft"]].concat(), None);
+        assert_eq!(e.key, "coordination");
+        assert!(e.to_string().contains("every-worker or leader"), "{e}");
+    }
+
+    #[test]
     fn invalid_values_name_the_key_and_the_source() {
         let e = resolve_err(&[REQUIRED, &["--failover-time", "ten"]].concat(), None);
         assert_eq!(e.key, "failover_time");

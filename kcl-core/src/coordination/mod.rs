@@ -68,6 +68,9 @@ use crate::types::{Checkpoint, ShardId, WorkerId};
 /// Lease keys of singletons start with this; no Kinesis shard id does.
 pub const COORDINATION_PREFIX: &str = "kcl-coordination/";
 
+/// Singleton names the worker uses itself under `Coordination::Leader`.
+pub(crate) const RESERVED: [&str; 2] = ["worker-leader", "worker-standby"];
+
 /// True for rows that hold a singleton, not a shard.
 pub fn is_coordination_key(key: &ShardId) -> bool {
     key.as_str().starts_with(COORDINATION_PREFIX)
@@ -88,6 +91,22 @@ pub struct Singleton<L> {
 impl<L: LeaseStore> Singleton<L> {
     /// A candidate named `me` for the singleton `name`.
     pub fn new(
+        name: &str,
+        me: impl Into<WorkerId>,
+        store: L,
+        config: SingletonConfig,
+    ) -> Result<Self, ConfigError> {
+        if RESERVED.contains(&name) {
+            return Err(ConfigError {
+                key: "name",
+                reason: format!("{name:?} is the worker's own (Coordination::Leader)"),
+            });
+        }
+        Self::named(name, me, store, config)
+    }
+
+    /// As [`new`](Self::new), for the worker's own rows too.
+    pub(crate) fn named(
         name: &str,
         me: impl Into<WorkerId>,
         store: L,

@@ -189,3 +189,13 @@ async fn a_task_slow_to_stop_is_dropped_before_the_next_holder_starts() {
         assert!(matches!(task.await, Ok(Ok(()))));
     }
 }
+
+#[test]
+fn the_workers_own_names_are_reserved() {
+    let store = MemoryLeaseStore::new();
+    for name in RESERVED {
+        let refused = Singleton::new(name, "me", store.clone(), config());
+        assert_eq!(refused.err().map(|e| e.key), Some("name"), "{name}");
+    }
+    assert!(Singleton::new("nightly-report", "me", store, config()).is_ok());
+}

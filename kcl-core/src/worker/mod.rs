@@ -4,6 +4,9 @@
 //! syncs shards to leases when due, grants handoffs other workers asked for, adopts leases
 //! handed to it, takes available ones and asks loaded workers for more (see `coordinator`).
 //! It owns all of that state; shard tasks own their processors and their leases' writes.
+//! Under [`Coordination::Leader`](crate::Coordination::Leader) only the leader and the
+//! standby read the whole table; what each worker does then depends on its role (see `led`
+//! and `roles`).
 //!
 //! Nothing the backends do can hang the worker: every call has a deadline
 //! ([`WorkerConfig::call_timeout`]), a cycle is abandoned as soon as shutdown is asked for,

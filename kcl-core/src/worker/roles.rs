@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::WorkerConfig;
-use crate::coordination::{Singleton, SingletonConfig};
+use crate::coordination::{RESERVED, Singleton, SingletonConfig};
 use crate::lease::LeaseStore;
 use crate::types::WorkerId;
 
@@ -91,13 +91,13 @@ impl Roles {
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
         let candidates = (
-            Singleton::new(
-                "worker-leader",
+            Singleton::named(
+                RESERVED[0],
                 me.clone(),
                 store.clone(),
                 singleton_config.clone(),
             ),
-            Singleton::new("worker-standby", me.clone(), store, singleton_config),
+            Singleton::named(RESERVED[1], me.clone(), store, singleton_config),
         );
         let (lead, stand_by) = match candidates {
             (Ok(lead), Ok(stand_by)) => (Arc::new(lead), Arc::new(stand_by)),
