@@ -41,6 +41,8 @@ pub enum Mutation {
     VanishedShardRetried,
     /// Rebalancing takes leases from live owners instead of asking for a handoff.
     StealWithoutHandoff,
+    /// A leader gives leases to every known worker, active or not (dead ones included).
+    LeaderIgnoresActivity,
 }
 
 impl Mutation {
@@ -61,6 +63,7 @@ impl Mutation {
         Self::ReconcileAnyRow,
         Self::VanishedShardRetried,
         Self::StealWithoutHandoff,
+        Self::LeaderIgnoresActivity,
     ];
 }
 

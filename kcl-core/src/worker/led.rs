@@ -28,6 +28,7 @@ use crate::lease::leader;
 use crate::lease::taker::{Holder, Limits};
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
+use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
@@ -90,7 +91,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state.observer.forget_inactive(now, failover * 10);
         let observer = &state.observer;
         let plan = leader::assign(&self.id, &candidates, limits, |w| {
-            observer.is_active(w, now, failover)
+            observer.is_active(w, now, failover) || mutation::on(Mutation::LeaderIgnoresActivity)
         });
         for (key, to) in &plan.take {
             let Some(observed) = by_key.get(key) else {
