@@ -205,6 +205,34 @@ async fn a_write_that_applied_but_reported_failure_does_not_lose_the_lease() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lease_written_back_to_us_by_someone_else_is_not_taken_for_our_own_write() {
+    // Our write timed out without applying; meanwhile another worker took the lease and a
+    // leader assigned it back to us. The row names us, further along than our write could
+    // have moved it: our old tenure must end, not carry on.
+    let store = MemoryLeaseStore::new();
+    let tenure = taken(&store, "a").await;
+    let mut cp = Checkpointer::new(tenure.clone());
+    cp.set_last_delivered(pos(4));
+    store.faults().set_error_rate(1.0);
+    assert!(cp.checkpoint().await.is_err(), "uncertain");
+    store.faults().set_error_rate(0.0);
+    let taken_by_b = store
+        .take(&row(&store).await, &WorkerId::new("b"))
+        .await
+        .unwrap_or_else(|e| unreachable!("{e}"));
+    store
+        .take(&taken_by_b, &WorkerId::new("a"))
+        .await
+        .unwrap_or_else(|e| unreachable!("{e}"));
+    cp.set_last_delivered(pos(5));
+    assert!(matches!(
+        cp.checkpoint().await,
+        Err(CheckpointError::LeaseLost { .. })
+    ));
+    assert!(tenure.is_lost());
+}
+
+#[tokio::test(start_paused = true)]
 async fn shard_end_is_written_with_children_and_is_final() {
     let store = MemoryLeaseStore::new();
     let mut cp = Checkpointer::new(taken(&store, "a").await);

@@ -291,12 +291,16 @@ impl Tenure {
                     return Ok(held.lease.clone());
                 }
                 Err(e) if e.kind() == ErrorKind::Conflict && was_uncertain => {
-                    // Only this worker ever writes its own id as owner of a lease it holds, so
-                    // a row that still names us was advanced by our own uncertain write.
+                    // Our own writes keep us as owner and move the counter by exactly one, and
+                    // at most one of them can apply from the counter we hold (each is
+                    // conditional on it). Anyone else who writes us as owner (a leader
+                    // assigning the lease back to us, an owner granting a handoff) does so
+                    // from a row that already moved on: the counter is further along. So a
+                    // row naming us exactly one further was advanced by our uncertain write.
                     match bounded(limit, "get", self.store.get(&self.shard)).await {
                         Ok(Some(row))
                             if (row.is_owned_by(&self.worker)
-                                && row.counter > held.lease.counter)
+                                && row.counter == held.lease.counter + 1)
                                 || mutation::on(Mutation::ReconcileAnyRow) =>
                         {
                             held.lease = row;
