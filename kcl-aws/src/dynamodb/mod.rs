@@ -393,12 +393,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                         "the leaseOwner index cannot be queried; reading the whole table instead"
                     );
                 }
-                let leases = self.list().await?;
-                Ok(leases
-                    .into_iter()
-                    .filter(|l| l.is_owned_by(owner))
-                    .map(|l| l.key)
-                    .collect())
+                Ok(kcl_core::lease::keys_owned_by(self.list().await?, owner))
             }
             Err(error) => Err(error),
         }

@@ -163,14 +163,7 @@ pub trait LeaseStore: Send + Sync + 'static {
         &self,
         owner: &WorkerId,
     ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
-        async move {
-            let leases = self.list().await?;
-            Ok(leases
-                .into_iter()
-                .filter(|l| l.is_owned_by(owner))
-                .map(|l| l.key)
-                .collect())
-        }
+        async move { Ok(keys_owned_by(self.list().await?, owner)) }
     }
 
     /// The requests and capacity units this handle has spent so far, if it counts them (both
@@ -178,6 +171,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn usage(&self) -> Option<usage::Usage> {
         None
     }
+}
+
+/// The keys of the leases in `leases` whose owner is `owner`: `owned_by` for a store that
+/// can only read the whole table.
+pub fn keys_owned_by(leases: Vec<Lease>, owner: &WorkerId) -> Vec<ShardId> {
+    leases
+        .into_iter()
+        .filter(|l| l.is_owned_by(owner))
+        .map(|l| l.key)
+        .collect()
 }
 
 /// A shared store is a store: workers hand `Arc`s of theirs to the singletons they run.
