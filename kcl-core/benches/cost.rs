@@ -26,11 +26,8 @@
 use std::time::Duration;
 
 use kcl_core::lease::usage::{self, Operation, Tally};
-use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
-use kcl_core::{
-    BoxError, Checkpoint, Checkpointer, Coordination, Lease, ProcessRecordsInput, RecordProcessor,
-    ShardId, Worker, WorkerConfig, WorkerId,
-};
+use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
+use kcl_core::{Checkpoint, Coordination, Lease, ShardId, Worker, WorkerConfig, WorkerId};
 
 /// On-demand prices, us-east-1: dollars per million request units.
 const READ_PRICE: f64 = 0.25;
@@ -38,18 +35,6 @@ const WRITE_PRICE: f64 = 1.25;
 const HOURS_PER_MONTH: f64 = 730.0;
 const SETTLE: Duration = Duration::from_secs(20);
 const WINDOW: Duration = Duration::from_secs(60);
-
-struct Idle;
-
-impl RecordProcessor for Idle {
-    async fn process_records(
-        &mut self,
-        _: ProcessRecordsInput,
-        _: &mut Checkpointer,
-    ) -> Result<(), BoxError> {
-        Ok(())
-    }
-}
 
 /// Request units per second over the window, and what else happened.
 struct Measured {
@@ -87,7 +72,7 @@ fn measure(workers: usize, shards: u32, coordination: Coordination) -> Measured 
                 WorkerConfig::default().coordination(coordination),
                 stream.client(id.as_str()),
                 store.client(id.as_str()),
-                |_: &ShardId| Idle,
+                |_: &ShardId| IdleProcessor,
             )
             .unwrap();
             stops.push(worker.shutdown_handle());

@@ -18,25 +18,10 @@
 
 use std::time::Duration;
 
-use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
-use kcl_core::{
-    BoxError, Checkpointer, Coordination, ProcessRecordsInput, RecordProcessor, ShardId,
-    ShutdownHandle, Status, Worker, WorkerConfig,
-};
+use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
+use kcl_core::{Coordination, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-struct Idle;
-
-impl RecordProcessor for Idle {
-    async fn process_records(
-        &mut self,
-        _: ProcessRecordsInput,
-        _: &mut Checkpointer,
-    ) -> Result<(), BoxError> {
-        Ok(())
-    }
-}
 
 struct Fleet {
     stream: MemoryStream,
@@ -55,7 +40,7 @@ impl Fleet {
                 self.config.clone(),
                 self.stream.client(&id),
                 self.store.client(&id),
-                |_: &ShardId| Idle,
+                |_: &ShardId| IdleProcessor,
             )
             .unwrap();
             self.statuses.push(worker.status());

@@ -10,26 +10,11 @@
 
 use std::time::Duration;
 
-use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
-use kcl_core::{
-    BoxError, Checkpointer, Coordination, ProcessRecordsInput, RecordProcessor, ShardId,
-    ShutdownHandle, Worker, WorkerConfig,
-};
+use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
+use kcl_core::{Coordination, ShardId, ShutdownHandle, Worker, WorkerConfig};
 
 const SHARDS: u32 = 120;
 const INTERVALS: u32 = 10;
-
-struct Idle;
-
-impl RecordProcessor for Idle {
-    async fn process_records(
-        &mut self,
-        _: ProcessRecordsInput,
-        _: &mut Checkpointer,
-    ) -> Result<(), BoxError> {
-        Ok(())
-    }
-}
 
 /// Rows read per taker interval by a settled fleet of `workers`, and how many leases each
 /// worker held.
@@ -47,7 +32,7 @@ async fn rows_per_interval(workers: usize, coordination: Coordination) -> (f64, 
             config.clone(),
             stream.client(&id),
             store.client(&id),
-            |_: &ShardId| Idle,
+            |_: &ShardId| IdleProcessor,
         )
         .unwrap();
         handles.push(worker.shutdown_handle());

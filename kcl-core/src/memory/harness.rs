@@ -7,9 +7,10 @@ use tokio::time::Instant;
 
 use super::MemoryLeaseStore;
 use crate::checkpoint::Checkpointer;
-use crate::error::BackendError;
+use crate::error::{BackendError, BoxError};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
+use crate::processor::{ProcessRecordsInput, RecordProcessor};
 use crate::types::{Checkpoint, Record, ShardId, WorkerId};
 
 /// A checkpointer on a lease of `store` for `shard`, held by `worker` (created and taken
@@ -66,5 +67,20 @@ impl Checkpointer {
         if let Some(last) = records.last() {
             self.set_last_delivered(last.position());
         }
+    }
+}
+
+/// A processor that does nothing with its records: for fleets whose coordination is what is
+/// being measured or tested (lease-table reads, balance, cost).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IdleProcessor;
+
+impl RecordProcessor for IdleProcessor {
+    async fn process_records(
+        &mut self,
+        _: ProcessRecordsInput,
+        _: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        Ok(())
     }
 }

@@ -116,10 +116,11 @@ impl MemoryLeaseStore {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts a request that reached the table, here and table-wide.
-    fn count(&self, table: &Table, operation: Operation, read_units: f64, write_units: f64) {
-        self.usage.record(operation, read_units, write_units);
-        table.usage.record(operation, read_units, write_units);
+    /// Counts a request that reached the table (a read that returned `rows` rows), here and
+    /// table-wide.
+    fn count(&self, table: &Table, operation: Operation, rows: u64, read: f64, write: f64) {
+        self.usage.record_read(operation, rows, read, write);
+        table.usage.record_read(operation, rows, read, write);
     }
 
     /// Runs one conditional write: `change` sees the current row (if `condition` holds for
@@ -177,7 +178,7 @@ impl MemoryLeaseStore {
         }
         if !condition(current) {
             let units = usage::write_units(current.map_or(0, usage::item_size));
-            self.count(&t, operation, 0.0, units);
+            self.count(&t, operation, 0, 0.0, units);
             return Err(BackendError::new(
                 ErrorKind::Conflict,
                 operation.as_str(),
@@ -188,7 +189,7 @@ impl MemoryLeaseStore {
         let after = change(before.clone());
         let size = |row: &Option<Lease>| row.as_ref().map_or(0, usage::item_size);
         let units = usage::write_units(size(&before).max(size(&after)));
-        self.count(&t, operation, 0.0, units);
+        self.count(&t, operation, 0, 0.0, units);
         let logged = after.clone().or(before);
         if let Some(row) = &after {
             t.rows.insert(key.clone(), row.clone());
@@ -227,8 +228,7 @@ impl MemoryLeaseStore {
         }
         let (result, rows, bytes) = f(&t);
         let units = usage::read_units(bytes, operation != Operation::OwnedBy);
-        self.usage.record_read(operation, rows, units, 0.0);
-        t.usage.record_read(operation, rows, units, 0.0);
+        self.count(&t, operation, rows, units, 0.0);
         Ok(result)
     }
 }
@@ -254,7 +254,7 @@ impl LeaseStore for MemoryLeaseStore {
             .await?;
         let mut t = self.lock();
         t.exists = true;
-        self.count(&t, Operation::EnsureTable, 0.0, 0.0);
+        self.count(&t, Operation::EnsureTable, 0, 0.0, 0.0);
         Ok(())
     }
 
