@@ -46,7 +46,10 @@ impl Cause {
                 | "KMSThrottlingException"
                 | "TooManyRequestsException",
             ) => Self::Throttled,
-            Some("ExpiredIteratorException") => Self::ExpiredIterator,
+            // DynamoDB Streams: the records after the iterator are gone (older than 24 h).
+            Some("ExpiredIteratorException" | "TrimmedDataAccessException") => {
+                Self::ExpiredIterator
+            }
             Some("ResourceNotFoundException" | "TableNotFoundException") => Self::NotFound,
             Some(
                 "InternalServerError"

@@ -9,10 +9,14 @@
 //! restart), run 20 s to settle, then the store's request accounting is read over 60 s. The
 //! stream is idle, so only coordination is counted (renewals, scans, takes): checkpoints cost
 //! the same in every mode and are the application's choice. Units are those DynamoDB would
-//! charge for the rows actually stored (`kcl_core::lease::usage`).
+//! charge for the rows actually stored (`kcl_core::lease::usage`). Reads of the change feed
+//! (DynamoDB Streams) are billed per request, at $0.02 per 100,000, counted here without the
+//! 2.5 million free a month.
 //!
 //! KCL Java 3.x is not run here; its rates are computed from how it works (v3.1):
-//! a renewal per lease every failover/3, the leader's eventually consistent scan every 20 s,
+//! a renewal per lease every failover/3 − ε (`CommonCalculations.getRenewerTakerIntervalMillis`,
+//! ε = 25 ms by default: every 3,308 ms at a 10 s failover time; ours renew every
+//! failover/3, 3,333 ms), the leader's eventually consistent scan every 20 s,
 //! one eventually consistent query of the `leaseOwner` index per worker every 10 s, and one
 //! worker-metrics write per worker every 30 s, on rows of the same size as ours.
 #![allow(
@@ -32,7 +36,11 @@ use kcl_core::{Checkpoint, Coordination, Lease, ShardId, Worker, WorkerConfig, W
 /// On-demand prices, us-east-1: dollars per million request units.
 const READ_PRICE: f64 = 0.25;
 const WRITE_PRICE: f64 = 1.25;
+/// DynamoDB Streams: dollars per million `GetRecords` requests.
+const STREAM_PRICE: f64 = 0.20;
 const HOURS_PER_MONTH: f64 = 730.0;
+/// KCL Java's `epsilonMillis` default, in seconds.
+const KCL_JAVA_EPSILON: f64 = 0.025;
 const SETTLE: Duration = Duration::from_secs(20);
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -41,6 +49,7 @@ struct Measured {
     reads_per_s: f64,
     writes_per_s: f64,
     requests_per_s: f64,
+    feed_reads_per_s: f64,
     takes: u64,
     row_bytes: usize,
 }
@@ -95,14 +104,17 @@ fn measure(workers: usize, shards: u32, coordination: Coordination) -> Measured 
                 write_units: tally.write_units - earlier.write_units,
             };
         }
-        let take = |m: &std::collections::BTreeMap<Operation, Tally>| {
-            m.get(&Operation::Take).map_or(0, |t| t.requests)
+        let count = |m: &std::collections::BTreeMap<Operation, Tally>, op| {
+            m.get(&op).map_or(0, |t| t.requests)
         };
+        let take = |m| count(m, Operation::Take);
+        let feed = count(&after, Operation::ReadChanges) - count(&before, Operation::ReadChanges);
         let secs = WINDOW.as_secs_f64();
         Measured {
             reads_per_s: window.read_units / secs,
             writes_per_s: window.write_units / secs,
             requests_per_s: window.requests as f64 / secs,
+            feed_reads_per_s: feed as f64 / secs,
             takes: take(&after) - take(&before),
             row_bytes,
         }
@@ -112,7 +124,7 @@ fn measure(workers: usize, shards: u32, coordination: Coordination) -> Measured 
 /// KCL Java 3.x's units per second for the same fleet (see the module docs).
 fn kcl_java(workers: usize, shards: u32, row_bytes: usize) -> (f64, f64) {
     let failover = WorkerConfig::default().failover_time.as_secs_f64();
-    let renewals = f64::from(shards) / (failover / 3.0);
+    let renewals = f64::from(shards) / (failover / 3.0 - KCL_JAVA_EPSILON);
     let stats_writes = workers as f64 / 30.0;
     let scan = usage::read_units(shards as usize * row_bytes, false) / 20.0;
     // The index holds keys and owner only (about 60 bytes a lease).
@@ -121,17 +133,17 @@ fn kcl_java(workers: usize, shards: u32, row_bytes: usize) -> (f64, f64) {
     (scan + queries, renewals + stats_writes)
 }
 
-fn dollars_per_1000_shards_month(reads: f64, writes: f64, shards: u32) -> f64 {
-    let per_second = (reads * READ_PRICE + writes * WRITE_PRICE) / 1e6;
+fn dollars_per_1000_shards_month(reads: f64, writes: f64, feed: f64, shards: u32) -> f64 {
+    let per_second = (reads * READ_PRICE + writes * WRITE_PRICE + feed * STREAM_PRICE) / 1e6;
     per_second * 3600.0 * HOURS_PER_MONTH * 1000.0 / f64::from(shards)
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     println!(
-        "| workers | shards | mode | requests/s | read units per shard-hour | write units per shard-hour | $ per 1,000 shards per month | vs KCL Java |"
+        "| workers | shards | mode | requests/s | of which feed reads/s | read units per shard-hour | write units per shard-hour | $ per 1,000 shards per month | vs KCL Java |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|");
     let mut row_bytes = 0;
     for shards in [1_000, 10_000] {
         if quick && shards > 1_000 {
@@ -145,13 +157,19 @@ fn main() {
             .map(|(mode, coordination)| (mode, measure(workers, shards, coordination)));
             row_bytes = modes[0].1.row_bytes;
             let (java_reads, java_writes) = kcl_java(workers, shards, row_bytes);
-            let java = dollars_per_1000_shards_month(java_reads, java_writes, shards);
+            let java = dollars_per_1000_shards_month(java_reads, java_writes, 0.0, shards);
             let hour = 3600.0 / f64::from(shards);
             for (mode, m) in &modes {
-                let ours = dollars_per_1000_shards_month(m.reads_per_s, m.writes_per_s, shards);
+                let ours = dollars_per_1000_shards_month(
+                    m.reads_per_s,
+                    m.writes_per_s,
+                    m.feed_reads_per_s,
+                    shards,
+                );
                 println!(
-                    "| {workers} | {shards} | {mode} | {:.0} | {:.1} | {:.1} | {ours:.0} | {:.2}× |",
+                    "| {workers} | {shards} | {mode} | {:.0} | {:.1} | {:.1} | {:.1} | {ours:.1} | {:.3}× |",
                     m.requests_per_s,
+                    m.feed_reads_per_s,
                     m.reads_per_s * hour,
                     m.writes_per_s * hour,
                     ours / java
@@ -161,7 +179,7 @@ fn main() {
                 }
             }
             println!(
-                "| {workers} | {shards} | KCL Java 3.x (computed) | | {:.1} | {:.1} | {java:.0} | 1.00× |",
+                "| {workers} | {shards} | KCL Java 3.x (computed) | | | {:.1} | {:.1} | {java:.1} | 1.000× |",
                 java_reads * hour,
                 java_writes * hour,
             );

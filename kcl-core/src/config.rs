@@ -89,8 +89,9 @@ pub struct WorkerConfig {
     /// and reopens at `LATEST`, skipping what arrived in between).
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
-    /// Who reads the whole lease table. Default [`Coordination::EveryWorker`] (every worker,
-    /// every taker interval: the behaviour of earlier releases).
+    /// Who reads the whole lease table. Default [`Coordination::Leader`] (an elected leader
+    /// and a standby follow it through its change feed; before 0.2 every worker read it
+    /// every taker interval, which [`Coordination::EveryWorker`] still does).
     pub coordination: Coordination,
 }
 
@@ -104,16 +105,22 @@ pub struct WorkerConfig {
 #[non_exhaustive]
 pub enum Coordination {
     /// Every worker reads the whole table each taker interval, takes available leases for
-    /// itself and asks loaded workers for handoffs. Reads grow with workers × shards.
-    #[default]
+    /// itself and asks loaded workers for handoffs. Reads grow with workers × shards: 1.4×
+    /// KCL Java 3.x's bill at 10 workers, 5.3× at 100 (`docs/benchmarks.md`).
     EveryWorker,
-    /// One elected worker, the leader, reads the whole table each taker interval, syncs
-    /// shards, takes available leases and assigns them, and balances the fleet by asking
-    /// owners for handoffs; a standby reads it too, so that it can act at once if the leader
-    /// dies. The others read only which leases name them (`LeaseStore::owned_by`) and learn
-    /// of handoff requests from their renewals. Reads grow with shards, not workers × shards.
-    /// Without a leader the fleet keeps processing what it holds; workers that hold nothing
-    /// look for work themselves every few intervals.
+    /// The default. One elected worker, the leader, follows the whole table each taker
+    /// interval (through the table's change feed, [`LeaseStore::changes`], where the store
+    /// has one, with a full read every few minutes; else by reading it), syncs shards, takes
+    /// leases that lost their owner, assigns new ones, and balances the fleet by asking
+    /// owners for handoffs; a standby follows it too, so that it can act at once if the
+    /// leader dies. The others read only which leases name them (`LeaseStore::owned_by`,
+    /// every half failover time) and learn of handoff requests from their renewals. Reads
+    /// grow with shards, not workers × shards; the bill is KCL Java 3.x's or below. Without
+    /// a leader the fleet keeps processing what it holds; workers that hold nothing look for
+    /// work themselves every few intervals.
+    ///
+    /// [`LeaseStore::changes`]: crate::LeaseStore::changes
+    #[default]
     Leader,
 }
 
@@ -174,7 +181,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(30),
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
-            coordination: Coordination::EveryWorker,
+            coordination: Coordination::Leader,
         }
     }
 }

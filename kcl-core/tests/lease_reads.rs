@@ -2,11 +2,14 @@
 //!
 //! Fleets of W workers over S shards run on the in-memory backends (paused time) until
 //! settled; then the store's request accounting counts the rows read over ten taker
-//! intervals. Under `Coordination::Leader` that is two whole-table reads (leader and standby),
-//! each worker's own keys (S in all), and a few singleton rows: at most 3.5 × S + 10 an
-//! interval for every W up to S. The same fleet with every worker reading the table exceeds
-//! that bound from a handful of workers, which shows the check can fail.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! intervals. Under `Coordination::Leader` that is the rows the leader and the standby read
+//! from the change feed (each renewal once per observer: 2 × S every renewal interval, a
+//! third of the failover time), each worker's own keys every half failover time (S in all),
+//! and a few singleton rows: at most S + 10 an interval for every W up to S (measured: 74,
+//! 95 and 105 rows at W = 2, 10, 40 over 120 shards). The same fleet with every worker
+//! reading the table exceeds that bound from two workers on (1,200 rows at W = 10), which
+//! shows the check can fail.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::time::Duration;
 
@@ -53,13 +56,14 @@ async fn rows_per_interval(workers: usize, coordination: Coordination) -> (f64, 
 }
 
 fn bound() -> f64 {
-    3.5 * f64::from(SHARDS) + 10.0
+    f64::from(SHARDS) + 10.0
 }
 
 #[tokio::test(start_paused = true)]
 async fn under_a_leader_one_intervals_reads_are_linear_in_shards_whatever_the_fleet_size() {
     for workers in [2, 10, 40] {
         let (rows, held) = rows_per_interval(workers, Coordination::Leader).await;
+        eprintln!("leader, {workers} workers over {SHARDS} shards: {rows} rows an interval");
         assert_eq!(
             held.iter().sum::<usize>(),
             SHARDS as usize,
@@ -81,6 +85,7 @@ async fn under_a_leader_one_intervals_reads_are_linear_in_shards_whatever_the_fl
 #[tokio::test(start_paused = true)]
 async fn with_every_worker_reading_the_table_the_bound_is_exceeded() {
     let (rows, _) = rows_per_interval(10, Coordination::EveryWorker).await;
+    eprintln!("every worker, 10 workers over {SHARDS} shards: {rows} rows an interval");
     assert!(
         rows > bound(),
         "10 workers each reading the table: {rows} rows an interval"

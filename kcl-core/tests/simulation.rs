@@ -145,7 +145,7 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .map(|(_, o)| o.violations.len())
         .sum();
     println!(
-        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds {led_violations} violations), {violations} violations of [{}], {records} records",
+        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations), {violations} violations of [{}], {records} records",
         results.len(),
         stats.latest,
         stats.at_timestamp,
@@ -153,6 +153,7 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         results.len() - stats.led,
         violations - led_violations,
         stats.led,
+        stats.without_feed,
         INVARIANTS.join(", ")
     );
     violations

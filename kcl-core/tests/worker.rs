@@ -4,6 +4,7 @@
 
 mod common;
 
+use kcl_core::coordination::is_coordination_key;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -101,9 +102,12 @@ async fn graceful_shutdown_hands_leases_back_at_once_without_repeats() {
             .all(|l| l.owner.as_ref().is_none_or(|o| o.as_str() == "c")),
         "a released all"
     );
+    // Under a leader (the default) `a` may have led: `c` then takes the leader row at its
+    // next poll of it (every taker interval while it stands by) and the leases in its first
+    // cycle as leader.
     let moved = wait_until(Duration::from_secs(10), || held(&c) == 6).await;
     assert!(
-        moved.is_some_and(|t| t <= config().taker_interval),
+        moved.is_some_and(|t| t <= config().taker_interval * 2),
         "took {moved:?}"
     );
     fill(&stream, 100);
@@ -214,13 +218,15 @@ async fn the_shutdown_deadline_stops_a_processor_that_hangs() {
         took >= Duration::from_secs(3) && took < Duration::from_secs(4),
         "{took:?}"
     );
-    // Nothing was released: the leases will expire for others.
+    // No shard lease was released: they will expire for others. (The coordination rows
+    // were given back.)
     assert!(
         store
             .list()
             .await
             .unwrap()
             .iter()
+            .filter(|l| !is_coordination_key(&l.key))
             .all(|l| l.owner.is_some())
     );
 }
@@ -239,7 +245,13 @@ async fn a_fenced_worker_stops_the_shard_and_its_checkpoints_fail() {
             .is_some()
     );
     // Another worker takes the lease behind a's back (as after an expiry it missed).
-    let row = store.list().await.unwrap().remove(0);
+    let row = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|l| !is_coordination_key(&l.key))
+        .unwrap();
     store
         .client("intruder")
         .take(&row, &"intruder".into())

@@ -21,12 +21,16 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
 #[cfg(feature = "aws")]
 async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     // The standard chain: env, profile, web identity (IRSA), ECS task role, IMDS; endpoints
-    // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS and AWS_ENDPOINT_URL_DYNAMODB.
+    // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
+    // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = kcl_aws::KinesisShardSource::new(&sdk, settings.stream.clone());
     let leader = settings.worker.coordination == kcl_core::Coordination::Leader;
-    let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
+    let mut store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
         .with_owner_index(leader);
+    if leader {
+        store = store.with_change_feed(&sdk);
+    }
     let factory = crate::window_counters(&settings);
     crate::run_worker(&settings, source, store, factory).await
 }

@@ -122,14 +122,15 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) max_leases_to_steal: String,
 
-    /// Who reads the whole lease table: `every-worker` (each worker, every second), or
-    /// `leader` (an elected leader and a standby; the others read only their own leases, so
-    /// the table's reads grow with shards, not workers × shards).
+    /// Who reads the whole lease table: `leader` (an elected leader and a standby follow
+    /// it through its stream; the others read only their own leases, so the table's reads
+    /// grow with shards, not workers × shards), or `every-worker` (each worker reads it
+    /// every second, as before 0.2).
     #[arg(
         long,
         env = "KCL_COORDINATION",
         value_name = "MODE",
-        default_value = "every-worker"
+        default_value = "leader"
     )]
     pub(crate) coordination: String,
 

@@ -653,11 +653,14 @@ mod tests {
     }
 
     #[test]
-    fn coordination_is_every_worker_unless_leader_is_asked_for() {
+    fn coordination_is_leader_unless_every_worker_is_asked_for() {
         let s = resolve_ok(REQUIRED, None);
-        assert_eq!(s.worker.coordination, Coordination::EveryWorker);
-        let s = resolve_ok(&[REQUIRED, &["--coordination", "leader"]].concat(), None);
         assert_eq!(s.worker.coordination, Coordination::Leader);
+        let s = resolve_ok(
+            &[REQUIRED, &["--coordination", "every-worker"]].concat(),
+            None,
+        );
+        assert_eq!(s.worker.coordination, Coordination::EveryWorker);
         let e = resolve_err(&[REQUIRED, &["--coordination", "raft"]].concat(), None);
         assert_eq!(e.key, "coordination");
         assert!(e.to_string().contains("every-worker or leader"), "{e}");

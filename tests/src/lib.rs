@@ -196,6 +196,18 @@ impl Context {
         DynamoDbLeaseStore::from_client(self.dynamodb.clone(), self.table.clone())
     }
 
+    /// A lease store on this test's table that reads the table's stream as its change feed
+    /// (served on the DynamoDB endpoint by moto and LocalStack).
+    pub async fn store_with_feed(&self) -> DynamoDbLeaseStore {
+        let sdk = sdk_config().await;
+        let streams = aws_sdk_dynamodbstreams::Client::from_conf(
+            aws_sdk_dynamodbstreams::config::Builder::from(&sdk)
+                .endpoint_url(&self.endpoints.dynamodb)
+                .build(),
+        );
+        self.store().with_change_feed_client(streams)
+    }
+
     /// Environment for worker processes: endpoints, region, credentials, capped SDK retries.
     pub fn worker_env(&self) -> Vec<(String, String)> {
         let or = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
@@ -207,6 +219,15 @@ impl Context {
             (
                 "AWS_ENDPOINT_URL_DYNAMODB".into(),
                 self.endpoints.dynamodb.clone(),
+            ),
+            // The lease table's stream (Coordination::Leader): served on the same port by
+            // moto and LocalStack.
+            (
+                "AWS_ENDPOINT_URL_DYNAMODB_STREAMS".into(),
+                or(
+                    "AWS_ENDPOINT_URL_DYNAMODB_STREAMS",
+                    &self.endpoints.dynamodb,
+                ),
             ),
             ("AWS_REGION".into(), or("AWS_REGION", "us-east-1")),
             ("AWS_ACCESS_KEY_ID".into(), or("AWS_ACCESS_KEY_ID", "test")),

@@ -21,10 +21,10 @@ pub struct WorkerProcess {
     child: Child,
 }
 
-/// The coordination mode worker processes run in: `KCL_TEST_COORDINATION` (`every-worker`,
-/// the default, or `leader`), so that `scripts/test` runs the fleet tests in both modes.
+/// The coordination mode worker processes run in: `KCL_TEST_COORDINATION` (`leader`, the
+/// default, or `every-worker`), so that `scripts/test` runs the fleet tests in both modes.
 pub fn coordination() -> String {
-    std::env::var("KCL_TEST_COORDINATION").unwrap_or_else(|_| "every-worker".to_owned())
+    std::env::var("KCL_TEST_COORDINATION").unwrap_or_else(|_| "leader".to_owned())
 }
 
 impl WorkerProcess {

@@ -20,6 +20,7 @@
 //!
 //! The schema (names, conditions, conversions) is in [`schema`]; table creation in `table`.
 
+mod feed;
 pub mod schema;
 mod table;
 
@@ -34,6 +35,7 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
 };
+use kcl_core::lease::feed::{FeedPosition, FeedRead};
 use kcl_core::lease::usage::{Operation, Usage};
 use kcl_core::{BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, WorkerId};
 
@@ -74,6 +76,8 @@ pub struct DynamoDbLeaseStore {
     /// Whether the owner index was found unusable (then `owned_by` reads the table), so that
     /// it is said once, not every cycle.
     index_unusable: Arc<AtomicBool>,
+    /// The table's stream, read as the change feed.
+    feed: Option<Arc<feed::StreamFeed>>,
 }
 
 impl DynamoDbLeaseStore {
@@ -101,7 +105,31 @@ impl DynamoDbLeaseStore {
             usage: Usage::default(),
             owner_index: false,
             index_unusable: Arc::default(),
+            feed: None,
         }
+    }
+
+    /// Serves [`LeaseStore::changes`] from the table's DynamoDB stream, read with the
+    /// credentials, region and endpoint (`AWS_ENDPOINT_URL_DYNAMODB_STREAMS`) of `config`;
+    /// [`LeaseStore::ensure_table`] then enables a `NEW_IMAGE` stream on a table that has
+    /// none. Under `Coordination::Leader` the leader and the standby then follow the table
+    /// through the stream instead of reading it every interval (see the `feed` module docs).
+    #[must_use]
+    pub fn with_change_feed(self, config: &SdkConfig) -> Self {
+        let conf = aws_sdk_dynamodbstreams::config::Builder::from(config)
+            .timeout_config(crate::timeouts::with_defaults(
+                config,
+                crate::timeouts::DYNAMODB,
+            ))
+            .build();
+        self.with_change_feed_client(aws_sdk_dynamodbstreams::Client::from_conf(conf))
+    }
+
+    /// As [`with_change_feed`](Self::with_change_feed), with an already built client.
+    #[must_use]
+    pub fn with_change_feed_client(mut self, client: aws_sdk_dynamodbstreams::Client) -> Self {
+        self.feed = Some(Arc::new(feed::StreamFeed::new(client, &self.table)));
+        self
     }
 
     /// Sets how a table created by this store is billed (default on-demand).
@@ -256,6 +284,39 @@ impl DynamoDbLeaseStore {
         })
     }
 
+    /// Every row: a consistent Scan for `List`, an eventually consistent one (half the units)
+    /// for `Snapshot`.
+    async fn scan(&self, operation: Operation) -> Result<Vec<Lease>, BackendError> {
+        let mut leases = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let result = self
+                .client
+                .scan()
+                .table_name(&self.table)
+                .consistent_read(operation == Operation::List)
+                .set_exclusive_start_key(start.take())
+                .return_consumed_capacity(ReturnConsumedCapacity::Total)
+                .send()
+                .await;
+            self.count(operation, &result, |o| (o.consumed_capacity(), o.count()));
+            let what = format!("table {}", self.table);
+            let out = result.map_err(|e| backend_error(operation.as_str(), what, e))?;
+            leases.extend(
+                out.items
+                    .iter()
+                    .flatten()
+                    .filter_map(|item| self.parse_or_skip(item)),
+            );
+            match out.last_evaluated_key {
+                Some(key) if !key.is_empty() => start = Some(key),
+                _ => break,
+            }
+        }
+        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(leases)
+    }
+
     fn what(&self, key: &ShardId) -> String {
         format!("lease {key} in table {}", self.table)
     }
@@ -374,6 +435,9 @@ impl Expr {
 impl LeaseStore for DynamoDbLeaseStore {
     async fn ensure_table(&self) -> Result<(), BackendError> {
         table::ensure(&self.client, &self.table, self.billing, self.table_wait).await?;
+        if let Some(feed) = &self.feed {
+            feed.ensure(&self.client, self.table_wait).await?;
+        }
         if self.owner_index {
             table::ensure_owner_index(&self.client, &self.table, self.billing).await?;
         }
@@ -404,36 +468,18 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
-        let mut leases = Vec::new();
-        let mut start: Option<HashMap<String, AttributeValue>> = None;
-        loop {
-            let result = self
-                .client
-                .scan()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .set_exclusive_start_key(start.take())
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .send()
-                .await;
-            self.count(Operation::List, &result, |o| {
-                (o.consumed_capacity(), o.count())
-            });
-            let out =
-                result.map_err(|e| backend_error("list", format!("table {}", self.table), e))?;
-            leases.extend(
-                out.items
-                    .iter()
-                    .flatten()
-                    .filter_map(|item| self.parse_or_skip(item)),
-            );
-            match out.last_evaluated_key {
-                Some(key) if !key.is_empty() => start = Some(key),
-                _ => break,
-            }
+        self.scan(Operation::List).await
+    }
+
+    async fn snapshot(&self) -> Result<Vec<Lease>, BackendError> {
+        self.scan(Operation::Snapshot).await
+    }
+
+    async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
+        match &self.feed {
+            Some(feed) => feed.read(from, &self.usage).await,
+            None => Ok(FeedRead::Unavailable),
         }
-        leases.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(leases)
     }
 
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {

@@ -86,6 +86,8 @@ pub struct Singleton<L> {
     holder: watch::Sender<Option<WorkerId>>,
     /// The poll interval in force, in milliseconds (the worker's roles change it).
     poll_millis: std::sync::atomic::AtomicU64,
+    /// Wakes a candidate sleeping between polls when its interval changes.
+    poll_changed: tokio::sync::Notify,
 }
 
 impl<L: LeaseStore> Singleton<L> {
@@ -126,6 +128,7 @@ impl<L: LeaseStore> Singleton<L> {
             poll_millis: std::sync::atomic::AtomicU64::new(
                 u64::try_from(config.poll_interval.as_millis()).unwrap_or(u64::MAX),
             ),
+            poll_changed: tokio::sync::Notify::new(),
             config,
             holder: watch::Sender::new(None),
         })
@@ -135,8 +138,13 @@ impl<L: LeaseStore> Singleton<L> {
     /// leader candidates poll often only while they stand by).
     pub(crate) fn set_poll_interval(&self, value: std::time::Duration) {
         let millis = u64::try_from(value.as_millis()).unwrap_or(u64::MAX);
-        self.poll_millis
-            .store(millis, std::sync::atomic::Ordering::Relaxed);
+        let before = self
+            .poll_millis
+            .swap(millis, std::sync::atomic::Ordering::Relaxed);
+        if before != millis {
+            // A candidate asked to poll faster should not sleep out the slow interval.
+            self.poll_changed.notify_waiters();
+        }
     }
 
     fn poll_interval(&self) -> std::time::Duration {
@@ -195,6 +203,7 @@ impl<L: LeaseStore> Singleton<L> {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {}
+                () = self.poll_changed.notified() => {}
                 () = sleep(self.poll_interval()) => {}
             }
         }

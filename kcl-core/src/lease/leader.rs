@@ -1,10 +1,12 @@
 //! The leader's plan for the whole fleet: a pure function of what the leader observed.
 //!
 //! With [`Coordination::Leader`](crate::Coordination::Leader) only the leader reads the whole
-//! table, so it decides for everyone. Available leases (unowned first, then the longest
-//! expired) go to the least loaded known worker, the leader included; the leader writes the
-//! new owner (a conditional take on the new owner's behalf) and that worker adopts the lease
-//! when it next reads which leases name it. Then, while one worker holds at least two leases
+//! table, so it decides for everyone. A lease that lost its owner (expired, or released by a
+//! worker that shut down) is read by nobody, so the leader takes it itself, at once: the
+//! failover then costs what it costs without a leader. A new lease goes to the least loaded
+//! known worker, the leader included; the leader writes the new owner (a conditional take on
+//! the new owner's behalf) and that worker adopts the lease when it next reads which leases
+//! name it (its index query, every few seconds). Then, while one worker holds at least two leases
 //! more than another, the most loaded is asked to hand one to the least loaded (a handoff
 //! request, which the owner sees in its next renewal and grants); each worker receives at
 //! most `max_steal` new requests a round, so the fleet moves gradually, as with the
@@ -22,6 +24,9 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use super::Lease;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::types::{ShardId, WorkerId};
 
@@ -56,7 +61,7 @@ pub fn assign(
                 assignment.take.push((c.key.clone(), me.clone()));
                 me
             }
-            Holder::Unowned | Holder::Expired { .. } => continue,
+            Holder::Unowned | Holder::Released | Holder::Expired { .. } => continue,
         };
         let pending = c
             .handoff_to
@@ -90,18 +95,31 @@ pub fn assign(
 
     let mut available: Vec<&Candidate> = leases
         .iter()
-        .filter(|c| matches!(c.holder, Holder::Unowned | Holder::Expired { .. }))
+        .filter(|c| {
+            matches!(
+                c.holder,
+                Holder::Unowned | Holder::Released | Holder::Expired { .. }
+            )
+        })
         .collect();
     available.sort_by_key(|c| match c.holder {
         Holder::Expired { idle, .. } => (1, Reverse(idle), c.key.clone()),
         _ => (0, Reverse(Duration::ZERO), c.key.clone()),
     });
     for c in available {
-        let least = load
-            .iter()
-            .filter(|(w, n)| room(w, **n))
-            .min_by_key(|(w, n)| (**n, spread(w, &c.key)))
-            .map(|(w, _)| *w);
+        // A lease that lost its owner is being read by nobody: the leader takes it at once
+        // (another worker would adopt it only at its next index query) and lets the
+        // balancing below move it on.
+        let orphan = matches!(c.holder, Holder::Released | Holder::Expired { .. });
+        let mine = load.get(me).copied().unwrap_or(0);
+        let least = if orphan && room(me, mine) {
+            Some(me)
+        } else {
+            load.iter()
+                .filter(|(w, n)| room(w, **n))
+                .min_by_key(|(w, n)| (**n, spread(w, &c.key)))
+                .map(|(w, _)| *w)
+        };
         if let Some(w) = least {
             assignment.take.push((c.key.clone(), w.clone()));
             *load.entry(w).or_default() += 1;
@@ -146,6 +164,54 @@ pub fn assign(
     assignment
 }
 
+/// Moves the leader made that its view of the table may not show yet: its view comes from
+/// the change feed, which lags the table by up to a second or two, and a leader planning
+/// every interval on a view that does not show its last moves would make them again, or undo
+/// them (a lease it handed off still names it, so it looks like one to adopt). Each move is
+/// shown as under way until the view shows it done or the failover time has passed.
+#[derive(Debug, Default)]
+pub(crate) struct Moves {
+    pending: BTreeMap<ShardId, (WorkerId, Instant)>,
+}
+
+impl Moves {
+    /// Notes that `key` is on its way to `to` (assigned, handed off, or asked for).
+    pub(crate) fn record(&mut self, key: &ShardId, to: &WorkerId, now: Instant) {
+        self.pending.insert(key.clone(), (to.clone(), now));
+    }
+
+    /// Forgets the moves `leases` show done (the row names the target, or is gone) or made
+    /// `within` ago or earlier, and shows the others in `candidates`: a lease leaving an owner
+    /// as a pending handoff to its target, a lease with no live owner in view as the
+    /// target's.
+    pub(crate) fn overlay(
+        &mut self,
+        leases: &[Lease],
+        candidates: &mut [Candidate],
+        now: Instant,
+        within: Duration,
+    ) {
+        let owners: BTreeMap<&ShardId, Option<&WorkerId>> =
+            leases.iter().map(|l| (&l.key, l.owner.as_ref())).collect();
+        self.pending.retain(|key, (to, at)| {
+            now.saturating_duration_since(*at) < within
+                && owners.get(key).is_some_and(|owner| *owner != Some(&*to))
+        });
+        for c in candidates {
+            let Some((to, _)) = self.pending.get(&c.key) else {
+                continue;
+            };
+            match c.holder {
+                Holder::Me | Holder::Other(_) => c.handoff_to = Some(to.clone()),
+                Holder::Adoptable | Holder::Unowned | Holder::Released | Holder::Expired { .. } => {
+                    c.holder = Holder::Other(to.clone());
+                    c.handoff_to = None;
+                }
+            }
+        }
+    }
+}
+
 /// A per-worker order over keys, so that what one worker gets is spread over the key space.
 fn spread(worker: &WorkerId, key: &ShardId) -> u64 {
     crate::types::stable_hash((worker, key))
@@ -174,6 +240,85 @@ mod tests {
 
     fn count(a: &Assignment, to: &str) -> usize {
         a.take.iter().filter(|(_, t)| t.as_str() == to).count()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn moves_not_in_view_yet_show_as_under_way_until_done_or_old() {
+        use crate::types::Checkpoint;
+        let (me, a, b) = (w("leader"), w("a"), w("b"));
+        let row = |key: &str, owner: &WorkerId| {
+            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
+            l.owner = Some(owner.clone());
+            l
+        };
+        // s0: handed off by the leader to a; s1: asked of b for a; s2: assigned to b.
+        let leases = vec![
+            row("s0", &me),
+            row("s1", &b),
+            Lease::new(ShardId::from("s2"), Checkpoint::TrimHorizon),
+        ];
+        let mut moves = Moves::default();
+        let now = Instant::now();
+        moves.record(&ShardId::from("s0"), &a, now);
+        moves.record(&ShardId::from("s1"), &a, now);
+        moves.record(&ShardId::from("s2"), &b, now);
+        let fresh = || {
+            vec![
+                lease("s0", Holder::Adoptable),
+                lease("s1", Holder::Other(b.clone())),
+                lease("s2", Holder::Unowned),
+            ]
+        };
+        let within = Duration::from_secs(10);
+        let mut seen = fresh();
+        moves.overlay(&leases, &mut seen, now, within);
+        assert_eq!(seen[0].holder, Holder::Other(a.clone()));
+        assert_eq!(seen[1].handoff_to, Some(a.clone()));
+        assert_eq!(seen[2].holder, Holder::Other(b.clone()));
+        let plan = assign(&me, &seen, LIMITS, |_| true);
+        assert!(
+            plan.take.is_empty(),
+            "nothing is taken back or assigned again: {plan:?}"
+        );
+        // The view shows s0 done: that move is forgotten; the rest age out.
+        let mut done = leases.clone();
+        done[0].owner = Some(a.clone());
+        let mut seen = fresh();
+        moves.overlay(&done, &mut seen, now, within);
+        assert_eq!(moves.pending.len(), 2);
+        let mut seen = fresh();
+        moves.overlay(&leases, &mut seen, now + within, within);
+        assert!(moves.pending.is_empty() && seen == fresh());
+    }
+
+    #[test]
+    fn orphaned_leases_go_to_the_leader_then_on_to_the_others() {
+        let me = w("leader");
+        let expired = Holder::Expired {
+            idle: Duration::from_secs(11),
+            owner: w("dead"),
+        };
+        let mut leases = vec![
+            lease("s0", Holder::Me),
+            lease("s1", Holder::Other(w("a"))),
+            lease("s2", expired.clone()),
+            lease("s3", expired),
+            lease("s4", Holder::Released),
+        ];
+        let plan = assign(&me, &leases, LIMITS, |_| true);
+        assert_eq!(count(&plan, "leader"), 3, "{plan:?}");
+        // The leader now holds four and `a` one: one of the leader's moves on.
+        assert_eq!(plan.request_handoff.len(), 1, "{plan:?}");
+        assert_eq!(plan.request_handoff[0].1, w("a"));
+        for c in &mut leases[2..] {
+            c.holder = Holder::Me;
+        }
+        leases[0].handoff_to = Some(w("a"));
+        let plan = assign(&me, &leases, LIMITS, |_| true);
+        assert!(
+            plan.take.is_empty() && plan.request_handoff.is_empty(),
+            "{plan:?}"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! standing still for the failover time. The schema follows KCL Java's lease table so a fleet
 //! can migrate without losing checkpoints.
 
+pub mod feed;
 pub mod leader;
 pub(crate) mod observer;
 pub(crate) mod renewer;
@@ -107,6 +108,23 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Every lease, read consistently. Rows that cannot be parsed are logged and skipped.
     fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
 
+    /// Every lease, read as cheaply as the store can (DynamoDB: an eventually consistent
+    /// Scan, half the read units of [`list`](Self::list)), possibly a second or so stale.
+    /// For observers, whose takes are conditional anyway (see [`feed`]). Default: `list`.
+    fn snapshot(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send {
+        self.list()
+    }
+
+    /// The table's changes after `from` (see [`feed`]): with `None`, a new position
+    /// ([`FeedRead::Restart`](feed::FeedRead::Restart)). Default: no feed.
+    fn changes(
+        &self,
+        from: Option<&feed::FeedPosition>,
+    ) -> impl Future<Output = Result<feed::FeedRead, BackendError>> + Send {
+        let _ = from;
+        async { Ok(feed::FeedRead::Unavailable) }
+    }
+
     /// One lease, read consistently.
     fn get(
         &self,
@@ -191,6 +209,17 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
 
     fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send {
         (**self).list()
+    }
+
+    fn snapshot(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send {
+        (**self).snapshot()
+    }
+
+    fn changes(
+        &self,
+        from: Option<&feed::FeedPosition>,
+    ) -> impl Future<Output = Result<feed::FeedRead, BackendError>> + Send {
+        (**self).changes(from)
     }
 
     fn get(

@@ -23,8 +23,11 @@ pub enum Holder {
     /// The row names this worker but it is not held here (a handoff to us, or a restart):
     /// adopt it first.
     Adoptable,
-    /// No owner: released, or never taken.
+    /// No owner, and never had one (a new lease).
     Unowned,
+    /// No owner any more: given back (a worker shut down, or gave up a lease it could not
+    /// hold).
+    Released,
     /// Owned by another worker whose counter has stood still for the failover time; `idle`
     /// is how long it has stood still.
     Expired {
@@ -130,14 +133,14 @@ pub fn plan(me: &WorkerId, leases: &[Candidate], limits: Limits) -> Plan {
         .filter(|c| {
             matches!(
                 c.holder,
-                Holder::Adoptable | Holder::Unowned | Holder::Expired { .. }
+                Holder::Adoptable | Holder::Unowned | Holder::Released | Holder::Expired { .. }
             )
         })
         .collect();
     available.sort_by_key(|c| {
         let (rank, idle) = match c.holder {
             Holder::Adoptable => (0, Duration::ZERO),
-            Holder::Unowned => (1, Duration::ZERO),
+            Holder::Unowned | Holder::Released => (1, Duration::ZERO),
             Holder::Expired { idle, .. } => (2, idle),
             _ => (3, Duration::ZERO),
         };

@@ -23,8 +23,13 @@ use crate::metrics;
 pub enum Operation {
     /// Creating or describing the table (control plane: no capacity units).
     EnsureTable,
-    /// Reading every lease (a Scan).
+    /// Reading every lease (a consistent Scan).
     List,
+    /// Reading every lease cheaply (an eventually consistent Scan).
+    Snapshot,
+    /// Reading the table's change feed (DynamoDB Streams `GetRecords`, and the calls that
+    /// find its shards): billed per request, not per row.
+    ReadChanges,
     /// Reading one lease.
     Get,
     /// Reading which leases name one owner (an index query).
@@ -47,9 +52,11 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::EnsureTable,
         Self::List,
+        Self::Snapshot,
+        Self::ReadChanges,
         Self::Get,
         Self::OwnedBy,
         Self::Create,
@@ -66,6 +73,8 @@ impl Operation {
         match self {
             Self::EnsureTable => "ensure_table",
             Self::List => "list",
+            Self::Snapshot => "snapshot",
+            Self::ReadChanges => "read_changes",
             Self::Get => "get",
             Self::OwnedBy => "owned_by",
             Self::Create => "create",
@@ -80,7 +89,10 @@ impl Operation {
 
     /// Whether the operation reads rows (its units are read units).
     pub fn is_read(self) -> bool {
-        matches!(self, Self::List | Self::Get | Self::OwnedBy)
+        matches!(
+            self,
+            Self::List | Self::Snapshot | Self::ReadChanges | Self::Get | Self::OwnedBy
+        )
     }
 }
 

@@ -10,6 +10,7 @@
 //! seeded, and all waiting is tokio time, so a run under paused time is reproducible.
 
 mod faults;
+mod feed;
 mod harness;
 mod process;
 mod store;

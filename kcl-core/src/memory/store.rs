@@ -2,11 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::faults::{Fate, Faults};
 use crate::error::{BackendError, ErrorKind};
+use crate::lease::feed::{FeedPosition, FeedRead};
 use crate::lease::usage::{self, Operation, Usage};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
@@ -38,7 +40,18 @@ struct Table {
     journal: Vec<StoreEvent>,
     /// Every client's requests.
     usage: Usage,
+    /// A table without a change feed (like a DynamoDB table without a stream).
+    no_feed: bool,
+    /// How long a write takes to appear in the feed.
+    feed_lag: Duration,
+    /// How long a change of owner takes to appear in `owned_by`, and the index as last
+    /// refreshed.
+    index_lag: Duration,
+    index: Option<OwnerIndex>,
 }
+
+/// The owner index as last refreshed: when, and each row's key and owner.
+type OwnerIndex = (Instant, Vec<(ShardId, Option<WorkerId>)>);
 
 /// An in-memory [`LeaseStore`]. Clones share the table; see [`client`](Self::client).
 #[derive(Debug, Clone)]
@@ -103,6 +116,23 @@ impl MemoryLeaseStore {
     /// Every applied write so far, in order.
     pub fn journal(&self) -> Vec<StoreEvent> {
         self.lock().journal.clone()
+    }
+
+    /// Models the table's change feed: `None` for a table without one (readers then read
+    /// the whole table), or how long a write takes to appear in it. Default: a feed without
+    /// lag.
+    pub fn set_feed(&self, lag: Option<Duration>) {
+        let mut t = self.lock();
+        t.no_feed = lag.is_none();
+        t.feed_lag = lag.unwrap_or_default();
+    }
+
+    /// Models the eventual consistency of the owner index: [`LeaseStore::owned_by`] answers
+    /// from the rows as they were up to `lag` ago. Default: no lag.
+    pub fn set_index_lag(&self, lag: Duration) {
+        let mut t = self.lock();
+        t.index_lag = lag;
+        t.index = None;
     }
 
     /// Puts a row as it is, unconditionally (to prepare a test).
@@ -208,17 +238,17 @@ impl MemoryLeaseStore {
         Ok(after)
     }
 
-    /// Runs one read (consistent, but for `owned_by`); `f` returns its result, the rows and
-    /// the bytes it read.
+    /// Runs one read (consistent, but for `owned_by` and `snapshot`); `f` returns its
+    /// result, the rows and the bytes it read.
     async fn read<T>(
         &self,
         operation: Operation,
-        f: impl FnOnce(&Table) -> (T, u64, usize),
+        f: impl FnOnce(&mut Table) -> (T, u64, usize),
     ) -> Result<T, BackendError> {
         self.faults
             .enter(&self.client, operation.as_str(), false)
             .await?;
-        let t = self.lock();
+        let mut t = self.lock();
         if !t.exists {
             return Err(BackendError::new(
                 ErrorKind::NotFound,
@@ -226,11 +256,23 @@ impl MemoryLeaseStore {
                 "lease table does not exist",
             ));
         }
-        let (result, rows, bytes) = f(&t);
-        let units = usage::read_units(bytes, operation != Operation::OwnedBy);
+        let (result, rows, bytes) = f(&mut t);
+        let units = match operation {
+            // Billed per request (DynamoDB Streams), not in read units.
+            Operation::ReadChanges => 0.0,
+            Operation::OwnedBy | Operation::Snapshot => usage::read_units(bytes, false),
+            _ => usage::read_units(bytes, true),
+        };
         self.count(&t, operation, rows, units, 0.0);
         Ok(result)
     }
+}
+
+/// The whole table, for `list` and `snapshot`.
+fn whole_table(t: &mut Table) -> (Vec<Lease>, u64, usize) {
+    let bytes = t.rows.values().map(usage::item_size).sum();
+    let rows = t.rows.values().cloned().collect();
+    (rows, t.rows.len() as u64, bytes)
 }
 
 /// The fence of writes by a holder: owner and counter as the holder last saw them.
@@ -259,13 +301,26 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
-        self.read(Operation::List, |t| {
-            let bytes = t.rows.values().map(usage::item_size).sum();
-            (
-                t.rows.values().cloned().collect(),
-                t.rows.len() as u64,
-                bytes,
-            )
+        self.read(Operation::List, whole_table).await
+    }
+
+    async fn snapshot(&self) -> Result<Vec<Lease>, BackendError> {
+        self.read(Operation::Snapshot, whole_table).await
+    }
+
+    /// The journal, each write visible once it is the feed's lag old.
+    async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
+        let now = Instant::now();
+        self.read(Operation::ReadChanges, |t| {
+            if t.no_feed {
+                return (FeedRead::Unavailable, 0, 0);
+            }
+            let read = super::feed::read(&t.journal, from, t.feed_lag, now);
+            let rows = match &read {
+                FeedRead::Changes(changes, _) => changes.len() as u64,
+                _ => 0,
+            };
+            (read, rows, 0)
         })
         .await
     }
@@ -281,12 +336,22 @@ impl LeaseStore for MemoryLeaseStore {
 
     /// The index of owners, as DynamoDB would keep it: keys only, about 60 bytes an entry.
     async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
+        let now = Instant::now();
         self.read(Operation::OwnedBy, |t| {
+            let stale = t
+                .index
+                .as_ref()
+                .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= t.index_lag);
+            if stale {
+                let entries = t.rows.values().map(|l| (l.key.clone(), l.owner.clone()));
+                t.index = Some((now, entries.collect()));
+            }
             let keys: Vec<ShardId> = t
-                .rows
-                .values()
-                .filter(|l| l.is_owned_by(owner))
-                .map(|l| l.key.clone())
+                .index
+                .iter()
+                .flat_map(|(_, entries)| entries)
+                .filter(|(_, o)| o.as_ref() == Some(owner))
+                .map(|(key, _)| key.clone())
                 .collect();
             let (rows, bytes) = (keys.len() as u64, keys.len() * 60);
             (keys, rows, bytes)

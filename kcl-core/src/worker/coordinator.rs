@@ -14,11 +14,13 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Worker;
-use super::roles::Roles;
+use super::roles::{Role, Roles};
 use super::shard_consumer::{self, Control, Exit, ShardContext};
 use crate::config::Coordination;
 use crate::coordination::is_coordination_key;
-use crate::error::{Error, ErrorKind};
+use crate::error::{BackendError, Error, ErrorKind};
+use crate::lease::feed::{FeedRead, Mirror};
+use crate::lease::leader::Moves;
 use crate::lease::observer::Observer;
 use crate::lease::sync::{self, Lineage};
 use crate::lease::taker::{self, Candidate, Holder, Limits};
@@ -37,11 +39,17 @@ pub(super) struct Coordinator {
     pub(super) tasks: JoinSet<Exit>,
     task_keys: BTreeMap<tokio::task::Id, ShardId>,
     pub(super) observer: Observer,
+    /// The table as the feed shows it, while this worker observes for the fleet.
+    mirror: Mirror,
+    /// The leader's moves its view may not show yet.
+    pub(super) moves: Moves,
     pub(super) next_sync: Instant,
     /// The worker's role under `Coordination::Leader`.
     pub(super) roles: Roles,
     /// When this worker last read the whole table as a follower looking for work.
     pub(super) looked_for_work: Option<Instant>,
+    /// When this worker last asked which leases name it, as a follower.
+    pub(super) owner_query_at: Option<Instant>,
 }
 
 /// One held lease: its writer, and how to steer its task.
@@ -103,16 +111,21 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         Ok(())
     }
 
-    /// Asks the owner of `observed` to hand it to `to`.
-    pub(super) async fn ask_handoff(&self, observed: &Lease, to: &WorkerId) {
+    /// Asks the owner of `observed` to hand it to `to`. Returns whether the request was
+    /// written.
+    pub(super) async fn ask_handoff(&self, observed: &Lease, to: &WorkerId) -> bool {
         let key = &observed.key;
         let request = self.store.request_handoff(observed, Some(to));
         match bounded(self.config.call_timeout, "request_handoff", request).await {
             Ok(()) => {
                 tracing::info!(shard = %key, from = ?observed.owner, %to, "handoff requested");
                 ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
+                true
             }
-            Err(error) => tracing::debug!(shard = %key, %error, "handoff request failed"),
+            Err(error) => {
+                tracing::debug!(shard = %key, %error, "handoff request failed");
+                false
+            }
         }
     }
 
@@ -188,10 +201,19 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         Ok(Some(leases))
     }
 
-    /// Reads the lease table and records what it saw. `None` if the read failed in a way
-    /// worth retrying next cycle.
+    /// Reads the lease table and records what it saw: through the change feed while this
+    /// worker observes for the fleet (the leader and the standby), else consistently. `None`
+    /// if the read failed in a way worth retrying next cycle.
     pub(super) async fn list(&self, state: &mut Coordinator) -> Result<Option<Vec<Lease>>, Error> {
-        match bounded(self.config.call_timeout, "list", self.store.list()).await {
+        let observing = self.config.coordination == Coordination::Leader
+            && state.roles.current() != Role::Follower;
+        let read = if observing {
+            self.observe(&mut state.mirror).await
+        } else {
+            state.mirror.clear();
+            bounded(self.config.call_timeout, "list", self.store.list()).await
+        };
+        match read {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
                 leases.retain(|l| !is_coordination_key(&l.key));
@@ -205,6 +227,42 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Ok(None)
             }
         }
+    }
+
+    /// The whole table as the change feed shows it (see [`crate::lease::feed`]): the changes
+    /// since the last read applied to `mirror`, or, first, when the feed cannot go on, and
+    /// every resync interval, an eventually consistent read of the whole table. A table
+    /// without a feed is read whole every time.
+    async fn observe(&self, mirror: &mut Mirror) -> Result<Vec<Lease>, BackendError> {
+        let limit = self.config.call_timeout;
+        let now = Instant::now();
+        let from = mirror.position(now).cloned();
+        let read = bounded(limit, "read_changes", self.store.changes(from.as_ref())).await;
+        let restart = match read {
+            Ok(FeedRead::Changes(changes, to)) => {
+                mirror.apply(changes, to);
+                return Ok(mirror.leases());
+            }
+            Ok(FeedRead::Restart(to)) => Some(to),
+            Ok(FeedRead::Unavailable) => None,
+            // The table stays usable without its feed (a missing permission, a stream being
+            // replaced): read it whole meanwhile, and say so once until the feed works again.
+            Err(error) => {
+                if mirror.feed_failed() {
+                    tracing::debug!(%error, "reading the lease table's changes failed again");
+                } else {
+                    tracing::warn!(%error, "reading the lease table's changes failed; reading the whole table until it works");
+                }
+                mirror.set_feed_failed();
+                None
+            }
+        };
+        mirror.clear();
+        let leases = bounded(limit, "snapshot", self.store.snapshot()).await?;
+        if let Some(to) = restart {
+            mirror.reset(to, leases.clone(), now);
+        }
+        Ok(leases)
     }
 
     /// Takes one lease and starts its shard task.
@@ -241,7 +299,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             return Holder::Me;
         }
         match &lease.owner {
-            None => Holder::Unowned,
+            None if lease.counter == 0 => Holder::Unowned,
+            None => Holder::Released,
             Some(owner) if owner == &self.id => Holder::Adoptable,
             Some(owner) => {
                 let idle = state.observer.idle(lease, now);
@@ -359,9 +418,12 @@ impl Coordinator {
             tasks: JoinSet::new(),
             task_keys: BTreeMap::new(),
             observer: Observer::default(),
+            mirror: Mirror::default(),
+            moves: Moves::default(),
             next_sync: Instant::now(),
             roles: Roles::none(),
             looked_for_work: None,
+            owner_query_at: None,
         }
     }
 

@@ -26,13 +26,13 @@ use crate::coordination::is_coordination_key;
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader;
 use crate::lease::taker::{Holder, Limits};
-use crate::lease::{Lease, LeaseStore};
+use crate::lease::{self, Lease, LeaseStore};
 use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
-use crate::types::WorkerId;
+use crate::types::{ShardId, WorkerId};
 
 /// A follower that holds nothing reads the whole table at most once per this many taker
 /// intervals.
@@ -53,10 +53,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 self.cycle_for_myself(state, ctx, false).await?;
             }
             Role::Standby => {
-                if self.list(state).await?.is_some() {
+                // The standby's own read shows which leases name it: no index query.
+                if let Some(leases) = self.list(state).await? {
+                    let mine = lease::keys_owned_by(leases, &self.id);
+                    self.adopt(state, ctx, mine).await;
                     self.cycle_done();
                 }
-                self.follow(state, ctx).await?;
+                self.hand_over_requested(state);
             }
             Role::Follower => {
                 let due = state.looked_for_work.is_none_or(|at| {
@@ -82,12 +85,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let Some(leases) = self.list_and_sync(state, true).await? else {
             return Ok(());
         };
-        let (by_key, candidates) = self.candidates(state, &leases);
+        let (by_key, mut candidates) = self.candidates(state, &leases);
         let limits = Limits {
             max_leases: self.config.max_leases,
             max_steal: self.config.max_leases_to_steal,
         };
         let (now, failover) = (Instant::now(), self.config.failover_time);
+        state.moves.overlay(&leases, &mut candidates, now, failover);
         state.observer.forget_inactive(now, failover * 10);
         let observer = &state.observer;
         let plan = leader::assign(&self.id, &candidates, limits, |w| {
@@ -99,8 +103,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             };
             if to == &self.id {
                 self.take(state, ctx, observed).await;
-            } else {
-                self.assign(observed, to).await;
+            } else if self.assign(observed, to).await {
+                state.moves.record(key, to, Instant::now());
             }
         }
         for (key, to) in &plan.request_handoff {
@@ -108,12 +112,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Some(held) if !held.control.is_handing_off() => {
                     tracing::info!(shard = %key, %to, "handing off to balance the fleet");
                     held.control.hand_off(to.clone());
+                    state.moves.record(key, to, Instant::now());
                 }
                 Some(_) => {}
                 None => {
                     if let Some(observed) = by_key.get(key) {
                         state.observer.requested_for(key, to);
-                        self.ask_handoff(observed, to).await;
+                        if self.ask_handoff(observed, to).await {
+                            state.moves.record(key, to, Instant::now());
+                        }
                     }
                 }
             }
@@ -135,29 +142,39 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Writes `to` as the owner of an available lease; `to` adopts it when it next looks.
-    async fn assign(&self, observed: &Lease, to: &WorkerId) {
+    /// Returns whether the write succeeded.
+    async fn assign(&self, observed: &Lease, to: &WorkerId) -> bool {
         let key = &observed.key;
         let take = self.store.take(observed, to);
         match bounded(self.config.call_timeout, "take", take).await {
             Ok(_) => {
                 tracing::info!(shard = %key, from = ?observed.owner, %to, "lease assigned");
                 ::metrics::counter!(metrics::LEASES_ASSIGNED).increment(1);
+                return true;
             }
             Err(e) if e.kind() == ErrorKind::Conflict => {
                 tracing::debug!(shard = %key, "lease moved before it could be assigned");
             }
             Err(error) => tracing::warn!(shard = %key, %error, "assigning lease failed"),
         }
+        false
     }
 
-    /// What every worker does each cycle under a leader: hand over what was asked for, adopt
-    /// what names it.
+    /// What a follower does each cycle: hand over what was asked for and, every
+    /// [`owner_query_interval`](Self::owner_query_interval), adopt what names it.
     async fn follow(
         &self,
         state: &mut Coordinator,
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
         self.hand_over_requested(state);
+        let due = state
+            .owner_query_at
+            .is_none_or(|at| at.elapsed() >= self.owner_query_interval());
+        if !due {
+            self.cycle_done();
+            return Ok(());
+        }
         let limit = self.config.call_timeout;
         let mine = match bounded(limit, "owned_by", self.store.owned_by(&self.id)).await {
             Ok(keys) => keys,
@@ -167,6 +184,29 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 return Ok(());
             }
         };
+        state.owner_query_at = Some(Instant::now());
+        self.adopt(state, ctx, mine).await;
+        self.cycle_done();
+        Ok(())
+    }
+
+    /// How often a follower asks which leases name it: half the failover time (5 s by
+    /// default; KCL Java 3.x's workers ask every 10 s). Only handoffs the leader arranged
+    /// reach a follower this way (the leader takes orphaned leases itself), so this paces
+    /// balancing, not failover.
+    fn owner_query_interval(&self) -> std::time::Duration {
+        (self.config.failover_time / 2).max(self.config.taker_interval)
+    }
+
+    /// Takes the leases among `mine` (keys whose row names this worker) that it does not
+    /// hold yet, or gives them back if it is at `max_leases`.
+    async fn adopt(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        mine: Vec<ShardId>,
+    ) {
+        let limit = self.config.call_timeout;
         let unheld: Vec<_> = mine
             .into_iter()
             .filter(|k| !state.held.contains_key(k) && !is_coordination_key(k))
@@ -190,8 +230,6 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
             self.take(state, ctx, &row).await;
         }
-        self.cycle_done();
-        Ok(())
     }
 
     /// Hands over held leases whose last write showed a handoff request to another worker.

@@ -248,26 +248,30 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     async fn stop(&self, mut state: Coordinator, beat: &mut Interval) {
         self.handle.graceful.cancel();
         self.status.send_modify(|s| s.phase = Phase::ShuttingDown);
-        // Roles first, so that a successor leads while this worker hands its leases back.
-        let roles = std::mem::replace(&mut state.roles, roles::Roles::none());
-        let give_back = roles.stop(self.config.call_timeout);
-        if self.interruptible(beat, give_back).await.is_none() {
-            tracing::debug!("shutdown forced while giving the coordination rows back");
-        }
         tracing::info!(
             leases = state.held.len(),
             "shutting down: handing leases back"
         );
         let deadline = Instant::now() + self.config.shutdown_timeout;
+        // The coordination rows go back while the shards stop, so that a successor leads
+        // while this worker hands its leases back; within the same deadline.
+        let roles = std::mem::replace(&mut state.roles, roles::Roles::none());
+        let give_back = roles.stop(self.config.call_timeout.min(self.config.shutdown_timeout));
+        tokio::pin!(give_back);
+        let mut roles_stopped = false;
         loop {
             tokio::select! {
                 biased;
                 () = self.handle.force.cancelled() => break,
                 () = sleep_until(deadline) => break,
-                joined = state.tasks.join_next_with_id() => match joined {
-                    Some(joined) => { state.on_exit(joined); self.publish(&state); }
-                    None => break,
-                },
+                () = &mut give_back, if !roles_stopped => roles_stopped = true,
+                joined = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
+                    if let Some(joined) = joined {
+                        state.on_exit(joined);
+                        self.publish(&state);
+                    }
+                }
+                () = std::future::ready(()), if state.tasks.is_empty() && roles_stopped => break,
                 _ = beat.tick() => self.beat(),
             }
         }

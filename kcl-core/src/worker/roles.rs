@@ -5,9 +5,11 @@
 //! row only while it is not the leader. The standby reads the leader row every taker
 //! interval, so that it takes over within one interval of the leader's expiry (and, having
 //! observed the whole table as the leader did, can take the old leader's leases at once).
-//! Everyone else reads the two rows once per failover time: they only matter when the leader
-//! and the standby are both gone. So the rows cost a few reads per worker per failover time,
-//! not per interval.
+//! Everyone else reads the standby row every two failover times and the leader row every
+//! six: a follower matters only once the standby has moved up or gone (a new standby then
+//! appears within two failover times), and the leader row only if the leader and the standby
+//! are both gone. So the rows cost a read per worker every 15 s at the default timing, not
+//! per interval.
 //!
 //! Roles decide who does the work of reading the table, not who may write: every take and
 //! handoff stays conditional, so a stale role (a leader that has just lost its row) costs at
@@ -83,9 +85,9 @@ impl Roles {
     ) -> Self {
         let singleton_config = SingletonConfig::default()
             .failover_time(config.failover_time)
-            .poll_interval(config.failover_time);
+            .poll_interval(config.failover_time * 2);
         let fast = config.taker_interval;
-        let slow = config.failover_time;
+        let slow = config.failover_time * 6;
         let (leader_tx, leader) = watch::channel(false);
         let (standby_tx, standby) = watch::channel(false);
         let stop = CancellationToken::new();

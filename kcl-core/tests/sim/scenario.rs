@@ -56,6 +56,8 @@ pub struct Outcome {
 pub struct Stats {
     /// Seeds run under `Coordination::Leader`.
     pub led: usize,
+    /// Of those, seeds whose table had no change feed (observers read the table whole).
+    pub without_feed: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -91,6 +93,7 @@ impl Outcome {
 impl std::ops::AddAssign for Stats {
     fn add_assign(&mut self, o: Self) {
         self.led += o.led;
+        self.without_feed += o.without_feed;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -143,13 +146,26 @@ pub async fn simulate(seed: u64) -> Outcome {
             .map(|s| (s.id, s.closed))
             .collect(),
     };
+    let store = MemoryLeaseStore::with_faults(faults.clone());
+    if led {
+        // The table's change feed and owner index lag as DynamoDB's may (the stream by up to
+        // 2 s, the index by up to 3 s), and one table in five has no feed. Drawn apart, so
+        // that the scenario's own draws stay as they were.
+        let mut lags = StdRng::seed_from_u64(seed ^ 0x0fee_d1a6);
+        let feed = lags
+            .random_bool(0.8)
+            .then(|| Duration::from_millis(lags.random_range(0..=2_000)));
+        stats.without_feed = usize::from(feed.is_none());
+        store.set_feed(feed);
+        store.set_index_lag(Duration::from_millis(lags.random_range(0..=3_000)));
+    }
     let mut fleet = Fleet {
         seed,
         config: config()
             .initial_position(position)
             .coordination(coordination),
         stream: stream.clone(),
-        store: MemoryLeaseStore::with_faults(faults.clone()),
+        store,
         faults: faults.clone(),
         log: Log::default(),
         instances: Arc::new(AtomicU64::new(0)),

@@ -71,7 +71,7 @@ struct Args {
     #[arg(long, default_value = "trim-horizon")]
     initial_position: String,
     /// `every-worker` or `leader`.
-    #[arg(long, default_value = "every-worker")]
+    #[arg(long, default_value = "leader")]
     coordination: String,
 }
 
@@ -225,8 +225,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "leader" => Coordination::Leader,
         other => anyhow::bail!("invalid --coordination {other}"),
     };
-    let store = DynamoDbLeaseStore::new(&sdk, args.table.clone())
-        .with_owner_index(coordination == Coordination::Leader);
+    let leader = coordination == Coordination::Leader;
+    let mut store = DynamoDbLeaseStore::new(&sdk, args.table.clone()).with_owner_index(leader);
+    if leader {
+        store = store.with_change_feed(&sdk);
+    }
     let config = WorkerConfig::default()
         .failover_time(Duration::from_millis(args.failover_ms))
         .taker_interval(Duration::from_millis(args.taker_ms))

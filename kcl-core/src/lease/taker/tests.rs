@@ -107,7 +107,7 @@ proptest! {
             prop_assert!(p.take.is_empty() || p.request_handoff.is_empty());
             for key in &p.take {
                 let c = view.iter().find(|c| &c.key == key);
-                let available = matches!(c.map(|c| &c.holder), Some(Holder::Unowned | Holder::Expired { .. } | Holder::Adoptable));
+                let available = matches!(c.map(|c| &c.holder), Some(Holder::Unowned | Holder::Released | Holder::Expired { .. } | Holder::Adoptable));
                 prop_assert!(available);
             }
             for key in &p.request_handoff {
