@@ -128,6 +128,7 @@ impl Roles {
             }
         })));
         let (stopped, tx) = (stop.clone(), leader_tx);
+        let leader_holder = lead.holder();
         let leading = lead;
         tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
             let result = leading
@@ -145,9 +146,14 @@ impl Roles {
             }
         })));
         let (stopped, leading) = (stop.clone(), leader.clone());
-        tasks.push(AbortOnDropHandle::new(crate::task::spawn(stand_by_loop(
-            stand_by, leading, stopped, standby_tx,
-        ))));
+        let settled = settle(leader_holder, config.failover_time);
+        tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
+            // Not before the leader row is settled: a worker that is about to lead would
+            // otherwise take the standby row first and give it back a moment later, and the
+            // others would find it free only at their next (slow) poll.
+            settled.await;
+            stand_by_loop(stand_by, leading, stopped, standby_tx).await;
+        })));
         Self {
             leader,
             standby,
@@ -182,6 +188,15 @@ async fn join_all(tasks: Vec<AbortOnDropHandle<()>>) {
     for task in tasks {
         let _ = task.await;
     }
+}
+
+/// Returns once the leader row has been seen held (by anyone), or after `limit`.
+async fn settle(
+    mut holder: watch::Receiver<Option<crate::types::WorkerId>>,
+    limit: Duration,
+) {
+    let held = holder.wait_for(Option::is_some);
+    let _ = tokio::time::timeout(limit, held).await;
 }
 
 /// Competes for the standby row whenever this worker is not the leader.
