@@ -25,8 +25,10 @@ pub struct Event {
     pub seq: Option<String>,
     /// Partition key of a record.
     pub pk: Option<String>,
-    /// Payload of a record (UTF-8).
+    /// Payload of a record (UTF-8); of a `batch` line, its first record's.
     pub data: Option<String>,
+    /// Records in a `batch` line (`--journal-batches`).
+    pub count: Option<u64>,
     /// The checkpoint a processor started from (`init`).
     pub checkpoint: Option<String>,
     /// Whether a failed checkpoint was refused because the lease was lost.

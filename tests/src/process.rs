@@ -31,6 +31,18 @@ impl WorkerProcess {
     /// Starts `bin` (pass `env!("CARGO_BIN_EXE_kcl-test-worker")`) as worker `id` on the
     /// context's stream and table, with `extra` command-line arguments.
     pub fn spawn(bin: &str, ctx: &Context, id: &str, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn_in(&coordination(), bin, ctx, id, extra)
+    }
+
+    /// As [`spawn`](Self::spawn), in the coordination mode `mode` (`leader` or
+    /// `every-worker`) whatever `KCL_TEST_COORDINATION` says.
+    pub fn spawn_in(
+        mode: &str,
+        bin: &str,
+        ctx: &Context,
+        id: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let journal = ctx.path(&format!("{id}.jsonl"));
         let log = ctx.path(&format!("{id}.log"));
         let stderr = std::fs::OpenOptions::new()
@@ -49,7 +61,7 @@ impl WorkerProcess {
             .arg("--out")
             .arg(&journal)
             .arg("--coordination")
-            .arg(coordination())
+            .arg(mode)
             .args(extra)
             .envs(ctx.worker_env())
             .stdin(Stdio::null())

@@ -58,9 +58,11 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         Duration::from_millis(200),
         async || {
             // The table does not exist until worker-a has created it.
-            let Ok(leases) = ctx.store().list().await else {
+            let Ok(mut leases) = ctx.store().list().await else {
                 return Ok(false);
             };
+            // The leader and standby rows (coordination = leader) are not shard leases.
+            leases.retain(|l| !kcl_core::coordination::is_coordination_key(&l.key));
             Ok(leases.len() == 2
                 && leases.iter().all(|l| {
                     l.checkpoint == Checkpoint::Latest

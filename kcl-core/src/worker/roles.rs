@@ -191,10 +191,7 @@ async fn join_all(tasks: Vec<AbortOnDropHandle<()>>) {
 }
 
 /// Returns once the leader row has been seen held (by anyone), or after `limit`.
-async fn settle(
-    mut holder: watch::Receiver<Option<crate::types::WorkerId>>,
-    limit: Duration,
-) {
+async fn settle(mut holder: watch::Receiver<Option<crate::types::WorkerId>>, limit: Duration) {
     let held = holder.wait_for(Option::is_some);
     let _ = tokio::time::timeout(limit, held).await;
 }

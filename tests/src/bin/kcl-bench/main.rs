@@ -1,0 +1,106 @@
+//! Fleet benchmarks against the Docker-free emulators, with workers as real processes (the
+//! `kcl-test-worker` binary built next to this one). Prints markdown tables; each figure is
+//! the median of `--runs` runs (default 3), measured in one sitting.
+//!
+//! ```sh
+//! eval "$(localstack/emulator up)"
+//! cargo build --release -p kcl-integration-tests --bins && target/release/kcl-bench
+//! ```
+//!
+//! - **Failover**: two workers hold 4 shards, a producer writes to every shard every 100 ms;
+//!   one worker is killed (SIGKILL) or stopped (SIGTERM), and the figure is the time until the
+//!   survivor has delivered a record written to each of the victim's shards, per
+//!   coordination mode, victim and failover time.
+//! - **Footprint**: start → first record on a fresh table; CPU seconds to consume 20,000
+//!   records of 100 bytes from 4 shards; peak RSS of a worker holding 100 shards.
+//! - **End to end**: records per second through a worker against a bare `GetRecords` loop
+//!   over the same records (same batch size), on a fresh and on an existing lease table.
+//!
+//! Timing comes from the workers' journals (wall-clock milliseconds, one machine), CPU and
+//! memory from `/proc`.
+
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod failover;
+mod footprint;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+/// What to run, from the command line.
+struct Options {
+    runs: usize,
+    only: Option<String>,
+}
+
+fn options() -> anyhow::Result<Options> {
+    let mut options = Options {
+        runs: 3,
+        only: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--runs" => {
+                options.runs = args
+                    .next()
+                    .context("--runs N")?
+                    .parse()
+                    .context("--runs N")?;
+            }
+            "--only" => options.only = Some(args.next().context("--only failover|footprint")?),
+            other => {
+                anyhow::bail!("unknown argument {other} (--runs N, --only failover|footprint)")
+            }
+        }
+    }
+    Ok(options)
+}
+
+/// The worker binary, next to this one.
+fn worker_binary() -> anyhow::Result<String> {
+    let me = std::env::current_exe()?;
+    let worker = me.with_file_name("kcl-test-worker");
+    anyhow::ensure!(
+        worker.exists(),
+        "{} is missing: build it with `cargo build [--release] -p kcl-integration-tests --bins`",
+        worker.display()
+    );
+    Ok(worker.to_string_lossy().into_owned())
+}
+
+/// The median of `values` (sorted in place).
+fn median(values: &mut [Duration]) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let options = options()?;
+    let worker = worker_binary()?;
+    let profile = if cfg!(debug_assertions) {
+        "dev"
+    } else {
+        "release"
+    };
+    println!(
+        "kcl-bench, {} profile, {}, {} runs each",
+        profile,
+        chrono::Utc::now().format("%Y-%m-%d"),
+        options.runs
+    );
+    let wanted = |name: &str| options.only.as_deref().is_none_or(|o| o == name);
+    if wanted("failover") {
+        failover::table(&worker, options.runs).await?;
+    }
+    if wanted("footprint") {
+        footprint::table(&worker, options.runs).await?;
+    }
+    Ok(())
+}
