@@ -93,6 +93,35 @@ pub struct WorkerConfig {
     /// and a standby follow it through its change feed; before 0.2 every worker read it
     /// every taker interval, which [`Coordination::EveryWorker`] still does).
     pub coordination: Coordination,
+    /// What proves a holder alive. Default [`Liveness::PerLease`] (KCL Java's rule: every
+    /// held lease is renewed every `renew_interval`).
+    pub liveness: Liveness,
+}
+
+/// What proves that the owner of a lease is alive, and so what holding leases costs.
+///
+/// Either way a lease moves only by a conditional write, checkpoints stay fenced on owner and
+/// counter, and a holder stops delivering once it could not prove itself alive within 0.9 ×
+/// the failover time. Workers of both kinds can share a table: a lease is expired only when
+/// its own counter *and* its owner's heartbeat row (if it has one) stood still for the
+/// failover time. See `docs/design/coordination.md`, "Heartbeats".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Liveness {
+    /// The default, as KCL Java: each held lease is renewed (its counter bumped) every
+    /// `renew_interval`, one write per lease.
+    #[default]
+    PerLease,
+    /// One heartbeat row per worker (`kcl-coordination/worker/<id>`) is renewed every
+    /// `renew_interval`; leases are written only when taken, checkpointed, handed off or
+    /// released, so a worker costs one write per interval whatever it holds. Whoever takes
+    /// the leases of a worker whose heartbeat stopped first deletes that row, conditionally
+    /// on the counter it watched stand still, so that the worker can never renew it again.
+    /// Needs every worker sharing the table to be kcl 0.2 or later (KCL Java and kcl 0.1
+    /// judge a lease by its own counter only, and would take these leases from a live
+    /// owner).
+    Heartbeat,
 }
 
 /// Who in a fleet reads the whole lease table, and so what the table costs.
@@ -182,6 +211,7 @@ impl Default for WorkerConfig {
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
             coordination: Coordination::Leader,
+            liveness: Liveness::PerLease,
         }
     }
 }
@@ -245,6 +275,8 @@ impl WorkerConfig {
         max_clock_skew: Duration,
         /// Sets [`WorkerConfig::coordination`].
         coordination: Coordination,
+        /// Sets [`WorkerConfig::liveness`].
+        liveness: Liveness,
     }
 
     /// Every duration field with its key.

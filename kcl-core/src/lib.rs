@@ -74,7 +74,7 @@ mod worker;
 pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
-pub use config::{Coordination, MAX_DURATION, WorkerConfig};
+pub use config::{Coordination, Liveness, MAX_DURATION, WorkerConfig};
 pub use error::{BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind};
 pub use lease::{CheckpointUpdate, Lease, LeaseStore};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};

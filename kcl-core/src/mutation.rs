@@ -43,6 +43,8 @@ pub enum Mutation {
     StealWithoutHandoff,
     /// A leader gives leases to every known worker, active or not (dead ones included).
     LeaderIgnoresActivity,
+    /// Leases of an owner with a heartbeat row are taken without deleting that row first.
+    TakeWithoutFence,
 }
 
 impl Mutation {
@@ -64,6 +66,7 @@ impl Mutation {
         Self::VanishedShardRetried,
         Self::StealWithoutHandoff,
         Self::LeaderIgnoresActivity,
+        Self::TakeWithoutFence,
     ];
 }
 

@@ -144,8 +144,13 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .filter(|(_, o)| o.stats.led > 0)
         .map(|(_, o)| o.violations.len())
         .sum();
+    let heartbeat_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.heartbeat > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
     println!(
-        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations), {violations} violations of [{}], {records} records",
+        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations), {violations} violations of [{}], {records} records",
         results.len(),
         stats.latest,
         stats.at_timestamp,
@@ -154,6 +159,10 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         violations - led_violations,
         stats.led,
         stats.without_feed,
+        results.len() - stats.heartbeat,
+        violations - heartbeat_violations,
+        stats.heartbeat,
+        stats.mixed,
         INVARIANTS.join(", ")
     );
     violations

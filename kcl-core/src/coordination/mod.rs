@@ -71,6 +71,21 @@ pub const COORDINATION_PREFIX: &str = "kcl-coordination/";
 /// Singleton names the worker uses itself under `Coordination::Leader`.
 pub(crate) const RESERVED: [&str; 2] = ["worker-leader", "worker-standby"];
 
+/// Singleton names under this prefix are the workers' heartbeat rows
+/// ([`Liveness::Heartbeat`](crate::Liveness::Heartbeat)).
+pub(crate) const HEARTBEAT_PREFIX: &str = "worker/";
+
+/// The key of `worker`'s heartbeat row.
+pub(crate) fn heartbeat_key(worker: &WorkerId) -> ShardId {
+    ShardId::new(format!("{COORDINATION_PREFIX}{HEARTBEAT_PREFIX}{worker}"))
+}
+
+/// The worker whose heartbeat row `key` is, if it is one.
+pub(crate) fn heartbeat_of(key: &ShardId) -> Option<WorkerId> {
+    let name = key.as_str().strip_prefix(COORDINATION_PREFIX)?;
+    name.strip_prefix(HEARTBEAT_PREFIX).map(WorkerId::new)
+}
+
 /// True for rows that hold a singleton, not a shard.
 pub fn is_coordination_key(key: &ShardId) -> bool {
     key.as_str().starts_with(COORDINATION_PREFIX)
@@ -102,6 +117,14 @@ impl<L: LeaseStore> Singleton<L> {
             return Err(ConfigError {
                 key: "name",
                 reason: format!("{name:?} is the worker's own (Coordination::Leader)"),
+            });
+        }
+        if name.starts_with(HEARTBEAT_PREFIX) {
+            return Err(ConfigError {
+                key: "name",
+                reason: format!(
+                    "names starting with {HEARTBEAT_PREFIX:?} are the workers' heartbeat rows"
+                ),
             });
         }
         Self::named(name, me, store, config)

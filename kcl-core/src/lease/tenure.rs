@@ -15,6 +15,11 @@
 //!
 //! Every write is bounded by the call timeout, so a hung store cannot hold the tenure's lock
 //! (and with it every renewal) forever.
+//!
+//! Under [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) a lease's tenure is *derived*
+//! from the worker's heartbeat tenure: nothing renews the lease itself, its validity is the
+//! heartbeat's, and it is lost when the heartbeat is (the worker then takes its leases again,
+//! each by a conditional write, under a new heartbeat).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -113,6 +118,8 @@ pub(crate) struct Tenure {
     validity: Duration,
     call_timeout: Duration,
     lost: CancellationToken,
+    /// The heartbeat this tenure's validity comes from, if it is derived (see module docs).
+    heartbeat: Option<Arc<Tenure>>,
 }
 
 impl std::fmt::Debug for Tenure {
@@ -149,7 +156,36 @@ impl Tenure {
             validity,
             call_timeout,
             lost: CancellationToken::new(),
+            heartbeat: None,
         }
+    }
+
+    /// As [`new`](Self::new), deriving validity from `heartbeat`: this tenure is valid while
+    /// the heartbeat is, and lost when it is lost.
+    pub(crate) fn derived(
+        lease: Lease,
+        worker: WorkerId,
+        store: Arc<dyn HeldLeaseStore>,
+        heartbeat: Arc<Tenure>,
+        call_timeout: Duration,
+    ) -> Self {
+        let lost = heartbeat.lost.child_token();
+        let mut tenure = Self::new(
+            lease,
+            worker,
+            store,
+            Duration::ZERO,
+            call_timeout,
+            Instant::now(),
+        );
+        tenure.lost = lost;
+        tenure.heartbeat = Some(heartbeat);
+        tenure
+    }
+
+    /// True if something else (the heartbeat) keeps this tenure valid: nothing renews it.
+    pub(crate) fn is_derived(&self) -> bool {
+        self.heartbeat.is_some()
     }
 
     pub(crate) fn shard(&self) -> &ShardId {
@@ -175,6 +211,9 @@ impl Tenure {
 
     /// Until when this worker may act as the owner without another successful write.
     pub(crate) fn valid_until(&self) -> Instant {
+        if let Some(heartbeat) = &self.heartbeat {
+            return heartbeat.valid_until();
+        }
         *self
             .valid_until
             .lock()
@@ -280,6 +319,12 @@ impl Tenure {
                     .map(|()| lease),
             };
             match result {
+                Ok(lease) if self.heartbeat.is_some() => {
+                    // A write of a lease proves nothing about it under heartbeats.
+                    held.lease = lease;
+                    held.uncertain = false;
+                    return Ok(held.lease.clone());
+                }
                 Ok(lease) => {
                     held.lease = lease;
                     held.uncertain = false;

@@ -14,10 +14,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Worker;
+use super::liveness::Heartbeat;
 use super::roles::{Role, Roles};
 use super::shard_consumer::{self, Control, Exit, ShardContext};
-use crate::config::Coordination;
-use crate::coordination::is_coordination_key;
+use crate::config::{Coordination, Liveness};
+use crate::coordination::{heartbeat_of, is_coordination_key};
 use crate::error::{BackendError, Error, ErrorKind};
 use crate::lease::feed::{FeedRead, Mirror};
 use crate::lease::leader::Moves;
@@ -50,6 +51,15 @@ pub(super) struct Coordinator {
     pub(super) looked_for_work: Option<Instant>,
     /// When this worker last asked which leases name it, as a follower.
     pub(super) owner_query_at: Option<Instant>,
+    /// This worker's heartbeat, under `Liveness::Heartbeat`.
+    pub(super) heartbeat: Option<Heartbeat>,
+    /// The heartbeat rows in the last read of the table, by worker.
+    pub(super) heartbeats: BTreeMap<WorkerId, Lease>,
+    /// Whether each owner's leases may be taken, decided since the last read (see `fence`).
+    pub(super) fenced: BTreeMap<WorkerId, bool>,
+    /// Leases whose shard task could not hand them back, to release again (under heartbeats
+    /// nothing else would: their owner's heartbeat goes on).
+    pub(super) unreleased: Vec<ShardId>,
 }
 
 /// One held lease: its writer, and how to steer its task.
@@ -65,6 +75,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state: &mut Coordinator,
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
+        self.ensure_heartbeat(state).await;
+        self.release_left(state).await;
         match self.config.coordination {
             Coordination::EveryWorker => self.cycle_for_myself(state, ctx, true).await?,
             Coordination::Leader => self.led_cycle(state, ctx).await?,
@@ -97,6 +109,14 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 self.take(state, ctx, observed).await;
             }
         }
+        if self.config.liveness == Liveness::Heartbeat {
+            // Leases naming this worker that it will not take would never expire while its
+            // heartbeat goes on: give them back.
+            let unwanted = candidates
+                .iter()
+                .filter(|c| c.holder == Holder::Adoptable && !plan.take.contains(&c.key));
+            state.unreleased.extend(unwanted.map(|c| c.key.clone()));
+        }
         for key in &plan.request_handoff {
             let Some(observed) = by_key.get(key) else {
                 continue;
@@ -105,7 +125,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 self.take(state, ctx, observed).await;
                 continue;
             }
-            self.ask_handoff(observed, &self.id).await;
+            self.ask_handoff(state, observed, &self.id).await;
         }
         self.cycle_done();
         Ok(())
@@ -113,13 +133,21 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Asks the owner of `observed` to hand it to `to`. Returns whether the request was
     /// written.
-    pub(super) async fn ask_handoff(&self, observed: &Lease, to: &WorkerId) -> bool {
+    pub(super) async fn ask_handoff(
+        &self,
+        state: &Coordinator,
+        observed: &Lease,
+        to: &WorkerId,
+    ) -> bool {
         let key = &observed.key;
         let request = self.store.request_handoff(observed, Some(to));
         match bounded(self.config.call_timeout, "request_handoff", request).await {
             Ok(()) => {
                 tracing::info!(shard = %key, from = ?observed.owner, %to, "handoff requested");
                 ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
+                if let Some(owner) = &observed.owner {
+                    self.flag_handoff(state, owner).await;
+                }
                 true
             }
             Err(error) => {
@@ -196,6 +224,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     state.next_sync = Instant::now() + self.config.taker_interval;
                 }
             }
+            self.clean_heartbeats(state).await;
         }
 
         Ok(Some(leases))
@@ -216,8 +245,14 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         match read {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
-                leases.retain(|l| !is_coordination_key(&l.key));
+                // The observer watches coordination rows too: heartbeats decide expiry.
                 state.observer.update(&leases, Instant::now());
+                state.heartbeats = leases
+                    .iter()
+                    .filter_map(|l| heartbeat_of(&l.key).map(|w| (w, l.clone())))
+                    .collect();
+                state.fenced.clear();
+                leases.retain(|l| !is_coordination_key(&l.key));
                 Ok(Some(leases))
             }
             Err(error) if error.kind().is_permanent() => Err(Error::Store(error)),
@@ -273,6 +308,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         observed: &Lease,
     ) {
         let key = &observed.key;
+        if let Some(owner) = observed.owner.as_ref().filter(|o| *o != &self.id)
+            && !self.fence(state, owner).await
+        {
+            return;
+        }
+        if !self.ensure_heartbeat(state).await {
+            tracing::debug!(shard = %key, "no heartbeat: not taking");
+            return;
+        }
         let started = Instant::now();
         let take = self.store.take(observed, &self.id);
         match bounded(self.config.call_timeout, "take", take).await {
@@ -303,7 +347,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             None => Holder::Released,
             Some(owner) if owner == &self.id => Holder::Adoptable,
             Some(owner) => {
-                let idle = state.observer.idle(lease, now);
+                let mut idle = state.observer.idle(lease, now);
+                // An owner with a heartbeat is alive while either moves.
+                if let Some(heartbeat) = state.heartbeats.get(owner)
+                    && heartbeat.is_owned_by(owner)
+                {
+                    idle = idle.min(state.observer.idle(heartbeat, now));
+                }
                 let expiry = if mutation::on(Mutation::TakeAtHalfFailover) {
                     self.config.failover_time / 2
                 } else {
@@ -424,6 +474,10 @@ impl Coordinator {
             roles: Roles::none(),
             looked_for_work: None,
             owner_query_at: None,
+            heartbeat: None,
+            heartbeats: BTreeMap::new(),
+            fenced: BTreeMap::new(),
+            unreleased: Vec::new(),
         }
     }
 
@@ -435,14 +489,24 @@ impl Coordinator {
         started: Instant,
     ) {
         let key = lease.key.clone();
-        let tenure = Arc::new(Tenure::new(
-            lease,
-            worker.id.clone(),
-            worker.store.clone(),
-            worker.config.failover_time,
-            worker.config.call_timeout,
-            started,
-        ));
+        let tenure = match &self.heartbeat {
+            Some(heartbeat) => Tenure::derived(
+                lease,
+                worker.id.clone(),
+                worker.store.clone(),
+                heartbeat.tenure.clone(),
+                worker.config.call_timeout,
+            ),
+            None => Tenure::new(
+                lease,
+                worker.id.clone(),
+                worker.store.clone(),
+                worker.config.failover_time,
+                worker.config.call_timeout,
+                started,
+            ),
+        };
+        let tenure = Arc::new(tenure);
         let control = Arc::new(Control::new(worker.handle.graceful.child_token()));
         let task = shard_consumer::run(ctx.clone(), tenure.clone(), control.clone())
             .instrument(shard_consumer::span(&key, &worker.id));

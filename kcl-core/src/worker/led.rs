@@ -25,7 +25,7 @@ use super::shard_consumer::ShardContext;
 use crate::coordination::is_coordination_key;
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader;
-use crate::lease::taker::{Holder, Limits};
+use crate::lease::taker::Limits;
 use crate::lease::{self, Lease, LeaseStore};
 use crate::metrics;
 use crate::mutation::{self, Mutation};
@@ -55,6 +55,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             Role::Standby => {
                 // The standby's own read shows which leases name it: no index query.
                 if let Some(leases) = self.list(state).await? {
+                    self.hand_over_listed(state, &leases);
                     let mine = lease::keys_owned_by(leases, &self.id);
                     self.adopt(state, ctx, mine).await;
                     self.cycle_done();
@@ -103,6 +104,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             };
             if to == &self.id {
                 self.take(state, ctx, observed).await;
+            } else if let Some(owner) = observed.owner.as_ref().filter(|o| *o != &self.id)
+                && !self.fence(state, owner).await
+            {
+                continue;
             } else if self.assign(observed, to).await {
                 state.moves.record(key, to, Instant::now());
             }
@@ -118,25 +123,16 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 None => {
                     if let Some(observed) = by_key.get(key) {
                         state.observer.requested_for(key, to);
-                        if self.ask_handoff(observed, to).await {
+                        if self.ask_handoff(state, observed, to).await {
                             state.moves.record(key, to, Instant::now());
                         }
                     }
                 }
             }
         }
-        // The leader sees requests on its own leases in its read, before its renewals do.
-        for c in &candidates {
-            if let (Holder::Me, Some(to)) = (&c.holder, &c.handoff_to)
-                && to != &self.id
-                && let Some(held) = state.held.get(&c.key)
-                && !held.control.is_handing_off()
-            {
-                tracing::info!(shard = %c.key, %to, "handing off as asked");
-                held.control.hand_off(to.clone());
-            }
-        }
+        self.hand_over_listed(state, &leases);
         self.hand_over_requested(state);
+        self.flag_pending(state, &leases).await;
         self.cycle_done();
         Ok(())
     }
@@ -168,6 +164,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
         self.hand_over_requested(state);
+        self.follow_flag(state).await;
         let due = state
             .owner_query_at
             .is_none_or(|at| at.elapsed() >= self.owner_query_interval());
@@ -229,6 +226,21 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 continue;
             }
             self.take(state, ctx, &row).await;
+        }
+    }
+
+    /// Hands over held leases whose row in `leases` (this worker's read of the table) shows a
+    /// handoff request to another worker: the leader and the standby see requests in their
+    /// reads, before (or, under heartbeats, instead of) their renewals.
+    fn hand_over_listed(&self, state: &Coordinator, leases: &[Lease]) {
+        for lease in leases {
+            if let Some(to) = lease.handoff_to.as_ref().filter(|to| *to != &self.id)
+                && let Some(held) = state.held.get(&lease.key)
+                && !held.control.is_handing_off()
+            {
+                tracing::info!(shard = %lease.key, %to, "handing off as asked");
+                held.control.hand_off(to.clone());
+            }
         }
     }
 

@@ -6,7 +6,8 @@
 //! It owns all of that state; shard tasks own their processors and their leases' writes.
 //! Under [`Coordination::Leader`](crate::Coordination::Leader) only the leader and the
 //! standby read the whole table; what each worker does then depends on its role (see `led`
-//! and `roles`).
+//! and `roles`); under [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) the worker's
+//! leases live on one heartbeat row (see `liveness`).
 //!
 //! Nothing the backends do can hang the worker: every call has a deadline
 //! ([`WorkerConfig::call_timeout`]), a cycle is abandoned as soon as shutdown is asked for,
@@ -17,6 +18,7 @@
 
 mod coordinator;
 mod led;
+mod liveness;
 mod prefetch;
 mod roles;
 mod shard_consumer;
@@ -230,6 +232,11 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                             state.next_sync = Instant::now();
                             next_cycle = Instant::now();
                         }
+                        Some((shard, Exit::ReleaseFailed))
+                            if self.config.liveness == crate::Liveness::Heartbeat =>
+                        {
+                            state.unreleased.push(shard);
+                        }
                         Some((shard, Exit::Fatal(source))) => {
                             tracing::error!(%shard, error = %source, "stopping: a shard cannot be read");
                             return Err(Error::Shard { shard, source });
@@ -299,6 +306,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 () = Box::pin(self.release_unheld()) => {}
             }
         }
+        // Last: the heartbeat keeps the leases valid until they are handed back.
+        self.end_heartbeat(&mut state).await;
         tracing::info!("worker stopped");
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kcl_core::coordination::{Singleton, SingletonConfig};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
-use kcl_core::{ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
+use kcl_core::{Liveness, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
@@ -37,11 +37,18 @@ pub struct Fleet {
     pub live: BTreeMap<String, Member>,
     pub next_id: usize,
     pub failure_rate: f64,
+    /// Every other worker renews per lease, whatever `config` says (a mixed fleet).
+    pub mixed: bool,
 }
 
 impl Fleet {
     pub fn join(&mut self) {
         let id = format!("w{}", self.next_id);
+        let config = if self.mixed && self.next_id % 2 == 1 {
+            self.config.clone().liveness(Liveness::PerLease)
+        } else {
+            self.config.clone()
+        };
         self.next_id += 1;
         let factory = Factory {
             worker: id.clone(),
@@ -52,7 +59,7 @@ impl Fleet {
         };
         let worker = Worker::new(
             id.as_str(),
-            self.config.clone(),
+            config,
             // Its own client name, so that a partition can cut a worker off from the lease table
             // alone, or from the stream alone.
             self.stream.client(&stream_client(&id)),

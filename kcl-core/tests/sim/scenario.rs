@@ -10,7 +10,7 @@ use kcl_core::coordination::is_coordination_key;
 use kcl_core::lease::sync::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    Coordination, InitialPosition, LeaseStore, Record, ShardId, ShardSource, WorkerConfig,
+    Coordination, InitialPosition, LeaseStore, Liveness, Record, ShardId, ShardSource, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -58,6 +58,10 @@ pub struct Stats {
     pub led: usize,
     /// Of those, seeds whose table had no change feed (observers read the table whole).
     pub without_feed: usize,
+    /// Seeds with workers under `Liveness::Heartbeat`.
+    pub heartbeat: usize,
+    /// Of those, seeds where every other worker renewed per lease.
+    pub mixed: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -94,6 +98,8 @@ impl std::ops::AddAssign for Stats {
     fn add_assign(&mut self, o: Self) {
         self.led += o.led;
         self.without_feed += o.without_feed;
+        self.heartbeat += o.heartbeat;
+        self.mixed += o.mixed;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -128,10 +134,23 @@ pub async fn simulate(seed: u64) -> Outcome {
     } else {
         Coordination::EveryWorker
     };
+    // A third of each run per-lease renewals, a third heartbeats, a third both mixed.
+    let (heartbeat, mixed) = match (seed / 2) % 3 {
+        0 => (false, false),
+        1 => (true, false),
+        _ => (true, true),
+    };
+    let liveness = if heartbeat {
+        Liveness::Heartbeat
+    } else {
+        Liveness::PerLease
+    };
     let faults = Faults::seeded(seed.wrapping_mul(31).wrapping_add(7));
     let stream = MemoryStream::with_faults(rng.random_range(1..=16u32), faults.clone());
     let mut stats = Stats {
         led: usize::from(led),
+        heartbeat: usize::from(heartbeat),
+        mixed: usize::from(mixed),
         planned: usize::from(planned),
         ..Stats::default()
     };
@@ -163,7 +182,8 @@ pub async fn simulate(seed: u64) -> Outcome {
         seed,
         config: config()
             .initial_position(position)
-            .coordination(coordination),
+            .coordination(coordination)
+            .liveness(liveness),
         stream: stream.clone(),
         store,
         faults: faults.clone(),
@@ -176,6 +196,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         } else {
             0.0
         },
+        mixed,
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();

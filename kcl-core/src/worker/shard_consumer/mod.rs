@@ -140,8 +140,11 @@ pub(crate) async fn run<S: ShardSource, F: ProcessorFactory>(
     tenure: Arc<Tenure>,
     control: Arc<Control>,
 ) -> Exit {
-    let renewer = renewer::run(tenure.clone(), ctx.config.renew_interval).in_current_span();
-    let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
+    // A derived tenure lives on the worker's heartbeat: nothing to renew here.
+    let _renewer = (!tenure.is_derived()).then(|| {
+        let renewer = renewer::run(tenure.clone(), ctx.config.renew_interval).in_current_span();
+        AbortOnDropHandle::new(crate::task::spawn(renewer))
+    });
     let exit = consume(&ctx, &tenure, &control).await;
     tenure.mark_lost(); // ends the tenure: no write may follow the task
     exit

@@ -73,7 +73,8 @@ fn owner_at<'a>(
 }
 
 /// fencing: a holder's write (renew, checkpoint, release) applies only while the row names
-/// it as owner — even one that reaches the table long after its writer gave up on it. A
+/// it as owner — even one that reaches the table long after its writer gave up on it (a
+/// heartbeat row released by another worker is a fence, checked by `expiry`). A
 /// checkpoint succeeds only for the processor instance of the writer's current tenure: never
 /// once another worker took the lease, nor for an instance created before the writer last
 /// (re)acquired it.
@@ -83,6 +84,7 @@ pub(super) fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
         .store
         .iter()
         .filter(|ev| matches!(ev.operation, "renew" | "checkpoint" | "release"))
+        .filter(|ev| !(ev.operation == "release" && is_heartbeat(&ev.lease.key)))
     {
         let owner = owner_at(&owners, &ev.lease.key, ev.seq);
         if owner != Some(ev.client.as_str()) {
@@ -126,44 +128,97 @@ pub(super) fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
 }
 
+/// The key of `worker`'s heartbeat row.
+fn heartbeat_key(worker: &str) -> ShardId {
+    ShardId::new(format!("kcl-coordination/worker/{worker}"))
+}
+
+fn is_heartbeat(key: &ShardId) -> bool {
+    key.as_str().starts_with("kcl-coordination/worker/")
+}
+
 /// expiry: a lease another worker owns is taken (not handed over) only once its counter has
 /// stood still for the failover time: the taker cannot have observed it for longer. That
-/// holds for a leader writing the lease to a third worker too.
+/// holds for a leader writing the lease to a third worker too. Under heartbeats, the owner's
+/// heartbeat row that was live when it took the lease must have been fenced since (released
+/// or deleted by another worker, which is itself allowed only once the row's counter stood
+/// still for the failover time).
 pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
-    // Per lease: the owner and counter after the last event, and when the counter last moved.
-    let mut last: BTreeMap<&ShardId, (Option<&str>, u64, tokio::time::Instant)> = BTreeMap::new();
+    // Per lease: the owner and counter after the last event, when the counter last moved,
+    // and the event that made the owner the owner.
+    let mut last: BTreeMap<ShardId, (Option<&str>, u64, tokio::time::Instant, u64)> =
+        BTreeMap::new();
+    // Per heartbeat row: the events that ended a tenure of it (a release or a delete).
+    let mut fenced: BTreeMap<&ShardId, Vec<u64>> = BTreeMap::new();
     for ev in e.store {
         let key = &ev.lease.key;
         let owner = ev.lease.owner.as_ref().map(|o| o.as_str());
-        if let Some((before, _, moved)) = last.get(key)
-            && ev.operation == "take"
-            && owner != *before
+        if let Some((before, _, moved, _)) = last.get(key)
+            && (ev.operation == "take" && owner != *before
+                || matches!(ev.operation, "delete" | "release") && is_heartbeat(key))
             && before.is_some_and(|b| b != ev.client)
             && ev.started.saturating_duration_since(*moved) < e.failover
         {
             v.push(format!(
-                "expiry: {} took {key} from {before:?} {:?} after its counter last moved",
+                "expiry: {} {} {key} of {before:?} {:?} after its counter last moved",
                 ev.client,
+                ev.operation,
                 ev.started.saturating_duration_since(*moved)
             ));
+        }
+        if let Some((Some(before), _, _, since)) = last.get(key)
+            && !key.as_str().starts_with("kcl-coordination/")
+            && ev.operation == "take"
+            && owner != Some(*before)
+            && *before != ev.client
+        {
+            // The owner's heartbeat row as it was when the owner took the lease.
+            let heartbeat = heartbeat_key(before);
+            let live_then = last_before(e.store, &heartbeat, *since)
+                .is_some_and(|hb| hb.operation != "delete" && hb.lease.owner.as_ref().is_some_and(|o| o.as_str() == *before));
+            let ended = fenced
+                .get(&heartbeat)
+                .is_some_and(|f| f.iter().any(|seq| seq > since));
+            if live_then && !ended {
+                v.push(format!(
+                    "expiry: {} took {key} from {before} while its heartbeat row stood",
+                    ev.client
+                ));
+            }
+        }
+        if is_heartbeat(key) && matches!(ev.operation, "delete" | "release") {
+            fenced.entry(key).or_default().push(ev.seq);
         }
         if ev.operation == "delete" {
             last.remove(key);
             continue;
         }
         let moved = match last.get(key) {
-            Some((_, counter, moved)) if *counter == ev.lease.counter => *moved,
+            Some((_, counter, moved, _)) if *counter == ev.lease.counter => *moved,
             _ => ev.at,
         };
-        last.insert(key, (owner, ev.lease.counter, moved));
+        let since = match last.get(key) {
+            Some((before, _, _, since)) if *before == owner => *since,
+            _ => ev.seq,
+        };
+        last.insert(key.clone(), (owner, ev.lease.counter, moved, since));
     }
+}
+
+/// The last event on `key` before event `seq`.
+fn last_before<'a>(store: &'a [StoreEvent], key: &ShardId, seq: u64) -> Option<&'a StoreEvent> {
+    store
+        .iter()
+        .take_while(|ev| ev.seq < seq)
+        .filter(|ev| &ev.lease.key == key)
+        .last()
 }
 
 /// validity: no delivery later than 0.9 × the failover time after the *start* of the
 /// deliverer's last write of that lease that reported success — exactly the local rule the
-/// worker promises to keep.
+/// worker promises to keep. Under heartbeats, of its last heartbeat renewal instead.
 pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
-    let mut writes: BTreeMap<(&str, &ShardId), Vec<&StoreEvent>> = BTreeMap::new();
+    let mut writes: BTreeMap<(&str, ShardId), Vec<&StoreEvent>> = BTreeMap::new();
     for ev in e.store.iter().filter(|ev| ev.reported) {
         if ev
             .lease
@@ -172,15 +227,22 @@ pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
             .is_some_and(|o| o.as_str() == ev.client)
         {
             writes
-                .entry((ev.client.as_str(), &ev.lease.key))
+                .entry((ev.client.as_str(), ev.lease.key.clone()))
                 .or_default()
                 .push(ev);
         }
     }
     for d in &e.journal.deliveries {
-        let last = writes
-            .get(&(d.worker.as_str(), &d.shard))
-            .and_then(|w| w.iter().rfind(|ev| ev.seq < d.seq));
+        let last_of = |key: ShardId| {
+            writes
+                .get(&(d.worker.as_str(), key))
+                .and_then(|w| w.iter().rfind(|ev| ev.seq < d.seq))
+        };
+        let lease = last_of(d.shard.clone());
+        let last = match last_of(heartbeat_key(&d.worker)) {
+            Some(heartbeat) if lease.is_some() => Some(heartbeat),
+            _ => lease,
+        };
         match last {
             Some(w) if d.at < w.started + e.validity => {}
             Some(w) => v.push(format!(

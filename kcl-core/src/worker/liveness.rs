@@ -1,0 +1,293 @@
+//! Heartbeat rows ([`Liveness::Heartbeat`](crate::Liveness::Heartbeat)), and what every
+//! worker, whatever its own mode, does about other workers' heartbeats.
+//!
+//! Under heartbeats a worker proves itself alive by renewing one row,
+//! `kcl-coordination/worker/<id>`, every renew interval; the tenures of its leases are
+//! derived from that row's (see [`tenure`](crate::lease::tenure)), so its leases are written
+//! only when they move or are checkpointed.
+//!
+//! Three rules keep this as safe as per-lease renewals, for a fleet of either kind or both:
+//!
+//! - **Expiry** (`holder`): a lease is expired only when its own counter *and* its owner's
+//!   heartbeat row (if the owner has one) have stood still for the failover time, as observed
+//!   here.
+//! - **Fence before taking**: a taker cannot make its take conditional on another row, so
+//!   before it takes a lease from an owner with a heartbeat row it releases that row,
+//!   conditionally on the counter it watched stand still. If that succeeds, no renewal the
+//!   owner started before can apply any more, so the owner's validity ended at most 0.9 ×
+//!   the failover time after its last successful renewal began, before the take. Without the
+//!   fence, a renewal sent just before a long pause could land after the take and make a
+//!   frozen owner valid again. An owner whose row the view does not show is looked up with a
+//!   consistent read first: a view that lags must not hide a live heartbeat.
+//! - **Handoffs**: owners under heartbeats no longer see handoff requests in their renewals,
+//!   so whoever asks for one also flags the owner's heartbeat row (`handoffTo` on it); the
+//!   owner sees the flag in its next heartbeat renewal, clears it, then reads its leases.
+//!   Clearing first means a request made meanwhile flags the row again.
+//!
+//! A worker whose heartbeat is lost (fenced, or not renewed in time) loses every lease with
+//! it, takes its row again, and takes back, each by a conditional write, the leases that still
+//! name it. Rows are released, not deleted, by fences and on graceful shutdown, so that a
+//! row's counter never starts again from zero where an observer could mistake the new row
+//! for the old one standing still; the leader deletes released rows (and releases abandoned
+//! ones) once they stood still for `lease_cleanup_delay`.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
+
+use super::Worker;
+use super::coordinator::Coordinator;
+use crate::Liveness;
+use crate::coordination::heartbeat_key;
+use crate::error::ErrorKind;
+use crate::lease::tenure::Tenure;
+use crate::lease::{Lease, LeaseStore, renewer};
+use crate::mutation::{self, Mutation};
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::task::bounded;
+use crate::types::{Checkpoint, WorkerId};
+
+/// This worker's heartbeat: the row's tenure and its renewer.
+pub(super) struct Heartbeat {
+    pub(super) tenure: Arc<Tenure>,
+    _renewer: AbortOnDropHandle<()>,
+    /// The heartbeat counter whose handoff flag was last acted on.
+    flag_seen: Option<u64>,
+}
+
+impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+    /// Under heartbeats, makes sure this worker has a live heartbeat, taking its row (again)
+    /// if it has none. True if leases may be taken: always under per-lease renewals.
+    pub(super) async fn ensure_heartbeat(&self, state: &mut Coordinator) -> bool {
+        if self.config.liveness != Liveness::Heartbeat {
+            return true;
+        }
+        if state.heartbeat.as_ref().is_some_and(|h| h.tenure.is_valid()) {
+            return true;
+        }
+        if let Some(old) = state.heartbeat.take() {
+            // Ends every lease tenure derived from it, wherever its task is waiting.
+            old.tenure.mark_lost();
+            tracing::warn!("heartbeat lost: every lease went with it; taking them back");
+        }
+        let limit = self.config.call_timeout;
+        let key = heartbeat_key(&self.id);
+        let started = Instant::now();
+        let row = match bounded(limit, "get", self.store.get(&key)).await {
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                let row = Lease::new(key, Checkpoint::TrimHorizon);
+                match bounded(limit, "create", self.store.create(&row)).await {
+                    Ok(true) => row,
+                    Ok(false) => return false, // created meanwhile: read it next cycle
+                    Err(error) => {
+                        tracing::warn!(%error, "creating the heartbeat row failed");
+                        return false;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading the heartbeat row failed");
+                return false;
+            }
+        };
+        let lease = match bounded(limit, "take", self.store.take(&row, &self.id)).await {
+            Ok(lease) => lease,
+            Err(error) => {
+                tracing::warn!(%error, "taking the heartbeat row failed");
+                return false;
+            }
+        };
+        let tenure = Arc::new(Tenure::new(
+            lease,
+            self.id.clone(),
+            self.store.clone(),
+            self.config.failover_time,
+            limit,
+            started,
+        ));
+        let renew = renewer::run(tenure.clone(), self.config.renew_interval)
+            .instrument(tracing::info_span!("heartbeat"));
+        tracing::debug!("heartbeat started");
+        state.heartbeat = Some(Heartbeat {
+            tenure,
+            _renewer: AbortOnDropHandle::new(crate::task::spawn(renew)),
+            flag_seen: None,
+        });
+        true
+    }
+
+    /// Whether a lease of `owner` (not this worker) may be taken now that it looks expired:
+    /// after deleting `owner`'s heartbeat row, if it has one (see the module docs). Decided
+    /// once per owner per read of the table.
+    pub(super) async fn fence(&self, state: &mut Coordinator, owner: &WorkerId) -> bool {
+        if let Some(&decided) = state.fenced.get(owner) {
+            return decided;
+        }
+        let limit = self.config.call_timeout;
+        let decided = match state.heartbeats.get(owner) {
+            Some(_) if mutation::on(Mutation::TakeWithoutFence) => true,
+            Some(row) if row.is_owned_by(owner) => {
+                match bounded(limit, "release", self.store.release(row)).await {
+                    Ok(()) => {
+                        tracing::info!(%owner, "heartbeat stopped: row released, its leases may move");
+                        true
+                    }
+                    Err(error) => {
+                        tracing::debug!(%owner, %error, "heartbeat row moved; not taking");
+                        false
+                    }
+                }
+            }
+            Some(_) => true,
+            // Not in the view: a lagging view must not hide a live heartbeat.
+            None => match bounded(limit, "get", self.store.get(&heartbeat_key(owner))).await {
+                Ok(row) => row.is_none_or(|r| !r.is_owned_by(owner)),
+                Err(error) => {
+                    tracing::debug!(%owner, %error, "reading a heartbeat row failed");
+                    false
+                }
+            },
+        };
+        state.fenced.insert(owner.clone(), decided);
+        decided
+    }
+
+    /// After a handoff request for a lease of `owner`: flags `owner`'s heartbeat row, if it
+    /// has one not flagged yet, so that it looks (see the module docs).
+    pub(super) async fn flag_handoff(&self, state: &Coordinator, owner: &WorkerId) {
+        let Some(row) = state.heartbeats.get(owner) else {
+            return;
+        };
+        if !row.is_owned_by(owner) || row.handoff_to.is_some() {
+            return;
+        }
+        let flag = self.store.request_handoff(row, Some(&self.id));
+        if let Err(error) = bounded(self.config.call_timeout, "request_handoff", flag).await {
+            tracing::debug!(%owner, %error, "flagging a heartbeat row failed");
+        }
+    }
+
+    /// Flags the heartbeat rows of owners with handoff requests pending in `leases`, where
+    /// the flag is not up: a request whose flag was lost (a write that timed out, a flag
+    /// cleared just before it) would otherwise never reach an owner that renews no lease.
+    pub(super) async fn flag_pending(&self, state: &Coordinator, leases: &[Lease]) {
+        let mut owners: Vec<&WorkerId> = leases
+            .iter()
+            .filter(|l| l.handoff_to.is_some() && l.handoff_to != l.owner)
+            .filter_map(|l| l.owner.as_ref())
+            .filter(|o| *o != &self.id)
+            .collect();
+        owners.sort();
+        owners.dedup();
+        for owner in owners {
+            self.flag_handoff(state, owner).await;
+        }
+    }
+
+    /// Acts on a handoff flag on this worker's heartbeat row: clears it, then reads each held
+    /// lease and hands over those asked for.
+    pub(super) async fn follow_flag(&self, state: &mut Coordinator) {
+        let Some(heartbeat) = state.heartbeat.as_mut() else {
+            return;
+        };
+        if heartbeat.tenure.handoff_requested().is_none() {
+            return;
+        }
+        let row = heartbeat.tenure.snapshot().await;
+        if row.handoff_to.is_none() || heartbeat.flag_seen == Some(row.counter) {
+            return;
+        }
+        heartbeat.flag_seen = Some(row.counter);
+        let limit = self.config.call_timeout;
+        let clear = self.store.request_handoff(&row, None);
+        if let Err(error) = bounded(limit, "request_handoff", clear).await {
+            tracing::debug!(%error, "clearing the handoff flag failed");
+        }
+        for (key, held) in &state.held {
+            if held.control.is_handing_off() {
+                continue;
+            }
+            match bounded(limit, "get", self.store.get(key)).await {
+                Ok(Some(lease)) => {
+                    if let Some(to) = lease.handoff_to.filter(|to| to != &self.id) {
+                        tracing::info!(shard = %key, %to, "handing off as asked");
+                        held.control.hand_off(to);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => tracing::debug!(shard = %key, %error, "reading a held lease failed"),
+            }
+        }
+    }
+
+    /// Cleans up heartbeat rows that stood still for `lease_cleanup_delay`: releases those
+    /// still naming a worker (one that died holding nothing anyone took), deletes released
+    /// ones. The leader's, or every worker's under `EveryWorker`.
+    pub(super) async fn clean_heartbeats(&self, state: &Coordinator) {
+        let now = Instant::now();
+        let stale = state.heartbeats.values().filter(|row| {
+            state.observer.idle(row, now) >= self.config.lease_cleanup_delay
+        });
+        let limit = self.config.call_timeout;
+        for row in stale {
+            let result = if row.owner.is_some() {
+                bounded(limit, "release", self.store.release(row)).await
+            } else {
+                bounded(limit, "delete", self.store.delete(row)).await
+            };
+            match result {
+                Ok(()) => tracing::info!(key = %row.key, "stale heartbeat row cleaned up"),
+                Err(error) if error.kind() == ErrorKind::Conflict => {}
+                Err(error) => tracing::debug!(key = %row.key, %error, "cleanup failed"),
+            }
+        }
+    }
+
+    /// Releases the leases whose shard tasks could not hand them back, if they still name
+    /// this worker and it has not taken them again; keeps those it could not release.
+    pub(super) async fn release_left(&self, state: &mut Coordinator) {
+        let limit = self.config.call_timeout;
+        for key in std::mem::take(&mut state.unreleased) {
+            if state.held.contains_key(&key) {
+                continue;
+            }
+            let row = match bounded(limit, "get", self.store.get(&key)).await {
+                Ok(Some(row)) if row.is_owned_by(&self.id) => row,
+                Ok(_) => continue,
+                Err(error) => {
+                    tracing::debug!(shard = %key, %error, "reading a lease to release failed");
+                    state.unreleased.push(key);
+                    continue;
+                }
+            };
+            match bounded(limit, "release", self.store.release(&row)).await {
+                Ok(()) => tracing::info!(shard = %key, "lease released after a failed handback"),
+                Err(error) if error.kind() == ErrorKind::Conflict => {}
+                Err(error) => {
+                    tracing::debug!(shard = %key, %error, "releasing a lease failed");
+                    state.unreleased.push(key);
+                }
+            }
+        }
+    }
+
+    /// On shutdown, once the leases are handed back: stops the heartbeat and releases its
+    /// row (leases a shutdown cut short left behind then expire by their own counters).
+    pub(super) async fn end_heartbeat(&self, state: &mut Coordinator) {
+        let Some(Heartbeat {
+            tenure, _renewer, ..
+        }) = state.heartbeat.take()
+        else {
+            return;
+        };
+        drop(_renewer);
+        match tenure.release().await {
+            Ok(()) => tracing::debug!("heartbeat row released"),
+            Err(error) => tracing::debug!(?error, "releasing the heartbeat row failed"),
+        }
+    }
+}
