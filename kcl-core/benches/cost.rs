@@ -1,6 +1,8 @@
 //! What the lease table costs a fleet in steady state: reads, writes and request units per
 //! shard-hour, and dollars per 1,000 shards per month on on-demand DynamoDB, for fleets of
-//! 10 and 100 workers over 1,000 and 10,000 shards, next to KCL Java 3.x's rates.
+//! 10 and 100 workers over 1,000 and 10,000 shards, next to KCL Java 3.x's rates: every worker
+//! reading the table, the default (a leader; per-lease renewals), and a leader with
+//! heartbeats (`Liveness::Heartbeat`).
 //!
 //! `cargo bench -p kcl-core --bench cost` (add `-- --quick` for the 1,000-shard rows only)
 //!
@@ -31,7 +33,9 @@ use std::time::Duration;
 
 use kcl_core::lease::usage::{self, Operation, Tally};
 use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
-use kcl_core::{Checkpoint, Coordination, Lease, ShardId, Worker, WorkerConfig, WorkerId};
+use kcl_core::{
+    Checkpoint, Coordination, Lease, Liveness, ShardId, Worker, WorkerConfig, WorkerId,
+};
 
 /// On-demand prices, us-east-1: dollars per million request units.
 const READ_PRICE: f64 = 0.25;
@@ -54,7 +58,7 @@ struct Measured {
     row_bytes: usize,
 }
 
-fn measure(workers: usize, shards: u32, coordination: Coordination) -> Measured {
+fn measure(workers: usize, shards: u32, config: &WorkerConfig) -> Measured {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -78,7 +82,7 @@ fn measure(workers: usize, shards: u32, coordination: Coordination) -> Measured 
         for id in &ids {
             let worker = Worker::new(
                 id.as_str(),
-                WorkerConfig::default().coordination(coordination),
+                config.clone(),
                 stream.client(id.as_str()),
                 store.client(id.as_str()),
                 |_: &ShardId| IdleProcessor,
@@ -150,11 +154,19 @@ fn main() {
             continue;
         }
         for workers in [10, 100] {
+            let config = WorkerConfig::default();
             let modes = [
-                ("every worker reads the table", Coordination::EveryWorker),
-                ("leader", Coordination::Leader),
+                (
+                    "every worker reads the table",
+                    config.clone().coordination(Coordination::EveryWorker),
+                ),
+                ("leader (default)", config.clone()),
+                (
+                    "leader, heartbeats",
+                    config.clone().liveness(Liveness::Heartbeat),
+                ),
             ]
-            .map(|(mode, coordination)| (mode, measure(workers, shards, coordination)));
+            .map(|(mode, config)| (mode, measure(workers, shards, &config)));
             row_bytes = modes[0].1.row_bytes;
             let (java_reads, java_writes) = kcl_java(workers, shards, row_bytes);
             let java = dollars_per_1000_shards_month(java_reads, java_writes, 0.0, shards);

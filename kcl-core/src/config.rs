@@ -23,7 +23,9 @@ pub struct WorkerConfig {
     /// clock, is expired and may be taken. Default 10 s (KCL Java `failoverTimeMillis`).
     #[serde(with = "humantime_serde")]
     pub failover_time: Duration,
-    /// How often held leases are renewed. Default: a third of `failover_time` (KCL Java).
+    /// How often held leases are renewed, or under [`Liveness::Heartbeat`] the worker's
+    /// heartbeat. Default: a third of `failover_time` (KCL Java); the
+    /// [`liveness`](Self::liveness) setter makes it half for heartbeats.
     #[serde(with = "humantime_serde")]
     pub renew_interval: Duration,
     /// How often the lease table is read to take, balance and adopt leases. Default 1 s
@@ -230,12 +232,34 @@ macro_rules! setters {
 }
 
 impl WorkerConfig {
-    /// Sets the failover time and derives the renew interval from it (a third).
+    /// Sets the failover time and derives the renew interval from it: a third, or half under
+    /// [`Liveness::Heartbeat`] (see [`liveness`](Self::liveness)).
     #[must_use]
     pub fn failover_time(mut self, value: Duration) -> Self {
         self.failover_time = value;
-        self.renew_interval = value / 3;
+        self.renew_interval = self.derived_renew_interval();
         self
+    }
+
+    /// Sets [`WorkerConfig::liveness`] and derives the renew interval for it from the failover
+    /// time: a third per lease (KCL Java), half for a heartbeat. A heartbeat renewed every half
+    /// failover time still gets four attempts (one, then retries every eighth) before its
+    /// validity (0.9 × failover time) runs out, and it is the fleet's main cost under
+    /// heartbeats: half costs two thirds of a third. Set `renew_interval` after this to choose
+    /// another. (Deserialized configurations keep the `renew_interval` they give, or the
+    /// default third.)
+    #[must_use]
+    pub fn liveness(mut self, value: Liveness) -> Self {
+        self.liveness = value;
+        self.renew_interval = self.derived_renew_interval();
+        self
+    }
+
+    fn derived_renew_interval(&self) -> Duration {
+        match self.liveness {
+            Liveness::PerLease => self.failover_time / 3,
+            Liveness::Heartbeat => self.failover_time / 2,
+        }
     }
 
     setters! {
@@ -275,8 +299,6 @@ impl WorkerConfig {
         max_clock_skew: Duration,
         /// Sets [`WorkerConfig::coordination`].
         coordination: Coordination,
-        /// Sets [`WorkerConfig::liveness`].
-        liveness: Liveness,
     }
 
     /// Every duration field with its key.

@@ -134,6 +134,18 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) coordination: String,
 
+    /// What proves a worker alive: `per-lease` (each held lease is renewed every third of
+    /// the failover time, as KCL Java does) or `heartbeat` (one heartbeat row per worker,
+    /// renewed every half failover time, whatever it holds: a tenth of the writes or less;
+    /// every worker sharing the table must be kcl 0.2 or later).
+    #[arg(
+        long,
+        env = "KCL_LIVENESS",
+        value_name = "MODE",
+        default_value = "per-lease"
+    )]
+    pub(crate) liveness: String,
+
     /// A lease not renewed for this long is taken over by another worker (renewals happen
     /// every third of it).
     #[arg(

@@ -14,7 +14,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
-use kcl_core::{Coordination, InitialPosition, WorkerConfig};
+use kcl_core::{Coordination, InitialPosition, Liveness, WorkerConfig};
 
 use crate::cli::parse_duration;
 
@@ -29,6 +29,7 @@ pub(crate) const KEYS: &[&str] = &[
     "max_leases",
     "max_leases_to_steal",
     "coordination",
+    "liveness",
     "failover_time",
     "shutdown_timeout",
     "max_records",
@@ -350,6 +351,9 @@ fn build(
     if let Some(v) = parsed!("coordination", parse_coordination) {
         worker = worker.coordination(v);
     }
+    if let Some(v) = parsed!("liveness", parse_liveness) {
+        worker = worker.liveness(v);
+    }
     if let Some(v) = parsed!("shutdown_timeout", parse_duration) {
         worker = worker.shutdown_timeout(v);
     }
@@ -459,6 +463,14 @@ fn parse_coordination(s: &str) -> Result<Coordination, String> {
         "every-worker" => Ok(Coordination::EveryWorker),
         "leader" => Ok(Coordination::Leader),
         _ => Err(format!("expected every-worker or leader, got {s:?}")),
+    }
+}
+
+fn parse_liveness(s: &str) -> Result<Liveness, String> {
+    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+        "per-lease" => Ok(Liveness::PerLease),
+        "heartbeat" => Ok(Liveness::Heartbeat),
+        _ => Err(format!("expected per-lease or heartbeat, got {s:?}")),
     }
 }
 
@@ -664,6 +676,19 @@ mod tests {
         let e = resolve_err(&[REQUIRED, &["--coordination", "raft"]].concat(), None);
         assert_eq!(e.key, "coordination");
         assert!(e.to_string().contains("every-worker or leader"), "{e}");
+    }
+
+    #[test]
+    fn liveness_is_per_lease_unless_heartbeats_are_asked_for() {
+        let s = resolve_ok(REQUIRED, None);
+        assert_eq!(s.worker.liveness, Liveness::PerLease);
+        assert_eq!(s.worker.renew_interval, s.worker.failover_time / 3);
+        let s = resolve_ok(&[REQUIRED, &["--liveness", "heartbeat"]].concat(), None);
+        assert_eq!(s.worker.liveness, Liveness::Heartbeat);
+        assert_eq!(s.worker.renew_interval, s.worker.failover_time / 2);
+        let e = resolve_err(&[REQUIRED, &["--liveness", "gossip"]].concat(), None);
+        assert_eq!(e.key, "liveness");
+        assert!(e.to_string().contains("per-lease or heartbeat"), "{e}");
     }
 
     #[test]

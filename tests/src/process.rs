@@ -27,6 +27,12 @@ pub fn coordination() -> String {
     std::env::var("KCL_TEST_COORDINATION").unwrap_or_else(|_| "leader".to_owned())
 }
 
+/// What proves worker processes alive: `KCL_TEST_LIVENESS` (`per-lease`, the default, or
+/// `heartbeat`), so that `scripts/test` runs the fleet tests with heartbeats too.
+pub fn liveness() -> String {
+    std::env::var("KCL_TEST_LIVENESS").unwrap_or_else(|_| "per-lease".to_owned())
+}
+
 impl WorkerProcess {
     /// Starts `bin` (pass `env!("CARGO_BIN_EXE_kcl-test-worker")`) as worker `id` on the
     /// context's stream and table, with `extra` command-line arguments.
@@ -62,6 +68,12 @@ impl WorkerProcess {
             .arg(&journal)
             .arg("--coordination")
             .arg(mode)
+            .args(
+                (!extra.contains(&"--liveness"))
+                    .then(|| ["--liveness".to_owned(), liveness()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .envs(ctx.worker_env())
             .stdin(Stdio::null())

@@ -10,7 +10,9 @@
 //! moves while still naming it (its own renewal, checkpoint or adoption: nobody else writes a
 //! row that keeps its owner and bumps its counter), or when it asks for a lease (a new
 //! handoff request naming it). A leader gives work only to active workers, so a worker that
-//! died is not handed leases it would never process.
+//! died is not handed leases it would never process. A worker seen releasing a row (what a
+//! worker shutting down does with every row it holds) is not active until a row of its moves
+//! again, so a leaving worker is not handed leases either.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -52,6 +54,12 @@ impl Observer {
                     && let Some(owner) = &lease.owner
                 {
                     self.active.insert(owner.clone(), now);
+                }
+                if seen.counter != lease.counter
+                    && lease.owner.is_none()
+                    && let Some(owner) = &seen.owner
+                {
+                    self.active.remove(owner);
                 }
                 if let Some(to) = &lease.handoff_to
                     && seen.handoff_to.as_ref() != Some(to)
@@ -152,6 +160,16 @@ mod tests {
         lease.handoff_to = Some(c.clone()); // c asks
         o.update(std::slice::from_ref(&lease), Instant::now());
         assert!(o.is_active(&c, Instant::now(), failover));
+        let mut other = Lease::new(ShardId::new("t"), Checkpoint::TrimHorizon);
+        other.owner = Some(c.clone());
+        o.update(&[lease.clone(), other.clone()], Instant::now());
+        other.owner = None; // c releases: it is leaving
+        other.counter += 1;
+        o.update(&[lease.clone(), other], Instant::now());
+        assert!(
+            !o.is_active(&c, Instant::now(), failover),
+            "c released a row"
+        );
         tokio::time::advance(failover).await;
         assert!(
             !o.is_active(&a, Instant::now(), failover),

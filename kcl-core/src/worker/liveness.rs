@@ -65,7 +65,11 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         if self.config.liveness != Liveness::Heartbeat {
             return true;
         }
-        if state.heartbeat.as_ref().is_some_and(|h| h.tenure.is_valid()) {
+        if state
+            .heartbeat
+            .as_ref()
+            .is_some_and(|h| h.tenure.is_valid())
+        {
             return true;
         }
         if let Some(old) = state.heartbeat.take() {
@@ -229,9 +233,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// ones. The leader's, or every worker's under `EveryWorker`.
     pub(super) async fn clean_heartbeats(&self, state: &Coordinator) {
         let now = Instant::now();
-        let stale = state.heartbeats.values().filter(|row| {
-            state.observer.idle(row, now) >= self.config.lease_cleanup_delay
-        });
+        let stale = state
+            .heartbeats
+            .values()
+            .filter(|row| state.observer.idle(row, now) >= self.config.lease_cleanup_delay);
         let limit = self.config.call_timeout;
         for row in stale {
             let result = if row.owner.is_some() {

@@ -23,7 +23,7 @@ use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, InitialPosition, InitializationInput,
-    ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
+    Liveness, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
 };
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -73,6 +73,9 @@ struct Args {
     /// `every-worker` or `leader`.
     #[arg(long, default_value = "leader")]
     coordination: String,
+    /// `per-lease` or `heartbeat`.
+    #[arg(long, default_value = "per-lease")]
+    liveness: String,
     /// Journal one `batch` line per batch (shard, record count, first record's payload)
     /// instead of a line per record: for measuring the worker's own cost.
     #[arg(long)]
@@ -240,6 +243,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "leader" => Coordination::Leader,
         other => anyhow::bail!("invalid --coordination {other}"),
     };
+    let liveness = match args.liveness.as_str() {
+        "per-lease" => Liveness::PerLease,
+        "heartbeat" => Liveness::Heartbeat,
+        other => anyhow::bail!("invalid --liveness {other}"),
+    };
     let leader = coordination == Coordination::Leader;
     let mut store = DynamoDbLeaseStore::new(&sdk, args.table.clone()).with_owner_index(leader);
     if leader {
@@ -256,6 +264,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
         .coordination(coordination)
+        .liveness(liveness)
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,

@@ -174,8 +174,14 @@ pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
         {
             // The owner's heartbeat row as it was when the owner took the lease.
             let heartbeat = heartbeat_key(before);
-            let live_then = last_before(e.store, &heartbeat, *since)
-                .is_some_and(|hb| hb.operation != "delete" && hb.lease.owner.as_ref().is_some_and(|o| o.as_str() == *before));
+            let live_then = last_before(e.store, &heartbeat, *since).is_some_and(|hb| {
+                hb.operation != "delete"
+                    && hb
+                        .lease
+                        .owner
+                        .as_ref()
+                        .is_some_and(|o| o.as_str() == *before)
+            });
             let ended = fenced
                 .get(&heartbeat)
                 .is_some_and(|f| f.iter().any(|seq| seq > since));

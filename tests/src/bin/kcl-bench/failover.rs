@@ -29,6 +29,7 @@ enum Signal {
 
 struct Case {
     mode: &'static str,
+    liveness: &'static str,
     victim: Victim,
     signal: Signal,
     failover_ms: u64,
@@ -37,13 +38,21 @@ struct Case {
 const fn case(mode: &'static str, victim: Victim, signal: Signal, failover_ms: u64) -> Case {
     Case {
         mode,
+        liveness: "per-lease",
         victim,
         signal,
         failover_ms,
     }
 }
 
-const CASES: [Case; 9] = [
+const fn heartbeat(victim: Victim, signal: Signal, failover_ms: u64) -> Case {
+    Case {
+        liveness: "heartbeat",
+        ..case("leader", victim, signal, failover_ms)
+    }
+}
+
+const CASES: [Case; 13] = [
     case("leader", Victim::Leader, Signal::Kill, 10_000),
     case("leader", Victim::Follower, Signal::Kill, 10_000),
     case("leader", Victim::Leader, Signal::Term, 10_000),
@@ -53,14 +62,18 @@ const CASES: [Case; 9] = [
     case("every-worker", Victim::Either, Signal::Kill, 10_000),
     case("every-worker", Victim::Either, Signal::Kill, 3_000),
     case("every-worker", Victim::Either, Signal::Term, 3_000),
+    heartbeat(Victim::Leader, Signal::Kill, 10_000),
+    heartbeat(Victim::Follower, Signal::Kill, 10_000),
+    heartbeat(Victim::Leader, Signal::Kill, 3_000),
+    heartbeat(Victim::Follower, Signal::Term, 3_000),
 ];
 
 pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
     println!();
     println!(
-        "| coordination | victim | signal | failover time | to the survivor's first record on each of the victim's shards (median) | runs |"
+        "| coordination | liveness | victim | signal | failover time | to the survivor's first record on each of the victim's shards (median) | runs |"
     );
-    println!("|---|---|---|---:|---:|---|");
+    println!("|---|---|---|---|---:|---:|---|");
     for case in &CASES {
         let mut took = Vec::new();
         for _ in 0..runs {
@@ -68,8 +81,9 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
         }
         let all: Vec<String> = took.iter().map(|d| seconds(*d)).collect();
         println!(
-            "| {} | {} | {} | {} s | {} s | {} |",
+            "| {} | {} | {} | {} | {} s | {} s | {} |",
             case.mode,
+            case.liveness,
             match case.victim {
                 Victim::Leader => "leader",
                 Victim::Follower => "follower",
@@ -102,6 +116,8 @@ async fn run(worker: &str, case: &Case) -> anyhow::Result<Duration> {
         &failover,
         "--max-steal",
         "4",
+        "--liveness",
+        case.liveness,
     ];
     let a = WorkerProcess::spawn_in(case.mode, worker, &ctx, "worker-a", &args)?;
     owns(&ctx, &[("worker-a", SHARDS)]).await?;

@@ -195,7 +195,12 @@ async fn end_to_end(worker: &str, shards: usize, existing: bool) -> anyhow::Resu
     let bare = bare_loop(&ctx).await?;
     let started = Instant::now();
     // Same batch size as the bare loop, no checkpoint per batch (the bare loop writes none).
-    let args = ["--journal-batches", "--max-records", "10000", "--no-batch-checkpoint"];
+    let args = [
+        "--journal-batches",
+        "--max-records",
+        "10000",
+        "--no-batch-checkpoint",
+    ];
     let w = WorkerProcess::spawn_in("leader", worker, &ctx, "worker-a", &args)?;
     wait_delivered(&w, E2E_RECORDS).await?;
     let through_worker = started.elapsed();
