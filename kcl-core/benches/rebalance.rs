@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
-use kcl_core::{Coordination, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
+use kcl_core::{Coordination, Liveness, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -71,12 +71,7 @@ impl Fleet {
 
 /// Seconds from the join of `joining` workers to `existing` ones holding `shards`, until
 /// every worker holds ⌊shards / workers⌋ or ⌈shards / workers⌉.
-fn rebalance(
-    coordination: Coordination,
-    shards: u32,
-    existing: usize,
-    joining: usize,
-) -> Option<f64> {
+fn rebalance(config: WorkerConfig, shards: u32, existing: usize, joining: usize) -> Option<f64> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -86,9 +81,7 @@ fn rebalance(
         let mut fleet = Fleet {
             stream: MemoryStream::new(shards),
             store: MemoryLeaseStore::new(),
-            config: WorkerConfig::default()
-                .coordination(coordination)
-                .max_leases_to_steal(4),
+            config: config.max_leases_to_steal(4),
             statuses: Vec::new(),
             stops: Vec::new(),
         };
@@ -122,17 +115,25 @@ fn main() {
         ("a 3rd worker joins 2 holding 32 shards", 32, 2, 1),
         ("10 workers join 90 holding 1,000 shards", 1000, 90, 10),
     ] {
-        for (mode, coordination) in [
-            ("every worker reads the table", Coordination::EveryWorker),
-            ("leader", Coordination::Leader),
+        let config = WorkerConfig::default();
+        for (mode, config) in [
+            (
+                "every worker reads the table",
+                config.clone().coordination(Coordination::EveryWorker),
+            ),
+            ("leader (default)", config.clone()),
+            (
+                "leader, heartbeats",
+                config.clone().liveness(Liveness::Heartbeat),
+            ),
         ] {
-            match rebalance(coordination, shards, existing, joining) {
+            match rebalance(config, shards, existing, joining) {
                 Some(s) => println!("| {change} | {mode} | {s:.1} | {:.0} |", s / taker),
                 None => println!("| {change} | {mode} | not within 600 s | |"),
             }
         }
     }
     println!(
-        "(failover 10 s, renewals every 3.3 s, taker 1 s, max_leases_to_steal 4; simulated time)"
+        "(failover 10 s, renewals every 3.3 s (heartbeats every 5 s), taker 1 s, max_leases_to_steal 4; simulated time)"
     );
 }

@@ -1,15 +1,18 @@
 //! The taker cycle under [`Coordination::Leader`](crate::Coordination::Leader), by role.
 //!
-//! - The **leader** reads the whole table, syncs shards, and plans for the fleet
-//!   ([`lease::leader`](crate::lease::leader)): it takes available leases for itself or
-//!   writes them to other workers, and asks loaded owners for handoffs.
-//! - The **standby** reads the whole table too, to observe: when it becomes the leader its
+//! - The **leader** follows the whole table (through the change feed, see
+//!   [`lease::feed`](crate::lease::feed)), syncs shards, and plans for the fleet
+//!   ([`lease::leader`](crate::lease::leader)): it takes leases that lost their owner itself,
+//!   writes new ones to the least loaded active worker, and asks loaded owners for handoffs.
+//! - The **standby** follows the table too, to observe: when it becomes the leader its
 //!   observations are a failover time old already, so the old leader's leases move in its
-//!   first cycle as leader. While it holds nothing it also plans for itself.
-//! - Everyone (the leader through its own read) adopts leases that name it but that it does
-//!   not hold, found with [`LeaseStore::owned_by`], and hands over leases whose renewal
-//!   showed a handoff request: the requests come from the leader, or from a worker looking
-//!   for work.
+//!   first cycle as leader. It adopts what its own view shows naming it, and hands over what
+//!   its view shows requested. While it holds nothing it also plans for itself.
+//! - **Followers** ask which leases name them ([`LeaseStore::owned_by`], every half failover
+//!   time) and adopt those they do not hold; they hand over leases whose renewal showed a
+//!   handoff request, or, under heartbeats, those a flag on their heartbeat row sends them
+//!   to read (see `liveness`). The requests come from the leader, or from a worker looking for
+//!   work.
 //! - A follower that holds nothing reads the whole table every few cycles and plans for
 //!   itself as under `EveryWorker` (without shard sync): that is how a new worker, or any
 //!   worker while no leader is known, finds work and makes itself known to the leader.

@@ -245,6 +245,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     }
                 }
                 _ = beat.tick() => self.beat(),
+                () = state.roles.promoted() => next_cycle = Instant::now(),
                 () = sleep_until(next_cycle) => {}
             }
         }

@@ -162,6 +162,22 @@ impl Roles {
         }
     }
 
+    /// Resolves when this worker becomes the leader (never, without roles), so that it acts
+    /// on what it observed as the standby at once rather than at its next cycle.
+    pub(super) async fn promoted(&mut self) {
+        if self.tasks.is_empty() {
+            return std::future::pending().await;
+        }
+        loop {
+            if self.leader.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if *self.leader.borrow_and_update() {
+                return;
+            }
+        }
+    }
+
     /// The role held now.
     pub(super) fn current(&self) -> Role {
         if *self.leader.borrow() {

@@ -76,8 +76,11 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
     println!("|---|---|---|---|---:|---:|---|");
     for case in &CASES {
         let mut took = Vec::new();
-        for _ in 0..runs {
-            took.push(run(worker, case).await?);
+        for i in 0..runs {
+            // Runs signal at phases spread over one taker interval: the fleet's cycles are
+            // periodic, and a fixed delay would measure the same phase every time.
+            let phase = Duration::from_millis(1000 * u64::try_from(i)? / u64::try_from(runs)?);
+            took.push(run(worker, case, phase).await?);
         }
         let all: Vec<String> = took.iter().map(|d| seconds(*d)).collect();
         println!(
@@ -103,7 +106,7 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
 
 /// One run: the time from the signal to the survivor's first record on the last of the
 /// victim's shards to resume.
-async fn run(worker: &str, case: &Case) -> anyhow::Result<Duration> {
+async fn run(worker: &str, case: &Case, phase: Duration) -> anyhow::Result<Duration> {
     let ctx = Context::new("bench-failover")
         .await?
         .context("the emulators are needed")?;
@@ -124,7 +127,7 @@ async fn run(worker: &str, case: &Case) -> anyhow::Result<Duration> {
     let b = WorkerProcess::spawn_in(case.mode, worker, &ctx, "worker-b", &args)?;
     owns(&ctx, &[("worker-a", SHARDS / 2), ("worker-b", SHARDS / 2)]).await?;
     let producer = Producer::start(&ctx, "live", 8, Duration::from_millis(100));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(2) + phase).await;
 
     let leader = leader_of(&ctx).await?;
     let a_leads = leader.as_deref() == Some("worker-a");

@@ -13,7 +13,7 @@ use crate::{median, seconds};
 /// Records written for the CPU figure, 100 bytes each.
 const RECORDS: usize = 20_000;
 /// Records written for the end-to-end figures: enough that start-up is a small part.
-const E2E_RECORDS: usize = 100_000;
+const E2E_RECORDS: usize = 30_000;
 
 pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
     let (mut first, mut cpu, mut rss) = (Vec::new(), Vec::new(), Vec::new());

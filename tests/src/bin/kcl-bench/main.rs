@@ -10,7 +10,8 @@
 //! - **Failover**: two workers hold 4 shards, a producer writes to every shard every 100 ms;
 //!   one worker is killed (SIGKILL) or stopped (SIGTERM), and the figure is the time until the
 //!   survivor has delivered a record written to each of the victim's shards, per
-//!   coordination mode, victim and failover time.
+//!   coordination mode, liveness mode, victim and failover time. Runs signal at phases
+//!   spread over one taker interval (the fleet's cycles are periodic).
 //! - **Footprint**: start → first record on a fresh table; CPU seconds to consume 20,000
 //!   records of 100 bytes from 4 shards; peak RSS of a worker holding 100 shards.
 //! - **End to end**: records per second through a worker against a bare `GetRecords` loop
