@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use futures_util::StreamExt as _;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -33,6 +34,9 @@ use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
 use crate::types::{ShardId, WorkerId};
+
+/// Takes of one cycle in flight at once (see `take_all`).
+const CONCURRENT_TAKES: usize = 16;
 
 /// What the coordinator loop owns.
 pub(super) struct Coordinator {
@@ -104,11 +108,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             max_steal: self.config.max_leases_to_steal,
         };
         let plan = taker::plan(&self.id, &candidates, limits);
-        for key in &plan.take {
-            if let Some(observed) = by_key.get(key) {
-                self.take(state, ctx, observed).await;
-            }
-        }
+        let wanted: Vec<&Lease> = plan
+            .take
+            .iter()
+            .filter_map(|k| by_key.get(k).copied())
+            .collect();
+        self.take_all(state, ctx, &wanted).await;
         if self.config.liveness == Liveness::Heartbeat {
             // Leases naming this worker that it will not take would never expire while its
             // heartbeat goes on: give them back.
@@ -307,19 +312,69 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         ctx: &Arc<ShardContext<S, F>>,
         observed: &Lease,
     ) {
-        let key = &observed.key;
-        if let Some(owner) = observed.owner.as_ref().filter(|o| *o != &self.id)
-            && !self.fence(state, owner).await
-        {
+        self.take_all(state, ctx, &[observed]).await;
+    }
+
+    /// Takes leases and starts their shard tasks. The fences and the heartbeat come first
+    /// (they need the state), then the takes themselves, [`CONCURRENT_TAKES`] at a time: a
+    /// worker starting on a large table takes hundreds of leases at once, and one after the
+    /// other that would hold back the first records by a round trip each.
+    pub(super) async fn take_all(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        observed: &[&Lease],
+    ) {
+        let mut ready = Vec::with_capacity(observed.len());
+        for lease in observed {
+            if let Some(owner) = lease.owner.as_ref().filter(|o| *o != &self.id)
+                && !self.fence(state, owner).await
+            {
+                continue;
+            }
+            ready.push(*lease);
+        }
+        if ready.is_empty() {
             return;
         }
         if !self.ensure_heartbeat(state).await {
-            tracing::debug!(shard = %key, "no heartbeat: not taking");
+            tracing::debug!(leases = ready.len(), "no heartbeat: not taking");
             return;
         }
+        // The futures are made first: a stream mapping through a closure that borrows `self`
+        // would not be `Send` for every lifetime, as `tokio::spawn` needs.
+        let takes: Vec<_> = ready.into_iter().map(|o| self.timed_take(o)).collect();
+        let taken: Vec<_> = futures_util::stream::iter(takes)
+            .buffer_unordered(CONCURRENT_TAKES)
+            .collect()
+            .await;
+        for (observed, started, take) in taken {
+            self.started(state, ctx, observed, started, take);
+        }
+    }
+
+    /// Takes `observed` for this worker: the lease, when the take started, and its outcome.
+    async fn timed_take<'a>(
+        &self,
+        observed: &'a Lease,
+    ) -> (&'a Lease, Instant, Result<Lease, BackendError>) {
         let started = Instant::now();
         let take = self.store.take(observed, &self.id);
-        match bounded(self.config.call_timeout, "take", take).await {
+        let result = bounded(self.config.call_timeout, "take", take).await;
+        (observed, started, result)
+    }
+
+    /// Starts the shard task of a lease whose take succeeded; logs why one did not.
+    fn started(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        observed: &Lease,
+        started: Instant,
+        take: Result<Lease, BackendError>,
+    ) {
+        let key = &observed.key;
+        match take {
             Ok(lease) => {
                 let [unowned, expired, handoff] = metrics::TAKEN_FROM;
                 let from = match &observed.owner {

@@ -101,12 +101,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let plan = leader::assign(&self.id, &candidates, limits, |w| {
             observer.is_active(w, now, failover) || mutation::on(Mutation::LeaderIgnoresActivity)
         });
+        let mut mine = Vec::new();
         for (key, to) in &plan.take {
             let Some(observed) = by_key.get(key) else {
                 continue;
             };
             if to == &self.id {
-                self.take(state, ctx, observed).await;
+                mine.push(*observed);
             } else if let Some(owner) = observed.owner.as_ref().filter(|o| *o != &self.id)
                 && !self.fence(state, owner).await
             {
@@ -115,6 +116,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 state.moves.record(key, to, Instant::now());
             }
         }
+        self.take_all(state, ctx, &mine).await;
         for (key, to) in &plan.request_handoff {
             match state.held.get(key) {
                 Some(held) if !held.control.is_handing_off() => {

@@ -13,7 +13,7 @@ use crate::{median, seconds};
 /// Records written for the CPU figure, 100 bytes each.
 const RECORDS: usize = 20_000;
 /// Records written for the end-to-end figures: enough that start-up is a small part.
-const E2E_RECORDS: usize = 30_000;
+const E2E_RECORDS: usize = 100_000;
 
 pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
     let (mut first, mut cpu, mut rss) = (Vec::new(), Vec::new(), Vec::new());
@@ -46,7 +46,11 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
         mib.get(mib.len() / 2).cloned().unwrap_or_default(),
         mib.join(", ")
     );
+    Ok(())
+}
 
+/// The end-to-end table (also alone: `--only e2e`).
+pub(crate) async fn e2e_table(worker: &str, runs: usize) -> anyhow::Result<()> {
     println!();
     println!(
         "| end to end, {E2E_RECORDS} × 100 B | shards | worker records/s | bare GetRecords loop records/s | worker / bare |"
@@ -118,6 +122,31 @@ async fn first_record(worker: &str) -> anyhow::Result<Duration> {
         .context("no batch line")?;
     w.terminate()?;
     Ok(Duration::from_millis(u64::try_from(first - spawned)?))
+}
+
+/// Peak RSS by the number of shards held (`--only rss`): what a worker costs at rest and
+/// what each shard adds.
+pub(crate) async fn rss_table(worker: &str, runs: usize) -> anyhow::Result<()> {
+    println!();
+    println!("| shards held | peak RSS (median) | runs |");
+    println!("|---:|---:|---|");
+    for shards in [1, 25, 100] {
+        let mut kib = Vec::new();
+        for _ in 0..runs {
+            kib.push(peak_rss(worker, shards).await?);
+        }
+        kib.sort_unstable();
+        let mib: Vec<String> = kib
+            .iter()
+            .map(|k| format!("{:.1}", *k as f64 / 1024.0))
+            .collect();
+        println!(
+            "| {shards} | {} MiB | {} |",
+            mib.get(mib.len() / 2).cloned().unwrap_or_default(),
+            mib.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// CPU seconds (user + system) the worker spent until it had consumed every record.

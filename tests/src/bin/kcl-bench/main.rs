@@ -17,6 +17,9 @@
 //! - **End to end**: records per second through a worker against a bare `GetRecords` loop
 //!   over the same records (same batch size), on a fresh and on an existing lease table.
 //!
+//! - **RSS by shards** (`--only rss`, not in the default run): peak RSS of a worker holding 1,
+//!   25 and 100 idle shards, to tell what a worker costs at rest from what a shard adds.
+//!
 //! Timing comes from the workers' journals (wall-clock milliseconds, one machine), CPU and
 //! memory from `/proc`.
 
@@ -50,9 +53,13 @@ fn options() -> anyhow::Result<Options> {
                     .parse()
                     .context("--runs N")?;
             }
-            "--only" => options.only = Some(args.next().context("--only failover|footprint")?),
+            "--only" => {
+                options.only = Some(args.next().context("--only failover|footprint|e2e|rss")?);
+            }
             other => {
-                anyhow::bail!("unknown argument {other} (--runs N, --only failover|footprint)")
+                anyhow::bail!(
+                    "unknown argument {other} (--runs N, --only failover|footprint|e2e|rss)"
+                )
             }
         }
     }
@@ -102,6 +109,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("footprint") {
         footprint::table(&worker, options.runs).await?;
+    }
+    if wanted("footprint") || options.only.as_deref() == Some("e2e") {
+        footprint::e2e_table(&worker, options.runs).await?;
+    }
+    if options.only.as_deref() == Some("rss") {
+        footprint::rss_table(&worker, options.runs).await?;
     }
     Ok(())
 }
