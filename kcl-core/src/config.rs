@@ -116,9 +116,10 @@ pub enum Liveness {
     #[default]
     PerLease,
     /// One heartbeat row per worker (`kcl-coordination/worker/<id>`) is renewed every
-    /// `renew_interval`; leases are written only when taken, checkpointed, handed off or
+    /// `renew_interval` (half the failover time, as the [`WorkerConfig::liveness`] setter
+    /// derives it); leases are written only when taken, checkpointed, handed off or
     /// released, so a worker costs one write per interval whatever it holds. Whoever takes
-    /// the leases of a worker whose heartbeat stopped first deletes that row, conditionally
+    /// the leases of a worker whose heartbeat stopped first releases that row, conditionally
     /// on the counter it watched stand still, so that the worker can never renew it again.
     /// Needs every worker sharing the table to be kcl 0.2 or later (KCL Java and kcl 0.1
     /// judge a lease by its own counter only, and would take these leases from a live
@@ -245,7 +246,7 @@ impl WorkerConfig {
     /// time: a third per lease (KCL Java), half for a heartbeat. A heartbeat renewed every half
     /// failover time still gets four attempts (one, then retries every eighth) before its
     /// validity (0.9 × failover time) runs out, and it is the fleet's main cost under
-    /// heartbeats: half costs two thirds of a third. Set `renew_interval` after this to choose
+    /// heartbeats: every half costs two thirds of every third. Set `renew_interval` after this to choose
     /// another. (Deserialized configurations keep the `renew_interval` they give, or the
     /// default third.)
     #[must_use]
