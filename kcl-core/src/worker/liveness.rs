@@ -125,7 +125,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Whether a lease of `owner` (not this worker) may be taken now that it looks expired:
-    /// after deleting `owner`'s heartbeat row, if it has one (see the module docs). Decided
+    /// after releasing `owner`'s heartbeat row, if it has one (see the module docs). Decided
     /// once per owner per read of the table.
     pub(super) async fn fence(&self, state: &mut Coordinator, owner: &WorkerId) -> bool {
         if let Some(&decided) = state.fenced.get(owner) {

@@ -24,7 +24,6 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
         cpu.push(cpu_for_records(worker).await?);
         rss.push(peak_rss(worker, 100).await?);
     }
-    rss.sort_unstable();
     println!();
     println!("| footprint (one worker process, coordination = leader) | median | runs |");
     println!("|---|---:|---|");
@@ -39,16 +38,20 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
         seconds(median(&mut cpu.clone())),
         list(&cpu)
     );
-    let mib: Vec<String> = rss
+    let (median, all) = mebibytes(&mut rss);
+    println!("| peak RSS holding 100 shards | {median} MiB | {all} |");
+    Ok(())
+}
+
+/// Sizes in KiB as MiB: the median and every value, sorted (`values` is sorted in place).
+fn mebibytes(values: &mut [u64]) -> (String, String) {
+    values.sort_unstable();
+    let mib: Vec<String> = values
         .iter()
         .map(|k| format!("{:.1}", *k as f64 / 1024.0))
         .collect();
-    println!(
-        "| peak RSS holding 100 shards | {} MiB | {} |",
-        mib.get(mib.len() / 2).cloned().unwrap_or_default(),
-        mib.join(", ")
-    );
-    Ok(())
+    let median = mib.get(mib.len() / 2).cloned().unwrap_or_default();
+    (median, mib.join(", "))
 }
 
 /// The end-to-end table (also alone: `--only e2e`).
@@ -137,16 +140,8 @@ pub(crate) async fn rss_table(worker: &str, runs: usize) -> anyhow::Result<()> {
         for _ in 0..runs {
             kib.push(peak_rss(worker, shards).await?);
         }
-        kib.sort_unstable();
-        let mib: Vec<String> = kib
-            .iter()
-            .map(|k| format!("{:.1}", *k as f64 / 1024.0))
-            .collect();
-        println!(
-            "| {shards} | {} MiB | {} |",
-            mib.get(mib.len() / 2).cloned().unwrap_or_default(),
-            mib.join(", ")
-        );
+        let (median, all) = mebibytes(&mut kib);
+        println!("| {shards} | {median} MiB | {all} |");
     }
     Ok(())
 }
