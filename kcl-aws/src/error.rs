@@ -112,6 +112,12 @@ impl Cause {
 
 /// Converts an SDK error into the core's error. `what` names the resource (table or stream)
 /// and appears in the message, so that "not found" says what was not found.
+///
+/// The message carries the cause (the service's code and message, or the transport's chain
+/// of errors, each once) and, where the fix is usually a setting, a hint; the SDK error is
+/// not also attached as `source()`, so that a printed chain says everything once.
+// By value, as `map_err` hands it over; nothing of it is kept.
+#[allow(clippy::needless_pass_by_value)]
 pub(crate) fn backend_error<E>(
     operation: &'static str,
     what: impl Display,
@@ -124,16 +130,65 @@ where
     let detail = match (err.code(), err.message()) {
         (Some(code), Some(msg)) => format!("{code}: {msg}"),
         (Some(code), None) => code.to_owned(),
-        _ => aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string(),
+        _ => chain(&err),
     };
     let message = match cause {
         Cause::NotFound => format!("{what} does not exist ({detail})"),
         Cause::ConditionFailed => format!("condition failed on {what}"),
         Cause::Throttled | Cause::ExpiredIterator | Cause::Transient | Cause::Invalid => {
-            format!("{what}: {detail}")
+            match hint(err.code(), &detail) {
+                Some(hint) => format!("{what}: {detail}; {hint}"),
+                None => format!("{what}: {detail}"),
+            }
         }
     };
-    BackendError::new(cause.kind(), operation, message).with_source(err)
+    BackendError::new(cause.kind(), operation, message)
+}
+
+/// An error and its sources, each once, joined by `: `.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+/// What to check when an error is, most likely, a setting.
+fn hint(code: Option<&str>, detail: &str) -> Option<&'static str> {
+    let lower = detail.to_ascii_lowercase();
+    let credentials = matches!(
+        code,
+        Some(
+            "UnrecognizedClientException"
+                | "MissingAuthenticationToken"
+                | "InvalidSignatureException"
+        )
+    ) || lower.contains("credential");
+    if credentials {
+        return Some(
+            "check the AWS credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, \
+             or a role (IRSA, ECS task role, instance profile)",
+        );
+    }
+    let unreachable = [
+        "connect",
+        "dns error",
+        "timed out",
+        "timeout",
+        "connection refused",
+    ]
+    .iter()
+    .any(|needle| lower.contains(needle));
+    unreachable.then_some(
+        "check the endpoint and region (AWS_REGION; AWS_ENDPOINT_URL_KINESIS and \
+         AWS_ENDPOINT_URL_DYNAMODB for an emulator) and the network",
+    )
 }
 
 /// A row or response the crate cannot interpret.
@@ -199,5 +254,23 @@ mod tests {
             ErrorKind::Retryable
         );
         assert_eq!(Cause::from_code(None, None).kind(), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn hints_name_the_setting_to_check() {
+        let creds = hint(
+            None,
+            "dispatch failure: other: no credentials in the property bag",
+        );
+        assert!(creds.is_some_and(|h| h.contains("AWS_ACCESS_KEY_ID")));
+        let refused = hint(
+            None,
+            "dispatch failure: io error: tcp connect error: Connection refused",
+        );
+        assert!(refused.is_some_and(|h| h.contains("AWS_ENDPOINT_URL_KINESIS")));
+        assert_eq!(
+            hint(Some("ValidationException"), "ValidationException: bad key"),
+            None
+        );
     }
 }

@@ -204,18 +204,19 @@ impl ShardSource for KinesisShardSource {
                         ),
                     )
                 })?;
-            records.push(Record {
-                data: Bytes::from(record.data.into_inner()),
-                partition_key: record.partition_key.unwrap_or_default(),
-                sequence_number,
-                sub_sequence_number: 0,
-                approximate_arrival: record
-                    .approximate_arrival_timestamp
-                    .as_ref()
-                    .and_then(from_sdk_time)
-                    .unwrap_or_else(Utc::now),
-                explicit_hash_key: None,
-            });
+            let arrival = record
+                .approximate_arrival_timestamp
+                .as_ref()
+                .and_then(from_sdk_time)
+                .unwrap_or_else(Utc::now);
+            records.push(
+                Record::new(
+                    sequence_number,
+                    record.partition_key.unwrap_or_default(),
+                    Bytes::from(record.data.into_inner()),
+                )
+                .with_approximate_arrival(arrival),
+            );
         }
         let mut child_shards = Vec::new();
         for child in out.child_shards.unwrap_or_default() {

@@ -1,10 +1,4 @@
 //! Checkpointing: how a processor records progress, fenced by the lease.
-//!
-//! A [`Checkpointer`] belongs to one processor instance for one tenure of one lease. It refuses
-//! positions that were not delivered yet or that move backwards, and every write is the lease
-//! store's conditional checkpoint write (owner + counter). When the lease is gone the write
-//! fails with [`CheckpointError::LeaseLost`]: the processor must then assume its work will be
-//! redone by the new owner.
 
 use std::sync::Arc;
 
@@ -14,7 +8,31 @@ use crate::lease::tenure::{Tenure, TenureError};
 use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
 
 /// Records a processor's progress in its shard's lease.
+///
+/// A [`Checkpointer`] belongs to one processor instance for one tenure of one lease. It refuses
+/// positions that were not delivered yet or that move backwards, and every write is the lease
+/// store's conditional checkpoint write (owner + counter). When the lease is gone the write
+/// fails with [`CheckpointError::LeaseLost`]: the processor must then assume its work will be
+/// redone by the new owner.
+///
+/// The rules:
+/// - [`checkpoint`](Self::checkpoint) records the last record delivered so far (in
+///   `shard_ended`, `SHARD_END`, which lets the shard's children start);
+///   [`checkpoint_at`](Self::checkpoint_at) records any delivered position, sub-sequence
+///   numbers of aggregated records included.
+/// - A position after the last delivered record is refused ([`CheckpointError::NotDelivered`]),
+///   and so is one behind the stored checkpoint ([`CheckpointError::Backwards`]); the same
+///   position again is a no-op.
+/// - Everything after the last checkpoint is delivered again after a failover, a restart or a
+///   processor failure (at least once). Checkpoint in `shutdown_requested` and a graceful
+///   shutdown or a planned handoff repeats nothing.
+/// - A checkpoint is only as good as the lease: the write is conditional on this worker's
+///   ownership and the lease counter, so a worker that lost the lease cannot move it.
+/// - [`prepare_checkpoint`](Self::prepare_checkpoint) writes a pending checkpoint that the next owner sees in
+///   [`InitializationInput::pending_checkpoint`](crate::InitializationInput), for side effects
+///   that must not be repeated blindly.
 #[derive(Debug)]
+#[doc(alias = "RecordProcessorCheckpointer")]
 pub struct Checkpointer {
     tenure: Arc<Tenure>,
     last_delivered: Option<ExtendedSequenceNumber>,
@@ -25,6 +43,7 @@ pub struct Checkpointer {
 /// by [`Checkpointer::commit`] once the side effects it covers are done.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a prepared checkpoint does nothing until committed"]
+#[doc(alias = "PreparedCheckpointer")]
 pub struct PreparedCheckpoint {
     position: ExtendedSequenceNumber,
 }

@@ -1,11 +1,4 @@
 //! Worker configuration: typed, with documented defaults and validation.
-//!
-//! Every default says where it comes from. Where we depart from KCL Java it is to fail over
-//! faster: KCL Java scans the lease table every 20 s, we scan every second, which lets a lease
-//! held by a dead worker move after the failover time plus about a second instead of up to
-//! half a minute later. By default every worker scans, which costs one consistent read of the
-//! table per worker per second; with [`Coordination::Leader`] only a leader and a standby do,
-//! so the reads no longer grow with the number of workers.
 
 use std::time::Duration;
 
@@ -15,9 +8,22 @@ use crate::error::ConfigError;
 use crate::types::InitialPosition;
 
 /// How a [`Worker`](crate::Worker) coordinates and consumes.
+///
+/// Every default says where it comes from. Where we depart from KCL Java it is to fail over
+/// faster: KCL Java scans the lease table every 20 s, we scan every second, which lets a lease
+/// held by a dead worker move after the failover time plus about a second instead of up to
+/// half a minute later. Under the default, [`Coordination::Leader`], only a leader and a
+/// standby read the whole table (through its change feed), so the reads do not grow with the
+/// number of workers; [`Coordination::EveryWorker`] has every worker read it every cycle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
+#[doc(
+    alias = "ConfigsBuilder",
+    alias = "LeaseManagementConfig",
+    alias = "CoordinatorConfig",
+    alias = "RetrievalConfig"
+)]
 pub struct WorkerConfig {
     /// A lease whose counter has not moved for this long, as observed on the local monotonic
     /// clock, is expired and may be taken. Default 10 s (KCL Java `failoverTimeMillis`).

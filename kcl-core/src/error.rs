@@ -170,3 +170,18 @@ pub enum Error {
         source: BackendError,
     },
 }
+
+/// `error` and its sources, each once, joined by `: ` (a source whose text the previous
+/// message already contains is left out): one readable line for a log.
+pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}

@@ -42,6 +42,29 @@
 //! # }
 //! ```
 //!
+//! ## Coming from KCL Java
+//!
+//! The same concepts under Rust names (each of ours also answers to the Java name in the
+//! documentation's search):
+//!
+//! | KCL Java | kcl |
+//! |---|---|
+//! | `Scheduler` | `Worker` (`run_until_signal`, `run_until`, `ShutdownHandle`) |
+//! | `ConfigsBuilder`, `LeaseManagementConfig`, `CoordinatorConfig`, `RetrievalConfig` | `Worker::builder` (`WorkerBuilder`) and `WorkerConfig` |
+//! | `ShardRecordProcessor` (1.x: `IRecordProcessor`) | `RecordProcessor` |
+//! | `ShardRecordProcessorFactory` | `ProcessorFactory` (any `Fn(&ShardId) -> P`) |
+//! | `RecordProcessorCheckpointer` | `Checkpointer` |
+//! | `PreparedCheckpointer` | `PreparedCheckpoint` |
+//! | `InitializationInput`, `ProcessRecordsInput` | `InitializationInput`, `ProcessRecordsInput` |
+//! | `leaseLost(LeaseLostInput)`, `shardEnded(ShardEndedInput)`, `shutdownRequested(ShutdownRequestedInput)` | `lease_lost()`, `shard_ended(checkpointer)`, `shutdown_requested(checkpointer)` |
+//! | `KinesisClientRecord` | `Record` |
+//! | `ExtendedSequenceNumber` | `ExtendedSequenceNumber` |
+//! | `InitialPositionInStream`, `InitialPositionInStreamExtended` | `InitialPosition` |
+//! | `Lease`, `LeaseRefresher` (`DynamoDBLeaseRefresher`) | `Lease`, `LeaseStore` (`kcl_aws::DynamoDbLeaseStore`) |
+//! | `PollingConfig` / `KinesisDataFetcher` | `kcl_aws::KinesisShardSource` |
+//! | `WorkerStateChangeListener` | `Worker::status` (a `watch` of `Status`) |
+//! | `Scheduler.startGracefulShutdown()` | `ShutdownHandle::shutdown()` |
+//!
 //! ## Guarantees
 //! - At least once: a record is delivered again after a failover unless it was checkpointed.
 //!   A `LATEST` start is pinned in the lease at its first open, so nothing written after it is
@@ -55,6 +78,8 @@
 //!   shutdown meets its own.
 //!
 //! The README's Guarantees section states each precisely; the fleet simulation checks them.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod checkpoint;
 mod config;
@@ -71,6 +96,7 @@ mod types;
 mod worker;
 
 #[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
@@ -83,4 +109,4 @@ pub use types::{
     Checkpoint, ExtendedSequenceNumber, HashKeyRange, InitialPosition, Record, SequenceNumber,
     ShardId, StartingPosition, WorkerId,
 };
-pub use worker::{Phase, ShutdownHandle, Status, Worker};
+pub use worker::{Phase, ShutdownHandle, Signals, Status, Worker, WorkerBuilder};

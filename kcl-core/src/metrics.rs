@@ -9,7 +9,7 @@
 //! holds the lease. When a shard leaves the worker, its series stop being refreshed, so an
 //! exporter's idle timeout (metrics-exporter-prometheus: `idle_timeout(MetricKindMask::COUNTER
 //! | MetricKindMask::GAUGE, …)`, a few taker cycles) removes exactly them, rather than leaving
-//! a `kcl_millis_behind_latest` for a shard processed elsewhere. `Status::held` says which
+//! a `kcl_behind_latest_seconds` for a shard processed elsewhere. `Status::held` says which
 //! shards are this worker's at any moment.
 
 /// Records delivered to processors (counter, `shard`).
@@ -20,8 +20,9 @@ pub const BYTES: &str = "kcl_bytes_processed_total";
 pub const BATCH_DURATION: &str = "kcl_batch_duration_seconds";
 /// Delay from the oldest record's arrival in Kinesis to its delivery, seconds (histogram).
 pub const DELIVERY_DELAY: &str = "kcl_delivery_delay_seconds";
-/// How far behind the newest record a shard's last batch was, milliseconds (gauge, `shard`).
-pub const MILLIS_BEHIND_LATEST: &str = "kcl_millis_behind_latest";
+/// How far behind the newest record a shard's last batch was, seconds (gauge, `shard`):
+/// Kinesis' `MillisBehindLatest`, in the unit Prometheus conventions ask for.
+pub const BEHIND_LATEST: &str = "kcl_behind_latest_seconds";
 /// Leases held by this worker (gauge).
 pub const LEASES_HELD: &str = "kcl_leases_held";
 /// Leases taken (counter, `from`: `unowned`, `expired` or `handoff`).
@@ -47,6 +48,136 @@ pub const STORE_REQUESTS: &str = "kcl_lease_store_requests_total";
 pub const STORE_READ_UNITS: &str = "kcl_lease_store_read_units_total";
 /// Write capacity units the lease table consumed (counter, `operation`).
 pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
+
+/// Every metric name above with its unit and help text: what [`describe`] registers, and
+/// what the README's list shows.
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 16] = [
+    (
+        RECORDS,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Records delivered to processors",
+    ),
+    (
+        BYTES,
+        Kind::Counter,
+        Some(Unit::Bytes),
+        "Payload bytes delivered to processors",
+    ),
+    (
+        BATCH_DURATION,
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        "Time spent in process_records per batch",
+    ),
+    (
+        DELIVERY_DELAY,
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        "Delay from a batch's oldest record arriving in the stream to its delivery",
+    ),
+    (
+        BEHIND_LATEST,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        "How far behind the newest record of its shard the last batch was",
+    ),
+    (
+        LEASES_HELD,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Leases held by this worker",
+    ),
+    (
+        LEASES_TAKEN,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Leases taken, by whom they came from (from: unowned, expired, handoff)",
+    ),
+    (
+        LEASES_ASSIGNED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Available leases the leader assigned to other workers",
+    ),
+    (
+        LEASES_STOLEN,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Handoffs requested from more loaded workers",
+    ),
+    (
+        LEASES_LOST,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Leases lost: taken by others or expired locally",
+    ),
+    (
+        CHECKPOINTS,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Successful checkpoint writes",
+    ),
+    (
+        PROCESSOR_FAILURES,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Processor failures (error or panic) that restarted a shard",
+    ),
+    (
+        THROTTLED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Throttled backend calls (operation: get_records, shard_iterator)",
+    ),
+    (
+        STORE_REQUESTS,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Lease-table requests, by operation",
+    ),
+    (
+        STORE_READ_UNITS,
+        Kind::Counter,
+        None,
+        "Read capacity units the lease table consumed, by operation",
+    ),
+    (
+        STORE_WRITE_UNITS,
+        Kind::Counter,
+        None,
+        "Write capacity units the lease table consumed, by operation",
+    ),
+];
+
+/// The type of a metric in [`ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution.
+    Histogram,
+}
+
+pub use ::metrics::Unit;
+
+/// Describes every kcl metric (help text and unit) to the installed recorder. A worker does
+/// this when it starts; call it yourself only if you install a recorder after that.
+pub fn describe() {
+    for (name, kind, unit, help) in ALL {
+        match (kind, unit) {
+            (Kind::Counter, Some(unit)) => ::metrics::describe_counter!(name, unit, help),
+            (Kind::Counter, None) => ::metrics::describe_counter!(name, help),
+            (Kind::Gauge, Some(unit)) => ::metrics::describe_gauge!(name, unit, help),
+            (Kind::Gauge, None) => ::metrics::describe_gauge!(name, help),
+            (Kind::Histogram, Some(unit)) => ::metrics::describe_histogram!(name, unit, help),
+            (Kind::Histogram, None) => ::metrics::describe_histogram!(name, help),
+        }
+    }
+}
 
 /// Label values of [`LEASES_TAKEN`].
 pub(crate) const TAKEN_FROM: [&str; 3] = ["unowned", "expired", "handoff"];
@@ -108,16 +239,16 @@ impl ShardMetrics {
         ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(0);
         ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(0);
         if let Some(behind) = self.behind {
-            ::metrics::gauge!(MILLIS_BEHIND_LATEST, "shard" => self.shard.clone()).set(behind);
+            ::metrics::gauge!(BEHIND_LATEST, "shard" => self.shard.clone()).set(behind);
         }
     }
 
     /// How far behind the newest record the last batch was.
     pub(crate) fn behind_latest(&mut self, millis: u64) {
         #[allow(clippy::cast_precision_loss)]
-        let millis = millis as f64;
-        self.behind = Some(millis);
-        ::metrics::gauge!(MILLIS_BEHIND_LATEST, "shard" => self.shard.clone()).set(millis);
+        let seconds = millis as f64 / 1000.0;
+        self.behind = Some(seconds);
+        ::metrics::gauge!(BEHIND_LATEST, "shard" => self.shard.clone()).set(seconds);
     }
 
     /// One batch delivered.

@@ -1,25 +1,4 @@
 //! The one trait an application implements: [`RecordProcessor`].
-//!
-//! One processor instance serves one shard for one tenure of its lease, in order. Its methods
-//! take `&mut self`: the shard task owns it, so it needs no locks. Only
-//! [`process_records`](RecordProcessor::process_records) is required.
-//!
-//! An error returned from `initialize`, `process_records` or `shard_ended`, or a panic in any
-//! of them, costs the shard a restart: a new processor starts from the last checkpoint after
-//! a backoff, and the rest of the worker carries on.
-//!
-//! Hooks run only while the lease is valid: once another worker could hold it (0.9 × the
-//! failover time after the start of the last successful lease write), a hook still running is
-//! dropped at its next `.await` and the processor gets [`lease_lost`](RecordProcessor::lease_lost),
-//! so two processors never work on one shard at once.
-//!
-//! **Blocking.** A hook that blocks its thread (CPU work, synchronous I/O, `std::thread::sleep`)
-//! stalls only its own shard on a multi-thread runtime: the lease is renewed by another task,
-//! so the shard stays this worker's for as long as it blocks. But the blocked thread runs
-//! nothing else, and a blocked hook cannot be dropped at the validity deadline until it
-//! returns. Run such work with `tokio::task::spawn_blocking` (and `.await` it) or inside
-//! `tokio::task::block_in_place`. On a current-thread runtime a blocking hook also stops the
-//! renewals: do not block there.
 
 use std::future::Future;
 
@@ -75,7 +54,28 @@ impl InitializationInput {
     }
 }
 
-/// Processes the records of one shard. See the module docs.
+/// Processes the records of one shard.
+///
+/// One processor instance serves one shard for one tenure of its lease, in order. Its methods
+/// take `&mut self`: the shard task owns it, so it needs no locks. Only
+/// [`process_records`](RecordProcessor::process_records) is required.
+///
+/// An error returned from `initialize`, `process_records` or `shard_ended`, or a panic in any
+/// of them, costs the shard a restart: a new processor starts from the last checkpoint after
+/// a backoff, and the rest of the worker carries on.
+///
+/// Hooks run only while the lease is valid: once another worker could hold it (0.9 × the
+/// failover time after the start of the last successful lease write), a hook still running is
+/// dropped at its next `.await` and the processor gets [`lease_lost`](RecordProcessor::lease_lost),
+/// so two processors never work on one shard at once.
+///
+/// **Blocking.** A hook that blocks its thread (CPU work, synchronous I/O, `std::thread::sleep`)
+/// stalls only its own shard on a multi-thread runtime: the lease is renewed by another task,
+/// so the shard stays this worker's for as long as it blocks. But the blocked thread runs
+/// nothing else, and a blocked hook cannot be dropped at the validity deadline until it
+/// returns. Run such work with `tokio::task::spawn_blocking` (and `.await` it) or inside
+/// `tokio::task::block_in_place`. On a current-thread runtime a blocking hook also stops the
+/// renewals: do not block there.
 ///
 /// ```
 /// use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};
@@ -96,6 +96,7 @@ impl InitializationInput {
 ///     }
 /// }
 /// ```
+#[doc(alias = "ShardRecordProcessor", alias = "IRecordProcessor")]
 pub trait RecordProcessor: Send + 'static {
     /// Called once before the first batch.
     fn initialize(
@@ -143,6 +144,7 @@ pub trait RecordProcessor: Send + 'static {
 /// Creates one processor per shard lease taken.
 ///
 /// Any `Fn(&ShardId) -> P` is a factory.
+#[doc(alias = "ShardRecordProcessorFactory")]
 pub trait ProcessorFactory: Send + Sync + 'static {
     /// The processor type.
     type Processor: RecordProcessor;

@@ -58,6 +58,30 @@ string_id!(
     WorkerId
 );
 
+impl WorkerId {
+    /// `<hostname>-<pid>-<4 random hex digits>`, the default id of a worker: readable in
+    /// the lease table (on Kubernetes the hostname is the pod's name, on ECS the task's) and
+    /// unique even where every container runs as pid 1 under one hostname (two containers of
+    /// one pod). Two workers with one id would both believe they own the same leases.
+    pub fn for_this_process() -> Self {
+        let host = ["/proc/sys/kernel/hostname", "/etc/hostname"]
+            .iter()
+            .filter_map(|path| std::fs::read_to_string(path).ok())
+            .map(|h| h.trim().to_owned())
+            .find(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        let salt = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            std::time::SystemTime::now(),
+        );
+        Self(format!(
+            "{host}-{}-{:04x}",
+            std::process::id(),
+            salt & 0xffff
+        ))
+    }
+}
+
 /// A hash that is the same in every process and run (SipHash with fixed keys): seeds for
 /// jitter and a per-worker order over leases, reproducible in the simulation.
 pub(crate) fn stable_hash(value: impl Hash) -> u64 {
@@ -85,6 +109,12 @@ impl SequenceNumber {
     fn significant(&self) -> &str {
         let t = self.0.trim_start_matches('0');
         if t.is_empty() { "0" } else { t }
+    }
+}
+
+impl From<u128> for SequenceNumber {
+    fn from(n: u128) -> Self {
+        Self(n.to_string())
     }
 }
 
@@ -241,6 +271,10 @@ impl fmt::Display for Checkpoint {
     tag = "type",
     content = "timestamp"
 )]
+#[doc(
+    alias = "InitialPositionInStream",
+    alias = "InitialPositionInStreamExtended"
+)]
 pub enum InitialPosition {
     /// The oldest record still retained (KCL Java's default is LATEST; ours is the safer choice
     /// of losing nothing that is still in the stream).
@@ -290,7 +324,11 @@ impl HashKeyRange {
 }
 
 /// One Kinesis record as handed to a processor.
+///
+/// Built by the sources; [`Record::new`] and the `with_` setters build one for a test.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[doc(alias = "KinesisClientRecord")]
 pub struct Record {
     /// The payload.
     pub data: Bytes,
@@ -307,6 +345,52 @@ pub struct Record {
 }
 
 impl Record {
+    /// A record at `sequence_number` with `partition_key` and `data`, arrived now, not
+    /// aggregated (sub-sequence 0), without an explicit hash key.
+    ///
+    /// ```
+    /// use kcl_core::{Record, SequenceNumber};
+    ///
+    /// let record = Record::new(SequenceNumber::from(42u128), "user-7", "payload")
+    ///     .with_explicit_hash_key("1234");
+    /// assert_eq!(record.partition_key, "user-7");
+    /// ```
+    pub fn new(
+        sequence_number: SequenceNumber,
+        partition_key: impl Into<String>,
+        data: impl Into<Bytes>,
+    ) -> Self {
+        Self {
+            data: data.into(),
+            partition_key: partition_key.into(),
+            sequence_number,
+            sub_sequence_number: 0,
+            approximate_arrival: Utc::now(),
+            explicit_hash_key: None,
+        }
+    }
+
+    /// The same record, as the user record at `sub_sequence` of an aggregated record.
+    #[must_use]
+    pub fn with_sub_sequence_number(mut self, sub_sequence: u64) -> Self {
+        self.sub_sequence_number = sub_sequence;
+        self
+    }
+
+    /// The same record, arrived at `at`.
+    #[must_use]
+    pub fn with_approximate_arrival(mut self, at: DateTime<Utc>) -> Self {
+        self.approximate_arrival = at;
+        self
+    }
+
+    /// The same record, with the explicit hash key (a decimal 128-bit number) set.
+    #[must_use]
+    pub fn with_explicit_hash_key(mut self, key: impl Into<String>) -> Self {
+        self.explicit_hash_key = Some(key.into());
+        self
+    }
+
     /// The record's position, for checkpoints.
     pub fn position(&self) -> ExtendedSequenceNumber {
         ExtendedSequenceNumber {

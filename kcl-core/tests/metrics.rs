@@ -105,7 +105,7 @@ async fn a_shard_that_leaves_stops_refreshing_its_series_and_the_others_keep_the
     };
     for shard in &shards {
         assert!(
-            last("kcl_millis_behind_latest", shard).is_some(),
+            last("kcl_behind_latest_seconds", shard).is_some(),
             "{:?}",
             touched.lock()
         );
@@ -135,7 +135,7 @@ async fn a_shard_that_leaves_stops_refreshing_its_series_and_the_others_keep_the
     );
     let left = Instant::now();
     sleep(Duration::from_secs(5)).await;
-    for name in ["kcl_millis_behind_latest", "kcl_records_processed_total"] {
+    for name in ["kcl_behind_latest_seconds", "kcl_records_processed_total"] {
         let gone = last(name, &shards[0]).unwrap();
         let kept = last(name, &shards[1]).unwrap();
         assert!(

@@ -357,15 +357,14 @@ async fn a_lease_handed_over_just_before_shutdown_is_released_not_left_to_expire
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_processor_can_be_unit_tested_with_a_test_checkpointer() {
+async fn a_processor_can_be_unit_tested_with_a_harness() {
     let (stream, store, seen) = world(1);
     fill(&stream, 5);
     let shard = ShardId::new("shardId-000000000000");
     let records = stream.records(&shard);
-    let mut cp = kcl_core::memory::test_checkpointer(&store, &shard, "unit")
+    let mut harness = kcl_core::memory::ProcessorHarness::new(&store, shard.clone())
         .await
         .unwrap();
-    cp.deliver(&records);
     let mut processor = Recorder {
         worker: "unit".into(),
         shard: shard.clone(),
@@ -375,12 +374,54 @@ async fn a_processor_can_be_unit_tested_with_a_test_checkpointer() {
             ..Behaviour::default()
         },
     };
-    let input = kcl_core::ProcessRecordsInput::new(records.clone(), None);
-    processor.process_records(input, &mut cp).await.unwrap();
-    let lease = store.get(&shard).await.unwrap().unwrap();
+    harness.initialize(&mut processor).await.unwrap();
+    harness
+        .process(&mut processor, records[..3].to_vec())
+        .await
+        .unwrap();
     assert_eq!(
-        lease.checkpoint,
+        harness.checkpoint().await.unwrap(),
+        kcl_core::Checkpoint::Sequence(records[2].position())
+    );
+    harness
+        .process(&mut processor, records[3..].to_vec())
+        .await
+        .unwrap();
+    assert_eq!(
+        harness.checkpoint().await.unwrap(),
         kcl_core::Checkpoint::Sequence(records[4].position())
     );
     assert_eq!(seen.lock().unwrap().len(), 5);
+    // The worker never delivers an empty batch; neither does the harness.
+    assert!(harness.process(&mut processor, Vec::new()).await.is_err());
+}
+
+/// A checkpoint beyond what was delivered is refused, in a harness as in a worker.
+#[tokio::test(start_paused = true)]
+async fn a_harness_refuses_a_checkpoint_beyond_what_it_delivered() {
+    struct Ahead(kcl_core::ExtendedSequenceNumber);
+    impl RecordProcessor for Ahead {
+        async fn process_records(
+            &mut self,
+            _: kcl_core::ProcessRecordsInput,
+            cp: &mut kcl_core::Checkpointer,
+        ) -> Result<(), kcl_core::BoxError> {
+            cp.checkpoint_at(self.0.clone()).await?;
+            Ok(())
+        }
+    }
+    let (stream, store, _) = world(1);
+    fill(&stream, 5);
+    let shard = ShardId::new("shardId-000000000000");
+    let records = stream.records(&shard);
+    let mut harness = kcl_core::memory::ProcessorHarness::new(&store, shard)
+        .await
+        .unwrap();
+    let mut processor = Ahead(records[4].position());
+    let refused = harness.process(&mut processor, records[..2].to_vec()).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(
+        harness.checkpoint().await.unwrap(),
+        kcl_core::Checkpoint::TrimHorizon
+    );
 }

@@ -4,9 +4,7 @@
 #![allow(clippy::print_stdout)]
 
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
-use kcl_core::{
-    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
-};
+use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker};
 
 /// Prints every record, then checkpoints: after a failover, the next owner resumes after it.
 struct Printer(ShardId);
@@ -35,14 +33,10 @@ async fn main() -> Result<(), BoxError> {
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = KinesisShardSource::new(&sdk, stream);
     let leases = DynamoDbLeaseStore::new(&sdk, app);
-    let worker_id = format!("consumer-{}", std::process::id());
-    let factory = |shard: &ShardId| Printer(shard.clone());
-    let worker = Worker::new(worker_id, WorkerConfig::default(), source, leases, factory)?;
-    let shutdown = worker.shutdown_handle();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        shutdown.shutdown(); // processors checkpoint, leases go back to the fleet
-    });
-    worker.run().await?;
+    // The worker id defaults to `<hostname>-<pid>-<random>`; `.id(…)` sets another.
+    let worker = Worker::builder(source, leases).build(|shard| Printer(shard.clone()))?;
+    // SIGTERM (Kubernetes, ECS) or Ctrl-C: processors checkpoint, leases go back to the
+    // fleet at once; a second signal forces.
+    worker.run_until_signal().await?;
     Ok(())
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
+    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Signals, Worker,
+    WorkerConfig,
 };
 
 /// Prints every record, then checkpoints: after a failover, the next owner resumes after it.
@@ -35,12 +36,19 @@ async fn main() -> Result<(), BoxError> {
     for i in 0..6 {
         stream.put(&format!("user-{i}"), format!("order {i}"));
     }
-    let factory = |shard: &ShardId| Printer(shard.clone());
-    let worker = Worker::new("worker-1", WorkerConfig::default(), stream, leases, factory)?;
-    let shutdown = worker.shutdown_handle();
-    let running = tokio::spawn(worker.run());
-    tokio::time::sleep(Duration::from_secs(2)).await; // a service waits for SIGTERM instead
-    shutdown.shutdown(); // processors checkpoint, leases go back to the fleet
-    running.await??;
+    let worker = Worker::builder(stream, leases)
+        .id("worker-1")
+        .config(WorkerConfig::default())
+        .build(|shard| Printer(shard.clone()))?;
+    // A service runs `worker.run_until_signal()`: SIGTERM or Ctrl-C stops it gracefully.
+    // This example stops on its own after two seconds, or earlier on a signal.
+    let mut signals = Signals::new();
+    let stop = async move {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = signals.recv() => {}
+        }
+    };
+    worker.run_until(stop).await?; // processors checkpoint, leases go back to the fleet
     Ok(())
 }

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::FromArgMatches;
-use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, ShutdownHandle, Worker};
+use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, ShutdownHandle, Signals, Worker};
 use kcl_example_consumer::{StdoutSink, WindowCounter};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -215,50 +215,15 @@ where
 /// First SIGTERM or SIGINT: graceful shutdown. Second: force.
 async fn on_signals(handle: ShutdownHandle, forced: CancellationToken, deadline: Duration) {
     let mut signals = Signals::new();
-    let first = signals.next().await;
+    let first = signals.recv().await;
     tracing::info!(
         signal = first,
         deadline = %humantime::format_duration(deadline),
         "shutting down: processors checkpoint and leases are handed back; signal again to force"
     );
     handle.shutdown();
-    let second = signals.next().await;
+    let second = signals.recv().await;
     tracing::warn!(signal = second, "forcing shutdown");
     handle.force();
     forced.cancel();
-}
-
-/// SIGTERM and SIGINT, listened for from the start so that none is missed in between.
-struct Signals {
-    #[cfg(unix)]
-    term: Option<tokio::signal::unix::Signal>,
-}
-
-impl Signals {
-    fn new() -> Self {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let term = signal(SignalKind::terminate())
-                .map_err(|error| {
-                    tracing::warn!(%error, "cannot listen for SIGTERM; only SIGINT stops the worker");
-                })
-                .ok();
-            Self { term }
-        }
-        #[cfg(not(unix))]
-        Self {}
-    }
-
-    async fn next(&mut self) -> &'static str {
-        #[cfg(unix)]
-        if let Some(term) = &mut self.term {
-            return tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            };
-        }
-        let _ = tokio::signal::ctrl_c().await;
-        "SIGINT"
-    }
 }

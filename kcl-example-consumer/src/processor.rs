@@ -282,23 +282,15 @@ fn checkpoint(result: Result<(), CheckpointError>) -> Result<(), BoxError> {
 mod tests {
     use std::sync::Mutex;
 
-    use bytes::Bytes;
     use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
     use kcl_core::{Checkpoint, SequenceNumber, Worker, WorkerConfig};
 
     use super::*;
 
     fn record(seq: u64, key: &str, data: &str, at_ms: i64) -> Record {
-        Record {
-            data: Bytes::from(data.to_owned()),
-            partition_key: key.to_owned(),
-            sequence_number: SequenceNumber::parse(seq.to_string())
-                .unwrap_or_else(|| panic!("digits")),
-            sub_sequence_number: 0,
-            approximate_arrival: DateTime::from_timestamp_millis(at_ms)
-                .unwrap_or_else(|| panic!("time")),
-            explicit_hash_key: None,
-        }
+        let sequence = SequenceNumber::parse(seq.to_string()).unwrap_or_else(|| panic!("digits"));
+        let at = DateTime::from_timestamp_millis(at_ms).unwrap_or_else(|| panic!("time"));
+        Record::new(sequence, key, data.to_owned()).with_approximate_arrival(at)
     }
 
     #[test]

@@ -238,3 +238,144 @@ fn sigterm_shuts_down_gracefully() {
     // The graceful stop emitted the open windows early.
     assert!(windows.iter().any(|w| w["complete"] == false), "{stdout}");
 }
+
+/// An endpoint nobody answers on: one WARN that says what to check, then quiet retries, and
+/// `/readyz` says why it is not ready. (No emulator needed: nothing listens on the port.)
+#[cfg(unix)]
+#[test]
+fn an_unreachable_endpoint_is_reported_once_with_a_hint_and_in_readyz() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = format!("http://{closed}"); // the listener is dropped: refused
+    let mut child = consumer()
+        .args([
+            "--stream",
+            "s",
+            "--application-name",
+            "app",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--log-format", "json"])
+        .env("AWS_ENDPOINT_URL_KINESIS", &endpoint)
+        .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let addr = serving_addr(|| lines.recv_timeout(Duration::from_secs(20)).ok());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (code, body) = http_get(addr, "/readyz").unwrap_or_else(|| panic!("/readyz"));
+        if body.contains("problem=") {
+            assert_eq!(code, 503, "{body}");
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no problem in /readyz: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(body.contains("Connection refused"), "{body}");
+    assert!(body.contains("AWS_ENDPOINT_URL_DYNAMODB"), "{body}");
+    // Several retries later, still one WARN.
+    std::thread::sleep(Duration::from_secs(5));
+    let _ = child.kill();
+    let _ = child.wait();
+    let logs: Vec<String> = lines.try_iter().collect();
+    let warnings: Vec<&String> = logs.iter().filter(|l| l.contains("\"WARN\"")).collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one warning, not one per retry:\n{logs:#?}"
+    );
+    assert!(
+        warnings[0].contains("check the endpoint"),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// The first scrape after start: every worker-level counter is there (at zero if nothing
+/// happened yet, so `rate()` works from the start), every kcl series has its HELP line, and
+/// the process metrics are there.
+#[cfg(unix)]
+#[test]
+fn the_first_scrape_has_every_counter_and_every_help_line() {
+    use kcl_core::metrics::{ALL, BYTES, Kind, RECORDS};
+    let mut child = consumer()
+        .args(MEMORY_CONSUMER)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut stderr = BufReader::new(child.stderr.take().unwrap_or_else(|| panic!("stderr")));
+    let addr = serving_addr(|| {
+        let mut line = String::new();
+        stderr.read_line(&mut line).ok().filter(|n| *n > 0)?;
+        Some(line)
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        if let Some((200, body)) = http_get(addr, "/metrics")
+            && body.contains("kcl_leases_taken_total")
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no worker metrics");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    for (name, kind, _, _) in ALL {
+        // Per-shard counters exist per held shard; histograms from the first batch on.
+        if kind == Kind::Counter && ![RECORDS, BYTES].contains(&name) {
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with(&format!("{name} "))
+                        || l.starts_with(&format!("{name}{{"))),
+                "{name} missing from the first scrape:\n{metrics}"
+            );
+        }
+    }
+    let series: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .filter(|n| n.starts_with("kcl_"))
+        .map(|n| {
+            n.trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count")
+        })
+        .collect();
+    for name in series {
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}:\n{metrics}"
+        );
+    }
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+    ] {
+        assert!(
+            metrics.contains(&format!("\n{name} ")),
+            "{name} missing:\n{metrics}"
+        );
+    }
+}

@@ -246,7 +246,7 @@ async fn the_series_of_a_shard_handed_away_leave_metrics() -> anyhow::Result<()>
 }
 
 async fn stale_series(ctx: Context) -> anyhow::Result<()> {
-    const BEHIND: &str = "kcl_millis_behind_latest";
+    const BEHIND: &str = "kcl_behind_latest_seconds";
     ctx.create_stream(4).await?;
     ctx.put(&records("spread", 80)).await?;
     let a = Consumer::spawn(&ctx, "consumer-a")?;

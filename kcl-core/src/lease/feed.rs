@@ -10,7 +10,7 @@
 //! A feed is read from a [`FeedPosition`] the store hands out. When there is no position yet,
 //! or the store cannot continue from it (records trimmed, a new stream), it starts a new one
 //! ([`FeedRead::Restart`]) and the reader reads the whole table once, *after* the restart, so
-//! that every change is either in that read or later in the feed. A [`Mirror`] applies what
+//! that every change is either in that read or later in the feed. A `Mirror` applies what
 //! the feed returns; a change older than the row it holds (a lower counter, from a feed that
 //! lags the read) is ignored.
 //!

@@ -101,6 +101,7 @@ pub struct CheckpointUpdate {
 /// Every write is conditional. A write whose condition fails returns an error of kind
 /// [`Conflict`](crate::ErrorKind::Conflict) and changes nothing. Implementations must keep
 /// attributes they do not know (other tools, KCL Java's extras) untouched.
+#[doc(alias = "LeaseRefresher")]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Creates the lease table if it does not exist and waits until it is usable.
     fn ensure_table(&self) -> impl Future<Output = Result<(), BackendError>> + Send;

@@ -1,4 +1,4 @@
-//! A [`Checkpointer`] for unit tests of a processor, without running a worker.
+//! Unit tests of a processor without a worker ([`ProcessorHarness`]), and an idle processor.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,63 +10,112 @@ use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, BoxError};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
-use crate::processor::{ProcessRecordsInput, RecordProcessor};
+use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
 use crate::types::{Checkpoint, Record, ShardId, WorkerId};
 
-/// A checkpointer on a lease of `store` for `shard`, held by `worker` (created and taken
-/// if needed), so that a processor's `process_records` can be called directly in a test and
-/// its checkpoints read back from `store`.
+/// Runs a processor's hooks the way a worker does, without a worker, for unit tests: the
+/// shard's lease is taken in a [`MemoryLeaseStore`], records are marked delivered before
+/// `process_records` sees them (so checkpoints up to them are accepted, and only those), and
+/// the checkpoints the processor writes can be read back.
 ///
 /// ```
-/// # async fn demo() -> Result<(), kcl_core::BackendError> {
-/// use kcl_core::memory::{MemoryLeaseStore, test_checkpointer};
-/// use kcl_core::{LeaseStore, ShardId};
+/// # fn main() -> Result<(), kcl_core::BoxError> {
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, ProcessorHarness};
+/// use kcl_core::{Checkpoint, Record, SequenceNumber};
 ///
 /// let store = MemoryLeaseStore::new();
-/// let shard = ShardId::new("shardId-000000000000");
-/// let mut checkpointer = test_checkpointer(&store, &shard, "test-worker").await?;
-/// # let records: Vec<kcl_core::Record> = Vec::new();
-/// checkpointer.deliver(&records); // what the worker does before `process_records`
-/// // my_processor.process_records(input, &mut checkpointer).await?;
-/// let lease = store.get(&shard).await?;
-/// # let _ = lease;
+/// let mut harness = ProcessorHarness::new(&store, "shardId-000000000000").await?;
+/// let mut processor = IdleProcessor; // yours
+/// let records = vec![Record::new(SequenceNumber::from(1u128), "key", "data")];
+/// harness.process(&mut processor, records).await?;
+/// // IdleProcessor never checkpoints:
+/// assert_eq!(harness.checkpoint().await?, Checkpoint::TrimHorizon);
 /// # Ok(())
+/// # })
 /// # }
 /// ```
-pub async fn test_checkpointer(
-    store: &MemoryLeaseStore,
-    shard: &ShardId,
-    worker: &str,
-) -> Result<Checkpointer, BackendError> {
-    store.ensure_table().await?;
-    store
-        .create(&Lease::new(shard.clone(), Checkpoint::TrimHorizon))
-        .await?;
-    let worker = WorkerId::new(worker);
-    let observed = store
-        .get(shard)
-        .await?
-        .unwrap_or_else(|| Lease::new(shard.clone(), Checkpoint::TrimHorizon));
-    let lease = store.take(&observed, &worker).await?;
-    // A long validity: tests call the processor at their own pace.
-    let tenure = Tenure::new(
-        lease,
-        worker.clone(),
-        Arc::new(store.client(worker.as_str())),
-        Duration::from_secs(3600),
-        Duration::from_secs(60),
-        Instant::now(),
-    );
-    Ok(Checkpointer::new(Arc::new(tenure)))
+#[derive(Debug)]
+pub struct ProcessorHarness {
+    store: MemoryLeaseStore,
+    shard: ShardId,
+    checkpointer: Checkpointer,
 }
 
-impl Checkpointer {
-    /// Records `records` as delivered (feature `test-util`), as the worker does before each
-    /// `process_records`, so that checkpoints up to the last of them are accepted.
-    pub fn deliver(&mut self, records: &[Record]) {
-        if let Some(last) = records.last() {
-            self.set_last_delivered(last.position());
-        }
+impl ProcessorHarness {
+    /// Creates the lease of `shard` in `store` if needed and takes it as the worker
+    /// `test-worker`, with a validity long enough for any test.
+    pub async fn new(
+        store: &MemoryLeaseStore,
+        shard: impl Into<ShardId>,
+    ) -> Result<Self, BackendError> {
+        let shard = shard.into();
+        store.ensure_table().await?;
+        store
+            .create(&Lease::new(shard.clone(), Checkpoint::TrimHorizon))
+            .await?;
+        let worker = WorkerId::new("test-worker");
+        let observed = store
+            .get(&shard)
+            .await?
+            .unwrap_or_else(|| Lease::new(shard.clone(), Checkpoint::TrimHorizon));
+        let lease = store.take(&observed, &worker).await?;
+        let tenure = Tenure::new(
+            lease,
+            worker.clone(),
+            Arc::new(store.client(worker.as_str())),
+            Duration::from_secs(3600),
+            Duration::from_secs(60),
+            Instant::now(),
+        );
+        Ok(Self {
+            store: store.clone(),
+            shard,
+            checkpointer: Checkpointer::new(Arc::new(tenure)),
+        })
+    }
+
+    /// Calls `initialize` with the lease's current checkpoint.
+    pub async fn initialize(
+        &mut self,
+        processor: &mut impl RecordProcessor,
+    ) -> Result<(), BoxError> {
+        let input = InitializationInput::new(self.shard.clone(), self.checkpoint().await?, None);
+        processor.initialize(&input).await
+    }
+
+    /// Delivers `records` (in order, as one batch) and calls `process_records` with them.
+    /// An empty batch is refused: the worker never delivers one.
+    pub async fn process(
+        &mut self,
+        processor: &mut impl RecordProcessor,
+        records: Vec<Record>,
+    ) -> Result<(), BoxError> {
+        let Some(last) = records.last() else {
+            return Err("ProcessorHarness::process: a batch is never empty".into());
+        };
+        self.checkpointer.set_last_delivered(last.position());
+        let input = ProcessRecordsInput::new(records, None);
+        processor
+            .process_records(input, &mut self.checkpointer)
+            .await
+    }
+
+    /// Calls `shutdown_requested`, as a graceful shutdown or a handoff does.
+    pub async fn shutdown_requested(
+        &mut self,
+        processor: &mut impl RecordProcessor,
+    ) -> Result<(), BoxError> {
+        processor.shutdown_requested(&mut self.checkpointer).await
+    }
+
+    /// The checkpoint stored in the lease now.
+    pub async fn checkpoint(&self) -> Result<Checkpoint, BackendError> {
+        Ok(self
+            .store
+            .get(&self.shard)
+            .await?
+            .map_or(Checkpoint::TrimHorizon, |lease| lease.checkpoint))
     }
 }
 

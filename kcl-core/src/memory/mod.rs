@@ -19,7 +19,7 @@ mod stream;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use faults::Faults;
-pub use harness::{IdleProcessor, test_checkpointer};
+pub use harness::{IdleProcessor, ProcessorHarness};
 pub(crate) use process::current_process;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;

@@ -148,7 +148,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let request = self.store.request_handoff(observed, Some(to));
         match bounded(self.config.call_timeout, "request_handoff", request).await {
             Ok(()) => {
-                tracing::info!(shard = %key, from = ?observed.owner, %to, "handoff requested");
+                tracing::info!(shard = %key, from = %owner_name(observed), %to, "handoff requested");
                 ::metrics::counter!(metrics::LEASES_STOLEN).increment(1);
                 if let Some(owner) = &observed.owner {
                     self.flag_handoff(state, owner).await;
@@ -225,7 +225,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     if permanent {
                         return Err(error);
                     }
-                    tracing::warn!(%error, cause = ?std::error::Error::source(&error), "shard sync failed; retrying next cycle");
+                    self.problem("listing the stream's shards failed", &error);
                     state.next_sync = Instant::now() + self.config.taker_interval;
                 }
             }
@@ -250,6 +250,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         match read {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
+                self.solved();
                 // The observer watches coordination rows too: heartbeats decide expiry.
                 state.observer.update(&leases, Instant::now());
                 state.heartbeats = leases
@@ -262,7 +263,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
             Err(error) if error.kind().is_permanent() => Err(Error::Store(error)),
             Err(error) => {
-                tracing::warn!(%error, "listing leases failed");
+                self.problem("reading the lease table failed", &error);
                 self.status.send_modify(|s| s.store_reachable = false);
                 Ok(None)
             }
@@ -382,7 +383,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     Some(o) if o == &self.id => handoff,
                     Some(_) => expired,
                 };
-                tracing::info!(shard = %key, from = ?observed.owner, "lease taken");
+                match &observed.owner {
+                    None => tracing::info!(shard = %key, "lease taken (it had no owner)"),
+                    Some(o) if o == &self.id => {
+                        tracing::info!(shard = %key, "lease taken (handed over to this worker)");
+                    }
+                    Some(o) => tracing::info!(shard = %key, from = %o, "lease taken (expired)"),
+                }
                 ::metrics::counter!(metrics::LEASES_TAKEN, "from" => from).increment(1);
                 state.spawn(self, ctx, lease, started);
             }
@@ -567,6 +574,7 @@ impl Coordinator {
             .instrument(shard_consumer::span(&key, &worker.id));
         let handle = crate::task::spawn_in(&mut self.tasks, task);
         self.task_keys.insert(handle.id(), key.clone());
+        worker.publish_taken(&key, self.held.len() + 1);
         self.held.insert(key, Held { tenure, control });
     }
 
@@ -589,5 +597,47 @@ impl Coordinator {
             held.tenure.mark_lost();
         }
         exit.map(|exit| (key, exit))
+    }
+}
+
+/// A lease's owner for a log line: its id, or `nobody`.
+pub(super) fn owner_name(lease: &Lease) -> &str {
+    lease.owner.as_ref().map_or("nobody", WorkerId::as_str)
+}
+
+#[cfg(all(test, feature = "test-util"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
+    use crate::types::Checkpoint;
+
+    /// `Status.held` names a shard the moment its task starts, not at the end of the cycle
+    /// that took it: a follower adopting leases one by one on a slow table would otherwise
+    /// report none while it already delivers records.
+    #[tokio::test(start_paused = true)]
+    async fn status_names_a_shard_as_soon_as_its_task_starts() {
+        let worker = Worker::builder(MemoryStream::new(1), MemoryLeaseStore::new())
+            .id("w")
+            .build(|_| IdleProcessor)
+            .unwrap();
+        let status = worker.status();
+        let ctx = Arc::new(ShardContext {
+            source: worker.source.clone(),
+            factory: worker.factory.clone(),
+            config: worker.config.clone(),
+        });
+        let mut state = Coordinator::new();
+        let mut lease = Lease::new(
+            ShardId::new("shardId-000000000000"),
+            Checkpoint::TrimHorizon,
+        );
+        lease.owner = Some(worker.id.clone());
+        state.spawn(&worker, &ctx, lease, Instant::now());
+        assert_eq!(
+            status.borrow().held,
+            vec![ShardId::new("shardId-000000000000")]
+        );
+        state.tasks.abort_all();
     }
 }

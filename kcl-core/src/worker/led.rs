@@ -149,7 +149,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let take = self.store.take(observed, to);
         match bounded(self.config.call_timeout, "take", take).await {
             Ok(_) => {
-                tracing::info!(shard = %key, from = ?observed.owner, %to, "lease assigned");
+                tracing::info!(shard = %key, from = %super::coordinator::owner_name(observed), %to, "lease assigned");
                 ::metrics::counter!(metrics::LEASES_ASSIGNED).increment(1);
                 return true;
             }

@@ -1,27 +1,16 @@
 //! The worker: one coordinator loop plus one task per held lease.
-//!
-//! Every `taker_interval` the coordinator reads the lease table once and, from that one read,
-//! syncs shards to leases when due, grants handoffs other workers asked for, adopts leases
-//! handed to it, takes available ones and asks loaded workers for more (see `coordinator`).
-//! It owns all of that state; shard tasks own their processors and their leases' writes.
-//! Under [`Coordination::Leader`](crate::Coordination::Leader) only the leader and the
-//! standby read the whole table; what each worker does then depends on its role (see `led`
-//! and `roles`); under [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) the worker's
-//! leases live on one heartbeat row (see `liveness`).
-//!
-//! Nothing the backends do can hang the worker: every call has a deadline
-//! ([`WorkerConfig::call_timeout`]), a cycle is abandoned as soon as shutdown is asked for,
-//! and [`Status`] carries a heartbeat of the loop and the time of its last complete cycle, for
-//! liveness and readiness probes. Shutdown cancels one root token: shard tasks let their
-//! processors checkpoint, release their leases, and `run` returns — or, after
-//! `shutdown_timeout` (or at once on [`ShutdownHandle::force`]), stops what is left.
 
+mod builder;
 mod coordinator;
 mod led;
 mod liveness;
 mod prefetch;
 mod roles;
 mod shard_consumer;
+mod shutdown;
+
+pub use self::builder::WorkerBuilder;
+pub use self::shutdown::{ShutdownHandle, Signals};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,7 +18,6 @@ use std::sync::Arc;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::watch;
 use tokio::time::{Instant, Interval, MissedTickBehavior, sleep, sleep_until};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use self::coordinator::Coordinator;
@@ -61,6 +49,7 @@ pub enum Phase {
 /// A snapshot of a worker, for health checks and dashboards.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(alias = "WorkerStateChangeListener")]
 pub struct Status {
     /// Where the worker is.
     pub phase: Phase,
@@ -68,6 +57,9 @@ pub struct Status {
     pub held: Vec<ShardId>,
     /// Whether the last read of the lease table succeeded.
     pub store_reachable: bool,
+    /// Why the worker cannot coordinate right now (the lease table or the stream failing,
+    /// with the cause and, for credentials or endpoints, a hint), until it can again.
+    pub problem: Option<String>,
     /// When the coordinator loop last went round: at least once per `taker_interval` while it
     /// runs, even while a cycle waits on a slow backend. A liveness probe fails when this is
     /// old: the loop itself is stuck (a blocked thread, a bug), and a restart is the cure.
@@ -77,35 +69,25 @@ pub struct Status {
     pub last_cycle: Option<Instant>,
 }
 
-/// Stops a running [`Worker`].
-#[derive(Debug, Clone)]
-pub struct ShutdownHandle {
-    graceful: CancellationToken,
-    force: CancellationToken,
-}
-
-impl ShutdownHandle {
-    /// Graceful shutdown: stop taking leases, let processors checkpoint in
-    /// `shutdown_requested`, release every lease so others take them at once.
-    pub fn shutdown(&self) {
-        self.graceful.cancel();
-    }
-
-    /// Stops what graceful shutdown has not finished yet (e.g. on a second signal): `run`
-    /// returns at once, leaving unreleased leases to expire.
-    pub fn force(&self) {
-        self.graceful.cancel();
-        self.force.cancel();
-    }
-
-    /// True once shutdown was asked for.
-    pub fn is_shutdown(&self) -> bool {
-        self.graceful.is_cancelled()
-    }
-}
-
-/// Consumes a stream as one member of a fleet. See the module docs.
+/// Consumes a stream as one member of a fleet.
+///
+/// Every `taker_interval` the coordinator reads the lease table once and, from that one read,
+/// syncs shards to leases when due, grants handoffs other workers asked for, adopts leases
+/// handed to it, takes available ones and asks loaded workers for more (see `coordinator`).
+/// It owns all of that state; shard tasks own their processors and their leases' writes.
+/// Under [`Coordination::Leader`](crate::Coordination::Leader) only the leader and the
+/// standby read the whole table; what each worker does then depends on its role (see `led`
+/// and `roles`); under [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) the worker's
+/// leases live on one heartbeat row (see `liveness`).
+///
+/// Nothing the backends do can hang the worker: every call has a deadline
+/// ([`WorkerConfig::call_timeout`]), a cycle is abandoned as soon as shutdown is asked for,
+/// and [`Status`] carries a heartbeat of the loop and the time of its last complete cycle, for
+/// liveness and readiness probes. Shutdown cancels one root token: shard tasks let their
+/// processors checkpoint, release their leases, and `run` returns — or, after
+/// `shutdown_timeout` (or at once on [`ShutdownHandle::force`]), stops what is left.
 #[derive(Debug)]
+#[doc(alias = "Scheduler")]
 pub struct Worker<S, L, F> {
     id: WorkerId,
     config: Arc<WorkerConfig>,
@@ -118,6 +100,7 @@ pub struct Worker<S, L, F> {
 
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// A worker named `id` (its `leaseOwner`; unique in the fleet), after validating `config`.
+    /// [`Worker::builder`] does the same with defaults and infers a closure factory's types.
     pub fn new(
         id: impl Into<WorkerId>,
         config: WorkerConfig,
@@ -125,26 +108,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         store: L,
         factory: F,
     ) -> Result<Self, ConfigError> {
-        config.validate()?;
-        let id = id.into();
-        if id.as_str().is_empty() {
-            return Err(ConfigError {
-                key: "worker_id",
-                reason: "must not be empty".into(),
-            });
-        }
-        Ok(Self {
-            id,
-            config: Arc::new(config),
-            source: Arc::new(source),
-            store: Arc::new(store),
-            factory: Arc::new(factory),
-            handle: ShutdownHandle {
-                graceful: CancellationToken::new(),
-                force: CancellationToken::new(),
-            },
-            status: watch::Sender::new(Status::default()),
-        })
+        Worker::builder(source, store)
+            .id(id)
+            .config(config)
+            .build_with(factory)
     }
 
     /// This worker's id.
@@ -175,6 +142,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     async fn run_inner(&self) -> Result<(), Error> {
+        // Every series is there from the start: help texts, counters at zero.
+        crate::metrics::describe();
+        crate::metrics::refresh_worker_series();
+        ::metrics::gauge!(crate::metrics::LEASES_HELD).set(0.0);
         let mut beat = tokio::time::interval(self.config.taker_interval);
         beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         if !self.ensure_table(&mut beat).await? {
@@ -368,9 +339,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 .await
             {
                 None => return Ok(false),
-                Some(Ok(())) => return Ok(true),
+                Some(Ok(())) => {
+                    self.solved();
+                    return Ok(true);
+                }
                 Some(Err(e)) if e.kind().is_transient() => {
-                    tracing::warn!(error = %e, "lease table not ready; retrying");
+                    self.problem("the lease table is not usable yet", &e);
                 }
                 Some(Err(e)) => return Err(Error::Store(e)),
             }
@@ -388,6 +362,43 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             .with_jitter()
             .with_jitter_seed(crate::types::stable_hash(&self.id))
             .without_max_times()
+    }
+
+    /// A failure that retrying may fix. The first of a kind is logged at WARN, and it is kept
+    /// in [`Status::problem`]; repeats of the same are logged at DEBUG only, so that a worker
+    /// without credentials says so once instead of every few seconds.
+    fn problem(&self, what: &str, error: &(dyn std::error::Error + 'static)) {
+        let text = format!("{what}: {}", crate::error::chain(error));
+        let new = self.status.borrow().problem.as_ref() != Some(&text);
+        if new {
+            tracing::warn!(problem = %text, "retrying quietly while this lasts");
+        } else {
+            tracing::debug!(problem = %text, "still failing");
+        }
+        self.status.send_if_modified(|s| {
+            let changed = s.problem.as_ref() != Some(&text);
+            s.problem = Some(text);
+            changed
+        });
+    }
+
+    /// Calls to the lease table succeed again.
+    fn solved(&self) {
+        if let Some(problem) = self.status.borrow().problem.clone() {
+            tracing::info!(%problem, "recovered");
+        }
+        self.status.send_if_modified(|s| s.problem.take().is_some());
+    }
+
+    /// A shard task started: `Status.held` says so at once, not at the end of the cycle.
+    fn publish_taken(&self, key: &ShardId, held: usize) {
+        #[allow(clippy::cast_precision_loss)]
+        ::metrics::gauge!(crate::metrics::LEASES_HELD).set(held as f64);
+        self.status.send_modify(|s| {
+            if let Err(at) = s.held.binary_search(key) {
+                s.held.insert(at, key.clone());
+            }
+        });
     }
 
     fn publish(&self, state: &Coordinator) {

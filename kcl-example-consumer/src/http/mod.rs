@@ -71,49 +71,18 @@ pub(crate) fn install_metrics(stale_after: Duration) -> anyhow::Result<Prometheu
     Ok(handle)
 }
 
+/// kcl's metrics describe themselves (`kcl_core::metrics::describe`, also done by the worker
+/// when it starts); the process metrics (CPU seconds, resident memory, open file descriptors,
+/// threads, start time) are this binary's.
 fn describe() {
-    use kcl_core::metrics as m;
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(m::RECORDS, "Records delivered to processors");
-    describe_counter!(
-        m::BYTES,
-        Unit::Bytes,
-        "Payload bytes delivered to processors"
-    );
-    describe_histogram!(
-        m::BATCH_DURATION,
-        Unit::Seconds,
-        "Time spent processing one batch"
-    );
-    describe_histogram!(
-        m::DELIVERY_DELAY,
-        Unit::Seconds,
-        "Delay from a batch's oldest record arriving in the stream to its delivery"
-    );
-    describe_gauge!(
-        m::MILLIS_BEHIND_LATEST,
-        Unit::Milliseconds,
-        "How far behind the newest record of its shard the last batch was"
-    );
-    describe_gauge!(m::LEASES_HELD, "Leases held by this worker");
-    describe_counter!(
-        m::LEASES_TAKEN,
-        "Leases taken (expired=true: from a worker that stopped renewing)"
-    );
-    describe_counter!(
-        m::LEASES_STOLEN,
-        "Handoffs requested from more loaded workers (lease steals)"
-    );
-    describe_counter!(
-        m::LEASES_LOST,
-        "Leases lost: taken by others or expired locally"
-    );
-    describe_counter!(m::CHECKPOINTS, "Checkpoint writes");
-    describe_counter!(
-        m::PROCESSOR_FAILURES,
-        "Processor failures that restarted a shard"
-    );
-    describe_counter!(m::THROTTLED, "Throttled backend calls");
+    kcl_core::metrics::describe();
+    process_collector().describe();
+}
+
+/// The process collector (`process_*` series, collected at each scrape).
+fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
 #[derive(Clone)]
@@ -244,12 +213,17 @@ async fn readyz(State(state): State<AppState>) -> Response {
     let status = state.status.borrow().clone();
     let why = not_ready(&status, state.probes);
     let body = format!(
-        "phase={} store_reachable={} leases={}{}\n",
+        "phase={} store_reachable={} leases={}{}{}\n",
         phase_name(status.phase),
         status.store_reachable,
         status.held.len(),
         why.as_deref()
             .map(|w| format!(" not_ready=\"{w}\""))
+            .unwrap_or_default(),
+        status
+            .problem
+            .as_deref()
+            .map(|p| format!(" problem={p:?}"))
             .unwrap_or_default()
     );
     let code = if why.is_none() {
@@ -266,7 +240,10 @@ async fn prometheus(State(state): State<AppState>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(),
+        {
+            process_collector().collect();
+            state.metrics.render()
+        },
     )
         .into_response()
 }
@@ -278,6 +255,7 @@ async fn status_json(State(state): State<AppState>) -> Response {
         "phase": phase_name(status.phase),
         "ready": not_ready(&status, state.probes).is_none(),
         "store_reachable": status.store_reachable,
+        "problem": status.problem,
         "leases": status.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
     }))
     .into_response()

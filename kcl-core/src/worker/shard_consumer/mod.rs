@@ -175,7 +175,7 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
             Err(failure) => {
                 ::metrics::counter!(metrics::PROCESSOR_FAILURES).increment(1);
                 let delay = restarts.next().unwrap_or(ctx.config.max_backoff);
-                tracing::warn!(error = %failure, cause = ?std::error::Error::source(&failure), ?delay, "shard failed; restarting from the last checkpoint");
+                tracing::warn!(error = %crate::error::chain(&failure), ?delay, "shard failed; restarting from the last checkpoint");
                 tokio::select! {
                     biased;
                     () = tenure.lost_token().cancelled() => break Stop::Lost,

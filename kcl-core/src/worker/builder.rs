@@ -1,0 +1,116 @@
+//! Building a [`Worker`]: the two backends first, then what has a default, the processors
+//! last.
+//!
+//! The processor factory comes last, in [`WorkerBuilder::build`], for two reasons: a closure
+//! passed there has its argument type inferred (`|shard| MyProcessor::new(shard)`), and the
+//! [`ShutdownHandle`] exists before it, so a processor can be given the handle to stop its
+//! own worker.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::{ShutdownHandle, Status, Worker};
+use crate::config::WorkerConfig;
+use crate::error::ConfigError;
+use crate::lease::LeaseStore;
+use crate::processor::{ProcessorFactory, RecordProcessor};
+use crate::source::ShardSource;
+use crate::types::{ShardId, WorkerId};
+
+/// Builds a [`Worker`]; from [`Worker::builder`].
+///
+/// ```
+/// # #[cfg(feature = "test-util")]
+/// # fn demo() -> Result<(), kcl_core::ConfigError> {
+/// use std::time::Duration;
+/// use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
+/// use kcl_core::{Worker, WorkerConfig};
+///
+/// let builder = Worker::builder(MemoryStream::new(2), MemoryLeaseStore::new())
+///     .id("orders-worker-1")
+///     .config(WorkerConfig::default().failover_time(Duration::from_secs(5)));
+/// let stop = builder.shutdown_handle(); // before any processor exists
+/// let worker = builder.build(|_shard| IdleProcessor)?;
+/// # let _ = (stop, worker);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+#[doc(alias = "ConfigsBuilder")]
+pub struct WorkerBuilder<S, L> {
+    source: S,
+    store: L,
+    id: Option<WorkerId>,
+    config: WorkerConfig,
+    handle: ShutdownHandle,
+}
+
+impl<S: ShardSource, L: LeaseStore> Worker<S, L, ()> {
+    /// Starts building a worker that reads `source` and keeps its leases in `store`.
+    pub fn builder(source: S, store: L) -> WorkerBuilder<S, L> {
+        WorkerBuilder {
+            source,
+            store,
+            id: None,
+            config: WorkerConfig::default(),
+            handle: ShutdownHandle::default(),
+        }
+    }
+}
+
+impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
+    /// The worker's id, its `leaseOwner` in the lease table: unique in the fleet, at any
+    /// instant. Default: [`WorkerId::for_this_process`].
+    pub fn id(mut self, id: impl Into<WorkerId>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The configuration (default: [`WorkerConfig::default`]); validated by `build`.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The handle that stops the worker, before it is built: for processors, which the
+    /// factory creates, or a task that watches something else.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.handle.clone()
+    }
+
+    /// The worker, with `factory` making one processor per shard it takes (a closure over
+    /// the shard id). Fails if the configuration or the id is invalid, naming the key.
+    pub fn build<F, P>(self, factory: F) -> Result<Worker<S, L, F>, ConfigError>
+    where
+        F: Fn(&ShardId) -> P + Send + Sync + 'static,
+        P: RecordProcessor,
+    {
+        self.build_with(factory)
+    }
+
+    /// As [`build`](Self::build), for a factory that implements [`ProcessorFactory`] itself.
+    pub fn build_with<F: ProcessorFactory>(
+        self,
+        factory: F,
+    ) -> Result<Worker<S, L, F>, ConfigError> {
+        self.config.validate()?;
+        let id = self.id.unwrap_or_else(WorkerId::for_this_process);
+        if id.as_str().trim().is_empty() {
+            return Err(ConfigError {
+                key: "worker_id",
+                reason: "must not be empty".into(),
+            });
+        }
+        Ok(Worker {
+            id,
+            config: Arc::new(self.config),
+            source: Arc::new(self.source),
+            store: Arc::new(self.store),
+            factory: Arc::new(factory),
+            handle: self.handle,
+            status: watch::Sender::new(Status::default()),
+        })
+    }
+}
