@@ -130,7 +130,7 @@ where
     let detail = match (err.code(), err.message()) {
         (Some(code), Some(msg)) => format!("{code}: {msg}"),
         (Some(code), None) => code.to_owned(),
-        _ => chain(&err),
+        _ => kcl_core::error_chain(&err),
     };
     let message = match cause {
         Cause::NotFound => format!("{what} does not exist ({detail})"),
@@ -143,20 +143,6 @@ where
         }
     };
     BackendError::new(cause.kind(), operation, message)
-}
-
-/// An error and its sources, each once, joined by `: `.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(error);
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !parts.last().is_some_and(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = e.source();
-    }
-    parts.join(": ")
 }
 
 /// What to check when an error is, most likely, a setting.

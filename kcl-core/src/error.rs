@@ -173,7 +173,14 @@ pub enum Error {
 
 /// `error` and its sources, each once, joined by `: ` (a source whose text the previous
 /// message already contains is left out): one readable line for a log.
-pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
+///
+/// ```
+/// let io = std::io::Error::other("connection refused");
+/// let error = kcl_core::BackendError::new(kcl_core::ErrorKind::Retryable, "list", "lease table")
+///     .with_source(io);
+/// assert_eq!(kcl_core::error_chain(&error), "list: lease table (Retryable): connection refused");
+/// ```
+pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut next = Some(error);
     while let Some(e) = next {

@@ -101,7 +101,9 @@ pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
 pub use config::{Coordination, Liveness, MAX_DURATION, WorkerConfig};
-pub use error::{BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind};
+pub use error::{
+    BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
+};
 pub use lease::{CheckpointUpdate, Lease, LeaseStore};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource};

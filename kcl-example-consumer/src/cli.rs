@@ -7,6 +7,9 @@
 
 use clap::{Args, Parser, Subcommand};
 
+/// The default `--log-filter`.
+pub(crate) const DEFAULT_LOG_FILTER: &str = "info,aws_config=error";
+
 const AFTER_HELP: &str = "\
 Precedence: command-line flag > KCL_* environment variable > config file > default.
 Config file keys mirror the flags: `failover-time = \"5s\"` (TOML) or `failover-time: 5s` (YAML).
@@ -224,12 +227,14 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) log_format: String,
 
-    /// Log filter, tracing-subscriber syntax (e.g. `info,kcl_core=debug`).
+    /// Log filter, tracing-subscriber syntax (e.g. `info,kcl_core=debug`). The default leaves
+    /// out the AWS SDK's own credential-chain warnings, repeated at every retry: the worker
+    /// says once what fails and what to check.
     #[arg(
         long,
         env = "KCL_LOG_FILTER",
         value_name = "FILTER",
-        default_value = "info"
+        default_value = DEFAULT_LOG_FILTER
     )]
     pub(crate) log_filter: String,
 

@@ -79,8 +79,9 @@ fn main() -> ExitCode {
             match runtime.block_on(backends::run(settings)) {
                 Ok(code) => code,
                 Err(e) => {
+                    // Logging is set up by now: the chain once, in the log's format.
                     tracing::error!(error = format!("{e:#}"), "consumer failed");
-                    fail(&format!("{e:#}"), 1)
+                    ExitCode::from(1)
                 }
             }
         }

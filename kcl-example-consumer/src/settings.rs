@@ -388,7 +388,7 @@ fn build(
     let log_format = parsed!("log_format", LogFormat::parse).unwrap_or(LogFormat::Pretty);
     let log_filter = get("log_filter")
         .map(|(v, _)| v.clone())
-        .unwrap_or_else(|| "info".to_owned());
+        .unwrap_or_else(|| crate::cli::DEFAULT_LOG_FILTER.to_owned());
     if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&log_filter) {
         return Err(fail("log_filter", one_line(&e.to_string())));
     }

@@ -29,6 +29,20 @@ fn output(cmd: &mut Command) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"))
 }
 
+/// The child's stderr, line by line, read on a thread of its own.
+fn stderr_lines(child: &mut std::process::Child) -> mpsc::Receiver<String> {
+    let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 fn temp_file(name: &str, text: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("kcl-example-consumer-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
@@ -168,15 +182,7 @@ fn sigterm_shuts_down_gracefully() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
-    let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
-    let (lines_tx, lines) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = stderr_lines(&mut child);
     let mut logs = Vec::new();
     let mut next_log = |within: Duration| -> Option<String> {
         let line = lines.recv_timeout(within).ok()?;
@@ -268,15 +274,7 @@ fn an_unreachable_endpoint_is_reported_once_with_a_hint_and_in_readyz() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{e}"));
-    let stderr = child.stderr.take().unwrap_or_else(|| panic!("stderr"));
-    let (lines_tx, lines) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = stderr_lines(&mut child);
     let addr = serving_addr(|| lines.recv_timeout(Duration::from_secs(20)).ok());
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {

@@ -368,7 +368,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// in [`Status::problem`]; repeats of the same are logged at DEBUG only, so that a worker
     /// without credentials says so once instead of every few seconds.
     fn problem(&self, what: &str, error: &(dyn std::error::Error + 'static)) {
-        let text = format!("{what}: {}", crate::error::chain(error));
+        let text = format!("{what}: {}", crate::error::error_chain(error));
         let new = self.status.borrow().problem.as_ref() != Some(&text);
         if new {
             tracing::warn!(problem = %text, "retrying quietly while this lasts");

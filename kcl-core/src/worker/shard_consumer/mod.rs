@@ -175,7 +175,7 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
             Err(failure) => {
                 ::metrics::counter!(metrics::PROCESSOR_FAILURES).increment(1);
                 let delay = restarts.next().unwrap_or(ctx.config.max_backoff);
-                tracing::warn!(error = %crate::error::chain(&failure), ?delay, "shard failed; restarting from the last checkpoint");
+                tracing::warn!(error = %crate::error::error_chain(&failure), ?delay, "shard failed; restarting from the last checkpoint");
                 tokio::select! {
                     biased;
                     () = tenure.lost_token().cancelled() => break Stop::Lost,
