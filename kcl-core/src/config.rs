@@ -71,6 +71,14 @@ pub struct WorkerConfig {
     /// Bytes fetched ahead of the processor, per shard. Default 8 MiB (KCL Java prefetch
     /// `maxByteSize`).
     pub max_prefetch_bytes: usize,
+    /// Reads (`GetRecords`, `GetShardIterator`) in flight at once across all of the worker's
+    /// shards. Default 16 (no KCL Java equivalent: it reads each shard on a thread of its
+    /// own). Each read in flight holds a connection and, while it is answered, up to a 10 MiB
+    /// response; shards whose reads wait take turns. At 30–100 ms a read, 16 serve 160–500
+    /// reads a second: an idle shard needs 1 a second, and a shard catching up gets up to
+    /// 10,000 records a read, more than a 2-core worker processes. Measured: a worker holding
+    /// 100 idle shards peaks at 20.0 MiB with 16, 26.1 MiB without a bound (docs/benchmarks.md).
+    pub max_concurrent_reads: usize,
     /// First delay after a throttled or failed call; doubles up to `max_backoff`. Default
     /// 100 ms (AWS SDK standard retry base).
     #[serde(with = "humantime_serde")]
@@ -214,6 +222,7 @@ impl Default for WorkerConfig {
             parent_poll_interval: Duration::from_secs(1),
             max_prefetch_batches: 3,
             max_prefetch_bytes: 8 << 20,
+            max_concurrent_reads: 16,
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
@@ -294,6 +303,8 @@ impl WorkerConfig {
         max_prefetch_batches: usize,
         /// Sets [`WorkerConfig::max_prefetch_bytes`].
         max_prefetch_bytes: usize,
+        /// Sets [`WorkerConfig::max_concurrent_reads`].
+        max_concurrent_reads: usize,
         /// Sets [`WorkerConfig::min_backoff`].
         min_backoff: Duration,
         /// Sets [`WorkerConfig::max_backoff`].
@@ -364,6 +375,7 @@ impl WorkerConfig {
             ("max_leases_to_steal", self.max_leases_to_steal),
             ("max_prefetch_batches", self.max_prefetch_batches),
             ("max_prefetch_bytes", self.max_prefetch_bytes),
+            ("max_concurrent_reads", self.max_concurrent_reads),
         ] {
             if value == 0 {
                 return err(key, "must be at least 1");

@@ -41,17 +41,28 @@ where
 
 /// Runs one backend call, giving up after `limit`: a call that has not answered by then
 /// fails as `Retryable` (it may or may not have been applied).
-pub(crate) async fn bounded<T>(
+///
+/// The call is boxed here, before anything awaits it: a backend call's future (an SDK
+/// request) is several KiB, and held inline it would make every task that ever awaits one
+/// that large for its whole life. Boxed, the memory is taken only while the call is in
+/// flight (one allocation a call). Not an `async fn`, whose state would hold `call` unboxed.
+pub(crate) fn bounded<T, F>(
     limit: Duration,
     operation: &'static str,
-    call: impl Future<Output = Result<T, BackendError>>,
-) -> Result<T, BackendError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(BackendError::new(
-            ErrorKind::Retryable,
-            operation,
-            format!("no answer within {limit:?}"),
-        )),
+    call: F,
+) -> impl Future<Output = Result<T, BackendError>> + use<T, F>
+where
+    F: Future<Output = Result<T, BackendError>>,
+{
+    let call = Box::pin(call);
+    async move {
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => Err(BackendError::new(
+                ErrorKind::Retryable,
+                operation,
+                format!("no answer within {limit:?}"),
+            )),
+        }
     }
 }

@@ -425,3 +425,114 @@ async fn a_harness_refuses_a_checkpoint_beyond_what_it_delivered() {
         kcl_core::Checkpoint::TrimHorizon
     );
 }
+
+/// A worker holding many shards keeps at most `max_concurrent_reads` reads in flight (and so
+/// as many connections and in-flight responses), and still reads every shard.
+#[tokio::test(start_paused = true)]
+async fn reads_in_flight_stay_within_max_concurrent_reads() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use kcl_core::memory::{IdleProcessor, MemoryStream};
+    use kcl_core::{
+        BackendError, RecordBatch, Shard, ShardIterator, ShardSource, StartingPosition,
+    };
+
+    /// Counts the reads in flight, each taking 50 ms.
+    struct Counting {
+        inner: MemoryStream,
+        now: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
+    }
+    impl Counting {
+        async fn counted<T>(&self, call: impl Future<Output = T>) -> T {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(n, Ordering::SeqCst);
+            sleep(Duration::from_millis(50)).await;
+            let out = call.await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            out
+        }
+    }
+    impl ShardSource for Counting {
+        async fn list_shards(&self) -> Result<Vec<Shard>, BackendError> {
+            self.inner.list_shards().await
+        }
+        async fn shard_iterator(
+            &self,
+            shard: &ShardId,
+            position: &StartingPosition,
+        ) -> Result<ShardIterator, BackendError> {
+            self.counted(self.inner.shard_iterator(shard, position))
+                .await
+        }
+        async fn get_records(
+            &self,
+            iterator: &ShardIterator,
+            limit: u32,
+        ) -> Result<RecordBatch, BackendError> {
+            self.counted(self.inner.get_records(iterator, limit)).await
+        }
+    }
+
+    let (stream, store, _) = world(40);
+    fill(&stream, 400);
+    let most = Arc::new(AtomicUsize::new(0));
+    let source = Counting {
+        inner: stream.clone(),
+        now: Arc::new(AtomicUsize::new(0)),
+        most: most.clone(),
+    };
+    let worker = Worker::builder(source, store.clone())
+        .id("a")
+        .config(config().max_concurrent_reads(4))
+        .build(|_| IdleProcessor)
+        .unwrap();
+    let status = worker.status();
+    let stop = worker.shutdown_handle();
+    let task = tokio::spawn(worker.run());
+    assert!(
+        wait_until(Duration::from_secs(30), || status.borrow().held.len() == 40)
+            .await
+            .is_some()
+    );
+    sleep(Duration::from_secs(5)).await;
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 4, "{most} reads in flight at once, bound 4");
+    assert_eq!(most, 4, "40 shards keep the 4 permits busy");
+    stop.shutdown();
+    task.await.unwrap().unwrap();
+}
+
+/// Leases taken in one cycle are not renewed in one burst: their first renewals spread over
+/// the second half of the renewal interval (each lease keeps its own phase afterwards), so a
+/// worker holding many leases never has as many renewal writes, and connections, at once.
+#[tokio::test(start_paused = true)]
+async fn renewals_of_leases_taken_together_are_spread_out() {
+    use std::collections::BTreeSet;
+
+    let (stream, store, seen) = world(40);
+    let w = start("a", config(), &stream, &store, &seen, &Behaviour::default());
+    assert!(
+        wait_until(Duration::from_secs(30), || held(&w) == 40)
+            .await
+            .is_some()
+    );
+    sleep(config().renew_interval * 3).await;
+    let renewals: Vec<Instant> = store
+        .journal()
+        .iter()
+        .filter(|e| e.operation == "renew")
+        .map(|e| e.started)
+        .collect();
+    let instants: BTreeSet<Instant> = renewals.iter().copied().collect();
+    assert!(renewals.len() >= 40, "{} renewals", renewals.len());
+    assert!(
+        instants.len() >= 20,
+        "{} renewals of 40 leases at only {} distinct instants",
+        renewals.len(),
+        instants.len()
+    );
+    w.shutdown.shutdown();
+    w.task.await.unwrap().unwrap();
+}

@@ -125,6 +125,16 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) max_leases_to_steal: String,
 
+    /// Most reads (GetRecords, GetShardIterator) in flight at once across every shard held:
+    /// bounds connections and in-flight responses (up to 10 MiB each).
+    #[arg(
+        long,
+        env = "KCL_MAX_CONCURRENT_READS",
+        value_name = "N",
+        default_value = "16"
+    )]
+    pub(crate) max_concurrent_reads: String,
+
     /// Who reads the whole lease table: `leader` (an elected leader and a standby follow
     /// it through its stream; the others read only their own leases, so the table's reads
     /// grow with shards, not workers × shards), or `every-worker` (each worker reads it

@@ -28,6 +28,7 @@ pub(crate) const KEYS: &[&str] = &[
     "worker_id",
     "max_leases",
     "max_leases_to_steal",
+    "max_concurrent_reads",
     "coordination",
     "liveness",
     "failover_time",
@@ -348,6 +349,9 @@ fn build(
     if let Some(v) = parsed!("max_leases_to_steal", parse_count) {
         worker = worker.max_leases_to_steal(v);
     }
+    if let Some(v) = parsed!("max_concurrent_reads", parse_count) {
+        worker = worker.max_concurrent_reads(v);
+    }
     if let Some(v) = parsed!("coordination", parse_coordination) {
         worker = worker.coordination(v);
     }
@@ -569,6 +573,7 @@ mod tests {
         assert_eq!(s.worker.shutdown_timeout, core.shutdown_timeout);
         assert_eq!(s.worker.max_leases, core.max_leases);
         assert_eq!(s.worker.max_leases_to_steal, core.max_leases_to_steal);
+        assert_eq!(s.worker.max_concurrent_reads, core.max_concurrent_reads);
         assert_eq!(s.worker.max_records, core.max_records);
         assert_eq!(
             s.worker.idle_time_between_reads,

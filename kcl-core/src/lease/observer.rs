@@ -12,7 +12,8 @@
 //! handoff request naming it). A leader gives work only to active workers, so a worker that
 //! died is not handed leases it would never process. A worker seen releasing a row (what a
 //! worker shutting down does with every row it holds) is not active until a row of its moves
-//! again, so a leaving worker is not handed leases either.
+//! again, so a leaving worker is not handed leases either; nor is a worker one of whose
+//! leases expired, until a row of its moves again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -88,6 +89,14 @@ impl Observer {
         self.requested.insert(key.clone(), to.clone());
     }
 
+    /// A lease of `worker` expired: it is not active until a row of its moves again. Its
+    /// other leases may not have expired yet (they were renewed at other moments), and
+    /// without this a dead worker would look active until the last of them did, and be
+    /// handed leases it would never process.
+    pub(crate) fn lapsed(&mut self, worker: &WorkerId) {
+        self.active.remove(worker);
+    }
+
     /// Whether `worker` was seen active (see the module docs) within `within` of `now`.
     pub(crate) fn is_active(&self, worker: &WorkerId, now: Instant, within: Duration) -> bool {
         self.active
@@ -133,6 +142,24 @@ mod tests {
         assert_eq!(o.idle(&lease, Instant::now()), Duration::from_secs(3));
         o.update(&[], Instant::now());
         assert_eq!(o.idle(&lease, Instant::now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_whose_lease_lapsed_is_inactive_until_a_row_of_its_moves() {
+        let failover = Duration::from_secs(10);
+        let a = WorkerId::new("a");
+        let mut lease = Lease::new(ShardId::new("s"), Checkpoint::TrimHorizon);
+        lease.owner = Some(a.clone());
+        let mut o = Observer::default();
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        lease.counter += 1;
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        assert!(o.is_active(&a, Instant::now(), failover));
+        o.lapsed(&a); // another of a's leases expired
+        assert!(!o.is_active(&a, Instant::now(), failover));
+        lease.counter += 1; // a renews after all: alive
+        o.update(std::slice::from_ref(&lease), Instant::now());
+        assert!(o.is_active(&a, Instant::now(), failover));
     }
 
     #[tokio::test(start_paused = true)]

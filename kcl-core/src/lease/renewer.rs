@@ -13,8 +13,15 @@ use super::tenure::{Tenure, TenureError};
 use crate::metrics;
 
 /// Renews every `interval` until the tenure is lost or ended.
+///
+/// The first renewal comes between half the interval and the interval, at a point fixed by a
+/// hash of the lease's key: leases taken together (a worker starting on many shards) would
+/// otherwise be renewed together, every round a burst of as many concurrent writes, and
+/// connections, as leases held. Renewing earlier than due is always safe.
 pub(crate) async fn run(tenure: Arc<Tenure>, interval: Duration) {
-    let mut wait = interval;
+    #[allow(clippy::cast_precision_loss)]
+    let phase = (crate::types::stable_hash(tenure.shard()) % 1024) as f64 / 1024.0;
+    let mut wait = interval.mul_f64(0.5 + 0.5 * phase);
     loop {
         tokio::select! {
             biased;

@@ -622,11 +622,11 @@ mod tests {
             .build(|_| IdleProcessor)
             .unwrap();
         let status = worker.status();
-        let ctx = Arc::new(ShardContext {
-            source: worker.source.clone(),
-            factory: worker.factory.clone(),
-            config: worker.config.clone(),
-        });
+        let ctx = Arc::new(ShardContext::new(
+            worker.source.clone(),
+            worker.factory.clone(),
+            worker.config.clone(),
+        ));
         let mut state = Coordinator::new();
         let mut lease = Lease::new(
             ShardId::new("shardId-000000000000"),

@@ -28,7 +28,7 @@ use super::shard_consumer::ShardContext;
 use crate::coordination::is_coordination_key;
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader;
-use crate::lease::taker::Limits;
+use crate::lease::taker::{Holder, Limits};
 use crate::lease::{self, Lease, LeaseStore};
 use crate::metrics;
 use crate::mutation::{self, Mutation};
@@ -97,6 +97,11 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let (now, failover) = (Instant::now(), self.config.failover_time);
         state.moves.overlay(&leases, &mut candidates, now, failover);
         state.observer.forget_inactive(now, failover * 10);
+        for c in &candidates {
+            if let Holder::Expired { owner, .. } = &c.holder {
+                state.observer.lapsed(owner);
+            }
+        }
         let observer = &state.observer;
         let plan = leader::assign(&self.id, &candidates, limits, |w| {
             observer.is_active(w, now, failover) || mutation::on(Mutation::LeaderIgnoresActivity)

@@ -153,11 +153,11 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
         self.status.send_modify(|s| s.phase = Phase::Running);
         tracing::info!("worker started");
-        let ctx = Arc::new(ShardContext {
-            source: self.source.clone(),
-            factory: self.factory.clone(),
-            config: self.config.clone(),
-        });
+        let ctx = Arc::new(ShardContext::new(
+            self.source.clone(),
+            self.factory.clone(),
+            self.config.clone(),
+        ));
         let mut state = Coordinator::new();
         if self.config.coordination == crate::Coordination::Leader {
             state.roles = roles::Roles::start(&self.id, self.store.clone(), &self.config);

@@ -6,7 +6,9 @@
 //! loop also owns the Kinesis failure modes of reading: throttling and transient errors back
 //! off with jitter, an expired iterator is reopened after the last record read, or at the
 //! pinned start before any record was read (never at `LATEST` a second time). Every call is
-//! bounded by the call timeout.
+//! bounded by the call timeout, and holds one of the worker's `max_concurrent_reads` permits
+//! while in flight: a worker holding many shards keeps as many connections and in-flight
+//! responses as that, not one per shard.
 
 use std::sync::Arc;
 
@@ -46,6 +48,7 @@ pub(crate) struct Prefetcher {
 impl Prefetcher {
     pub(crate) fn spawn<S: ShardSource>(
         source: Arc<S>,
+        reads: Arc<Semaphore>,
         shard: ShardId,
         start: Start,
         config: &WorkerConfig,
@@ -54,6 +57,7 @@ impl Prefetcher {
         let (tx, rx) = mpsc::channel(config.max_prefetch_batches);
         let fetch = FetchLoop {
             source,
+            reads,
             shard,
             position: start.first,
             reopen: Some(start.reopen),
@@ -86,6 +90,8 @@ impl Prefetcher {
 
 struct FetchLoop<S> {
     source: Arc<S>,
+    /// The worker's permits for reads in flight.
+    reads: Arc<Semaphore>,
     shard: ShardId,
     /// Where to open an iterator: the start, then just after the last record read.
     position: StartingPosition,
@@ -117,8 +123,12 @@ impl<S: ShardSource> FetchLoop<S> {
                     }
                 },
             };
-            let read = self.source.get_records(&it, self.max_records);
-            match bounded(self.call_timeout, "get_records", read).await {
+            let read = {
+                let _turn = self.reads.acquire().await;
+                let read = self.source.get_records(&it, self.max_records);
+                bounded(self.call_timeout, "get_records", read).await
+            };
+            match read {
                 Ok(batch) => {
                     delays = self.backoff.build();
                     if let Some(last) = batch.records.last() {
@@ -171,8 +181,11 @@ impl<S: ShardSource> FetchLoop<S> {
     /// Opens an iterator at the current position. Whatever the outcome, the first open is
     /// the last one at the start position: later ones use the pinned `reopen` position.
     async fn open(&mut self) -> Result<ShardIterator, BackendError> {
-        let call = self.source.shard_iterator(&self.shard, &self.position);
-        let result = bounded(self.call_timeout, "shard_iterator", call).await;
+        let result = {
+            let _turn = self.reads.acquire().await;
+            let call = self.source.shard_iterator(&self.shard, &self.position);
+            bounded(self.call_timeout, "shard_iterator", call).await
+        };
         if let Some(reopen) = self.reopen.take() {
             self.position = reopen;
         }

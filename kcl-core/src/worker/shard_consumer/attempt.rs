@@ -50,6 +50,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     // Processing.
     let prefetch = Prefetcher::spawn(
         ctx.source.clone(),
+        ctx.reads.clone(),
         lease.key.clone(),
         start,
         &ctx.config,

@@ -51,6 +51,22 @@ pub(crate) struct ShardContext<S, F> {
     pub(crate) source: Arc<S>,
     pub(crate) factory: Arc<F>,
     pub(crate) config: Arc<WorkerConfig>,
+    /// The worker's reads in flight ([`WorkerConfig::max_concurrent_reads`]).
+    pub(crate) reads: Arc<tokio::sync::Semaphore>,
+}
+
+impl<S, F> ShardContext<S, F> {
+    pub(crate) fn new(source: Arc<S>, factory: Arc<F>, config: Arc<WorkerConfig>) -> Self {
+        let reads = config
+            .max_concurrent_reads
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        Self {
+            source,
+            factory,
+            config,
+            reads: Arc::new(tokio::sync::Semaphore::new(reads)),
+        }
+    }
 }
 
 /// How the coordinator steers a running shard task.
@@ -220,32 +236,40 @@ enum Hook {
 
 /// Runs a processor hook until it returns or the lease's validity runs out, turning its
 /// error or panic into a [`Failure`].
-async fn hook(
-    tenure: &Tenure,
+///
+/// The hook's future is boxed before anything awaits it, as backend calls are
+/// (`task::bounded`): allocated while the hook runs, not kept in every shard task's state.
+fn hook<'a>(
+    tenure: &'a Tenure,
     name: &'static str,
-    call: impl Future<Output = Result<(), BoxError>>,
-) -> Result<Hook, Failure> {
-    let expired = async {
-        if mutation::on(Mutation::HooksOutliveLease) || mutation::on(Mutation::SkipValidityCheck) {
-            std::future::pending::<()>().await;
-        }
-        tenure.expired().await;
-    };
-    tokio::select! {
-        biased;
-        () = expired => Ok(Hook::Expired),
-        result = AssertUnwindSafe(call).catch_unwind() => match result {
-            Ok(Ok(())) => Ok(Hook::Done),
-            Ok(Err(source)) => Err(Failure::Processor { hook: name, source }),
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic".to_owned());
-                Err(Failure::Panic { hook: name, message })
+    call: impl Future<Output = Result<(), BoxError>> + 'a,
+) -> impl Future<Output = Result<Hook, Failure>> + 'a {
+    let call = Box::pin(call);
+    async move {
+        let expired = async {
+            if mutation::on(Mutation::HooksOutliveLease)
+                || mutation::on(Mutation::SkipValidityCheck)
+            {
+                std::future::pending::<()>().await;
             }
-        },
+            tenure.expired().await;
+        };
+        tokio::select! {
+            biased;
+            () = expired => Ok(Hook::Expired),
+            result = AssertUnwindSafe(call).catch_unwind() => match result {
+                Ok(Ok(())) => Ok(Hook::Done),
+                Ok(Err(source)) => Err(Failure::Processor { hook: name, source }),
+                Err(panic) => {
+                    let message = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string panic".to_owned());
+                    Err(Failure::Panic { hook: name, message })
+                }
+            },
+        }
     }
 }
 
