@@ -81,6 +81,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod aggregation;
 mod checkpoint;
 mod config;
 pub mod coordination;

@@ -325,6 +325,21 @@ impl Context {
         Ok(())
     }
 
+    /// Writes one record of arbitrary bytes (e.g. a KPL aggregate) with PutRecord; returns
+    /// its shard and sequence number.
+    pub async fn put_bytes(&self, pk: &str, data: &[u8]) -> anyhow::Result<(String, String)> {
+        let out = self
+            .kinesis
+            .put_record()
+            .stream_name(&self.stream)
+            .partition_key(pk)
+            .data(Blob::new(data))
+            .send()
+            .await
+            .context("PutRecord")?;
+        Ok((out.shard_id().to_owned(), out.sequence_number().to_owned()))
+    }
+
     /// Writes one record with PutRecord; returns its shard and sequence number.
     pub async fn put_one(&self, pk: &str, data: &str) -> anyhow::Result<(String, String)> {
         let out = self

@@ -18,12 +18,13 @@ use tokio::time::sleep;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::shard_consumer::Start;
+use crate::aggregation;
 use crate::config::WorkerConfig;
 use crate::error::{BackendError, ErrorKind};
 use crate::metrics;
 use crate::source::{RecordBatch, ShardIterator, ShardSource};
 use crate::task::bounded;
-use crate::types::{ShardId, StartingPosition};
+use crate::types::{ExtendedSequenceNumber, Record, ShardId, StartingPosition};
 
 /// What the fetch loop hands the consumer.
 #[derive(Debug)]
@@ -61,6 +62,7 @@ impl Prefetcher {
             shard,
             position: start.first,
             reopen: Some(start.reopen),
+            skip_through: start.skip_through,
             tx,
             bytes: Arc::new(Semaphore::new(
                 config.max_prefetch_bytes.min(Semaphore::MAX_PERMITS),
@@ -97,6 +99,9 @@ struct FetchLoop<S> {
     position: StartingPosition,
     /// Where to reopen before any record was read; taken at the first open.
     reopen: Option<StartingPosition>,
+    /// Records at or before this were processed before (the checkpoint): dropped. Cleared
+    /// at the first record after it.
+    skip_through: Option<ExtendedSequenceNumber>,
     tx: mpsc::Sender<Fetched>,
     bytes: Arc<Semaphore>,
     budget: usize,
@@ -129,12 +134,13 @@ impl<S: ShardSource> FetchLoop<S> {
                 bounded(self.call_timeout, "get_records", read).await
             };
             match read {
-                Ok(batch) => {
+                Ok(mut batch) => {
                     delays = self.backoff.build();
                     if let Some(last) = batch.records.last() {
                         self.position =
                             StartingPosition::AfterSequence(last.sequence_number.clone());
                     }
+                    batch.records = self.user_records(std::mem::take(&mut batch.records));
                     iterator = batch.next_iterator.clone();
                     let done = iterator.is_none();
                     let empty = batch.records.is_empty();
@@ -176,6 +182,19 @@ impl<S: ShardSource> FetchLoop<S> {
                 }
             }
         }
+    }
+
+    /// The user records of what was read (KPL aggregates split, see [`crate::aggregation`]),
+    /// without those the checkpoint covers.
+    fn user_records(&mut self, records: Vec<Record>) -> Vec<Record> {
+        let mut records = aggregation::deaggregate_all(records);
+        if let Some(done) = &self.skip_through {
+            records.retain(|r| r.position() > *done);
+            if !records.is_empty() {
+                self.skip_through = None;
+            }
+        }
+        records
     }
 
     /// Opens an iterator at the current position. Whatever the outcome, the first open is

@@ -11,6 +11,12 @@
 //! (with the configured time, when the row does not carry one yet), so that all owners read
 //! from the same point whatever their own configuration says. KCL Java's `checkpoint` value
 //! stays `LATEST`/`AT_TIMESTAMP`; the pin is an attribute KCL Java ignores.
+//!
+//! A sequence checkpoint is read from *at* its sequence number, and the fetch loop drops the
+//! records at or before the checkpoint (`skip_through`): a checkpoint in the middle of a KPL
+//! aggregate (sub-sequence `n`) then resumes with its user record `n + 1`, and one at the
+//! first user record of an aggregate (sub-sequence 0, the same number an ordinary record has)
+//! does not skip the rest of the aggregate, as reading *after* the sequence number would.
 
 use chrono::TimeDelta;
 
@@ -19,7 +25,7 @@ use crate::lease::tenure::{Tenure, TenureError};
 use crate::lease::{CheckpointUpdate, Lease};
 use crate::mutation::{self, Mutation};
 use crate::source::ShardSource;
-use crate::types::{Checkpoint, InitialPosition, StartingPosition};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, InitialPosition, StartingPosition};
 
 /// Where the fetch loop opens its first iterator, and where it reopens one before it has read
 /// a record (afterwards it reopens after the last record read).
@@ -27,6 +33,8 @@ use crate::types::{Checkpoint, InitialPosition, StartingPosition};
 pub(crate) struct Start {
     pub(crate) first: StartingPosition,
     pub(crate) reopen: StartingPosition,
+    /// Records at or before this position were processed already: dropped when read.
+    pub(crate) skip_through: Option<ExtendedSequenceNumber>,
 }
 
 impl Start {
@@ -34,6 +42,7 @@ impl Start {
         Self {
             first: position.clone(),
             reopen: position,
+            skip_through: None,
         }
     }
 }
@@ -58,11 +67,11 @@ pub(super) async fn open<S: ShardSource>(
     match (&lease.checkpoint, lease.start_timestamp) {
         (Checkpoint::ShardEnd, _) => Ok(Opened::Finished),
         (Checkpoint::TrimHorizon, _) => at(StartingPosition::TrimHorizon),
-        // A partly processed aggregated record is read again whole: at least once.
-        (Checkpoint::Sequence(s), _) if s.sub_sequence > 0 => {
-            at(StartingPosition::AtSequence(s.sequence.clone()))
-        }
-        (Checkpoint::Sequence(s), _) => at(StartingPosition::AfterSequence(s.sequence.clone())),
+        // At the checkpoint's record, skipping what it covers (see the module docs).
+        (Checkpoint::Sequence(s), _) => Ok(Opened::At(Start {
+            skip_through: Some(s.clone()),
+            ..Start::at(StartingPosition::AtSequence(s.sequence.clone()))
+        })),
         (Checkpoint::Latest, _) if mutation::on(Mutation::LatestUnpinned) => {
             at(StartingPosition::Latest)
         }
@@ -79,6 +88,7 @@ pub(super) async fn open<S: ShardSource>(
             Ok(Opened::At(Start {
                 first: StartingPosition::Latest,
                 reopen: StartingPosition::AtTimestamp(pin),
+                skip_through: None,
             }))
         }
         (Checkpoint::AtTimestamp, None) => match ctx.config.initial_position {

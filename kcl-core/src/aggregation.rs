@@ -1,0 +1,128 @@
+//! KPL aggregation: one Kinesis record carrying many user records.
+//!
+//! The Kinesis Producer Library packs user records into one Kinesis record: the magic bytes
+//! `F3 89 9A C2`, a protobuf `AggregatedRecord` (a table of partition keys, a table of explicit
+//! hash keys, and the records, each naming its keys by index), then the MD5 digest of the
+//! protobuf bytes. [`deaggregate`] turns such a record back into its user records, each with
+//! its own partition key and explicit hash key, the Kinesis record's sequence number and
+//! arrival time, and its index in the aggregate as sub-sequence number, so that a processor
+//! can checkpoint in the middle of an aggregate ([`ExtendedSequenceNumber`](crate::ExtendedSequenceNumber)).
+//!
+//! As KCL Java does: a record without the magic bytes is a user record itself; one with them
+//! but a wrong digest or an unreadable body is passed through whole, as it came; an aggregate
+//! is never dropped.
+
+use bytes::Bytes;
+use md5::{Digest, Md5};
+use prost::Message;
+
+use crate::types::Record;
+
+/// The first bytes of every aggregated record.
+pub const MAGIC: [u8; 4] = [0xF3, 0x89, 0x9A, 0xC2];
+const DIGEST_LEN: usize = 16;
+
+/// The KPL's `AggregatedRecord` message.
+#[derive(Clone, PartialEq, Message)]
+struct AggregatedRecord {
+    #[prost(string, repeated, tag = "1")]
+    partition_key_table: Vec<String>,
+    #[prost(string, repeated, tag = "2")]
+    explicit_hash_key_table: Vec<String>,
+    #[prost(message, repeated, tag = "3")]
+    records: Vec<UserRecord>,
+}
+
+/// One user record inside an [`AggregatedRecord`].
+#[derive(Clone, PartialEq, Message)]
+struct UserRecord {
+    #[prost(uint64, required, tag = "1")]
+    partition_key_index: u64,
+    #[prost(uint64, optional, tag = "2")]
+    explicit_hash_key_index: Option<u64>,
+    #[prost(bytes = "bytes", required, tag = "3")]
+    data: Bytes,
+}
+
+/// Whether `data` starts with the aggregation magic bytes.
+pub fn is_aggregated(data: &[u8]) -> bool {
+    data.starts_with(&MAGIC)
+}
+
+/// The user records in `record`, in order; `record` itself if it is not a valid aggregate.
+///
+/// ```
+/// use kcl_core::{Record, SequenceNumber, aggregation};
+///
+/// let plain = Record::new(SequenceNumber::from(7u128), "key", "not aggregated");
+/// assert_eq!(aggregation::deaggregate(plain.clone()), vec![plain]);
+/// ```
+pub fn deaggregate(record: Record) -> Vec<Record> {
+    match parse(&record.data) {
+        Some(aggregate) => split(&record, aggregate),
+        None => vec![record],
+    }
+}
+
+/// Every record of `records` deaggregated, in order.
+pub fn deaggregate_all(records: Vec<Record>) -> Vec<Record> {
+    if !records.iter().any(|r| is_aggregated(&r.data)) {
+        return records;
+    }
+    records.into_iter().flat_map(deaggregate).collect()
+}
+
+/// The aggregate in `data`, if it has the magic bytes, a body that decodes, and the right
+/// digest; else `None`.
+fn parse(data: &Bytes) -> Option<AggregatedRecord> {
+    if !is_aggregated(data) || data.len() < MAGIC.len() + DIGEST_LEN {
+        return None;
+    }
+    let (body, digest) = data[MAGIC.len()..].split_at(data.len() - MAGIC.len() - DIGEST_LEN);
+    if Md5::digest(body).as_slice() != digest {
+        tracing::debug!("aggregated record with a wrong digest: delivered whole");
+        return None;
+    }
+    match AggregatedRecord::decode(data.slice(MAGIC.len()..data.len() - DIGEST_LEN)) {
+        Ok(aggregate) => Some(aggregate),
+        Err(error) => {
+            tracing::warn!(%error, "aggregated record that does not decode: delivered whole");
+            None
+        }
+    }
+}
+
+/// The user records of `aggregate`, stamped with `outer`'s sequence number and arrival.
+/// A user record naming a key index outside the tables makes the whole aggregate pass
+/// through undivided (the producer wrote something this format does not allow).
+fn split(outer: &Record, aggregate: AggregatedRecord) -> Vec<Record> {
+    let key = |table: &[String], index: u64| {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| table.get(i))
+            .cloned()
+    };
+    let mut records = Vec::with_capacity(aggregate.records.len());
+    for (sub, user) in (0u64..).zip(aggregate.records) {
+        let Some(partition_key) = key(&aggregate.partition_key_table, user.partition_key_index)
+        else {
+            tracing::warn!("aggregated record with a bad partition key index: delivered whole");
+            return vec![outer.clone()];
+        };
+        let mut record = Record::new(outer.sequence_number.clone(), partition_key, user.data)
+            .with_sub_sequence_number(sub)
+            .with_approximate_arrival(outer.approximate_arrival);
+        if let Some(index) = user.explicit_hash_key_index {
+            let Some(hash_key) = key(&aggregate.explicit_hash_key_table, index) else {
+                tracing::warn!("aggregated record with a bad hash key index: delivered whole");
+                return vec![outer.clone()];
+            };
+            record = record.with_explicit_hash_key(hash_key);
+        }
+        records.push(record);
+    }
+    records
+}
+
+#[cfg(test)]
+mod tests;

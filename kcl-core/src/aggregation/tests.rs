@@ -1,0 +1,124 @@
+//! Deaggregation against records made by the reference aggregation library (PyPI
+//! `aws-kinesis-agg` 1.2.3; `tests/fixtures/kpl-aggregated.json`, built by
+//! `tests/fixtures/kpl-make_fixture.py`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use super::*;
+use crate::types::SequenceNumber;
+
+struct Case {
+    name: String,
+    input: Record,
+    expected: Vec<(String, Option<String>, Vec<u8>)>,
+}
+
+fn cases() -> Vec<Case> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/kpl-aggregated.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let decode = |v: &serde_json::Value| STANDARD.decode(v.as_str().unwrap()).unwrap();
+    let text_of = |v: &serde_json::Value| v.as_str().map(str::to_owned);
+    json.as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, case)| {
+            let mut input = Record::new(
+                SequenceNumber::from(1000 + i as u128),
+                text_of(&case["partition_key"]).unwrap(),
+                decode(&case["data_b64"]),
+            );
+            if let Some(key) = text_of(&case["explicit_hash_key"]) {
+                input = input.with_explicit_hash_key(key);
+            }
+            let expected = case["records"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        text_of(&r["partition_key"]).unwrap(),
+                        text_of(&r["explicit_hash_key"]),
+                        decode(&r["data_b64"]),
+                    )
+                })
+                .collect();
+            Case {
+                name: text_of(&case["case"]).unwrap(),
+                input,
+                expected,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_fixture_case_yields_its_user_records_in_order() {
+    let cases = cases();
+    assert_eq!(cases.len(), 9, "the fixture's cases");
+    for case in cases {
+        let out = deaggregate(case.input.clone());
+        assert_eq!(out.len(), case.expected.len(), "{}", case.name);
+        let passes_through = case.name == "plain" || case.name == "bad-md5";
+        for (sub, (record, (key, hash_key, data))) in out.iter().zip(&case.expected).enumerate() {
+            let at = format!("{} record {sub}", case.name);
+            assert_eq!(&record.partition_key, key, "{at}");
+            assert_eq!(record.data.as_ref(), data.as_slice(), "{at}");
+            assert_eq!(record.sequence_number, case.input.sequence_number, "{at}");
+            assert_eq!(
+                record.approximate_arrival, case.input.approximate_arrival,
+                "{at}"
+            );
+            if passes_through {
+                assert_eq!(record, &case.input, "{at}: passed through unchanged");
+            } else {
+                assert_eq!(record.sub_sequence_number, sub as u64, "{at}");
+                assert_eq!(&record.explicit_hash_key, hash_key, "{at}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bad_digest_or_body_passes_the_record_through_whole() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "ten-same-key#0")
+        .unwrap();
+    assert_eq!(deaggregate(case.input.clone()).len(), 10);
+    // One byte of the body changed: the digest no longer matches.
+    let mut data = case.input.data.to_vec();
+    data[MAGIC.len() + 2] ^= 0x01;
+    let tampered = Record::new(case.input.sequence_number.clone(), "orders", data);
+    assert_eq!(deaggregate(tampered.clone()), vec![tampered]);
+    // A body that is not an AggregatedRecord, with a matching digest.
+    let body = b"\xff\xff\xff not protobuf";
+    let mut data = MAGIC.to_vec();
+    data.extend_from_slice(body);
+    data.extend_from_slice(&Md5::digest(body));
+    let garbage = Record::new(case.input.sequence_number.clone(), "orders", data);
+    assert_eq!(deaggregate(garbage.clone()), vec![garbage]);
+    // Too short to hold a digest.
+    let short = Record::new(case.input.sequence_number, "orders", MAGIC.to_vec());
+    assert_eq!(deaggregate(short.clone()), vec![short]);
+}
+
+#[test]
+fn a_batch_keeps_its_order_across_aggregated_and_plain_records() {
+    let cases = cases();
+    let batch: Vec<Record> = cases.iter().map(|c| c.input.clone()).collect();
+    let expected: usize = cases.iter().map(|c| c.expected.len()).sum();
+    let out = deaggregate_all(batch);
+    assert_eq!(out.len(), expected);
+    assert!(
+        out.windows(2).all(|w| w[0].position() < w[1].position()),
+        "positions strictly increase"
+    );
+}
