@@ -9,14 +9,22 @@
 //! can checkpoint in the middle of an aggregate ([`ExtendedSequenceNumber`](crate::ExtendedSequenceNumber)).
 //!
 //! As KCL Java does: a record without the magic bytes is a user record itself; one with them
-//! but a wrong digest or an unreadable body is passed through whole, as it came; an aggregate
-//! is never dropped.
+//! but a wrong digest or an unreadable body is passed through whole, as it came.
+//!
+//! **After a reshard**, also as KCL Java does (its `AggregatorUtil.deaggregate` with the
+//! shard's hash-key range): an aggregate holding a user record whose hash key (the explicit
+//! one, else the MD5 of its partition key) lies outside the shard's range is dropped whole,
+//! with a warning and `kcl_aggregates_dropped_total`. Such an aggregate was put by a producer
+//! whose shard map was stale; the KPL sees the record land in another shard than it predicted
+//! and puts its user records again, so they arrive, in the right shards, a second time.
+//! Producers that aggregate without that retry (other aggregation libraries) lose those
+//! records under KCL Java and here alike: keep their shard maps current.
 
 use bytes::Bytes;
 use md5::{Digest, Md5};
 use prost::Message;
 
-use crate::types::Record;
+use crate::types::{HashKeyRange, Record};
 
 /// The first bytes of every aggregated record.
 pub const MAGIC: [u8; 4] = [0xF3, 0x89, 0x9A, 0xC2];
@@ -50,6 +58,7 @@ pub fn is_aggregated(data: &[u8]) -> bool {
 }
 
 /// The user records in `record`, in order; `record` itself if it is not a valid aggregate.
+/// No hash-key range is checked (see [`deaggregate_for_shard`]).
 ///
 /// ```
 /// use kcl_core::{Record, SequenceNumber, aggregation};
@@ -58,18 +67,51 @@ pub fn is_aggregated(data: &[u8]) -> bool {
 /// assert_eq!(aggregation::deaggregate(plain.clone()), vec![plain]);
 /// ```
 pub fn deaggregate(record: Record) -> Vec<Record> {
-    match parse(&record.data) {
-        Some(aggregate) => split(&record, aggregate),
-        None => vec![record],
-    }
+    deaggregate_in(record, None)
 }
 
-/// Every record of `records` deaggregated, in order.
-pub fn deaggregate_all(records: Vec<Record>) -> Vec<Record> {
+/// Every record of `records` read from a shard serving `range` (if known), deaggregated, in
+/// order; aggregates with a user record outside `range` dropped (see the module docs).
+pub fn deaggregate_for_shard(records: Vec<Record>, range: Option<&HashKeyRange>) -> Vec<Record> {
     if !records.iter().any(|r| is_aggregated(&r.data)) {
         return records;
     }
-    records.into_iter().flat_map(deaggregate).collect()
+    records
+        .into_iter()
+        .flat_map(|r| deaggregate_in(r, range))
+        .collect()
+}
+
+fn deaggregate_in(record: Record, range: Option<&HashKeyRange>) -> Vec<Record> {
+    let Some(aggregate) = parse(&record.data) else {
+        return vec![record];
+    };
+    let users = split(&record, aggregate);
+    if let Some(range) = range
+        && let Some(outside) = users
+            .iter()
+            .find(|u| !range.contains(effective_hash_key(u)))
+    {
+        tracing::warn!(
+            sequence = %record.sequence_number,
+            user_records = users.len(),
+            partition_key = %outside.partition_key,
+            "aggregated record with a user record outside this shard's hash-key range \
+             (a producer's stale shard map): dropped whole, as KCL Java does"
+        );
+        ::metrics::counter!(crate::metrics::AGGREGATES_DROPPED).increment(1);
+        return Vec::new();
+    }
+    users
+}
+
+/// Where Kinesis routes a user record: its explicit hash key, else the MD5 digest of its
+/// partition key as a 128-bit number. An explicit key that is not a number counts as 0.
+fn effective_hash_key(record: &Record) -> u128 {
+    match &record.explicit_hash_key {
+        Some(key) => key.parse().unwrap_or(0),
+        None => u128::from_be_bytes(Md5::digest(record.partition_key.as_bytes()).into()),
+    }
 }
 
 /// The aggregate in `data`, if it has the magic bytes, a body that decodes, and the right

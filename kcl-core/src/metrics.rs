@@ -40,6 +40,10 @@ pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
 
+/// Aggregated records dropped because a user record in them lies outside the shard's
+/// hash-key range (counter; see [`crate::aggregation`]).
+pub const AGGREGATES_DROPPED: &str = "kcl_aggregates_dropped_total";
+
 /// Lease-table requests that reached the table (counter, `operation`: see
 /// [`Operation`](crate::lease::usage::Operation)).
 pub const STORE_REQUESTS: &str = "kcl_lease_store_requests_total";
@@ -51,7 +55,7 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 16] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 17] = [
     (
         RECORDS,
         Kind::Counter,
@@ -125,6 +129,12 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 16] = [
         "Processor failures (error or panic) that restarted a shard",
     ),
     (
+        AGGREGATES_DROPPED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "KPL aggregates dropped: a user record outside the shard's hash-key range",
+    ),
+    (
         THROTTLED,
         Kind::Counter,
         Some(Unit::Count),
@@ -193,6 +203,7 @@ pub(crate) fn refresh_worker_series() {
         LEASES_LOST,
         CHECKPOINTS,
         PROCESSOR_FAILURES,
+        AGGREGATES_DROPPED,
     ] {
         ::metrics::counter!(name).increment(0);
     }

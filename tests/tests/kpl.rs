@@ -1,6 +1,8 @@
 //! KPL-aggregated records, made by the reference aggregation library, put into a stream on
 //! the emulator and read back by a worker process through kcl-aws: every user record comes
-//! out, with its own partition key, in order.
+//! out, with its own partition key, in order. One shard: the library aggregates without a
+//! shard map, so on a stream of several shards an aggregate whose keys span shards would be
+//! dropped by the hash-key-range check, as KCL Java drops it (see `kcl_core::aggregation`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -50,7 +52,7 @@ async fn aggregated_records_come_out_as_their_user_records() -> anyhow::Result<(
 }
 
 async fn run(ctx: Context) -> anyhow::Result<()> {
-    ctx.create_stream(2).await?;
+    ctx.create_stream(1).await?;
     let mut expected = Vec::new();
     for name in ["ten-same-key#0", "many-keys#0", "single#0"] {
         let (pk, data, users) = case(name);

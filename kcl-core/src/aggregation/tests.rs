@@ -115,10 +115,80 @@ fn a_batch_keeps_its_order_across_aggregated_and_plain_records() {
     let cases = cases();
     let batch: Vec<Record> = cases.iter().map(|c| c.input.clone()).collect();
     let expected: usize = cases.iter().map(|c| c.expected.len()).sum();
-    let out = deaggregate_all(batch);
+    let out = deaggregate_for_shard(batch, None);
     assert_eq!(out.len(), expected);
     assert!(
         out.windows(2).all(|w| w[0].position() < w[1].position()),
         "positions strictly increase"
+    );
+}
+
+#[test]
+fn an_aggregate_with_a_user_record_outside_the_shards_range_is_dropped_whole() {
+    let cases = cases();
+    let case = cases
+        .iter()
+        .find(|c| c.name == "explicit-hash-keys#0")
+        .unwrap();
+    let keys: Vec<u128> = case
+        .expected
+        .iter()
+        .map(|(_, key, _)| key.as_deref().unwrap().parse().unwrap())
+        .collect();
+    let (low, high) = (*keys.iter().min().unwrap(), *keys.iter().max().unwrap());
+    assert!(low < high, "the fixture's keys spread over a range");
+    let deagg = |range: HashKeyRange| deaggregate_for_shard(vec![case.input.clone()], Some(&range));
+    // A shard serving every key of the aggregate: all 64 user records.
+    assert_eq!(
+        deagg(HashKeyRange {
+            start: low,
+            end: high
+        })
+        .len(),
+        64
+    );
+    assert_eq!(deagg(HashKeyRange::FULL).len(), 64);
+    // A child shard that lost the top key to its sibling: the whole aggregate goes.
+    assert!(
+        deagg(HashKeyRange {
+            start: low,
+            end: high - 1
+        })
+        .is_empty()
+    );
+    assert!(
+        deagg(HashKeyRange {
+            start: low + 1,
+            end: high
+        })
+        .is_empty()
+    );
+    // Without a known range nothing is checked.
+    assert_eq!(
+        deaggregate_for_shard(vec![case.input.clone()], None).len(),
+        64
+    );
+
+    // Partition keys count by their MD5: "orders" routes to exactly its own hash.
+    let orders = cases.iter().find(|c| c.name == "ten-same-key#0").unwrap();
+    let hash = u128::from_be_bytes(Md5::digest(b"orders").into());
+    let only = HashKeyRange {
+        start: hash,
+        end: hash,
+    };
+    assert_eq!(
+        deaggregate_for_shard(vec![orders.input.clone()], Some(&only)).len(),
+        10
+    );
+    let beside = HashKeyRange {
+        start: hash.wrapping_add(1),
+        end: u128::MAX,
+    };
+    assert!(deaggregate_for_shard(vec![orders.input.clone()], Some(&beside)).is_empty());
+    // An ordinary record is never checked: Kinesis put it in this shard.
+    let plain = cases.iter().find(|c| c.name == "plain").unwrap();
+    assert_eq!(
+        deaggregate_for_shard(vec![plain.input.clone()], Some(&beside)).len(),
+        1
     );
 }

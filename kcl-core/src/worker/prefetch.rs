@@ -16,6 +16,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::sleep;
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument as _;
 
 use super::shard_consumer::Start;
 use crate::aggregation;
@@ -24,7 +25,7 @@ use crate::error::{BackendError, ErrorKind};
 use crate::metrics;
 use crate::source::{RecordBatch, ShardIterator, ShardSource};
 use crate::task::bounded;
-use crate::types::{ExtendedSequenceNumber, Record, ShardId, StartingPosition};
+use crate::types::{ExtendedSequenceNumber, HashKeyRange, Record, ShardId, StartingPosition};
 
 /// What the fetch loop hands the consumer.
 #[derive(Debug)]
@@ -51,6 +52,7 @@ impl Prefetcher {
         source: Arc<S>,
         reads: Arc<Semaphore>,
         shard: ShardId,
+        range: Option<HashKeyRange>,
         start: Start,
         config: &WorkerConfig,
         seed: u64,
@@ -63,6 +65,7 @@ impl Prefetcher {
             position: start.first,
             reopen: Some(start.reopen),
             skip_through: start.skip_through,
+            range,
             tx,
             bytes: Arc::new(Semaphore::new(
                 config.max_prefetch_bytes.min(Semaphore::MAX_PERMITS),
@@ -80,7 +83,8 @@ impl Prefetcher {
         };
         Self {
             rx,
-            _task: AbortOnDropHandle::new(crate::task::spawn(fetch.run())),
+            // In the shard's span, so that its logs say which shard.
+            _task: AbortOnDropHandle::new(crate::task::spawn(fetch.run().in_current_span())),
         }
     }
 
@@ -102,6 +106,9 @@ struct FetchLoop<S> {
     /// Records at or before this were processed before (the checkpoint): dropped. Cleared
     /// at the first record after it.
     skip_through: Option<ExtendedSequenceNumber>,
+    /// The shard's hash-key range, if the lease knows it: KPL aggregates holding user
+    /// records outside it are dropped (see [`crate::aggregation`]).
+    range: Option<HashKeyRange>,
     tx: mpsc::Sender<Fetched>,
     bytes: Arc<Semaphore>,
     budget: usize,
@@ -187,7 +194,7 @@ impl<S: ShardSource> FetchLoop<S> {
     /// The user records of what was read (KPL aggregates split, see [`crate::aggregation`]),
     /// without those the checkpoint covers.
     fn user_records(&mut self, records: Vec<Record>) -> Vec<Record> {
-        let mut records = aggregation::deaggregate_all(records);
+        let mut records = aggregation::deaggregate_for_shard(records, self.range.as_ref());
         if let Some(done) = &self.skip_through {
             records.retain(|r| r.position() > *done);
             if !records.is_empty() {

@@ -52,6 +52,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
         ctx.source.clone(),
         ctx.reads.clone(),
         lease.key.clone(),
+        lease.hash_key_range,
         start,
         &ctx.config,
         seed,
