@@ -61,6 +61,13 @@ pub struct WorkerConfig {
     /// `idleTimeBetweenReadsInMillis`; Kinesis allows 5 reads per shard per second).
     #[serde(with = "humantime_serde")]
     pub idle_time_between_reads: Duration,
+    /// When set, a shard that has delivered nothing for this long gets a `process_records`
+    /// call with an empty batch, and again every such interval while it stays quiet, so that
+    /// a processor that checkpoints "every N records or T seconds" can checkpoint on a shard
+    /// that went quiet. Default none: batches are never empty (KCL Java
+    /// `callProcessRecordsEvenForEmptyRecordList`, there on every empty read).
+    #[serde(with = "humantime_serde")]
+    pub empty_batch_interval: Option<Duration>,
     /// How often a child shard checks whether its parents have finished. Default 1 s (KCL Java:
     /// 10 s `parentShardPollIntervalMillis`, which delays every resharding by that much).
     #[serde(with = "humantime_serde")]
@@ -219,6 +226,7 @@ impl Default for WorkerConfig {
             initial_position: InitialPosition::TrimHorizon,
             max_records: 10_000,
             idle_time_between_reads: Duration::from_secs(1),
+            empty_batch_interval: None,
             parent_poll_interval: Duration::from_secs(1),
             max_prefetch_batches: 3,
             max_prefetch_bytes: 8 << 20,
@@ -297,6 +305,8 @@ impl WorkerConfig {
         max_records: u32,
         /// Sets [`WorkerConfig::idle_time_between_reads`].
         idle_time_between_reads: Duration,
+        /// Sets [`WorkerConfig::empty_batch_interval`].
+        empty_batch_interval: Option<Duration>,
         /// Sets [`WorkerConfig::parent_poll_interval`].
         parent_poll_interval: Duration,
         /// Sets [`WorkerConfig::max_prefetch_batches`].
@@ -357,6 +367,9 @@ impl WorkerConfig {
             if value.is_zero() {
                 return err(key, "must be above zero");
             }
+        }
+        if self.empty_batch_interval.is_some_and(|d| d.is_zero()) {
+            return err("empty_batch_interval", "must be above zero when set");
         }
         if self.lease_cleanup_delay < self.failover_time {
             return err("lease_cleanup_delay", "must be at least failover_time");

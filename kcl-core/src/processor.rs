@@ -23,7 +23,9 @@ pub struct InitializationInput {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ProcessRecordsInput {
-    /// The records, in sequence order. Never empty.
+    /// The records, in sequence order. Never empty, unless
+    /// [`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval) is
+    /// set: then an empty batch says the shard has been quiet that long.
     pub records: Vec<Record>,
     /// How far behind the newest record of the shard this batch is, if known.
     pub millis_behind_latest: Option<u64>,

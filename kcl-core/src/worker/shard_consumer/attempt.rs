@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 
 use super::position::{self, Opened};
 use super::{Control, Failure, Hook, ShardContext, Stop, hook};
@@ -172,7 +172,15 @@ async fn process<S: ShardSource>(
 ) -> Result<Stop, Failure> {
     let mut metrics = ShardMetrics::new(tenure.shard());
     let mut refresh = tokio::time::interval(ctx.config.taker_interval);
+    let quiet_after = ctx.config.empty_batch_interval;
+    let mut quiet_at = quiet_after.map(|d| Instant::now() + d);
     loop {
+        let quiet = async {
+            match quiet_at {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let fetched = tokio::select! {
             biased;
             () = tenure.lost_token().cancelled() => return Ok(Stop::Lost),
@@ -182,7 +190,15 @@ async fn process<S: ShardSource>(
                 metrics.refresh();
                 continue;
             }
+            () = quiet => {
+                if let Hook::Expired = deliver_nothing(tenure, processor, checkpointer).await? {
+                    return Ok(Stop::Lost);
+                }
+                quiet_at = quiet_after.map(|d| Instant::now() + d);
+                continue;
+            }
         };
+        quiet_at = quiet_after.map(|d| Instant::now() + d);
         let (batch, bytes) = match fetched {
             Some(Fetched::Batch { batch, bytes, .. }) => (batch, bytes),
             Some(Fetched::Failed(e)) if e.kind() == ErrorKind::NotFound => {
@@ -215,6 +231,26 @@ async fn process<S: ShardSource>(
             return Ok(Stop::ShardEnd);
         }
     }
+}
+
+/// An empty batch, for a processor that checkpoints on time as well as on count
+/// ([`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval)).
+async fn deliver_nothing(
+    tenure: &Tenure,
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+) -> Result<Hook, Failure> {
+    if !tenure.is_valid() && !mutation::on(Mutation::SkipValidityCheck) {
+        tenure.mark_lost();
+        return Ok(Hook::Expired);
+    }
+    let input = ProcessRecordsInput::new(Vec::new(), None);
+    hook(
+        tenure,
+        "process_records",
+        processor.process_records(input, checkpointer),
+    )
+    .await
 }
 
 /// Hands one batch to the processor.
