@@ -162,15 +162,10 @@ fn hint(code: Option<&str>, detail: &str) -> Option<&'static str> {
              or a role (IRSA, ECS task role, instance profile)",
         );
     }
-    let unreachable = [
-        "connect",
-        "dns error",
-        "timed out",
-        "timeout",
-        "connection refused",
-    ]
-    .iter()
-    .any(|needle| lower.contains(needle));
+    // "connect" covers "tcp connect error" and "Connection refused".
+    let unreachable = ["connect", "dns error", "timed out", "timeout"]
+        .iter()
+        .any(|needle| lower.contains(needle));
     unreachable.then_some(
         "check the endpoint and region (AWS_REGION; AWS_ENDPOINT_URL_KINESIS and \
          AWS_ENDPOINT_URL_DYNAMODB for an emulator) and the network",

@@ -369,25 +369,24 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// without credentials says so once instead of every few seconds.
     fn problem(&self, what: &str, error: &(dyn std::error::Error + 'static)) {
         let text = format!("{what}: {}", crate::error::error_chain(error));
-        let new = self.status.borrow().problem.as_ref() != Some(&text);
-        if new {
-            tracing::warn!(problem = %text, "retrying quietly while this lasts");
-        } else {
+        if self.status.borrow().problem.as_ref() == Some(&text) {
             tracing::debug!(problem = %text, "still failing");
+            return;
         }
-        self.status.send_if_modified(|s| {
-            let changed = s.problem.as_ref() != Some(&text);
-            s.problem = Some(text);
-            changed
-        });
+        tracing::warn!(problem = %text, "retrying quietly while this lasts");
+        self.status.send_modify(|s| s.problem = Some(text));
     }
 
     /// Calls to the lease table succeed again.
     fn solved(&self) {
-        if let Some(problem) = self.status.borrow().problem.clone() {
+        let mut solved = None;
+        self.status.send_if_modified(|s| {
+            solved = s.problem.take();
+            solved.is_some()
+        });
+        if let Some(problem) = solved {
             tracing::info!(%problem, "recovered");
         }
-        self.status.send_if_modified(|s| s.problem.take().is_some());
     }
 
     /// A shard task started: `Status.held` says so at once, not at the end of the cycle.

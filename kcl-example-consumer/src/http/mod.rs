@@ -71,11 +71,10 @@ pub(crate) fn install_metrics(stale_after: Duration) -> anyhow::Result<Prometheu
     Ok(handle)
 }
 
-/// kcl's metrics describe themselves (`kcl_core::metrics::describe`, also done by the worker
-/// when it starts); the process metrics (CPU seconds, resident memory, open file descriptors,
-/// threads, start time) are this binary's.
+/// The process metrics (CPU seconds, resident memory, open file descriptors, threads, start
+/// time) are this binary's to describe; kcl's own describe themselves when the worker starts
+/// (`kcl_core::metrics::describe`).
 fn describe() {
-    kcl_core::metrics::describe();
     process_collector().describe();
 }
 

@@ -214,9 +214,7 @@ async fn process<S: ShardSource>(
                 )));
             }
         };
-        // Fencing in time: deliver nothing once another worker could have taken the lease.
-        if !tenure.is_valid() && !mutation::on(Mutation::SkipValidityCheck) {
-            tenure.mark_lost();
+        if past_validity(tenure) {
             return Ok(Stop::Lost);
         }
         let end = batch.next_iterator.is_none();
@@ -233,6 +231,16 @@ async fn process<S: ShardSource>(
     }
 }
 
+/// Fencing in time: true (and the lease marked lost) once another worker could have taken
+/// the lease, so that nothing more is delivered.
+fn past_validity(tenure: &Tenure) -> bool {
+    if !tenure.is_valid() && !mutation::on(Mutation::SkipValidityCheck) {
+        tenure.mark_lost();
+        return true;
+    }
+    false
+}
+
 /// An empty batch, for a processor that checkpoints on time as well as on count
 /// ([`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval)).
 async fn deliver_nothing(
@@ -240,8 +248,7 @@ async fn deliver_nothing(
     processor: &mut impl RecordProcessor,
     checkpointer: &mut Checkpointer,
 ) -> Result<Hook, Failure> {
-    if !tenure.is_valid() && !mutation::on(Mutation::SkipValidityCheck) {
-        tenure.mark_lost();
+    if past_validity(tenure) {
         return Ok(Hook::Expired);
     }
     let input = ProcessRecordsInput::new(Vec::new(), None);
