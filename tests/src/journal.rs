@@ -23,6 +23,8 @@ pub struct Event {
     pub shard: Option<String>,
     /// Record or checkpoint sequence number.
     pub seq: Option<String>,
+    /// Sub-sequence number of a record (its index inside a KPL aggregate, else 0).
+    pub sub: Option<u64>,
     /// Partition key of a record.
     pub pk: Option<String>,
     /// Payload of a record (UTF-8); of a `batch` line, its first record's.

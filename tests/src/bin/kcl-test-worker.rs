@@ -2,7 +2,7 @@
 //!
 //! Runs one [`kcl_core::Worker`] on the AWS backends (endpoints, region and credentials from
 //! the standard environment) and appends what happens to a JSONL file, one object a line:
-//! `started`, `init`, `record` (shard, sequence number, partition key, data), `checkpoint`,
+//! `started`, `init`, `record` (shard, sequence and sub-sequence number, partition key, data), `checkpoint`,
 //! `checkpoint_failed`, `shard_end`, `shutdown_checkpoint`, `lease_lost`, `stopped`. Every
 //! line carries the worker id, a global line number and a wall-clock time in milliseconds.
 //! A record's line is written (and flushed) before the batch is checkpointed, so a killed
@@ -22,8 +22,9 @@ use std::time::Duration;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, Coordination, InitialPosition, InitializationInput,
-    Liveness, ProcessRecordsInput, RecordProcessor, ShardId, Worker, WorkerConfig,
+    BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
+    InitializationInput, Liveness, ProcessRecordsInput, RecordProcessor, ShardId, Worker,
+    WorkerConfig,
 };
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -67,6 +68,13 @@ struct Args {
     /// Sleep this long in each batch before checkpointing, in milliseconds.
     #[arg(long, default_value_t = 0)]
     batch_delay_ms: u64,
+    /// Sleep this long after journaling each record, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    record_delay_ms: u64,
+    /// Also checkpoint at every N-th record of the shard (inside batches, so inside KPL
+    /// aggregates); 0: never.
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
     /// Where a shard without a checkpoint starts: `trim-horizon` or `latest`.
     #[arg(long, default_value = "trim-horizon")]
     initial_position: String,
@@ -124,6 +132,10 @@ struct Recorder {
     journal: Journal,
     batch_checkpoint: bool,
     batch_delay: Duration,
+    record_delay: Duration,
+    checkpoint_every: u64,
+    /// Records of this shard delivered to this processor.
+    seen: u64,
     journal_batches: bool,
 }
 
@@ -132,9 +144,17 @@ impl Recorder {
         &self,
         checkpointer: &mut Checkpointer,
         event: &str,
+        position: Option<ExtendedSequenceNumber>,
     ) -> Result<(), BoxError> {
-        let at = checkpointer.last_delivered().map(ToString::to_string);
-        match checkpointer.checkpoint().await {
+        let at = position
+            .as_ref()
+            .or(checkpointer.last_delivered())
+            .map(ToString::to_string);
+        let result = match position {
+            Some(position) => checkpointer.checkpoint_at(position).await,
+            None => checkpointer.checkpoint().await,
+        };
+        match result {
             Ok(()) => {
                 self.journal
                     .write(event, json!({"shard": self.shard.as_str(), "seq": at}));
@@ -182,16 +202,25 @@ impl RecordProcessor for Recorder {
                 json!({
                     "shard": self.shard.as_str(),
                     "seq": record.sequence_number.as_str(),
+                    "sub": record.sub_sequence_number,
                     "pk": record.partition_key,
                     "data": String::from_utf8_lossy(&record.data),
                 }),
             );
+            if !self.record_delay.is_zero() {
+                tokio::time::sleep(self.record_delay).await;
+            }
+            self.seen += 1;
+            if self.checkpoint_every > 0 && self.seen % self.checkpoint_every == 0 {
+                self.checkpoint(checkpointer, "checkpoint", Some(record.position()))
+                    .await?;
+            }
         }
         if !self.batch_delay.is_zero() {
             tokio::time::sleep(self.batch_delay).await;
         }
         if self.batch_checkpoint {
-            self.checkpoint(checkpointer, "checkpoint").await?;
+            self.checkpoint(checkpointer, "checkpoint", None).await?;
         }
         Ok(())
     }
@@ -204,14 +233,15 @@ impl RecordProcessor for Recorder {
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
         self.journal
             .write("shard_end", json!({"shard": self.shard.as_str()}));
-        self.checkpoint(checkpointer, "checkpoint").await
+        self.checkpoint(checkpointer, "checkpoint", None).await
     }
 
     async fn shutdown_requested(
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        self.checkpoint(checkpointer, "shutdown_checkpoint").await
+        self.checkpoint(checkpointer, "shutdown_checkpoint", None)
+            .await
     }
 }
 
@@ -274,12 +304,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let journal = journal.clone();
         let batch_checkpoint = !args.no_batch_checkpoint;
         let batch_delay = Duration::from_millis(args.batch_delay_ms);
+        let record_delay = Duration::from_millis(args.record_delay_ms);
+        let checkpoint_every = args.checkpoint_every;
         let journal_batches = args.journal_batches;
         move |shard: &ShardId| Recorder {
             shard: shard.clone(),
             journal: journal.clone(),
             batch_checkpoint,
             batch_delay,
+            record_delay,
+            checkpoint_every,
+            seen: 0,
             journal_batches,
         }
     };
