@@ -211,7 +211,7 @@ impl RecordProcessor for Recorder {
                 tokio::time::sleep(self.record_delay).await;
             }
             self.seen += 1;
-            if self.checkpoint_every > 0 && self.seen % self.checkpoint_every == 0 {
+            if self.checkpoint_every > 0 && self.seen.is_multiple_of(self.checkpoint_every) {
                 self.checkpoint(checkpointer, "checkpoint", Some(record.position()))
                     .await?;
             }
