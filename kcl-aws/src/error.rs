@@ -13,6 +13,7 @@ use std::fmt::Display;
 
 use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_smithy_types::event_stream::RawMessage;
 use kcl_core::{BackendError, ErrorKind};
 
 /// What an SDK error means, independent of the service and operation.
@@ -81,11 +82,9 @@ impl Cause {
     }
 
     /// Classifies any SDK error of either client.
-    pub(crate) fn of<E: ProvideErrorMetadata>(err: &SdkError<E, HttpResponse>) -> Self {
+    pub(crate) fn of<E: ProvideErrorMetadata, R: Raw>(err: &SdkError<E, R>) -> Self {
         match err {
-            SdkError::ServiceError(ctx) => {
-                Self::from_code(ctx.err().code(), Some(ctx.raw().status().as_u16()))
-            }
+            SdkError::ServiceError(ctx) => Self::from_code(ctx.err().code(), ctx.raw().status()),
             // No request was sent: a bug or a missing setting (region, credentials).
             SdkError::ConstructionFailure(_) => Self::Invalid,
             // Timeouts, connection failures and unparseable answers: the call may be retried.
@@ -110,6 +109,26 @@ impl Cause {
     }
 }
 
+/// What an error came with: an HTTP response, or a message of an event stream.
+pub(crate) trait Raw: std::fmt::Debug + Send + Sync + 'static {
+    /// The HTTP status that classifies an error with an unknown code.
+    fn status(&self) -> Option<u16>;
+}
+
+impl Raw for HttpResponse {
+    fn status(&self) -> Option<u16> {
+        Some(self.status().as_u16())
+    }
+}
+
+impl Raw for RawMessage {
+    /// An error inside an event stream (a `SubscribeToShard` subscription) comes after the
+    /// call succeeded: like a 5xx, an unknown one is worth a new subscription.
+    fn status(&self) -> Option<u16> {
+        Some(500)
+    }
+}
+
 /// Converts an SDK error into the core's error. `what` names the resource (table or stream)
 /// and appears in the message, so that "not found" says what was not found.
 ///
@@ -118,10 +137,10 @@ impl Cause {
 /// not also attached as `source()`, so that a printed chain says everything once.
 // By value, as `map_err` hands it over; nothing of it is kept.
 #[allow(clippy::needless_pass_by_value)]
-pub(crate) fn backend_error<E>(
+pub(crate) fn backend_error<E, R: Raw>(
     operation: &'static str,
     what: impl Display,
-    err: SdkError<E, HttpResponse>,
+    err: SdkError<E, R>,
 ) -> BackendError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,

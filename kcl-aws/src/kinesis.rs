@@ -1,4 +1,5 @@
-//! [`KinesisShardSource`]: the polling Kinesis API (ListShards, GetShardIterator, GetRecords).
+//! [`KinesisShardSource`]: the Kinesis API the worker reads with: ListShards, GetShardIterator
+//! and GetRecords, or RegisterStreamConsumer and SubscribeToShard for enhanced fan-out.
 //!
 //! Why it is written the way it is:
 //! - `ListShards` pages with `NextToken` **alone**: AWS rejects a request that carries both a
@@ -9,8 +10,9 @@
 //!   KMS throttling) as `Throttled` (it backs off), and a missing stream as a fatal error
 //!   that names the stream.
 //! - Shard end is what Kinesis says it is: a null `NextShardIterator`, with `ChildShards`.
-//! - Records are not de-aggregated: KPL aggregated records arrive as one record with
-//!   sub-sequence number 0.
+//! - Records are not de-aggregated here: KPL aggregated records arrive as one record with
+//!   sub-sequence number 0, and the worker splits them (`kcl_core::aggregation`).
+//! - Enhanced fan-out (`register_consumer`, `subscribe`) lives in `fan_out`.
 
 use std::fmt;
 
@@ -21,8 +23,8 @@ use aws_sdk_kinesis::types::{self as sdk, ShardIteratorType};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use kcl_core::{
-    BackendError, ErrorKind, HashKeyRange, Record, RecordBatch, SequenceNumber, Shard, ShardId,
-    ShardIterator, ShardSource, StartingPosition,
+    BackendError, ConsumerId, ErrorKind, HashKeyRange, Record, RecordBatch, SequenceNumber, Shard,
+    ShardId, ShardIterator, ShardSource, StartingPosition, Subscription,
 };
 
 use crate::error::{ParseError, backend_error};
@@ -191,41 +193,16 @@ impl ShardSource for KinesisShardSource {
             .send()
             .await
             .map_err(|e| backend_error("get_records", &self.stream, e))?;
-        let mut records = Vec::with_capacity(out.records.len());
-        for record in out.records {
-            let sequence_number = SequenceNumber::parse(record.sequence_number.as_str())
-                .ok_or_else(|| {
-                    BackendError::new(
-                        ErrorKind::Fatal,
-                        "get_records",
-                        format!(
-                            "{}: invalid sequence number `{}`",
-                            self.stream, record.sequence_number
-                        ),
-                    )
-                })?;
-            let arrival = record
-                .approximate_arrival_timestamp
-                .as_ref()
-                .and_then(from_sdk_time)
-                .unwrap_or_else(Utc::now);
-            records.push(
-                Record::new(
-                    sequence_number,
-                    record.partition_key.unwrap_or_default(),
-                    Bytes::from(record.data.into_inner()),
-                )
-                .with_approximate_arrival(arrival),
-            );
-        }
-        let mut child_shards = Vec::new();
-        for child in out.child_shards.unwrap_or_default() {
-            child_shards.push(
-                convert_child(&child).map_err(|e| {
-                    invalid_answer("get_records", &self.stream, &child.shard_id, &e)
-                })?,
-            );
-        }
+        let records = out
+            .records
+            .into_iter()
+            .map(|r| convert_record(r, "get_records", &self.stream))
+            .collect::<Result<_, _>>()?;
+        let child_shards = convert_children(
+            out.child_shards.as_deref().unwrap_or_default(),
+            "get_records",
+            &self.stream,
+        )?;
         Ok(RecordBatch {
             records,
             next_iterator: out.next_shard_iterator.map(ShardIterator),
@@ -233,6 +210,63 @@ impl ShardSource for KinesisShardSource {
             child_shards,
         })
     }
+
+    async fn register_consumer(&self, name: &str) -> Result<ConsumerId, BackendError> {
+        fan_out::register(self, name).await
+    }
+
+    async fn subscribe(
+        &self,
+        consumer: &ConsumerId,
+        shard: &ShardId,
+        position: &StartingPosition,
+    ) -> Result<Subscription, BackendError> {
+        fan_out::subscribe(self, consumer, shard, position).await
+    }
+}
+
+/// A record of a `GetRecords` answer or a subscription event.
+fn convert_record(
+    record: sdk::Record,
+    operation: &'static str,
+    stream: &StreamRef,
+) -> Result<Record, BackendError> {
+    let sequence_number =
+        SequenceNumber::parse(record.sequence_number.as_str()).ok_or_else(|| {
+            BackendError::new(
+                ErrorKind::Fatal,
+                operation,
+                format!(
+                    "{stream}: invalid sequence number `{}`",
+                    record.sequence_number
+                ),
+            )
+        })?;
+    let arrival = record
+        .approximate_arrival_timestamp
+        .as_ref()
+        .and_then(from_sdk_time)
+        .unwrap_or_else(Utc::now);
+    Ok(Record::new(
+        sequence_number,
+        record.partition_key.unwrap_or_default(),
+        Bytes::from(record.data.into_inner()),
+    )
+    .with_approximate_arrival(arrival))
+}
+
+/// The shards that continue a closed shard, from its last answer or event.
+fn convert_children(
+    children: &[sdk::ChildShard],
+    operation: &'static str,
+    stream: &StreamRef,
+) -> Result<Vec<Shard>, BackendError> {
+    children
+        .iter()
+        .map(|child| {
+            convert_child(child).map_err(|e| invalid_answer(operation, stream, &child.shard_id, &e))
+        })
+        .collect()
 }
 
 fn invalid_answer(
@@ -299,5 +333,6 @@ fn from_sdk_time(at: &SdkDateTime) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp(at.secs(), at.subsec_nanos())
 }
 
+mod fan_out;
 #[cfg(test)]
 mod tests;

@@ -101,15 +101,15 @@ mod worker;
 pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
-pub use config::{Coordination, Liveness, MAX_DURATION, WorkerConfig};
+pub use config::{Coordination, Liveness, MAX_DURATION, Retrieval, WorkerConfig};
 pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
 };
 pub use lease::{CheckpointUpdate, Lease, LeaseStore};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
-pub use source::{RecordBatch, Shard, ShardIterator, ShardSource};
+pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 pub use types::{
-    Checkpoint, ExtendedSequenceNumber, HashKeyRange, InitialPosition, Record, SequenceNumber,
-    ShardId, StartingPosition, WorkerId,
+    Checkpoint, ConsumerId, ExtendedSequenceNumber, HashKeyRange, InitialPosition, Record,
+    SequenceNumber, ShardId, StartingPosition, WorkerId,
 };
 pub use worker::{Phase, ShutdownHandle, Signals, Status, Worker, WorkerBuilder};

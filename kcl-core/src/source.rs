@@ -1,15 +1,24 @@
 //! Where records come from: the [`ShardSource`] trait.
 //!
-//! It is the polling half of the Kinesis API, reduced to what a shard consumer needs. The
-//! worker never sees SDK types: `kcl-aws` implements this trait on aws-sdk-kinesis and the
-//! [`memory`](crate::memory) module implements it in process for tests.
+//! It is the Kinesis API reduced to what a shard consumer needs: polling (`GetShardIterator`,
+//! `GetRecords`) and, for [`Retrieval::FanOut`](crate::Retrieval::FanOut), enhanced fan-out
+//! (`RegisterStreamConsumer`, `SubscribeToShard`). The worker never sees SDK types: `kcl-aws`
+//! implements this trait on aws-sdk-kinesis and the [`memory`](crate::memory) module
+//! implements it in process for tests and the simulation.
+//!
+//! A subscription is a stream of events that the source ends by itself (Kinesis ends each
+//! after 5 minutes); the worker then subscribes again after the last event's continuation
+//! sequence number, so a renewal neither skips nor repeats a record. It pulls the next event
+//! only when the last one found room in its prefetch buffer: a slow processor slows the
+//! subscription down (HTTP/2 flow control on Kinesis) instead of growing memory.
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
+use futures_util::stream::BoxStream;
 
-use crate::error::BackendError;
-use crate::types::{HashKeyRange, Record, ShardId, StartingPosition};
+use crate::error::{BackendError, ErrorKind};
+use crate::types::{ConsumerId, HashKeyRange, Record, SequenceNumber, ShardId, StartingPosition};
 
 /// A shard as listed by the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +50,24 @@ pub struct RecordBatch {
     pub child_shards: Vec<Shard>,
 }
 
+/// One event of a [`Subscription`], as `SubscribeToShard` pushes it.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionEvent {
+    /// The records, in sequence order; empty in a heartbeat event.
+    pub records: Vec<Record>,
+    /// A new subscription continues after this sequence number. `None` once a closed shard
+    /// has been read to its end; `child_shards` then says which shards continue it.
+    pub continuation: Option<SequenceNumber>,
+    /// How far the shard's newest record is ahead of this event, if the source knows.
+    pub millis_behind_latest: Option<u64>,
+    /// At shard end: the shards that continue this one.
+    pub child_shards: Vec<Shard>,
+}
+
+/// The events of one subscription to a shard, in order. It ends (`None`) when the source
+/// ends it, which Kinesis does every 5 minutes; an error ends it too.
+pub type Subscription = BoxStream<'static, Result<SubscriptionEvent, BackendError>>;
+
 /// Lists shards and reads their records.
 ///
 /// Implementations classify failures with [`ErrorKind`](crate::ErrorKind): throttling as
@@ -64,6 +91,32 @@ pub trait ShardSource: Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<RecordBatch, BackendError>> + Send;
 
+    /// Registers the enhanced fan-out consumer `name` on the stream, or finds it if it is
+    /// registered already, and returns once it can subscribe (ACTIVE on Kinesis). Called once
+    /// when a worker in [`Retrieval::FanOut`](crate::Retrieval::FanOut) mode starts; a
+    /// transient error is retried. The default: the source cannot do fan-out (`Fatal`).
+    fn register_consumer(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<ConsumerId, BackendError>> + Send {
+        let error = no_fan_out("register_consumer", name);
+        async move { Err(error) }
+    }
+
+    /// Subscribes `consumer` to `shard` from `position`. Throttling (Kinesis allows one
+    /// subscription per shard and consumer every 5 seconds) is `Throttled`, like any read's.
+    /// The default: the source cannot do fan-out (`Fatal`).
+    fn subscribe(
+        &self,
+        consumer: &ConsumerId,
+        shard: &ShardId,
+        position: &StartingPosition,
+    ) -> impl Future<Output = Result<Subscription, BackendError>> + Send {
+        let _ = (shard, position);
+        let error = no_fan_out("subscribe", consumer.as_str());
+        async move { Err(error) }
+    }
+
     /// The time on the clock that stamps records' `approximate_arrival`, as near as this host
     /// can tell. The worker pins `LATEST` starts with it (see
     /// [`WorkerConfig::max_clock_skew`](crate::WorkerConfig::max_clock_skew)). Default: this
@@ -71,4 +124,12 @@ pub trait ShardSource: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc> {
         Utc::now()
     }
+}
+
+fn no_fan_out(operation: &'static str, consumer: &str) -> BackendError {
+    BackendError::new(
+        ErrorKind::Fatal,
+        operation,
+        format!("consumer {consumer}: this source does not support enhanced fan-out"),
+    )
 }

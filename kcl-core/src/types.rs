@@ -57,6 +57,11 @@ string_id!(
     /// The identity of one worker process; the `leaseOwner` of the leases it holds.
     WorkerId
 );
+string_id!(
+    /// An enhanced fan-out consumer of a stream, as the source names it once registered (its
+    /// ARN on Kinesis); see [`ShardSource::subscribe`](crate::ShardSource::subscribe).
+    ConsumerId
+);
 
 impl WorkerId {
     /// `<hostname>-<pid>-<4 random hex digits>`, the default id of a worker: readable in
@@ -299,6 +304,19 @@ pub enum StartingPosition {
     AtSequence(SequenceNumber),
     /// Just after this record.
     AfterSequence(SequenceNumber),
+}
+
+/// As Kinesis names the iterator types: `AFTER_SEQUENCE_NUMBER 4968…`.
+impl fmt::Display for StartingPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TrimHorizon => f.write_str("TRIM_HORIZON"),
+            Self::Latest => f.write_str("LATEST"),
+            Self::AtTimestamp(at) => write!(f, "AT_TIMESTAMP {}", at.to_rfc3339()),
+            Self::AtSequence(seq) => write!(f, "AT_SEQUENCE_NUMBER {seq}"),
+            Self::AfterSequence(seq) => write!(f, "AFTER_SEQUENCE_NUMBER {seq}"),
+        }
+    }
 }
 
 /// The inclusive range of 128-bit hash keys a shard serves.

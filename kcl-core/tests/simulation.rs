@@ -149,8 +149,13 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .filter(|(_, o)| o.stats.heartbeat > 0)
         .map(|(_, o)| o.violations.len())
         .sum();
+    let fan_out_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.fan_out > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
     println!(
-        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations), {violations} violations of [{}], {records} records",
+        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations; retrieval: polling {} seeds {} violations, fan-out {} seeds {fan_out_violations} violations), {violations} violations of [{}], {records} records",
         results.len(),
         stats.latest,
         stats.at_timestamp,
@@ -163,6 +168,9 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         violations - heartbeat_violations,
         stats.heartbeat,
         stats.mixed,
+        results.len() - stats.fan_out,
+        violations - fan_out_violations,
+        stats.fan_out,
         INVARIANTS.join(", ")
     );
     violations

@@ -159,6 +159,18 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) liveness: String,
 
+    /// How records are read: `polling` (GetRecords, pausing `idle-time-between-reads` after
+    /// an empty answer) or `fan-out` (enhanced fan-out: a stream consumer named after the
+    /// application pushes records as they arrive; extra AWS cost per consumer-shard hour and
+    /// per GB, at most 20 consumers a stream).
+    #[arg(
+        long,
+        env = "KCL_RETRIEVAL",
+        value_name = "MODE",
+        default_value = "polling"
+    )]
+    pub(crate) retrieval: String,
+
     /// A lease not renewed for this long is taken over by another worker (renewals happen
     /// every third of it).
     #[arg(

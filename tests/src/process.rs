@@ -33,6 +33,12 @@ pub fn liveness() -> String {
     std::env::var("KCL_TEST_LIVENESS").unwrap_or_else(|_| "per-lease".to_owned())
 }
 
+/// How worker processes read: `KCL_TEST_RETRIEVAL` (`polling`, the default, or `fan-out`),
+/// so that `scripts/test` runs the fleet tests with enhanced fan-out too.
+pub fn retrieval() -> String {
+    std::env::var("KCL_TEST_RETRIEVAL").unwrap_or_else(|_| "polling".to_owned())
+}
+
 impl WorkerProcess {
     /// Starts `bin` (pass `env!("CARGO_BIN_EXE_kcl-test-worker")`) as worker `id` on the
     /// context's stream and table, with `extra` command-line arguments.
@@ -71,6 +77,12 @@ impl WorkerProcess {
             .args(
                 (!extra.contains(&"--liveness"))
                     .then(|| ["--liveness".to_owned(), liveness()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(
+                (!extra.contains(&"--retrieval"))
+                    .then(|| ["--retrieval".to_owned(), retrieval()])
                     .into_iter()
                     .flatten(),
             )

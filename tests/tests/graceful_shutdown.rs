@@ -42,7 +42,6 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     let (mut a, mut b, _) = balanced_pair(WORKER, &ctx, 8, 40, &args).await?;
 
     let producer = Producer::start(&ctx, "live", 8, Duration::from_millis(200));
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let held_by_b: Vec<String> = ctx
         .owners()
         .await?
@@ -51,6 +50,25 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         .map(|(k, _)| k)
         .collect();
     assert_eq!(held_by_b.len(), 4);
+    // Until worker-b delivers live records on each of its shards (under fan-out a shard
+    // handed over may wait up to 5 s: one subscription per shard and consumer every 5 s).
+    wait_until(
+        "worker-b to deliver live records on its 4 shards",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            let events = b.events()?;
+            Ok(held_by_b.iter().all(|shard| {
+                events.iter().any(|e| {
+                    e.event == "record"
+                        && e.shard.as_ref() == Some(shard)
+                        && e.data.as_deref().is_some_and(|d| d.starts_with("live"))
+                })
+            }))
+        },
+    )
+    .await
+    .map_err(|e| e.context(b.log_tail()))?;
     b.terminate()?;
     let termed = Instant::now();
     let took = wait_until(

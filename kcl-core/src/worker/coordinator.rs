@@ -626,6 +626,7 @@ mod tests {
             worker.source.clone(),
             worker.factory.clone(),
             worker.config.clone(),
+            None,
         ));
         let mut state = Coordinator::new();
         let mut lease = Lease::new(

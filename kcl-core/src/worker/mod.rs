@@ -16,6 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::{Instant, Interval, MissedTickBehavior, sleep, sleep_until};
 use tracing::Instrument;
@@ -24,12 +25,12 @@ use self::coordinator::Coordinator;
 use self::shard_consumer::{Exit, ShardContext};
 use crate::config::WorkerConfig;
 use crate::coordination::is_coordination_key;
-use crate::error::{ConfigError, Error};
+use crate::error::{BackendError, ConfigError, Error};
 use crate::lease::LeaseStore;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
-use crate::types::{ShardId, WorkerId};
+use crate::types::{ConsumerId, ShardId, WorkerId};
 
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -151,12 +152,16 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         if !self.ensure_table(&mut beat).await? {
             return Ok(());
         }
+        let Some(consumer) = self.ensure_consumer(&mut beat).await? else {
+            return Ok(());
+        };
         self.status.send_modify(|s| s.phase = Phase::Running);
         tracing::info!("worker started");
         let ctx = Arc::new(ShardContext::new(
             self.source.clone(),
             self.factory.clone(),
             self.config.clone(),
+            consumer,
         ));
         let mut state = Coordinator::new();
         if self.config.coordination == crate::Coordination::Leader {
@@ -331,26 +336,56 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Creates the lease table, retrying transient failures. False if shut down meanwhile.
     async fn ensure_table(&self, beat: &mut Interval) -> Result<bool, Error> {
+        // Not bounded by the call timeout: a new table may take minutes to become usable.
+        let ready = self.until_ready(beat, "the lease table is not usable yet", || {
+            Box::pin(self.store.ensure_table())
+        });
+        Ok(ready.await.map_err(Error::Store)?.is_some())
+    }
+
+    /// Under [`Retrieval::FanOut`](crate::Retrieval::FanOut), registers the stream consumer
+    /// (or finds it) and waits until it can subscribe, retrying transient failures. `Ok(None)`
+    /// if shut down meanwhile; `Ok(Some(None))` when polling.
+    async fn ensure_consumer(
+        &self,
+        beat: &mut Interval,
+    ) -> Result<Option<Option<ConsumerId>>, Error> {
+        let crate::Retrieval::FanOut { consumer_name } = &self.config.retrieval else {
+            return Ok(Some(None));
+        };
+        // Not bounded by the call timeout either: registering takes seconds on Kinesis.
+        let ready = self.until_ready(beat, "the stream consumer is not usable yet", || {
+            Box::pin(self.source.register_consumer(consumer_name))
+        });
+        let consumer = ready.await.map_err(Error::Source)?;
+        if let Some(id) = &consumer {
+            tracing::info!(consumer = %id, "reading with enhanced fan-out");
+        }
+        Ok(consumer.map(Some))
+    }
+
+    /// Calls `op` until it succeeds or fails for good, with backoff between transient
+    /// failures (kept in [`Status::problem`] meanwhile). `Ok(None)` if shut down meanwhile.
+    async fn until_ready<'a, T>(
+        &'a self,
+        beat: &mut Interval,
+        what: &str,
+        mut op: impl FnMut() -> BoxFuture<'a, Result<T, BackendError>>,
+    ) -> Result<Option<T>, BackendError> {
         let mut delays = self.backoff().build();
         loop {
-            // Not bounded by the call timeout: a new table may take minutes to become usable.
-            match self
-                .interruptible(beat, Box::pin(self.store.ensure_table()))
-                .await
-            {
-                None => return Ok(false),
-                Some(Ok(())) => {
+            match self.interruptible(beat, op()).await {
+                None => return Ok(None),
+                Some(Ok(value)) => {
                     self.solved();
-                    return Ok(true);
+                    return Ok(Some(value));
                 }
-                Some(Err(e)) if e.kind().is_transient() => {
-                    self.problem("the lease table is not usable yet", &e);
-                }
-                Some(Err(e)) => return Err(Error::Store(e)),
+                Some(Err(e)) if e.kind().is_transient() => self.problem(what, &e),
+                Some(Err(e)) => return Err(e),
             }
             let pause = sleep(delays.next().unwrap_or(self.config.max_backoff));
             if self.interruptible(beat, pause).await.is_none() {
-                return Ok(false);
+                return Ok(None);
             }
         }
     }

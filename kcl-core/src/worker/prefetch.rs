@@ -9,23 +9,37 @@
 //! bounded by the call timeout, and holds one of the worker's `max_concurrent_reads` permits
 //! while in flight: a worker holding many shards keeps as many connections and in-flight
 //! responses as that, not one per shard.
+//!
+//! Under [`Retrieval::FanOut`](crate::Retrieval::FanOut) the same loop reads a subscription
+//! instead: it pulls the next event only once the last one found room in the buffer, renews
+//! the subscription after the last continuation sequence number when the source ends it (every
+//! 5 minutes on Kinesis), when it fails, or when it stays silent for the call timeout (Kinesis
+//! pushes an event at least every 5 seconds), and backs off when subscribing is throttled
+//! (one subscription per shard and consumer every 5 seconds). `max_concurrent_reads` bounds
+//! the subscribe calls, not the open subscriptions, which share the client's connections.
 
 use std::sync::Arc;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures_util::StreamExt as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::sleep;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument as _;
 
-use super::shard_consumer::Start;
+use super::shard_consumer::{ShardContext, Start};
 use crate::aggregation;
 use crate::config::WorkerConfig;
 use crate::error::{BackendError, ErrorKind};
 use crate::metrics;
-use crate::source::{RecordBatch, ShardIterator, ShardSource};
+use crate::source::{RecordBatch, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 use crate::task::bounded;
-use crate::types::{ExtendedSequenceNumber, HashKeyRange, Record, ShardId, StartingPosition};
+use crate::types::{
+    ConsumerId, ExtendedSequenceNumber, HashKeyRange, Record, ShardId, StartingPosition,
+};
+
+/// The longest pause between throttled subscribe calls.
+const SUBSCRIBE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the fetch loop hands the consumer.
 #[derive(Debug)]
@@ -48,19 +62,18 @@ pub(crate) struct Prefetcher {
 }
 
 impl Prefetcher {
-    pub(crate) fn spawn<S: ShardSource>(
-        source: Arc<S>,
-        reads: Arc<Semaphore>,
+    pub(crate) fn spawn<S: ShardSource, F>(
+        ctx: &ShardContext<S, F>,
         shard: ShardId,
         range: Option<HashKeyRange>,
         start: Start,
-        config: &WorkerConfig,
         seed: u64,
     ) -> Self {
+        let config: &WorkerConfig = &ctx.config;
         let (tx, rx) = mpsc::channel(config.max_prefetch_batches);
         let fetch = FetchLoop {
-            source,
-            reads,
+            source: ctx.source.clone(),
+            reads: ctx.reads.clone(),
             shard,
             position: start.first,
             reopen: Some(start.reopen),
@@ -81,10 +94,14 @@ impl Prefetcher {
                 .with_jitter_seed(seed)
                 .without_max_times(),
         };
+        // In the shard's span, so that its logs say which shard.
+        let task = match ctx.consumer.clone() {
+            Some(consumer) => crate::task::spawn(fetch.subscribed(consumer).in_current_span()),
+            None => crate::task::spawn(fetch.polled().in_current_span()),
+        };
         Self {
             rx,
-            // In the shard's span, so that its logs say which shard.
-            _task: AbortOnDropHandle::new(crate::task::spawn(fetch.run().in_current_span())),
+            _task: AbortOnDropHandle::new(task),
         }
     }
 
@@ -119,7 +136,8 @@ struct FetchLoop<S> {
 }
 
 impl<S: ShardSource> FetchLoop<S> {
-    async fn run(mut self) {
+    /// Reads with `GetRecords`.
+    async fn polled(mut self) {
         let mut iterator: Option<ShardIterator> = None;
         let mut delays = self.backoff.build();
         loop {
@@ -149,26 +167,8 @@ impl<S: ShardSource> FetchLoop<S> {
                     }
                     batch.records = self.user_records(std::mem::take(&mut batch.records));
                     iterator = batch.next_iterator.clone();
-                    let done = iterator.is_none();
                     let empty = batch.records.is_empty();
-                    if !empty || done {
-                        let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
-                        let want = u32::try_from(bytes.clamp(1, self.budget)).unwrap_or(u32::MAX);
-                        let permit = self.bytes.clone().acquire_many_owned(want).await.ok();
-                        if self
-                            .tx
-                            .send(Fetched::Batch {
-                                batch,
-                                bytes,
-                                _permit: permit,
-                            })
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    if done {
+                    if !self.pass_on(batch).await || iterator.is_none() {
                         return;
                     }
                     if empty {
@@ -191,6 +191,98 @@ impl<S: ShardSource> FetchLoop<S> {
         }
     }
 
+    /// Reads with `SubscribeToShard` (see the module docs).
+    async fn subscribed(mut self, consumer: ConsumerId) {
+        let mut delays = self.backoff.build();
+        loop {
+            let mut events = match self.subscribe(&consumer).await {
+                Ok(events) => events,
+                Err(e) if e.kind().is_transient() => {
+                    // Most likely the shard's previous owner subscribed less than 5 s ago, or
+                    // its subscription is still open (a handoff): try again every second
+                    // rather than back off further.
+                    if e.kind() == ErrorKind::Throttled {
+                        ::metrics::counter!(metrics::THROTTLED, "operation" => e.operation())
+                            .increment(1);
+                    }
+                    tracing::debug!(error = %e, "subscribing failed; trying again");
+                    let delay = delays.next().unwrap_or(SUBSCRIBE_RETRY);
+                    sleep(delay.min(SUBSCRIBE_RETRY)).await;
+                    continue;
+                }
+                Err(e) => {
+                    if !self.pause_after(e, &mut delays).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            loop {
+                match tokio::time::timeout(self.call_timeout, events.next()).await {
+                    Ok(Some(Ok(event))) => {
+                        delays = self.backoff.build();
+                        let end = event.continuation.is_none();
+                        let batch = self.batch_of(event);
+                        if !self.pass_on(batch).await || end {
+                            return;
+                        }
+                    }
+                    Ok(Some(Err(e))) => {
+                        drop(events);
+                        if !self.pause_after(e, &mut delays).await {
+                            return;
+                        }
+                        break;
+                    }
+                    // Ended by the source (its lifetime is over): renew at once.
+                    Ok(None) => {
+                        tracing::info!(from = %self.position, "subscription ended; renewing it");
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::debug!("the subscription went silent; renewing it");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// An event as a batch: its user records, and its continuation as the place to go on.
+    fn batch_of(&mut self, event: SubscriptionEvent) -> RecordBatch {
+        if let Some(continuation) = &event.continuation {
+            self.position = StartingPosition::AfterSequence(continuation.clone());
+        }
+        RecordBatch {
+            records: self.user_records(event.records),
+            // Only its presence matters to the consumer: `None` is the shard's end.
+            next_iterator: event
+                .continuation
+                .map(|c| ShardIterator(c.as_str().to_owned())),
+            millis_behind_latest: event.millis_behind_latest,
+            child_shards: event.child_shards,
+        }
+    }
+
+    /// Hands a batch to the consumer if it has records or ends the shard, once the buffer has
+    /// room for it. False if the consumer is gone.
+    async fn pass_on(&self, batch: RecordBatch) -> bool {
+        if batch.records.is_empty() && batch.next_iterator.is_some() {
+            return true;
+        }
+        let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
+        let want = u32::try_from(bytes.clamp(1, self.budget)).unwrap_or(u32::MAX);
+        let permit = self.bytes.clone().acquire_many_owned(want).await.ok();
+        self.tx
+            .send(Fetched::Batch {
+                batch,
+                bytes,
+                _permit: permit,
+            })
+            .await
+            .is_ok()
+    }
+
     /// The user records of what was read (KPL aggregates split, see [`crate::aggregation`]),
     /// without those the checkpoint covers.
     fn user_records(&mut self, records: Vec<Record>) -> Vec<Record> {
@@ -211,6 +303,20 @@ impl<S: ShardSource> FetchLoop<S> {
             let _turn = self.reads.acquire().await;
             let call = self.source.shard_iterator(&self.shard, &self.position);
             bounded(self.call_timeout, "shard_iterator", call).await
+        };
+        if let Some(reopen) = self.reopen.take() {
+            self.position = reopen;
+        }
+        result
+    }
+
+    /// Subscribes at the current position; like [`open`](Self::open), the first subscription
+    /// is the last one at the start position.
+    async fn subscribe(&mut self, consumer: &ConsumerId) -> Result<Subscription, BackendError> {
+        let result = {
+            let _turn = self.reads.acquire().await;
+            let call = self.source.subscribe(consumer, &self.shard, &self.position);
+            bounded(self.call_timeout, "subscribe", call).await
         };
         if let Some(reopen) = self.reopen.take() {
             self.position = reopen;

@@ -10,7 +10,8 @@ use kcl_core::coordination::is_coordination_key;
 use kcl_core::lease::sync::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    Coordination, InitialPosition, LeaseStore, Liveness, Record, ShardId, ShardSource, WorkerConfig,
+    Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, ShardId, ShardSource,
+    WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -62,6 +63,8 @@ pub struct Stats {
     pub heartbeat: usize,
     /// Of those, seeds where every other worker renewed per lease.
     pub mixed: usize,
+    /// Seeds read with enhanced fan-out (subscriptions) instead of polling.
+    pub fan_out: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -100,6 +103,7 @@ impl std::ops::AddAssign for Stats {
         self.without_feed += o.without_feed;
         self.heartbeat += o.heartbeat;
         self.mixed += o.mixed;
+        self.fan_out += o.fan_out;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -147,10 +151,25 @@ pub async fn simulate(seed: u64) -> Outcome {
     };
     let faults = Faults::seeded(seed.wrapping_mul(31).wrapping_add(7));
     let stream = MemoryStream::with_faults(rng.random_range(1..=16u32), faults.clone());
+    // A third of the seeds read with subscriptions, whose lifetime (5 minutes on Kinesis) is
+    // short enough that they are renewed during the run. Drawn apart, so that the
+    // scenario's own draws stay as they were.
+    let mut reading = StdRng::seed_from_u64(seed ^ 0x00fa_0017);
+    let fan_out = reading.random_ratio(1, 3);
+    let retrieval = if fan_out {
+        stream
+            .set_subscription_lifetime(Duration::from_millis(reading.random_range(1_000..=20_000)));
+        Retrieval::FanOut {
+            consumer_name: "simulation".to_owned(),
+        }
+    } else {
+        Retrieval::Polling
+    };
     let mut stats = Stats {
         led: usize::from(led),
         heartbeat: usize::from(heartbeat),
         mixed: usize::from(mixed),
+        fan_out: usize::from(fan_out),
         planned: usize::from(planned),
         ..Stats::default()
     };
@@ -183,7 +202,8 @@ pub async fn simulate(seed: u64) -> Outcome {
         config: config()
             .initial_position(position)
             .coordination(coordination)
-            .liveness(liveness),
+            .liveness(liveness)
+            .retrieval(retrieval),
         stream: stream.clone(),
         store,
         faults: faults.clone(),

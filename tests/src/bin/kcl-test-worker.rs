@@ -23,8 +23,8 @@ use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
-    InitializationInput, Liveness, ProcessRecordsInput, RecordProcessor, ShardId, Worker,
-    WorkerConfig,
+    InitializationInput, Liveness, ProcessRecordsInput, RecordProcessor, Retrieval, ShardId,
+    Worker, WorkerConfig,
 };
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -84,6 +84,12 @@ struct Args {
     /// `per-lease` or `heartbeat`.
     #[arg(long, default_value = "per-lease")]
     liveness: String,
+    /// `polling` or `fan-out` (a stream consumer named after the table).
+    #[arg(long, default_value = "polling")]
+    retrieval: String,
+    /// The call timeout in milliseconds (also how long a subscription may stay silent).
+    #[arg(long, default_value_t = 15_000)]
+    call_timeout_ms: u64,
     /// Journal one `batch` line per batch (shard, record count, first record's payload)
     /// instead of a line per record: for measuring the worker's own cost.
     #[arg(long)]
@@ -278,6 +284,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "heartbeat" => Liveness::Heartbeat,
         other => anyhow::bail!("invalid --liveness {other}"),
     };
+    let retrieval = match args.retrieval.as_str() {
+        "polling" => Retrieval::Polling,
+        "fan-out" => Retrieval::FanOut {
+            consumer_name: args.table.clone(),
+        },
+        other => anyhow::bail!("invalid --retrieval {other}"),
+    };
     let leader = coordination == Coordination::Leader;
     let mut store = DynamoDbLeaseStore::new(&sdk, args.table.clone()).with_owner_index(leader);
     if leader {
@@ -295,6 +308,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .shutdown_timeout(Duration::from_secs(10))
         .coordination(coordination)
         .liveness(liveness)
+        .retrieval(retrieval)
+        .call_timeout(Duration::from_millis(args.call_timeout_ms))
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,

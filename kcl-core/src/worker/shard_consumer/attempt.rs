@@ -48,15 +48,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     tracing::info!(checkpoint = %lease.checkpoint, "processing shard");
 
     // Processing.
-    let prefetch = Prefetcher::spawn(
-        ctx.source.clone(),
-        ctx.reads.clone(),
-        lease.key.clone(),
-        lease.hash_key_range,
-        start,
-        &ctx.config,
-        seed,
-    );
+    let prefetch = Prefetcher::spawn(ctx, lease.key.clone(), lease.hash_key_range, start, seed);
     let stop = match process(
         ctx,
         tenure,

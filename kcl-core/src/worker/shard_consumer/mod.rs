@@ -43,7 +43,7 @@ use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
-use crate::types::{ShardId, WorkerId};
+use crate::types::{ConsumerId, ShardId, WorkerId};
 
 /// What every shard task of a worker shares.
 #[derive(Debug)]
@@ -53,10 +53,17 @@ pub(crate) struct ShardContext<S, F> {
     pub(crate) config: Arc<WorkerConfig>,
     /// The worker's reads in flight ([`WorkerConfig::max_concurrent_reads`]).
     pub(crate) reads: Arc<tokio::sync::Semaphore>,
+    /// The registered fan-out consumer, under [`Retrieval::FanOut`](crate::Retrieval).
+    pub(crate) consumer: Option<ConsumerId>,
 }
 
 impl<S, F> ShardContext<S, F> {
-    pub(crate) fn new(source: Arc<S>, factory: Arc<F>, config: Arc<WorkerConfig>) -> Self {
+    pub(crate) fn new(
+        source: Arc<S>,
+        factory: Arc<F>,
+        config: Arc<WorkerConfig>,
+        consumer: Option<ConsumerId>,
+    ) -> Self {
         let reads = config
             .max_concurrent_reads
             .min(tokio::sync::Semaphore::MAX_PERMITS);
@@ -65,6 +72,7 @@ impl<S, F> ShardContext<S, F> {
             factory,
             config,
             reads: Arc::new(tokio::sync::Semaphore::new(reads)),
+            consumer,
         }
     }
 }

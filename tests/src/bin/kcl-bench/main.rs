@@ -17,6 +17,9 @@
 //! - **End to end**: records per second through a worker against a bare `GetRecords` loop
 //!   over the same records (same batch size), on a fresh and on an existing lease table.
 //!
+//! - **Latency** (`--only latency`): put → `process_records` with polling (pause after an empty
+//!   read 1 s, the default, and 200 ms) and with enhanced fan-out.
+//!
 //! - **RSS by shards** (`--only rss`, not in the default run): peak RSS of a worker holding 1,
 //!   25 and 100 idle shards, to tell what a worker costs at rest from what a shard adds.
 //!
@@ -27,6 +30,7 @@
 
 mod failover;
 mod footprint;
+mod latency;
 
 use std::time::Duration;
 
@@ -54,11 +58,14 @@ fn options() -> anyhow::Result<Options> {
                     .context("--runs N")?;
             }
             "--only" => {
-                options.only = Some(args.next().context("--only failover|footprint|e2e|rss")?);
+                options.only = Some(
+                    args.next()
+                        .context("--only failover|footprint|e2e|rss|latency")?,
+                );
             }
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--runs N, --only failover|footprint|e2e|rss)"
+                    "unknown argument {other} (--runs N, --only failover|footprint|e2e|rss|latency)"
                 )
             }
         }
@@ -112,6 +119,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("footprint") || options.only.as_deref() == Some("e2e") {
         footprint::e2e_table(&worker, options.runs).await?;
+    }
+    if wanted("latency") {
+        latency::table(&worker, options.runs).await?;
     }
     if options.only.as_deref() == Some("rss") {
         footprint::rss_table(&worker, options.runs).await?;

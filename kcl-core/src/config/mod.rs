@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::ConfigError;
 use crate::types::InitialPosition;
 
+mod modes;
+
+pub use modes::{Coordination, Liveness, Retrieval};
+
 /// How a [`Worker`](crate::Worker) coordinates and consumes.
 ///
 /// Every default says where it comes from. Where we depart from KCL Java it is to fail over
@@ -119,62 +123,10 @@ pub struct WorkerConfig {
     /// What proves a holder alive. Default [`Liveness::PerLease`] (KCL Java's rule: every
     /// held lease is renewed every `renew_interval`).
     pub liveness: Liveness,
-}
-
-/// What proves that the owner of a lease is alive, and so what holding leases costs.
-///
-/// Either way a lease moves only by a conditional write, checkpoints stay fenced on owner and
-/// counter, and a holder stops delivering once it could not prove itself alive within 0.9 ×
-/// the failover time. Workers of both kinds can share a table: a lease is expired only when
-/// its own counter *and* its owner's heartbeat row (if it has one) stood still for the
-/// failover time. See `docs/design/coordination.md`, "Heartbeats".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum Liveness {
-    /// The default, as KCL Java: each held lease is renewed (its counter bumped) every
-    /// `renew_interval`, one write per lease.
-    #[default]
-    PerLease,
-    /// One heartbeat row per worker (`kcl-coordination/worker/<id>`) is renewed every
-    /// `renew_interval` (half the failover time, as the [`WorkerConfig::liveness`] setter
-    /// derives it); leases are written only when taken, checkpointed, handed off or
-    /// released, so a worker costs one write per interval whatever it holds. Whoever takes
-    /// the leases of a worker whose heartbeat stopped first releases that row, conditionally
-    /// on the counter it watched stand still, so that the worker can never renew it again.
-    /// Needs every worker sharing the table to be kcl 0.2 or later (KCL Java and kcl 0.1
-    /// judge a lease by its own counter only, and would take these leases from a live
-    /// owner).
-    Heartbeat,
-}
-
-/// Who in a fleet reads the whole lease table, and so what the table costs.
-///
-/// Safety does not depend on the choice: every take, handoff and checkpoint is a conditional
-/// write whatever the mode, and workers of both modes can share a table (during a rolling
-/// change, for example). See `docs/design/coordination.md` for the design and its costs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum Coordination {
-    /// Every worker reads the whole table each taker interval, takes available leases for
-    /// itself and asks loaded workers for handoffs. Reads grow with workers × shards: 1.4×
-    /// KCL Java 3.x's bill at 10 workers, 5.3× at 100 (`docs/benchmarks.md`).
-    EveryWorker,
-    /// The default. One elected worker, the leader, follows the whole table each taker
-    /// interval (through the table's change feed, [`LeaseStore::changes`], where the store
-    /// has one, with a full read every few minutes; else by reading it), syncs shards, takes
-    /// leases that lost their owner, assigns new ones, and balances the fleet by asking
-    /// owners for handoffs; a standby follows it too, so that it can act at once if the
-    /// leader dies. The others read only which leases name them (`LeaseStore::owned_by`,
-    /// every half failover time) and learn of handoff requests from their renewals. Reads
-    /// grow with shards, not workers × shards; the bill is KCL Java 3.x's or below. Without
-    /// a leader the fleet keeps processing what it holds; workers that hold nothing look for
-    /// work themselves every few intervals.
-    ///
-    /// [`LeaseStore::changes`]: crate::LeaseStore::changes
-    #[default]
-    Leader,
+    /// How records are read. Default [`Retrieval::Polling`] (`GetRecords`, as KCL Java 1.x
+    /// and KCL Java 2.x's polling mode; fan-out is KCL Java 2.x's default, here an opt-in,
+    /// because each stream consumer costs extra on AWS).
+    pub retrieval: Retrieval,
 }
 
 /// The longest duration any setting may have: far beyond any useful value, and small enough
@@ -238,6 +190,7 @@ impl Default for WorkerConfig {
             max_clock_skew: Duration::from_secs(2),
             coordination: Coordination::Leader,
             liveness: Liveness::PerLease,
+            retrieval: Retrieval::Polling,
         }
     }
 }
@@ -327,6 +280,8 @@ impl WorkerConfig {
         max_clock_skew: Duration,
         /// Sets [`WorkerConfig::coordination`].
         coordination: Coordination,
+        /// Sets [`WorkerConfig::retrieval`].
+        retrieval: Retrieval,
     }
 
     /// Every duration field with its key.
@@ -370,6 +325,18 @@ impl WorkerConfig {
         }
         if self.empty_batch_interval.is_some_and(|d| d.is_zero()) {
             return err("empty_batch_interval", "must be above zero when set");
+        }
+        if let Retrieval::FanOut { consumer_name } = &self.retrieval {
+            let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+            if consumer_name.is_empty()
+                || consumer_name.len() > 128
+                || !consumer_name.chars().all(valid)
+            {
+                return err(
+                    "retrieval.consumer_name",
+                    "must be 1 to 128 characters of a-z, A-Z, 0-9, `_`, `.` and `-` (the Kinesis rule)",
+                );
+            }
         }
         if self.lease_cleanup_delay < self.failover_time {
             return err("lease_cleanup_delay", "must be at least failover_time");
@@ -420,6 +387,19 @@ mod tests {
         assert!(e.is_some_and(|e| e.to_string().contains("max_records")));
         let c = WorkerConfig::default().taker_interval(Duration::ZERO);
         assert_eq!(c.validate().map_err(|e| e.key), Err("taker_interval"));
+        for name in ["", "has space", &"x".repeat(129)] {
+            let c = WorkerConfig::default().retrieval(Retrieval::FanOut {
+                consumer_name: name.to_owned(),
+            });
+            assert_eq!(
+                c.validate().map_err(|e| e.key),
+                Err("retrieval.consumer_name")
+            );
+        }
+        let c = WorkerConfig::default().retrieval(Retrieval::FanOut {
+            consumer_name: "my-app_1.v2".to_owned(),
+        });
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]

@@ -1,23 +1,43 @@
 //! An in-memory Kinesis stream: shards with hash-key ranges, splits and merges, and shard
-//! iterators that end a closed shard with its children, as Kinesis does.
+//! iterators that end a closed shard with its children, as Kinesis does; and enhanced
+//! fan-out subscriptions ([`subscription`]) with Kinesis's lifetime and throttling rules.
+
+mod subscription;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use tokio::time::Instant;
+use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
 
 use super::faults::Faults;
 use crate::error::{BackendError, ErrorKind};
-use crate::source::{RecordBatch, Shard, ShardIterator, ShardSource};
-use crate::types::{HashKeyRange, Record, SequenceNumber, ShardId, StartingPosition};
+use crate::source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription};
+use crate::types::{ConsumerId, HashKeyRange, Record, SequenceNumber, ShardId, StartingPosition};
 
 #[derive(Debug)]
 struct MemShard {
     shard: Shard,
     records: Vec<Record>,
     children: Vec<ShardId>,
+    /// Below every record's sequence number: the continuation of a subscription that has
+    /// seen none.
+    starting: SequenceNumber,
+}
+
+/// What one read from a shard found.
+#[derive(Debug)]
+struct Read {
+    records: Vec<Record>,
+    /// The index after the last record read.
+    next: usize,
+    /// The sequence number before `next` (or the shard's starting one).
+    continuation: SequenceNumber,
+    millis_behind_latest: Option<u64>,
+    /// At the end of a closed shard: its children.
+    end: Option<Vec<Shard>>,
 }
 
 #[derive(Debug)]
@@ -29,6 +49,10 @@ struct State {
     start: Instant,
     /// Per shard, the index of the first record the first iterator opened on it pointed at.
     first_open: BTreeMap<ShardId, usize>,
+    /// When each consumer last subscribed to each shard.
+    subscribed: BTreeMap<(ConsumerId, ShardId), Instant>,
+    /// How long a subscription lasts.
+    subscription_lifetime: Duration,
 }
 
 impl State {
@@ -41,15 +65,94 @@ impl State {
             hash_key_range: range,
             closed: false,
         };
+        let starting = sequence(self.next_sequence - 1);
         self.shards.insert(
             id.clone(),
             MemShard {
                 shard,
                 records: Vec::new(),
                 children: Vec::new(),
+                starting,
             },
         );
         id
+    }
+
+    /// Where an iterator or subscription at `position` starts in `shard`, and notes the first.
+    fn start_index(
+        &mut self,
+        shard: &ShardId,
+        position: &StartingPosition,
+        operation: &'static str,
+    ) -> Result<usize, BackendError> {
+        let Some(m) = self.shards.get(shard) else {
+            return Err(BackendError::new(
+                ErrorKind::NotFound,
+                operation,
+                format!("no shard {shard}"),
+            ));
+        };
+        let index = match position {
+            StartingPosition::TrimHorizon => 0,
+            StartingPosition::Latest => m.records.len(),
+            StartingPosition::AtTimestamp(t) => {
+                m.records.partition_point(|r| r.approximate_arrival < *t)
+            }
+            StartingPosition::AtSequence(q) => {
+                m.records.partition_point(|r| r.sequence_number < *q)
+            }
+            StartingPosition::AfterSequence(q) => {
+                m.records.partition_point(|r| r.sequence_number <= *q)
+            }
+        };
+        self.first_open.entry(shard.clone()).or_insert(index);
+        Ok(index)
+    }
+
+    /// Up to `limit` records of `shard` from `index`.
+    fn read(
+        &self,
+        shard: &ShardId,
+        index: usize,
+        limit: usize,
+        operation: &'static str,
+    ) -> Result<Read, BackendError> {
+        let Some(m) = self.shards.get(shard) else {
+            return Err(BackendError::new(
+                ErrorKind::NotFound,
+                operation,
+                format!("no shard {shard}"),
+            ));
+        };
+        let start = index.min(m.records.len());
+        let end = start.saturating_add(limit).min(m.records.len());
+        let records = m.records[start..end].to_vec();
+        let at_end = end == m.records.len();
+        let millis_behind_latest = match (records.last(), m.records.last()) {
+            (Some(last), Some(newest)) if !at_end => u64::try_from(
+                (newest.approximate_arrival - last.approximate_arrival).num_milliseconds(),
+            )
+            .ok(),
+            _ => Some(0),
+        };
+        let end_of_shard = (m.shard.closed && at_end).then(|| {
+            m.children
+                .iter()
+                .filter_map(|c| self.shards.get(c))
+                .map(|c| c.shard.clone())
+                .collect()
+        });
+        let continuation = match end.checked_sub(1) {
+            Some(last) => m.records[last].sequence_number.clone(),
+            None => m.starting.clone(),
+        };
+        Ok(Read {
+            records,
+            next: end,
+            continuation,
+            millis_behind_latest,
+            end: end_of_shard,
+        })
     }
 
     fn now(&self) -> DateTime<Utc> {
@@ -78,6 +181,8 @@ pub struct MemoryStream {
     state: Arc<Mutex<State>>,
     faults: Faults,
     client: Arc<str>,
+    /// Woken by every put and reshard: subscriptions push what arrived.
+    arrivals: Arc<Notify>,
 }
 
 impl MemoryStream {
@@ -95,6 +200,8 @@ impl MemoryStream {
             wall: Utc::now(),
             start: Instant::now(),
             first_open: BTreeMap::new(),
+            subscribed: BTreeMap::new(),
+            subscription_lifetime: Duration::from_secs(300),
         };
         let n = u128::from(shards.max(1));
         let width = u128::MAX / n;
@@ -111,6 +218,7 @@ impl MemoryStream {
             state: Arc::new(Mutex::new(state)),
             faults,
             client: Arc::from("default"),
+            arrivals: Arc::new(Notify::new()),
         }
     }
 
@@ -121,6 +229,7 @@ impl MemoryStream {
             state: self.state.clone(),
             faults: self.faults.clone(),
             client: Arc::from(client),
+            arrivals: self.arrivals.clone(),
         }
     }
 
@@ -138,8 +247,7 @@ impl MemoryStream {
         let record = Record {
             data: data.into(),
             partition_key: partition_key.to_owned(),
-            sequence_number: SequenceNumber::parse(format!("{sequence:025}"))
-                .unwrap_or_else(|| unreachable!("digits")),
+            sequence_number: self::sequence(sequence),
             sub_sequence_number: 0,
             approximate_arrival: now,
             explicit_hash_key: None,
@@ -152,6 +260,8 @@ impl MemoryStream {
         if let Some(shard) = shard {
             shard.records.push(record.clone());
         }
+        drop(s);
+        self.arrivals.notify_waiters();
         record
     }
 
@@ -188,6 +298,8 @@ impl MemoryStream {
             },
         );
         s.close(id, &[a.clone(), b.clone()]);
+        drop(s);
+        self.arrivals.notify_waiters();
         Ok([a, b])
     }
 
@@ -208,6 +320,8 @@ impl MemoryStream {
         let child = s.add_shard(vec![a.clone(), b.clone()], range);
         s.close(a, std::slice::from_ref(&child));
         s.close(b, std::slice::from_ref(&child));
+        drop(s);
+        self.arrivals.notify_waiters();
         Ok(child)
     }
 
@@ -251,6 +365,12 @@ impl MemoryStream {
         self.lock().first_open.get(shard).copied()
     }
 
+    /// Sets how long a subscription lasts before the stream ends it (default 5 minutes, as
+    /// Kinesis). Subscriptions opened before keep their lifetime.
+    pub fn set_subscription_lifetime(&self, lifetime: Duration) {
+        self.lock().subscription_lifetime = lifetime;
+    }
+
     /// Every record written to `shard`.
     pub fn records(&self, shard: &ShardId) -> Vec<Record> {
         self.lock()
@@ -259,6 +379,11 @@ impl MemoryStream {
             .map(|m| m.records.clone())
             .unwrap_or_default()
     }
+}
+
+/// A sequence number of the stream's format.
+fn sequence(n: u128) -> SequenceNumber {
+    SequenceNumber::parse(format!("{n:025}")).unwrap_or_else(|| unreachable!("digits"))
 }
 
 /// The hash key of a partition key: its MD5 digest as a 128-bit number, as in Kinesis.
@@ -288,28 +413,7 @@ impl ShardSource for MemoryStream {
         self.faults
             .enter(&self.client, "shard_iterator", false)
             .await?;
-        let mut s = self.lock();
-        let Some(m) = s.shards.get(shard) else {
-            return Err(BackendError::new(
-                ErrorKind::NotFound,
-                "shard_iterator",
-                format!("no shard {shard}"),
-            ));
-        };
-        let index = match position {
-            StartingPosition::TrimHorizon => 0,
-            StartingPosition::Latest => m.records.len(),
-            StartingPosition::AtTimestamp(t) => {
-                m.records.partition_point(|r| r.approximate_arrival < *t)
-            }
-            StartingPosition::AtSequence(q) => {
-                m.records.partition_point(|r| r.sequence_number < *q)
-            }
-            StartingPosition::AfterSequence(q) => {
-                m.records.partition_point(|r| r.sequence_number <= *q)
-            }
-        };
-        s.first_open.entry(shard.clone()).or_insert(index);
+        let index = self.lock().start_index(shard, position, "shard_iterator")?;
         Ok(ShardIterator(format!("{shard}/{index}")))
     }
 
@@ -335,42 +439,39 @@ impl ShardSource for MemoryStream {
                 "malformed iterator",
             ));
         };
-        let s = self.lock();
-        let Some(m) = s.shards.get(&shard) else {
-            return Err(BackendError::new(
-                ErrorKind::NotFound,
-                "get_records",
-                format!("no shard {shard}"),
-            ));
-        };
-        let start = index.min(m.records.len());
-        let end = start.saturating_add(limit as usize).min(m.records.len());
-        let records = m.records[start..end].to_vec();
-        let at_end = end == m.records.len();
-        let millis_behind_latest = match (records.last(), m.records.last()) {
-            (Some(last), Some(newest)) if !at_end => u64::try_from(
-                (newest.approximate_arrival - last.approximate_arrival).num_milliseconds(),
-            )
-            .ok(),
-            _ => Some(0),
-        };
-        let (next_iterator, child_shards) = if m.shard.closed && at_end {
-            let children = m
-                .children
-                .iter()
-                .filter_map(|c| s.shards.get(c))
-                .map(|c| c.shard.clone())
-                .collect();
-            (None, children)
-        } else {
-            (Some(ShardIterator(format!("{shard}/{end}"))), Vec::new())
+        let read = self
+            .lock()
+            .read(&shard, index, limit as usize, "get_records")?;
+        let (next_iterator, child_shards) = match read.end {
+            Some(children) => (None, children),
+            None => (
+                Some(ShardIterator(format!("{shard}/{}", read.next))),
+                Vec::new(),
+            ),
         };
         Ok(RecordBatch {
-            records,
+            records: read.records,
             next_iterator,
-            millis_behind_latest,
+            millis_behind_latest: read.millis_behind_latest,
             child_shards,
         })
+    }
+
+    async fn register_consumer(&self, name: &str) -> Result<ConsumerId, BackendError> {
+        self.faults
+            .enter(&self.client, "register_consumer", true)
+            .await?;
+        Ok(ConsumerId::new(format!("memory/consumer/{name}")))
+    }
+
+    async fn subscribe(
+        &self,
+        consumer: &ConsumerId,
+        shard: &ShardId,
+        position: &StartingPosition,
+    ) -> Result<Subscription, BackendError> {
+        self.faults.enter(&self.client, "subscribe", false).await?;
+        subscription::open(self, consumer, shard, position)
     }
 
     /// The stream's own clock (it stamps `approximate_arrival`): tokio time, so that it

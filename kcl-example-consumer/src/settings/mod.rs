@@ -1,0 +1,507 @@
+//! Effective settings of `run`: flag > `KCL_…` environment variable > config file > default.
+//!
+//! Clap reports whether a value came from the command line, the environment or its default
+//! ([`ArgMatches::value_source`]); a config file value fills in wherever clap only had its
+//! default. Every value, whatever its source, then goes through the same parser, so an invalid
+//! one is reported in one line naming the key, its source and why.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+use kcl_core::{InitialPosition, Retrieval, WorkerConfig};
+
+use crate::cli::parse_duration;
+
+mod parse;
+
+use parse::{
+    Position, Reading, is_table_name, parse_coordination, parse_count, parse_liveness,
+    parse_max_leases, parse_position, parse_retrieval, parse_timestamp, parse_u32,
+};
+
+/// Every setting key, as the clap argument id (snake case). Flags and file keys are the
+/// kebab-case form; file keys may also be written in snake case.
+pub(crate) const KEYS: &[&str] = &[
+    "stream",
+    "application_name",
+    "initial_position",
+    "initial_timestamp",
+    "worker_id",
+    "max_leases",
+    "max_leases_to_steal",
+    "max_concurrent_reads",
+    "coordination",
+    "liveness",
+    "retrieval",
+    "failover_time",
+    "shutdown_timeout",
+    "max_records",
+    "idle_time_between_reads",
+    "shard_sync_interval",
+    "window",
+    "top_keys",
+    "listen",
+    "log_format",
+    "log_filter",
+    "backend",
+];
+
+/// Where a value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// A command-line flag.
+    Flag,
+    /// A `KCL_…` environment variable.
+    Env,
+    /// The config file.
+    File(PathBuf),
+    /// The built-in default.
+    Default,
+}
+
+/// An invalid setting: one line naming the key, where the value came from and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{}`{}: {reason}", kebab(key), origin_suffix(key, origin.as_ref()))]
+pub(crate) struct SettingsError {
+    /// The key (snake case).
+    pub(crate) key: String,
+    /// Where the bad value came from, if a value was involved.
+    pub(crate) origin: Option<Origin>,
+    /// Why it was rejected.
+    pub(crate) reason: String,
+}
+
+fn kebab(key: &str) -> String {
+    key.replace('_', "-")
+}
+
+fn env_name(key: &str) -> String {
+    format!("KCL_{}", key.to_uppercase())
+}
+
+fn origin_suffix(key: &str, origin: Option<&Origin>) -> String {
+    match origin {
+        Some(Origin::Flag) => format!(" (from --{})", kebab(key)),
+        Some(Origin::Env) => format!(" (from {})", env_name(key)),
+        Some(Origin::File(path)) => format!(" (from {})", path.display()),
+        Some(Origin::Default) => " (default)".to_owned(),
+        None => String::new(),
+    }
+}
+
+/// Output format of the logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// Human-readable, colored on a terminal.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "pretty" | "text" => Ok(Self::Pretty),
+            "json" => Ok(Self::Json),
+            _ => Err(format!("expected pretty or json, got {s:?}")),
+        }
+    }
+}
+
+/// Where `run` reads the stream and keeps its leases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Kinesis and DynamoDB (or emulators) through kcl-aws.
+    Aws,
+    /// An in-process stream with a built-in producer, and an in-process lease table.
+    Memory,
+}
+
+impl Backend {
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "aws" => Ok(Self::Aws),
+            "memory" => Ok(Self::Memory),
+            _ => Err(format!("expected aws or memory, got {s:?}")),
+        }
+    }
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Stream name or ARN.
+    pub(crate) stream: String,
+    /// Application name = lease table name.
+    pub(crate) application_name: String,
+    /// This worker's id.
+    pub(crate) worker_id: String,
+    /// The worker's configuration, validated by kcl-core.
+    pub(crate) worker: WorkerConfig,
+    /// Tumbling window length.
+    pub(crate) window: Duration,
+    /// Partition keys listed per window line.
+    pub(crate) top_keys: usize,
+    /// HTTP listen address.
+    pub(crate) listen: SocketAddr,
+    /// Log format.
+    pub(crate) log_format: LogFormat,
+    /// Log filter.
+    pub(crate) log_filter: String,
+    /// Backends.
+    pub(crate) backend: Backend,
+    /// Each key's effective value (as text) and origin, for `--print-config`.
+    pub(crate) effective: BTreeMap<&'static str, (String, Origin)>,
+}
+
+/// Values read from a config file, by snake-case key.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FileValues {
+    path: PathBuf,
+    values: BTreeMap<String, String>,
+}
+
+impl FileValues {
+    /// Reads `path`: YAML if it ends in `.yaml` or `.yml`, TOML otherwise.
+    pub(crate) fn load(path: &Path) -> Result<Self, SettingsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SettingsError {
+            key: "config".into(),
+            origin: None,
+            reason: format!("cannot read {}: {e}", path.display()),
+        })?;
+        let yaml = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+        Self::parse(path, &text, yaml)
+    }
+
+    /// Parses file contents.
+    pub(crate) fn parse(path: &Path, text: &str, yaml: bool) -> Result<Self, SettingsError> {
+        let syntax = |reason: String| SettingsError {
+            key: "config".into(),
+            origin: None,
+            reason: format!("{}: {}", path.display(), one_line(&reason)),
+        };
+        let map: serde_json::Map<String, serde_json::Value> = if yaml {
+            if text.trim().is_empty() {
+                serde_json::Map::new()
+            } else {
+                serde_norway::from_str(text).map_err(|e| syntax(e.to_string()))?
+            }
+        } else {
+            toml::from_str(text).map_err(|e| syntax(e.to_string()))?
+        };
+        let mut values = BTreeMap::new();
+        for (raw_key, value) in map {
+            let key = raw_key.replace('-', "_");
+            if !KEYS.contains(&key.as_str()) {
+                return Err(SettingsError {
+                    key: raw_key,
+                    origin: Some(Origin::File(path.to_owned())),
+                    reason: format!("unknown key; known keys: {}", known_keys()),
+                });
+            }
+            let text = scalar(&value).ok_or_else(|| SettingsError {
+                key: key.clone(),
+                origin: Some(Origin::File(path.to_owned())),
+                reason: format!("expected a single value, got {value}"),
+            })?;
+            values.insert(key, text);
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            values,
+        })
+    }
+}
+
+fn known_keys() -> String {
+    KEYS.iter().map(|k| kebab(k)).collect::<Vec<_>>().join(", ")
+}
+
+/// A file value as text: strings as they are, numbers and booleans printed, a TOML datetime
+/// (which serde sees as a one-entry map) as its string.
+fn scalar(value: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Object(m) if m.len() == 1 => match m.values().next() {
+            Some(Value::String(s)) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Picks each key's value from flags/env (`matches`), then `file`, then clap's default.
+pub(crate) fn resolve(
+    matches: &ArgMatches,
+    file: Option<&FileValues>,
+) -> Result<Settings, SettingsError> {
+    let mut effective = BTreeMap::new();
+    for &key in KEYS {
+        let from_clap = matches.get_one::<String>(key).cloned();
+        let picked = match (matches.value_source(key), from_clap) {
+            (Some(ValueSource::CommandLine), Some(v)) => Some((v, Origin::Flag)),
+            (Some(ValueSource::EnvVariable), Some(v)) => Some((v, Origin::Env)),
+            (_, default) => match file.and_then(|f| f.values.get(key).map(|v| (f, v))) {
+                Some((f, v)) => Some((v.clone(), Origin::File(f.path.clone()))),
+                None => default.map(|v| (v, Origin::Default)),
+            },
+        };
+        if let Some(picked) = picked {
+            effective.insert(key, picked);
+        }
+    }
+    build(effective)
+}
+
+/// The effective values, with what every check of them needs.
+struct Values(BTreeMap<&'static str, (String, Origin)>);
+
+impl Values {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|(v, _)| v.as_str())
+    }
+
+    /// The error for `key`, naming where its value came from.
+    fn fail(&self, key: &str, reason: String) -> SettingsError {
+        SettingsError {
+            key: key.to_owned(),
+            origin: self.0.get(key).map(|(_, o)| o.clone()),
+            reason,
+        }
+    }
+
+    /// `key`'s value parsed with `parse`; `None` if the key has no value.
+    fn parsed<T>(
+        &self,
+        key: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, SettingsError> {
+        self.get(key)
+            .map(|v| parse(v).map_err(|r| self.fail(key, r)))
+            .transpose()
+    }
+
+    fn required(&self, key: &str) -> Result<String, SettingsError> {
+        match self.get(key) {
+            Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
+            Some(_) => Err(self.fail(key, "must not be empty".into())),
+            None => Err(self.fail(
+                key,
+                format!(
+                    "required: pass --{}, set {} or add `{}` to the config file",
+                    kebab(key),
+                    env_name(key),
+                    kebab(key)
+                ),
+            )),
+        }
+    }
+}
+
+fn build(
+    mut effective: BTreeMap<&'static str, (String, Origin)>,
+) -> Result<Settings, SettingsError> {
+    if !effective.contains_key("worker_id") {
+        effective.insert("worker_id", (default_worker_id(), Origin::Default));
+    }
+    let v = Values(effective);
+    let stream = v.required("stream")?;
+    if stream.starts_with("arn:") && !stream.contains(":stream/") {
+        return Err(v.fail(
+            "stream",
+            format!(
+                "{stream:?} is an ARN but not a Kinesis stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)"
+            ),
+        ));
+    }
+    let application_name = v.required("application_name")?;
+    if !is_table_name(&application_name) {
+        return Err(v.fail(
+            "application_name",
+            format!(
+                "{application_name:?} is not a valid DynamoDB table name (3 to 255 of a-z A-Z 0-9 _ - .)"
+            ),
+        ));
+    }
+    let worker_id = v.required("worker_id")?;
+    let worker = worker_config(&v, &application_name)?;
+
+    let window = v
+        .parsed("window", parse_duration)?
+        .unwrap_or(Duration::from_secs(60));
+    if window < Duration::from_secs(1) {
+        return Err(v.fail("window", "must be at least 1s".into()));
+    }
+    let top_keys = v.parsed("top_keys", parse_count)?.unwrap_or(20);
+    let listen = v
+        .parsed("listen", |s: &str| {
+            s.trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("expected an address such as 0.0.0.0:8080, got {s:?} ({e})"))
+        })?
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080)));
+    let log_format = v
+        .parsed("log_format", LogFormat::parse)?
+        .unwrap_or(LogFormat::Pretty);
+    let log_filter = v
+        .get("log_filter")
+        .map_or_else(|| crate::cli::DEFAULT_LOG_FILTER.to_owned(), str::to_owned);
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&log_filter) {
+        return Err(v.fail("log_filter", one_line(&e.to_string())));
+    }
+    let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
+
+    Ok(Settings {
+        stream,
+        application_name,
+        worker_id,
+        worker,
+        window,
+        top_keys,
+        listen,
+        log_format,
+        log_filter,
+        backend,
+        effective: v.0,
+    })
+}
+
+/// Where a shard without a checkpoint starts.
+fn initial_position(v: &Values) -> Result<InitialPosition, SettingsError> {
+    let timestamp = v.parsed("initial_timestamp", parse_timestamp)?;
+    let position = v
+        .parsed("initial_position", parse_position)?
+        .unwrap_or_default();
+    match (position, timestamp) {
+        (Position::AtTimestamp, Some(t)) => Ok(InitialPosition::AtTimestamp(t)),
+        (Position::AtTimestamp, None) => Err(v.fail(
+            "initial_timestamp",
+            "required when initial-position is AT_TIMESTAMP".into(),
+        )),
+        (_, Some(_)) => Err(v.fail(
+            "initial_timestamp",
+            "only used with initial-position AT_TIMESTAMP".into(),
+        )),
+        (Position::TrimHorizon, None) => Ok(InitialPosition::TrimHorizon),
+        (Position::Latest, None) => Ok(InitialPosition::Latest),
+    }
+}
+
+/// The worker's configuration, validated; a fan-out consumer is named after the application,
+/// as KCL Java names it.
+fn worker_config(v: &Values, application_name: &str) -> Result<WorkerConfig, SettingsError> {
+    let defaults = WorkerConfig::default();
+    let failover_time = v
+        .parsed("failover_time", parse_duration)?
+        .unwrap_or(defaults.failover_time);
+    let mut worker = defaults
+        .failover_time(failover_time)
+        .initial_position(initial_position(v)?);
+    if let Some(n) = v.parsed("max_leases", parse_max_leases)? {
+        worker = worker.max_leases(n);
+    }
+    if let Some(n) = v.parsed("max_leases_to_steal", parse_count)? {
+        worker = worker.max_leases_to_steal(n);
+    }
+    if let Some(n) = v.parsed("max_concurrent_reads", parse_count)? {
+        worker = worker.max_concurrent_reads(n);
+    }
+    if let Some(mode) = v.parsed("coordination", parse_coordination)? {
+        worker = worker.coordination(mode);
+    }
+    if let Some(mode) = v.parsed("liveness", parse_liveness)? {
+        worker = worker.liveness(mode);
+    }
+    if let Some(Reading::FanOut) = v.parsed("retrieval", parse_retrieval)? {
+        worker = worker.retrieval(Retrieval::FanOut {
+            consumer_name: application_name.to_owned(),
+        });
+    }
+    if let Some(d) = v.parsed("shutdown_timeout", parse_duration)? {
+        worker = worker.shutdown_timeout(d);
+    }
+    if let Some(n) = v.parsed("max_records", parse_u32)? {
+        worker = worker.max_records(n);
+    }
+    if let Some(d) = v.parsed("idle_time_between_reads", parse_duration)? {
+        worker = worker.idle_time_between_reads(d);
+    }
+    if let Some(d) = v.parsed("shard_sync_interval", parse_duration)? {
+        worker = worker.shard_sync_interval(d);
+    }
+    worker.validate().map_err(|e| {
+        // kcl-core names its field; ours is the same name (renew_interval follows
+        // failover_time, the consumer name the application name).
+        let key = match e.key {
+            "renew_interval" => "failover_time",
+            "retrieval.consumer_name" => "application_name",
+            key => key,
+        };
+        v.fail(key, e.reason)
+    })?;
+    Ok(worker)
+}
+
+impl Settings {
+    /// The effective settings as a config file (TOML), each line commented with its origin.
+    pub(crate) fn to_toml(&self) -> String {
+        let mut out = String::new();
+        for (key, (value, origin)) in &self.effective {
+            let from = match origin {
+                Origin::Flag => format!("--{}", kebab(key)),
+                Origin::Env => env_name(key),
+                Origin::File(p) => p.display().to_string(),
+                Origin::Default => "default".to_owned(),
+            };
+            let quoted = toml::Value::String(value.clone()).to_string();
+            out.push_str(&format!("{} = {quoted}  # {from}\n", kebab(key)));
+        }
+        out
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Flag => f.write_str("flag"),
+            Self::Env => f.write_str("environment"),
+            Self::File(p) => write!(f, "{}", p.display()),
+            Self::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// `$POD_NAME` (Kubernetes downward API), else `<hostname>-<pid>`.
+pub(crate) fn default_worker_id() -> String {
+    if let Some(pod) = std::env::var("POD_NAME")
+        .ok()
+        .filter(|p| !p.trim().is_empty())
+    {
+        return pod.trim().to_owned();
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests;

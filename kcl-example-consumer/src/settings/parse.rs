@@ -1,0 +1,88 @@
+//! Parsers of single values: each returns the reason a value is rejected.
+
+use chrono::{DateTime, Utc};
+use kcl_core::{Coordination, Liveness};
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) enum Position {
+    #[default]
+    TrimHorizon,
+    Latest,
+    AtTimestamp,
+}
+
+pub(super) fn parse_position(s: &str) -> Result<Position, String> {
+    match s.trim().to_ascii_uppercase().replace('-', "_").as_str() {
+        "TRIM_HORIZON" => Ok(Position::TrimHorizon),
+        "LATEST" => Ok(Position::Latest),
+        "AT_TIMESTAMP" => Ok(Position::AtTimestamp),
+        _ => Err(format!(
+            "expected TRIM_HORIZON, LATEST or AT_TIMESTAMP, got {s:?}"
+        )),
+    }
+}
+
+pub(super) fn parse_coordination(s: &str) -> Result<Coordination, String> {
+    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+        "every-worker" => Ok(Coordination::EveryWorker),
+        "leader" => Ok(Coordination::Leader),
+        _ => Err(format!("expected every-worker or leader, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_liveness(s: &str) -> Result<Liveness, String> {
+    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+        "per-lease" => Ok(Liveness::PerLease),
+        "heartbeat" => Ok(Liveness::Heartbeat),
+        _ => Err(format!("expected per-lease or heartbeat, got {s:?}")),
+    }
+}
+
+pub(super) fn parse_timestamp(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            format!("expected an RFC 3339 time such as 2024-05-01T12:00:00Z, got {s:?} ({e})")
+        })
+}
+
+pub(super) fn parse_count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .map_err(|_| format!("expected a whole number, got {s:?}"))
+}
+
+pub(super) fn parse_u32(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse::<u32>()
+        .map_err(|_| format!("expected a whole number, got {s:?}"))
+}
+
+pub(super) fn parse_max_leases(s: &str) -> Result<usize, String> {
+    if s.trim().eq_ignore_ascii_case("unlimited") {
+        Ok(usize::MAX)
+    } else {
+        parse_count(s).map_err(|_| format!("expected a whole number or `unlimited`, got {s:?}"))
+    }
+}
+
+pub(super) fn is_table_name(s: &str) -> bool {
+    (3..=255).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// How records are read; fan-out registers a consumer named after the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reading {
+    Polling,
+    FanOut,
+}
+
+pub(super) fn parse_retrieval(s: &str) -> Result<Reading, String> {
+    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+        "polling" => Ok(Reading::Polling),
+        "fan-out" | "fanout" => Ok(Reading::FanOut),
+        _ => Err(format!("expected polling or fan-out, got {s:?}")),
+    }
+}

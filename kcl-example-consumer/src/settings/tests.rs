@@ -1,0 +1,268 @@
+//! Resolving settings: precedence, defaults, and errors that name the key.
+
+#![allow(clippy::panic)]
+
+use clap::FromArgMatches;
+
+use chrono::{DateTime, Utc};
+use kcl_core::{Coordination, Liveness};
+
+use super::*;
+use crate::cli::Cli;
+
+fn matches(args: &[&str]) -> ArgMatches {
+    let mut argv = vec!["kcl-example-consumer"];
+    argv.extend_from_slice(args);
+    let m = crate::cli::command()
+        .try_get_matches_from(argv)
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The derive must accept what the command parsed.
+    assert!(Cli::from_arg_matches(&m).is_ok());
+    m
+}
+
+fn toml_file(text: &str) -> FileValues {
+    FileValues::parse(Path::new("kcl.toml"), text, false).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn resolve_ok(args: &[&str], file: Option<&FileValues>) -> Settings {
+    resolve(&matches(args), file).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn resolve_err(args: &[&str], file: Option<&FileValues>) -> SettingsError {
+    match resolve(&matches(args), file) {
+        Ok(s) => panic!("expected an error, got {s:?}"),
+        Err(e) => e,
+    }
+}
+
+const REQUIRED: &[&str] = &["--stream", "orders", "--application-name", "orders-app"];
+
+#[test]
+fn defaults_apply_without_flags_or_file() {
+    let s = resolve_ok(REQUIRED, None);
+    let core = WorkerConfig::default();
+    assert_eq!(s.worker.failover_time, core.failover_time);
+    assert_eq!(s.worker.shutdown_timeout, core.shutdown_timeout);
+    assert_eq!(s.worker.max_leases, core.max_leases);
+    assert_eq!(s.worker.max_leases_to_steal, core.max_leases_to_steal);
+    assert_eq!(s.worker.max_concurrent_reads, core.max_concurrent_reads);
+    assert_eq!(s.worker.max_records, core.max_records);
+    assert_eq!(
+        s.worker.idle_time_between_reads,
+        core.idle_time_between_reads
+    );
+    assert_eq!(s.worker.shard_sync_interval, core.shard_sync_interval);
+    assert_eq!(s.worker.initial_position, InitialPosition::TrimHorizon);
+    assert_eq!(s.window, Duration::from_secs(60));
+    assert_eq!(s.listen, SocketAddr::from(([0, 0, 0, 0], 8080)));
+    assert_eq!(s.log_format, LogFormat::Pretty);
+    assert_eq!(s.effective["failover_time"].1, Origin::Default);
+    assert!(!s.worker_id.is_empty());
+}
+
+#[test]
+fn file_overrides_defaults_and_flags_override_file() {
+    let file = toml_file(
+        "stream = \"from-file\"\napplication-name = \"file-app\"\nfailover-time = \"5s\"\n\
+         max_leases = 7\nwindow = \"10s\"\nlog-format = \"json\"\n",
+    );
+    let s = resolve_ok(
+        &["--failover-time", "2s", "--stream", "from-flag"],
+        Some(&file),
+    );
+    assert_eq!(s.stream, "from-flag");
+    assert_eq!(s.effective["stream"].1, Origin::Flag);
+    assert_eq!(s.application_name, "file-app");
+    assert_eq!(
+        s.effective["application_name"].1,
+        Origin::File("kcl.toml".into())
+    );
+    assert_eq!(s.worker.failover_time, Duration::from_secs(2));
+    assert_eq!(s.worker.renew_interval, Duration::from_secs(2) / 3);
+    assert_eq!(s.worker.max_leases, 7);
+    assert_eq!(s.window, Duration::from_secs(10));
+    assert_eq!(s.log_format, LogFormat::Json);
+    // Untouched by both: the default.
+    assert_eq!(s.worker.shutdown_timeout, Duration::from_secs(30));
+    assert_eq!(s.effective["shutdown_timeout"].1, Origin::Default);
+}
+
+#[test]
+fn the_run_subcommand_resolves_like_the_default_command() {
+    let file = toml_file("max-records = 500\n");
+    let m = matches(&[
+        "run",
+        "--stream",
+        "s",
+        "--application-name",
+        "app",
+        "--max-records",
+        "100",
+    ]);
+    let sub = m.subcommand_matches("run").unwrap_or_else(|| panic!("run"));
+    let s = resolve(sub, Some(&file)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.worker.max_records, 100);
+}
+
+#[test]
+fn yaml_files_work_too() {
+    let file = FileValues::parse(
+        Path::new("kcl.yaml"),
+        "stream: arn:aws:kinesis:eu-west-1:123456789012:stream/orders\napplication_name: app\n\
+         initial-position: AT_TIMESTAMP\ninitial-timestamp: 2024-05-01T12:00:00Z\nmax-leases: unlimited\n",
+        true,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let s = resolve_ok(&[], Some(&file));
+    assert_eq!(
+        s.stream,
+        "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+    );
+    let expected = DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z")
+        .map(|t| t.with_timezone(&Utc))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        s.worker.initial_position,
+        InitialPosition::AtTimestamp(expected)
+    );
+    assert_eq!(s.worker.max_leases, usize::MAX);
+}
+
+#[test]
+fn toml_datetimes_are_accepted_for_the_timestamp() {
+    let file = toml_file(
+        "stream = \"s\"\napplication-name = \"app\"\ninitial-position = \"AT_TIMESTAMP\"\n\
+         initial-timestamp = 2024-05-01T12:00:00Z\n",
+    );
+    let s = resolve_ok(&[], Some(&file));
+    assert!(matches!(
+        s.worker.initial_position,
+        InitialPosition::AtTimestamp(_)
+    ));
+}
+
+#[test]
+fn coordination_is_leader_unless_every_worker_is_asked_for() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.coordination, Coordination::Leader);
+    let s = resolve_ok(
+        &[REQUIRED, &["--coordination", "every-worker"]].concat(),
+        None,
+    );
+    assert_eq!(s.worker.coordination, Coordination::EveryWorker);
+    let e = resolve_err(&[REQUIRED, &["--coordination", "raft"]].concat(), None);
+    assert_eq!(e.key, "coordination");
+    assert!(e.to_string().contains("every-worker or leader"), "{e}");
+}
+
+#[test]
+fn liveness_is_per_lease_unless_heartbeats_are_asked_for() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.liveness, Liveness::PerLease);
+    assert_eq!(s.worker.renew_interval, s.worker.failover_time / 3);
+    let s = resolve_ok(&[REQUIRED, &["--liveness", "heartbeat"]].concat(), None);
+    assert_eq!(s.worker.liveness, Liveness::Heartbeat);
+    assert_eq!(s.worker.renew_interval, s.worker.failover_time / 2);
+    let e = resolve_err(&[REQUIRED, &["--liveness", "gossip"]].concat(), None);
+    assert_eq!(e.key, "liveness");
+    assert!(e.to_string().contains("per-lease or heartbeat"), "{e}");
+}
+
+#[test]
+fn invalid_values_name_the_key_and_the_source() {
+    let e = resolve_err(&[REQUIRED, &["--failover-time", "ten"]].concat(), None);
+    assert_eq!(e.key, "failover_time");
+    let line = e.to_string();
+    assert!(line.contains("`failover-time`"), "{line}");
+    assert!(line.contains("--failover-time"), "{line}");
+    assert!(line.contains("\"ten\""), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+
+    let file = toml_file("max-leases = \"lots\"\n");
+    let e = resolve_err(REQUIRED, Some(&file));
+    assert_eq!(e.key, "max_leases");
+    assert!(e.to_string().contains("kcl.toml"), "{e}");
+
+    let e = resolve_err(&[REQUIRED, &["--max-records", "20000"]].concat(), None);
+    assert_eq!(e.key, "max_records");
+    assert!(e.to_string().contains("10000"), "{e}");
+
+    let e = resolve_err(&[REQUIRED, &["--failover-time", "10ms"]].concat(), None);
+    assert_eq!(e.key, "failover_time");
+
+    let e = resolve_err(
+        &[REQUIRED, &["--initial-position", "EARLIEST"]].concat(),
+        None,
+    );
+    assert_eq!(e.key, "initial_position");
+
+    let e = resolve_err(
+        &[REQUIRED, &["--initial-position", "AT_TIMESTAMP"]].concat(),
+        None,
+    );
+    assert_eq!(e.key, "initial_timestamp");
+
+    let e = resolve_err(&[REQUIRED, &["--listen", "8080"]].concat(), None);
+    assert_eq!(e.key, "listen");
+
+    let e = resolve_err(&[REQUIRED, &["--log-format", "xml"]].concat(), None);
+    assert_eq!(e.key, "log_format");
+
+    let e = resolve_err(&["--stream", "s"], None);
+    assert_eq!(e.key, "application_name");
+    assert!(e.to_string().contains("KCL_APPLICATION_NAME"), "{e}");
+
+    let e = resolve_err(&["--stream", "s", "--application-name", "a b"], None);
+    assert_eq!(e.key, "application_name");
+}
+
+#[test]
+fn file_errors_name_the_key() {
+    let e = FileValues::parse(Path::new("kcl.toml"), "failover = \"1s\"\n", false)
+        .err()
+        .unwrap_or_else(|| panic!("unknown key accepted"));
+    assert_eq!(e.key, "failover");
+    assert!(e.to_string().contains("unknown key"), "{e}");
+
+    let e = FileValues::parse(Path::new("kcl.toml"), "window = [1, 2]\n", false)
+        .err()
+        .unwrap_or_else(|| panic!("array accepted"));
+    assert_eq!(e.key, "window");
+
+    let e = FileValues::parse(Path::new("kcl.toml"), "window = \n", false)
+        .err()
+        .unwrap_or_else(|| panic!("bad syntax accepted"));
+    assert_eq!(e.key, "config");
+    assert!(!e.to_string().contains('\n'), "{e}");
+}
+
+#[test]
+fn print_config_lists_every_key_with_its_origin() {
+    let file = toml_file("window = \"5s\"\n");
+    let s = resolve_ok(REQUIRED, Some(&file));
+    let text = s.to_toml();
+    assert!(text.contains("stream = \"orders\"  # --stream"), "{text}");
+    assert!(text.contains("window = \"5s\"  # kcl.toml"), "{text}");
+    assert!(
+        text.contains("failover-time = \"10s\"  # default"),
+        "{text}"
+    );
+    // The output is itself a valid config file.
+    assert!(text.parse::<toml::Table>().is_ok(), "{text}");
+}
+
+#[test]
+fn fan_out_names_its_consumer_after_the_application() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.retrieval, Retrieval::Polling);
+    let s = resolve_ok(&[REQUIRED, &["--retrieval", "fan-out"]].concat(), None);
+    assert_eq!(
+        s.worker.retrieval,
+        Retrieval::FanOut {
+            consumer_name: s.application_name.clone()
+        }
+    );
+    let e = resolve_err(&[REQUIRED, &["--retrieval", "push"]].concat(), None);
+    assert_eq!(e.key, "retrieval");
+}
