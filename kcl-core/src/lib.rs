@@ -89,6 +89,7 @@ mod error;
 pub mod lease;
 pub mod metrics;
 #[doc(hidden)]
+pub mod multi_stream;
 pub mod mutation;
 mod processor;
 mod source;

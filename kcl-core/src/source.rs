@@ -18,7 +18,9 @@ use chrono::{DateTime, Utc};
 use futures_util::stream::BoxStream;
 
 use crate::error::{BackendError, ErrorKind};
-use crate::types::{ConsumerId, HashKeyRange, Record, SequenceNumber, ShardId, StartingPosition};
+use crate::types::{
+    ConsumerId, HashKeyRange, InitialPosition, Record, SequenceNumber, ShardId, StartingPosition,
+};
 
 /// A shard as listed by the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +117,24 @@ pub trait ShardSource: Send + Sync + 'static {
         let _ = (shard, position);
         let error = no_fan_out("subscribe", consumer.as_str());
         async move { Err(error) }
+    }
+
+    /// Where a new lease for `shard` starts, when it is not the worker's
+    /// [`initial_position`](crate::WorkerConfig::initial_position): a
+    /// [`MultiStreamSource`](crate::multi_stream::MultiStreamSource) says each stream's.
+    /// Default: `None`.
+    fn initial_position(&self, shard: &ShardId) -> Option<InitialPosition> {
+        let _ = shard;
+        None
+    }
+
+    /// True once `shard`'s lease is to be deleted although the shard was not processed to
+    /// its end: a [`MultiStreamSource`](crate::multi_stream::MultiStreamSource) says so of
+    /// the shards of a stream removed from its tracker longer than the grace period. The
+    /// shard sync deletes such leases (their holders then lose them). Default: false.
+    fn is_retired(&self, shard: &ShardId) -> bool {
+        let _ = shard;
+        false
     }
 
     /// The time on the clock that stamps records' `approximate_arrival`, as near as this host

@@ -40,6 +40,16 @@ pub struct SyncPlan {
 
 /// What a shard sync should write, given the stream's shards and the lease table.
 pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> SyncPlan {
+    plan_for(shards, leases, &|_| *initial)
+}
+
+/// As [`plan`], with each shard's new lease starting where `initial` says (the streams of a
+/// [`MultiStreamSource`](crate::multi_stream::MultiStreamSource) each have their own).
+pub fn plan_for(
+    shards: &[Shard],
+    leases: &[Lease],
+    initial: &dyn Fn(&ShardId) -> InitialPosition,
+) -> SyncPlan {
     let by_key: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
     let listed: BTreeMap<&ShardId, &Shard> = shards.iter().map(|s| (&s.id, s)).collect();
     let mut children: BTreeMap<&ShardId, Vec<&ShardId>> = BTreeMap::new();
@@ -79,9 +89,9 @@ pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> Sy
             continue;
         }
         let tracked_parent = s.parent_shard_ids.iter().any(|p| will_exist.contains(p));
-        let (checkpoint, start_timestamp) = match initial {
+        let (checkpoint, start_timestamp) = match initial(&s.id) {
             InitialPosition::TrimHorizon => (Checkpoint::TrimHorizon, None),
-            InitialPosition::AtTimestamp(t) => (Checkpoint::AtTimestamp, Some(*t)),
+            InitialPosition::AtTimestamp(t) => (Checkpoint::AtTimestamp, Some(t)),
             InitialPosition::Latest
                 if tracked_parent && !mutation::on(Mutation::ChildrenAtLatest) =>
             {

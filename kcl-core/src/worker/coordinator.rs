@@ -491,7 +491,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let shards = bounded(limit, "list_shards", self.source.list_shards())
             .await
             .map_err(Error::Source)?;
-        let plan = sync::plan(&shards, leases, &self.config.initial_position);
+        let configured = self.config.initial_position;
+        let initial = |key: &ShardId| self.source.initial_position(key).unwrap_or(configured);
+        let plan = sync::plan_for(&shards, leases, &initial);
         let lineage = Lineage::new(leases);
         let mut changed = false;
         for lease in &plan.create {
@@ -517,6 +519,19 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     changed = true;
                 }
                 Err(error) => tracing::debug!(shard = %lease.key, %error, "cleanup failed"),
+            }
+        }
+        // Leases of streams no longer consumed (multi-stream): deleted, conditionally on the
+        // counter seen, so a holder renewing meanwhile makes it fail until the next sync.
+        for lease in leases.iter().filter(|l| self.source.is_retired(&l.key)) {
+            match bounded(limit, "delete", self.store.delete(lease)).await {
+                Ok(()) => {
+                    tracing::info!(shard = %lease.key, "lease of a stream no longer consumed deleted");
+                    changed = true;
+                }
+                Err(error) => {
+                    tracing::debug!(shard = %lease.key, %error, "deleting failed; next sync");
+                }
             }
         }
         Ok((changed, true))
