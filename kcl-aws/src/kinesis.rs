@@ -28,6 +28,7 @@ use kcl_core::{
 };
 
 use crate::error::{ParseError, backend_error};
+use kcl_core::multi_stream::StreamId;
 
 /// A stream, by name or by ARN. `From<&str>`/`From<String>` pick ARN for strings starting
 /// with `arn:`.
@@ -101,6 +102,41 @@ impl KinesisShardSource {
     /// The Kinesis client.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The stream's id in multi-stream mode (account, name, creation time), from
+    /// `DescribeStreamSummary`: for a [`MultiStreamSource`](kcl_core::multi_stream::MultiStreamSource)'s
+    /// tracker.
+    pub async fn stream_id(&self) -> Result<StreamId, BackendError> {
+        let request = self.client.describe_stream_summary();
+        let request = match &self.stream {
+            StreamRef::Name(name) => request.stream_name(name),
+            StreamRef::Arn(arn) => request.stream_arn(arn),
+        };
+        let out = request
+            .send()
+            .await
+            .map_err(|e| backend_error("describe_stream_summary", &self.stream, e))?;
+        let invalid = |what: &str| {
+            BackendError::new(
+                ErrorKind::Fatal,
+                "describe_stream_summary",
+                format!("{}: the answer has no valid {what}", self.stream),
+            )
+        };
+        let summary = out
+            .stream_description_summary
+            .ok_or_else(|| invalid("summary"))?;
+        // arn:aws:kinesis:REGION:ACCOUNT:stream/NAME
+        let account = summary
+            .stream_arn
+            .split(':')
+            .nth(4)
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| invalid("stream ARN"))?;
+        let created = u64::try_from(summary.stream_creation_timestamp.secs())
+            .map_err(|_| invalid("creation time"))?;
+        Ok(StreamId::new(account, summary.stream_name, created))
     }
 
     fn shard_what(&self, shard: &ShardId) -> String {

@@ -62,6 +62,9 @@
 //! | `InitialPositionInStream`, `InitialPositionInStreamExtended` | `InitialPosition` |
 //! | `Lease`, `LeaseRefresher` (`DynamoDBLeaseRefresher`) | `Lease`, `LeaseStore` (`kcl_aws::DynamoDbLeaseStore`) |
 //! | `PollingConfig` / `KinesisDataFetcher` | `kcl_aws::KinesisShardSource` |
+//! | `FanOutConfig` / `FanOutRecordsPublisher` | `Retrieval::FanOut` (`WorkerConfig::retrieval`) |
+//! | `MultiStreamTracker`, `StreamConfig`, `StreamIdentifier` | `multi_stream::{StreamTracker, StreamConfig, StreamId}` (`Streams` for a list changed at run time) |
+//! | `FormerStreamsLeasesDeletionStrategy` | `MultiStreamSource::removal_grace` |
 //! | `WorkerStateChangeListener` | `Worker::status` (a `watch` of `Status`) |
 //! | `Scheduler.startGracefulShutdown()` | `ShutdownHandle::shutdown()` |
 //!

@@ -15,6 +15,7 @@
 pub mod fixture;
 pub mod journal;
 pub mod process;
+pub mod tracker;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -604,7 +604,7 @@ impl LeaseStore for DynamoDbLeaseStore {
                     .remove(PENDING_CHECKPOINT_STATE);
             }
         }
-        if let Some(children) = schema::string_set(&update.child_shard_ids) {
+        if let Some(children) = schema::related_set(&held.key, &update.child_shard_ids) {
             e.set(CHILD_SHARD_IDS, children);
         }
         if let Some(at) = update.start_timestamp {

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
+use kcl_core::multi_stream::StreamId;
 use kcl_core::{Checkpoint, HashKeyRange, Lease, ShardId, WorkerId};
 
 use crate::error::ParseError;
@@ -57,6 +58,11 @@ pub const HANDOFF_TO: &str = "handoffTo";
 /// reading, in milliseconds since the Unix epoch (`N`); see
 /// [`Lease::start_timestamp`](kcl_core::Lease::start_timestamp). KCL Java ignores it.
 pub const START_TIMESTAMP: &str = "startingTimestamp";
+/// KCL Java's multi-stream rows: the stream (`account:stream:creationEpoch`; "streamName"
+/// for historical reasons).
+pub const STREAM_NAME: &str = "streamName";
+/// KCL Java's multi-stream rows: the shard id without its stream.
+pub const SHARD_ID: &str = "shardId";
 /// The global secondary index from `leaseOwner` to `leaseKey` (keys only), as KCL Java 3.x
 /// creates it: workers that do not read the whole table find their own leases with it.
 pub const OWNER_INDEX: &str = "LeaseOwnerToLeaseKeyIndex";
@@ -112,6 +118,40 @@ pub(crate) fn string_set(ids: &[ShardId]) -> Option<AttributeValue> {
         .then(|| AttributeValue::Ss(ids.iter().map(|s| s.as_str().to_owned()).collect()))
 }
 
+/// The parent or child ids of lease `key` as KCL Java stores them: in a multi-stream row,
+/// without the stream (KCL Java keys the related leases by its own stream), so that a table
+/// moves between KCL Java and kcl either way.
+pub(crate) fn related_set(key: &ShardId, ids: &[ShardId]) -> Option<AttributeValue> {
+    let Some((stream, _)) = StreamId::split_key(key) else {
+        return string_set(ids);
+    };
+    let stored: Vec<ShardId> = ids
+        .iter()
+        .map(|id| match StreamId::split_key(id) {
+            Some((s, shard)) if s == stream => shard,
+            _ => id.clone(),
+        })
+        .collect();
+    string_set(&stored)
+}
+
+/// The ids stored by [`related_set`], with the stream of a multi-stream lease put back.
+fn related_ids(key: &ShardId, stored: Vec<ShardId>) -> Vec<ShardId> {
+    let Some((stream, _)) = StreamId::split_key(key) else {
+        return stored;
+    };
+    stored
+        .into_iter()
+        .map(|id| {
+            if StreamId::split_key(&id).is_some() {
+                id
+            } else {
+                stream.lease_key(&id)
+            }
+        })
+        .collect()
+}
+
 /// The full item `create` writes: every attribute of `lease` that has a value.
 pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     let mut item = HashMap::new();
@@ -119,6 +159,10 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
         item.insert(name.to_owned(), value);
     };
     put(LEASE_KEY, AttributeValue::S(lease.key.as_str().to_owned()));
+    if let Some((stream, shard)) = StreamId::split_key(&lease.key) {
+        put(STREAM_NAME, AttributeValue::S(stream.to_string()));
+        put(SHARD_ID, AttributeValue::S(shard.as_str().to_owned()));
+    }
     if let Some(owner) = &lease.owner {
         put(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()));
     }
@@ -145,10 +189,10 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
             number(pending.sub_sequence()),
         );
     }
-    if let Some(parents) = string_set(&lease.parent_shard_ids) {
+    if let Some(parents) = related_set(&lease.key, &lease.parent_shard_ids) {
         put(PARENT_SHARD_ID, parents);
     }
-    if let Some(children) = string_set(&lease.child_shard_ids) {
+    if let Some(children) = related_set(&lease.key, &lease.child_shard_ids) {
         put(CHILD_SHARD_IDS, children);
     }
     if let Some(range) = lease.hash_key_range {
@@ -183,6 +227,8 @@ pub(crate) fn key_of(item: &HashMap<String, AttributeValue>) -> Option<&str> {
 /// Parses a row. Attributes we do not know are ignored (and kept in the table by our writes).
 pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease, ParseError> {
     let key = ShardId::new(required_s(item, LEASE_KEY)?);
+    let parent_shard_ids = related_ids(&key, optional_ss(item, PARENT_SHARD_ID)?);
+    let child_shard_ids = related_ids(&key, optional_ss(item, CHILD_SHARD_IDS)?);
     let counter = required_n(item, LEASE_COUNTER)?;
     let checkpoint = parse_checkpoint(
         item,
@@ -218,8 +264,8 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         pending_checkpoint,
         owner_switches_since_checkpoint: optional_n(item, OWNER_SWITCHES_SINCE_CHECKPOINT)?
             .unwrap_or(0),
-        parent_shard_ids: optional_ss(item, PARENT_SHARD_ID)?,
-        child_shard_ids: optional_ss(item, CHILD_SHARD_IDS)?,
+        parent_shard_ids,
+        child_shard_ids,
         hash_key_range,
         handoff_to: optional_s(item, HANDOFF_TO)?.map(WorkerId::new),
         start_timestamp: optional_n(item, START_TIMESTAMP)?
@@ -341,6 +387,47 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
+    }
+
+    #[test]
+    fn multi_stream_rows_are_kcl_javas_both_ways() {
+        // As KCL Java's multi-stream serializer writes a child lease: the stream and the
+        // shard in attributes of their own, the parent without its stream.
+        let item: Item = [
+            (
+                "leaseKey",
+                s("123456789012:orders:1700000000:shardId-000000000002"),
+            ),
+            ("leaseCounter", n("4")),
+            ("checkpoint", s("TRIM_HORIZON")),
+            ("streamName", s("123456789012:orders:1700000000")),
+            ("shardId", s("shardId-000000000002")),
+            (
+                "parentShardId",
+                AttributeValue::Ss(vec!["shardId-000000000000".into()]),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let lease = from_item(&item).unwrap();
+        assert_eq!(
+            lease.parent_shard_ids,
+            [ShardId::new(
+                "123456789012:orders:1700000000:shardId-000000000000"
+            )],
+            "the parent is the lease of the same stream"
+        );
+        let written = to_item(&lease);
+        for attribute in [LEASE_KEY, STREAM_NAME, SHARD_ID, PARENT_SHARD_ID] {
+            assert_eq!(written.get(attribute), item.get(attribute), "{attribute}");
+        }
+        // A single-stream row has neither attribute.
+        let single = to_item(&Lease::new(
+            ShardId::new("shardId-000000000002"),
+            Checkpoint::TrimHorizon,
+        ));
+        assert!(!single.contains_key(STREAM_NAME) && !single.contains_key(SHARD_ID));
     }
 
     #[test]

@@ -21,11 +21,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
-    InitializationInput, Liveness, ProcessRecordsInput, RecordProcessor, Retrieval, ShardId,
-    Worker, WorkerConfig,
+    InitializationInput, LeaseStore, Liveness, ProcessRecordsInput, ProcessorFactory,
+    RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
 };
+use kcl_integration_tests::tracker::FileTracker;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -90,6 +92,11 @@ struct Args {
     /// The call timeout in milliseconds (also how long a subscription may stay silent).
     #[arg(long, default_value_t = 15_000)]
     call_timeout_ms: u64,
+    /// Multi-stream mode: the streams to consume, one name a line (`name LATEST` to start a
+    /// new stream at LATEST), read at every shard sync; `--stream` is then ignored. Journal
+    /// lines name shards by their lease keys (`account:stream:epoch:shardId`).
+    #[arg(long)]
+    streams_file: Option<PathBuf>,
     /// Journal one `batch` line per batch (shard, record count, first record's payload)
     /// instead of a line per record: for measuring the worker's own cost.
     #[arg(long)]
@@ -273,7 +280,6 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let journal = Journal::open(&args.out, &args.worker_id)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let source = KinesisShardSource::new(&sdk, args.stream.clone());
     let coordination = match args.coordination.as_str() {
         "every-worker" => Coordination::EveryWorker,
         "leader" => Coordination::Leader,
@@ -315,15 +321,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "trim-horizon" => InitialPosition::TrimHorizon,
             other => anyhow::bail!("invalid --initial-position {other}"),
         });
-    let factory = {
+    let recorder = {
         let journal = journal.clone();
         let batch_checkpoint = !args.no_batch_checkpoint;
         let batch_delay = Duration::from_millis(args.batch_delay_ms);
         let record_delay = Duration::from_millis(args.record_delay_ms);
         let checkpoint_every = args.checkpoint_every;
         let journal_batches = args.journal_batches;
-        move |shard: &ShardId| Recorder {
-            shard: shard.clone(),
+        move |shard: ShardId| Recorder {
+            shard,
             journal: journal.clone(),
             batch_checkpoint,
             batch_delay,
@@ -333,7 +339,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
             journal_batches,
         }
     };
-    let worker = Worker::new(args.worker_id.as_str(), config, source, store, factory)?;
+    let id = args.worker_id.as_str();
+    if let Some(path) = args.streams_file {
+        let tracker = FileTracker::new(path, sdk.clone());
+        let source = MultiStreamSource::new(tracker, move |stream: &StreamId| {
+            KinesisShardSource::new(&sdk, stream.name.clone())
+        });
+        let factory = StreamFactories::new()
+            .otherwise(move |stream: &StreamId, shard: &ShardId| recorder(stream.lease_key(shard)));
+        drive(Worker::new(id, config, source, store, factory)?, &journal).await
+    } else {
+        let source = KinesisShardSource::new(&sdk, args.stream.clone());
+        let factory = move |shard: &ShardId| recorder(shard.clone());
+        drive(Worker::new(id, config, source, store, factory)?, &journal).await
+    }
+}
+
+/// Runs `worker` until it stops: SIGTERM or SIGINT shut it down gracefully, a second forces.
+async fn drive<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    worker: Worker<S, L, F>,
+    journal: &Journal,
+) -> anyhow::Result<()> {
     let handle = worker.shutdown_handle();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

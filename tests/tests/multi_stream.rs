@@ -1,0 +1,180 @@
+//! One worker process over several streams (`--streams-file`): a KCL Java multi-stream lease
+//! row (`account:stream:creationEpoch:shardId`, with its `streamName` and `shardId`) is
+//! picked up with its checkpoint, both streams' records are delivered, a stream added to the
+//! file while the worker runs is consumed too, and the leases kcl creates carry KCL Java's
+//! key and attributes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use kcl_aws::KinesisShardSource;
+use kcl_core::LeaseStore as _;
+use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_consumes_several_streams_and_a_kcl_java_row() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("multi-stream").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(150), Box::pin(run(ctx))).await
+}
+
+/// The same test world on another stream.
+fn on(ctx: &Context, suffix: &str) -> Context {
+    Context {
+        stream: format!("{}-{suffix}", ctx.stream),
+        ..ctx.clone()
+    }
+}
+
+fn payloads(prefix: &str, n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| (format!("pk-{i}"), format!("{prefix}{i}")))
+        .collect()
+}
+
+async fn run(ctx: Context) -> anyhow::Result<()> {
+    let (a, b, c) = (on(&ctx, "a"), on(&ctx, "b"), on(&ctx, "c"));
+    a.create_stream(2).await?;
+    b.create_stream(1).await?;
+    c.create_stream(1).await?;
+    a.put(&payloads("a", 30)).await?;
+    b.put(&payloads("b", 10)).await?;
+    c.put(&payloads("c", 10)).await?;
+    let id = |s: &Context| KinesisShardSource::from_client(s.kinesis.clone(), s.stream.clone());
+    let stream_a = id(&a).stream_id().await?;
+
+    // KCL Java left a checkpoint on stream a's first shard, at its fifth record.
+    let shard0 = a.read_shard("shardId-000000000000").await?;
+    assert!(
+        shard0.len() > 6,
+        "stream a's first shard has {} records",
+        shard0.len()
+    );
+    let (checkpoint, _) = &shard0[4];
+    ctx.store().ensure_table().await?;
+    let key = format!("{stream_a}:shardId-000000000000");
+    let row = [
+        ("leaseKey", AttributeValue::S(key.clone())),
+        ("leaseOwner", AttributeValue::S("kcl-java-worker".into())),
+        ("leaseCounter", AttributeValue::N("7".into())),
+        ("checkpoint", AttributeValue::S(checkpoint.clone())),
+        ("checkpointSubSequenceNumber", AttributeValue::N("0".into())),
+        (
+            "ownerSwitchesSinceCheckpoint",
+            AttributeValue::N("0".into()),
+        ),
+        ("streamName", AttributeValue::S(stream_a.to_string())),
+        ("shardId", AttributeValue::S("shardId-000000000000".into())),
+    ];
+    ctx.dynamodb
+        .put_item()
+        .table_name(&ctx.table)
+        .set_item(Some(
+            row.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        ))
+        .send()
+        .await?;
+
+    let streams = ctx.path("streams.txt");
+    std::fs::write(&streams, format!("{}\n{}\n", a.stream, b.stream))?;
+    let streams_arg = streams.to_string_lossy().into_owned();
+    let worker = WorkerProcess::spawn(
+        WORKER,
+        &ctx,
+        "worker-a",
+        &[
+            "--streams-file",
+            &streams_arg,
+            "--shard-sync-ms",
+            "1000",
+            "--failover-ms",
+            "3000",
+        ],
+    )?;
+    let delivered = |w: &WorkerProcess| -> anyhow::Result<BTreeSet<String>> {
+        Ok(kcl_integration_tests::journal::delivered(&w.events()?)
+            .into_iter()
+            .collect())
+    };
+    let skipped: BTreeSet<String> = shard0[..5].iter().map(|(_, d)| d.clone()).collect();
+    let mut want: BTreeSet<String> = payloads("a", 30)
+        .into_iter()
+        .chain(payloads("b", 10))
+        .map(|(_, d)| d)
+        .filter(|d| !skipped.contains(d))
+        .collect();
+    wait_until(
+        "streams a and b delivered",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        async || Ok(want.is_subset(&delivered(&worker)?)),
+    )
+    .await
+    .map_err(|e| e.context(worker.log_tail()))?;
+    let got = delivered(&worker)?;
+    let again: Vec<&String> = skipped.iter().filter(|d| got.contains(*d)).collect();
+    assert!(
+        again.is_empty(),
+        "delivered though KCL Java checkpointed them: {again:?}"
+    );
+    let init = worker
+        .events()?
+        .into_iter()
+        .find(|e| e.event == "init" && e.shard.as_deref() == Some(key.as_str()))
+        .expect("the KCL Java lease was processed");
+    assert_eq!(init.checkpoint.as_deref(), Some(checkpoint.as_str()));
+
+    // Added while the worker runs.
+    std::fs::write(
+        &streams,
+        format!("{}\n{}\n{}\n", a.stream, b.stream, c.stream),
+    )?;
+    want.extend(payloads("c", 10).into_iter().map(|(_, d)| d));
+    wait_until(
+        "stream c delivered once added",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || Ok(want.is_subset(&delivered(&worker)?)),
+    )
+    .await
+    .map_err(|e| e.context(worker.log_tail()))?;
+
+    // Every lease is keyed and described as KCL Java's multi-stream leases are.
+    let leases = ctx.store().list().await?;
+    let shards: Vec<_> = leases
+        .iter()
+        .filter(|l| !kcl_core::coordination::is_coordination_key(&l.key))
+        .collect();
+    assert_eq!(shards.len(), 4, "2 + 1 + 1 shards: {shards:?}");
+    let stream_c = id(&c).stream_id().await?;
+    let key_c = format!("{stream_c}:shardId-000000000000");
+    let item = ctx
+        .dynamodb
+        .get_item()
+        .table_name(&ctx.table)
+        .key("leaseKey", AttributeValue::S(key_c.clone()))
+        .send()
+        .await?
+        .item
+        .expect("stream c's lease");
+    assert_eq!(
+        item.get("streamName"),
+        Some(&AttributeValue::S(stream_c.to_string()))
+    );
+    assert_eq!(
+        item.get("shardId"),
+        Some(&AttributeValue::S("shardId-000000000000".into()))
+    );
+    eprintln!(
+        "leases: {:?}",
+        shards.iter().map(|l| l.key.as_str()).collect::<Vec<_>>()
+    );
+    worker.terminate()?;
+    Ok(())
+}
