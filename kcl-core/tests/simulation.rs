@@ -154,8 +154,13 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .filter(|(_, o)| o.stats.fan_out > 0)
         .map(|(_, o)| o.violations.len())
         .sum();
+    let multi_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.multi_stream > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
     println!(
-        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations; retrieval: polling {} seeds {} violations, fan-out {} seeds {fan_out_violations} violations), {violations} violations of [{}], {records} records",
+        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations; retrieval: polling {} seeds {} violations, fan-out {} seeds {fan_out_violations} violations; lease keys: single-stream {} seeds {} violations, multi-stream {} seeds {multi_violations} violations), {violations} violations of [{}], {records} records",
         results.len(),
         stats.latest,
         stats.at_timestamp,
@@ -171,6 +176,9 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         results.len() - stats.fan_out,
         violations - fan_out_violations,
         stats.fan_out,
+        results.len() - stats.multi_stream,
+        violations - multi_violations,
+        stats.multi_stream,
         INVARIANTS.join(", ")
     );
     violations

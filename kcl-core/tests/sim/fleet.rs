@@ -8,7 +8,11 @@ use std::time::Duration;
 
 use kcl_core::coordination::{Singleton, SingletonConfig};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
-use kcl_core::{Liveness, ShardId, ShutdownHandle, Status, Worker, WorkerConfig};
+use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId, Streams};
+use kcl_core::{
+    Liveness, ProcessorFactory, Shard, ShardId, ShardSource, ShutdownHandle, Status, Worker,
+    WorkerConfig,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
@@ -39,6 +43,49 @@ pub struct Fleet {
     pub failure_rate: f64,
     /// Every other worker renews per lease, whatever `config` says (a mixed fleet).
     pub mixed: bool,
+    /// How the lease table keys the stream's shards.
+    pub keys: Keys,
+}
+
+/// How shards are keyed in the lease table: by their id, or, when the workers read through a
+/// [`MultiStreamSource`], as KCL Java's multi-stream leases (`account:stream:epoch:shardId`).
+/// The checks speak lease keys; the stream, shard ids.
+#[derive(Debug, Clone, Default)]
+pub struct Keys(pub Option<StreamId>);
+
+impl Keys {
+    /// The lease key of a shard.
+    pub fn of(&self, shard: &ShardId) -> ShardId {
+        self.0
+            .as_ref()
+            .map_or_else(|| shard.clone(), |s| s.lease_key(shard))
+    }
+
+    /// The shard of a lease key.
+    pub fn shard_of(&self, key: &ShardId) -> ShardId {
+        match &self.0 {
+            Some(_) => StreamId::split_key(key).map_or_else(|| key.clone(), |(_, s)| s),
+            None => key.clone(),
+        }
+    }
+
+    /// A map by shard as a map by lease key.
+    pub fn keyed<V>(&self, by_shard: BTreeMap<ShardId, V>) -> BTreeMap<ShardId, V> {
+        by_shard
+            .into_iter()
+            .map(|(s, v)| (self.of(&s), v))
+            .collect()
+    }
+
+    /// A shard as the lease table knows it.
+    pub fn shard(&self, shard: &Shard) -> Shard {
+        Shard {
+            id: self.of(&shard.id),
+            parent_shard_ids: shard.parent_shard_ids.iter().map(|p| self.of(p)).collect(),
+            hash_key_range: shard.hash_key_range,
+            closed: shard.closed,
+        }
+    }
 }
 
 impl Fleet {
@@ -57,25 +104,48 @@ impl Fleet {
             instances: self.instances.clone(),
             failure_rate: self.failure_rate,
         };
-        let worker = Worker::new(
-            id.as_str(),
-            config,
-            // Its own client name, so that a partition can cut a worker off from the lease table
-            // alone, or from the stream alone.
-            self.stream.client(&stream_client(&id)),
-            self.store.client(&id),
-            move |shard: &ShardId| factory.create(shard),
-        )
-        .expect("valid config");
-        let (singleton, singleton_stop) = self.compete_for_singleton(&id);
+        // Its own client name, so that a partition can cut a worker off from the lease table
+        // alone, or from the stream alone.
+        let stream = self.stream.client(&stream_client(&id));
+        match self.keys.0.clone() {
+            None => {
+                let factory = move |shard: &ShardId| factory.create(shard);
+                self.launch(&id, config, stream, factory);
+            }
+            Some(stream_id) => {
+                let tracker = Streams::default();
+                tracker.add(stream_id, config.initial_position);
+                let source = MultiStreamSource::new(tracker, move |_: &StreamId| stream.clone());
+                let factory =
+                    StreamFactories::new().otherwise(move |s: &StreamId, shard: &ShardId| {
+                        factory.create(&s.lease_key(shard))
+                    });
+                self.launch(&id, config, source, factory);
+            }
+        }
+    }
+
+    fn launch<S: ShardSource, F: ProcessorFactory>(
+        &mut self,
+        id: &str,
+        config: WorkerConfig,
+        source: S,
+        factory: F,
+    ) {
+        let worker = Worker::builder(source, self.store.client(id))
+            .id(id)
+            .config(config)
+            .build_with(factory)
+            .expect("valid config");
+        let (singleton, singleton_stop) = self.compete_for_singleton(id);
         let member = Member {
             shutdown: worker.shutdown_handle(),
             status: worker.status(),
-            task: tokio::spawn(self.faults.run_as(&id, worker.run())),
+            task: tokio::spawn(self.faults.run_as(id, worker.run())),
             singleton,
             singleton_stop,
         };
-        self.live.insert(id, member);
+        self.live.insert(id.to_owned(), member);
     }
 
     pub fn singleton_config(&self) -> SingletonConfig {

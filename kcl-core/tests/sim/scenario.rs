@@ -9,9 +9,10 @@ use std::time::Duration;
 use kcl_core::coordination::is_coordination_key;
 use kcl_core::lease::sync::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
+use kcl_core::multi_stream::StreamId;
 use kcl_core::{
-    Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, ShardId, ShardSource,
-    WorkerConfig,
+    Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard, ShardId,
+    ShardSource, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -19,7 +20,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::checks::{self, Evidence, Start};
-use super::fleet::Fleet;
+use super::fleet::{Fleet, Keys};
 use super::processor::Log;
 use super::schedule::{Run, disturb, produce, reshard};
 
@@ -65,6 +66,8 @@ pub struct Stats {
     pub mixed: usize,
     /// Seeds read with enhanced fan-out (subscriptions) instead of polling.
     pub fan_out: usize,
+    /// Seeds whose workers read through a `MultiStreamSource` (leases keyed by stream).
+    pub multi_stream: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -104,6 +107,7 @@ impl std::ops::AddAssign for Stats {
         self.heartbeat += o.heartbeat;
         self.mixed += o.mixed;
         self.fan_out += o.fan_out;
+        self.multi_stream += o.multi_stream;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -165,7 +169,16 @@ pub async fn simulate(seed: u64) -> Outcome {
     } else {
         Retrieval::Polling
     };
+    // A third of the seeds key their leases as KCL Java's multi-stream mode does, reading
+    // through a `MultiStreamSource` (its keys, routing, children and parents under every
+    // fault); the several-streams pool itself is tested in `tests/multi_stream.rs`.
+    let keys = Keys(
+        StdRng::seed_from_u64(seed ^ 0x5717_ea55)
+            .random_ratio(1, 3)
+            .then(|| StreamId::new("123456789012", "simulation", 1_700_000_000)),
+    );
     let mut stats = Stats {
+        multi_stream: usize::from(keys.0.is_some()),
         led: usize::from(led),
         heartbeat: usize::from(heartbeat),
         mixed: usize::from(mixed),
@@ -181,7 +194,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         shards: stream
             .shards()
             .into_iter()
-            .map(|s| (s.id, s.closed))
+            .map(|s| (keys.of(&s.id), s.closed))
             .collect(),
     };
     let store = MemoryLeaseStore::with_faults(faults.clone());
@@ -217,6 +230,7 @@ pub async fn simulate(seed: u64) -> Outcome {
             0.0
         },
         mixed,
+        keys,
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();
@@ -239,7 +253,7 @@ pub async fn simulate(seed: u64) -> Outcome {
     sleep(Duration::from_secs(2)).await;
     producing.cancel();
     let _ = producer.await;
-    let records = records(&stream);
+    let records = fleet.keys.keyed(records(&stream));
     drain(&fleet, &records, &start).await;
     let (balance_cycles, unbalanced) = balance(&fleet).await;
     violations.extend(unbalanced);
@@ -259,7 +273,7 @@ pub async fn simulate(seed: u64) -> Outcome {
 async fn drain(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
-        let first_open = first_open(&fleet.stream, records);
+        let first_open = first_open(fleet, records);
         let outstanding: usize = {
             let journal = fleet.log.lock();
             checks::undelivered(&journal, records, &first_open, start)
@@ -300,13 +314,19 @@ fn judge(
         })
         .count();
     let failover = config().failover_time;
+    let shards: Vec<Shard> = fleet
+        .stream
+        .shards()
+        .iter()
+        .map(|s| fleet.keys.shard(s))
+        .collect();
     checks::check(&Evidence {
         journal: &journal,
         store: &store_events,
-        shards: &fleet.stream.shards(),
+        shards: &shards,
         records,
-        aged_out,
-        first_open: &first_open(&fleet.stream, records),
+        aged_out: &fleet.keys.keyed(aged_out.clone()),
+        first_open: &first_open(fleet, records),
         start,
         failover,
         validity: failover - failover / 10,
@@ -354,13 +374,14 @@ fn records(stream: &MemoryStream) -> BTreeMap<ShardId, Vec<Record>> {
         .collect()
 }
 
-fn first_open(
-    stream: &MemoryStream,
-    records: &BTreeMap<ShardId, Vec<Record>>,
-) -> BTreeMap<ShardId, usize> {
+/// By lease key, where the first iterator on each shard pointed.
+fn first_open(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>) -> BTreeMap<ShardId, usize> {
     records
         .keys()
-        .filter_map(|s| stream.first_open(s).map(|i| (s.clone(), i)))
+        .filter_map(|k| {
+            let shard = fleet.keys.shard_of(k);
+            fleet.stream.first_open(&shard).map(|i| (k.clone(), i))
+        })
         .collect()
 }
 
