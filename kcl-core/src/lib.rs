@@ -8,6 +8,10 @@
 //! on Kinesis and DynamoDB; the [`memory`] module (feature `test-util`) implements both in
 //! process, with fault injection, for tests and simulation.
 //!
+//! Records are read by polling, or with enhanced fan-out ([`Retrieval::FanOut`]); KPL
+//! aggregates are split into their user records ([`aggregation`]); one worker can consume
+//! several streams ([`multi_stream`]), with KCL Java's lease keys.
+//!
 //! ## Quick start
 //!
 //! ```
