@@ -45,6 +45,19 @@ fn case(name: &str) -> (String, Vec<u8>, Vec<(String, String)>) {
     )
 }
 
+/// A one-shard stream with three of the fixture's aggregates (512 user records) in it; the
+/// user records, in order.
+async fn aggregates_in_a_stream(ctx: &Context) -> anyhow::Result<Vec<(String, String)>> {
+    ctx.create_stream(1).await?;
+    let mut expected = Vec::new();
+    for name in ["ten-same-key#0", "many-keys#0", "single#0"] {
+        let (pk, data, users) = case(name);
+        ctx.put_bytes(&pk, &data).await?;
+        expected.extend(users);
+    }
+    Ok(expected)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aggregated_records_come_out_as_their_user_records() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("kpl").await? else {
@@ -54,13 +67,7 @@ async fn aggregated_records_come_out_as_their_user_records() -> anyhow::Result<(
 }
 
 async fn run(ctx: Context) -> anyhow::Result<()> {
-    ctx.create_stream(1).await?;
-    let mut expected = Vec::new();
-    for name in ["ten-same-key#0", "many-keys#0", "single#0"] {
-        let (pk, data, users) = case(name);
-        ctx.put_bytes(&pk, &data).await?;
-        expected.extend(users);
-    }
+    let mut expected = aggregates_in_a_stream(&ctx).await?;
     ctx.put_one("p", "a plain record").await?;
     expected.push(("p".to_owned(), "a plain record".to_owned()));
 
@@ -130,13 +137,7 @@ async fn a_kill_inside_an_aggregate_loses_nothing_and_repeats_nothing_checkpoint
 }
 
 async fn kill_inside(ctx: Context) -> anyhow::Result<()> {
-    ctx.create_stream(1).await?;
-    let mut expected = Vec::new();
-    for name in ["ten-same-key#0", "many-keys#0", "single#0"] {
-        let (pk, data, users) = case(name);
-        ctx.put_bytes(&pk, &data).await?;
-        expected.extend(users);
-    }
+    let expected = aggregates_in_a_stream(&ctx).await?;
     let args = [
         "--checkpoint-every",
         "7",

@@ -78,6 +78,13 @@ impl State {
         id
     }
 
+    /// The shard, or `NotFound` as Kinesis says it.
+    fn shard(&self, id: &ShardId, operation: &'static str) -> Result<&MemShard, BackendError> {
+        self.shards.get(id).ok_or_else(|| {
+            BackendError::new(ErrorKind::NotFound, operation, format!("no shard {id}"))
+        })
+    }
+
     /// Where an iterator or subscription at `position` starts in `shard`, and notes the first.
     fn start_index(
         &mut self,
@@ -85,13 +92,7 @@ impl State {
         position: &StartingPosition,
         operation: &'static str,
     ) -> Result<usize, BackendError> {
-        let Some(m) = self.shards.get(shard) else {
-            return Err(BackendError::new(
-                ErrorKind::NotFound,
-                operation,
-                format!("no shard {shard}"),
-            ));
-        };
+        let m = self.shard(shard, operation)?;
         let index = match position {
             StartingPosition::TrimHorizon => 0,
             StartingPosition::Latest => m.records.len(),
@@ -117,13 +118,7 @@ impl State {
         limit: usize,
         operation: &'static str,
     ) -> Result<Read, BackendError> {
-        let Some(m) = self.shards.get(shard) else {
-            return Err(BackendError::new(
-                ErrorKind::NotFound,
-                operation,
-                format!("no shard {shard}"),
-            ));
-        };
+        let m = self.shard(shard, operation)?;
         let start = index.min(m.records.len());
         let end = start.saturating_add(limit).min(m.records.len());
         let records = m.records[start..end].to_vec();
