@@ -45,6 +45,10 @@ pub enum Mutation {
     LeaderIgnoresActivity,
     /// Leases of an owner with a heartbeat row are taken without deleting that row first.
     TakeWithoutFence,
+    /// A periodic job runs without recording its period in the singleton's row.
+    PeriodNotRecorded,
+    /// A singleton's fencing token is not the row's counter but a constant.
+    FenceConstant,
 }
 
 impl Mutation {
@@ -67,6 +71,8 @@ impl Mutation {
         Self::StealWithoutHandoff,
         Self::LeaderIgnoresActivity,
         Self::TakeWithoutFence,
+        Self::PeriodNotRecorded,
+        Self::FenceConstant,
     ];
 }
 

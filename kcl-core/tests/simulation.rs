@@ -181,5 +181,21 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.multi_stream,
         INVARIANTS.join(", ")
     );
+    let singleton_violations = results
+        .iter()
+        .flat_map(|(_, o)| &o.violations)
+        .filter(|v| {
+            ["singleton:", "fencing-token:", "periodic:"]
+                .iter()
+                .any(|p| v.starts_with(p))
+        })
+        .count();
+    println!(
+        "singleton simulation: {} seeds ({} in health mode with hanging runs; {} singleton runs, {} periodic runs), {singleton_violations} violations of [singleton, fencing-token, periodic]",
+        results.len(),
+        stats.health,
+        stats.singleton_runs,
+        stats.periodic_runs,
+    );
     violations
 }

@@ -29,21 +29,30 @@ pub struct SingletonConfig {
     /// run at once. Default: a quarter of the failover time (2.5 s).
     #[serde(with = "humantime_serde")]
     pub stop_timeout: Duration,
+    /// Health mode: when set, a task that does not call
+    /// [`TaskContext::heartbeat`](super::TaskContext::heartbeat) within this long (from its
+    /// start, then from its last call) is cancelled, dropped after `stop_timeout`, and its row
+    /// released, so that another candidate starts it; this candidate then leaves it to the
+    /// others for the failover time, doubling with each unhealthy run in a row up to 16×.
+    /// Default: none (a task is trusted while it runs).
+    #[serde(default, with = "humantime_serde")]
+    pub health_timeout: Option<Duration>,
 }
 
 impl Default for SingletonConfig {
     fn default() -> Self {
-        Self::derived(Duration::from_secs(10), Duration::from_secs(1))
+        Self::derived(Duration::from_secs(10), Duration::from_secs(1), None)
     }
 }
 
 impl SingletonConfig {
-    fn derived(failover_time: Duration, poll_interval: Duration) -> Self {
+    fn derived(failover_time: Duration, poll_interval: Duration, health: Option<Duration>) -> Self {
         Self {
             failover_time,
             renew_interval: failover_time / 3,
             poll_interval,
             stop_timeout: failover_time / 4,
+            health_timeout: health,
         }
     }
 
@@ -51,13 +60,20 @@ impl SingletonConfig {
     /// (a quarter) from it.
     #[must_use]
     pub fn failover_time(self, value: Duration) -> Self {
-        Self::derived(value, self.poll_interval)
+        Self::derived(value, self.poll_interval, self.health_timeout)
     }
 
     /// Sets the poll interval.
     #[must_use]
     pub fn poll_interval(mut self, value: Duration) -> Self {
         self.poll_interval = value;
+        self
+    }
+
+    /// Turns health mode on: see [`SingletonConfig::health_timeout`].
+    #[must_use]
+    pub fn health_timeout(mut self, value: Duration) -> Self {
+        self.health_timeout = Some(value);
         self
     }
 
@@ -91,6 +107,11 @@ impl SingletonConfig {
         if self.poll_interval.is_zero() {
             return err("poll_interval", "must be above zero");
         }
+        if let Some(health) = self.health_timeout
+            && (health.is_zero() || health > crate::config::MAX_DURATION)
+        {
+            return err("health_timeout", "must be above zero and at most 7 days");
+        }
         if self.stop_timeout + self.renew_interval >= self.validity() {
             return err(
                 "stop_timeout",
@@ -123,5 +144,12 @@ mod tests {
         );
         let slow = SingletonConfig::default().stop_timeout(Duration::from_secs(6));
         assert_eq!(key(slow), Some("stop_timeout"));
+        let never = SingletonConfig::default().health_timeout(Duration::ZERO);
+        assert_eq!(key(never), Some("health_timeout"));
+        // Health mode survives a later change of the failover time.
+        let health = SingletonConfig::default()
+            .health_timeout(Duration::from_secs(5))
+            .failover_time(Duration::from_secs(3));
+        assert_eq!(health.health_timeout, Some(Duration::from_secs(5)));
     }
 }

@@ -46,22 +46,23 @@
 //! ```
 
 mod config;
+mod context;
+mod hold;
+mod periodic;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 
 pub use self::config::SingletonConfig;
+pub use self::context::{FencingToken, TaskContext};
+pub use self::periodic::Period;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::observer::Observer;
-use crate::lease::renewer;
-use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore};
-use crate::mutation::{self, Mutation};
 use crate::task::bounded;
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
@@ -91,8 +92,17 @@ pub fn is_coordination_key(key: &ShardId) -> bool {
     key.as_str().starts_with(COORDINATION_PREFIX)
 }
 
+impl<L> std::fmt::Debug for Singleton<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Singleton")
+            .field("key", &self.key)
+            .field("me", &self.me)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One named task that runs on exactly one candidate at a time. See the module docs.
-#[derive(Debug)]
 pub struct Singleton<L> {
     key: ShardId,
     me: WorkerId,
@@ -103,7 +113,12 @@ pub struct Singleton<L> {
     poll_millis: std::sync::atomic::AtomicU64,
     /// Wakes a candidate sleeping between polls when its interval changes.
     poll_changed: tokio::sync::Notify,
+    /// The wall clock that numbers the periods of [`every`](Self::every).
+    clock: Clock,
 }
+
+/// A wall clock: `Utc::now` unless a test or simulation says otherwise.
+pub type Clock = Arc<dyn Fn() -> chrono::DateTime<chrono::Utc> + Send + Sync>;
 
 impl<L: LeaseStore> Singleton<L> {
     /// A candidate named `me` for the singleton `name`.
@@ -154,7 +169,16 @@ impl<L: LeaseStore> Singleton<L> {
             poll_changed: tokio::sync::Notify::new(),
             config,
             holder: watch::Sender::new(None),
+            clock: Arc::new(chrono::Utc::now),
         })
+    }
+
+    /// Numbers the periods of [`every`](Self::every) with `clock` instead of the system's
+    /// (a test under paused tokio time, a simulation).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Changes how often this candidate reads the row while it does not hold it (a worker's
@@ -189,6 +213,22 @@ impl<L: LeaseStore> Singleton<L> {
         F: FnMut(CancellationToken) -> Fut,
         Fut: Future<Output = ()>,
     {
+        self.run_with(shutdown, |ctx: TaskContext| task(ctx.cancelled().clone()))
+            .await
+    }
+
+    /// As [`run`](Self::run), the task getting a [`TaskContext`]: its cancellation token, a
+    /// [`FencingToken`] for writes to other systems, and the heartbeat of health mode
+    /// ([`SingletonConfig::health_timeout`]).
+    pub async fn run_with<F, Fut>(
+        &self,
+        shutdown: CancellationToken,
+        mut task: F,
+    ) -> Result<(), Error>
+    where
+        F: FnMut(TaskContext) -> Fut,
+        Fut: Future<Output = ()>,
+    {
         loop {
             let ensured = tokio::select! {
                 biased;
@@ -209,6 +249,7 @@ impl<L: LeaseStore> Singleton<L> {
             }
         }
         let mut observer = Observer::default();
+        let mut penalty = hold::Penalty::default();
         while !shutdown.is_cancelled() {
             let polled = tokio::select! {
                 biased;
@@ -216,7 +257,17 @@ impl<L: LeaseStore> Singleton<L> {
                 polled = self.try_take(&mut observer) => polled,
             };
             match polled {
-                Ok(Some((lease, started))) => self.hold(lease, started, &shutdown, &mut task).await,
+                Ok(Some((lease, started))) => {
+                    let outcome = self.hold(lease, started, &shutdown, &mut task).await;
+                    if let Some(pause) = penalty.after(outcome, self.config.failover_time) {
+                        tracing::warn!(singleton = %self.key, ?pause, "the task was unhealthy: leaving it to other candidates for a while");
+                        tokio::select! {
+                            biased;
+                            () = shutdown.cancelled() => break,
+                            () = sleep(pause) => {}
+                        }
+                    }
+                }
                 Ok(None) => {}
                 Err(e) if e.kind().is_permanent() => return Err(Error::Store(e)),
                 Err(error) => {
@@ -270,109 +321,6 @@ impl<L: LeaseStore> Singleton<L> {
             Ok(lease) => Ok(Some((lease, started))),
             Err(e) if e.kind() == ErrorKind::Conflict => Ok(None),
             Err(e) => Err(e),
-        }
-    }
-
-    async fn hold<F, Fut>(
-        &self,
-        lease: Lease,
-        started: Instant,
-        shutdown: &CancellationToken,
-        task: &mut F,
-    ) where
-        F: FnMut(CancellationToken) -> Fut,
-        Fut: Future<Output = ()>,
-    {
-        let tenure = Arc::new(Tenure::new(
-            lease,
-            self.me.clone(),
-            self.store.clone(),
-            self.config.failover_time,
-            self.config.failover_time,
-            started,
-        ));
-        self.holder.send_replace(Some(self.me.clone()));
-        tracing::info!(singleton = %self.key, "singleton acquired");
-        {
-            let renewer = renewer::run(tenure.clone(), self.config.renew_interval);
-            let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
-            let token = CancellationToken::new();
-            let run = task(token.clone());
-            self.supervise(&tenure, shutdown, &token, run).await;
-            // Dropping the renewer here aborts any write it has under way, which frees the
-            // tenure for the release below.
-        }
-        if !tenure.is_lost()
-            && let Err(error) = tenure.release().await
-        {
-            tracing::debug!(?error, singleton = %self.key, "singleton release failed");
-        }
-        tenure.mark_lost();
-        tracing::info!(singleton = %self.key, "singleton given up");
-        self.holder.send_replace(None);
-    }
-
-    /// Runs the task until it returns, cancelling `token` on shutdown or when the lease is at
-    /// risk, and dropping the task `stop_timeout` later or when the validity runs out,
-    /// whichever comes first (see the module docs).
-    async fn supervise(
-        &self,
-        tenure: &Tenure,
-        shutdown: &CancellationToken,
-        token: &CancellationToken,
-        run: impl Future<Output = ()>,
-    ) {
-        let budget = self.config.stop_timeout;
-        tokio::pin!(run);
-        if mutation::on(Mutation::SingletonNeverStopped) {
-            return run.await;
-        }
-        if mutation::on(Mutation::SingletonNotDropped) {
-            tokio::select! {
-                () = &mut run => return,
-                () = tenure.lost_token().cancelled() => {}
-                () = shutdown.cancelled() => {}
-            }
-            token.cancel();
-            return run.await;
-        }
-        tokio::select! {
-            biased;
-            () = tenure.expired() => return self.dropped(),
-            () = &mut run => return,
-            () = at_risk(tenure, budget) => {
-                tracing::warn!(singleton = %self.key, "lease at risk: cancelling the task");
-            }
-            () = shutdown.cancelled() => {}
-        }
-        token.cancel();
-        let stop_by = Instant::now() + budget;
-        tokio::select! {
-            biased;
-            () = tenure.expired() => self.dropped(),
-            () = &mut run => {}
-            () = sleep_until(stop_by) => self.dropped(),
-        }
-    }
-
-    fn dropped(&self) {
-        tracing::warn!(singleton = %self.key, "the task did not stop in time: dropped");
-    }
-}
-
-/// Resolves once less than `budget` is left of the lease's validity (or it is lost).
-async fn at_risk(tenure: &Tenure, budget: std::time::Duration) {
-    loop {
-        let until = tenure.valid_until();
-        let alarm = until.checked_sub(budget).unwrap_or(until);
-        tokio::select! {
-            biased;
-            () = tenure.lost_token().cancelled() => return,
-            () = sleep_until(alarm) => {
-                if tenure.valid_until() == until {
-                    return;
-                }
-            }
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use kcl_core::coordination::{Singleton, SingletonConfig};
+use kcl_core::coordination::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId, Streams};
 use kcl_core::{
@@ -26,6 +26,8 @@ pub struct Member {
     task: JoinHandle<Result<(), kcl_core::Error>>,
     singleton: JoinHandle<Result<(), kcl_core::Error>>,
     singleton_stop: CancellationToken,
+    periodic: JoinHandle<Result<(), kcl_core::Error>>,
+    periodic_stop: CancellationToken,
     shutdown: ShutdownHandle,
     pub status: watch::Receiver<Status>,
 }
@@ -45,7 +47,12 @@ pub struct Fleet {
     pub mixed: bool,
     /// How the lease table keys the stream's shards.
     pub keys: Keys,
+    /// Singletons run in health mode, and some of their runs hang (stop heartbeating).
+    pub health: bool,
 }
+
+/// The period of the fleet's periodic job.
+pub const PERIOD: Duration = Duration::from_secs(2);
 
 /// How shards are keyed in the lease table: by their id, or, when the workers read through a
 /// [`MultiStreamSource`], as KCL Java's multi-stream leases (`account:stream:epoch:shardId`).
@@ -138,20 +145,59 @@ impl Fleet {
             .build_with(factory)
             .expect("valid config");
         let (singleton, singleton_stop) = self.compete_for_singleton(id);
+        let (periodic, periodic_stop) = self.run_periodic(id);
         let member = Member {
             shutdown: worker.shutdown_handle(),
             status: worker.status(),
             task: tokio::spawn(self.faults.run_as(id, worker.run())),
             singleton,
             singleton_stop,
+            periodic,
+            periodic_stop,
         };
         self.live.insert(id.to_owned(), member);
     }
 
     pub fn singleton_config(&self) -> SingletonConfig {
-        SingletonConfig::default()
+        let config = SingletonConfig::default()
             .failover_time(self.config.failover_time)
-            .poll_interval(self.config.taker_interval)
+            .poll_interval(self.config.taker_interval);
+        if self.health {
+            config.health_timeout(Duration::from_secs(1))
+        } else {
+            config
+        }
+    }
+
+    /// Every worker is also a candidate for the fleet's periodic job, numbered on the
+    /// stream's clock (which follows the simulation's time).
+    fn run_periodic(
+        &self,
+        id: &str,
+    ) -> (JoinHandle<Result<(), kcl_core::Error>>, CancellationToken) {
+        let stream = self.stream.clone();
+        let singleton = Singleton::new(
+            "sim-periodic",
+            id,
+            self.store.client(id),
+            self.singleton_config(),
+        )
+        .expect("valid config")
+        .with_clock(Arc::new(move || stream.now()));
+        let stop = CancellationToken::new();
+        let (log, me, token) = (self.log.clone(), id.to_owned(), stop.clone());
+        let task = async move {
+            singleton
+                .every(PERIOD, token, move |p| {
+                    let (log, me) = (log.clone(), me.clone());
+                    async move {
+                        log.period_ran(&me, p.index);
+                        sleep(Duration::from_millis(300)).await;
+                    }
+                })
+                .await
+        };
+        (tokio::spawn(self.faults.run_as(id, task)), stop)
     }
 
     /// Every worker is also a candidate for one fleet-wide singleton task, which takes a
@@ -167,18 +213,29 @@ impl Fleet {
         let stop = CancellationToken::new();
         let (log, me, token) = (self.log.clone(), id.to_owned(), stop.clone());
         let mut rng = StdRng::seed_from_u64(self.seed ^ crate::sim::hash(id));
+        // In health mode, some runs hang: they keep executing but stop heartbeating.
+        let hangs = self.health;
         let task = async move {
             singleton
-                .run(token, |cancelled| {
+                .run_with(token, |ctx: TaskContext| {
                     let (log, me) = (log.clone(), me.clone());
                     let wind_down = budget.mul_f64(rng.random_range(0.0..2.0));
+                    let hang_at =
+                        (hangs && rng.random_bool(0.3)).then(|| rng.random_range(1..40u32));
                     async move {
-                        let index = log.run_started(&me);
+                        let index = log.run_started(&me, ctx.fencing_token().0);
                         // It works every 100 ms until cancelled, then takes `wind_down` to stop.
+                        let mut ticks = 0;
                         loop {
                             tokio::select! {
-                                () = cancelled.cancelled() => break,
-                                () = sleep(Duration::from_millis(100)) => log.run_active(index),
+                                () = ctx.cancelled().cancelled() => break,
+                                () = sleep(Duration::from_millis(100)) => {
+                                    log.run_active(index);
+                                    ticks += 1;
+                                    if hang_at.is_none_or(|at| ticks < at) {
+                                        ctx.heartbeat();
+                                    }
+                                }
                             }
                         }
                         log.run_active(index);
@@ -205,13 +262,24 @@ impl Fleet {
         if crash {
             m.task.abort();
             m.singleton.abort();
+            m.periodic.abort();
             let _ = m.task.await;
             let _ = m.singleton.await;
+            let _ = m.periodic.await;
             return None;
         }
         let limit = self.config.shutdown_timeout + Duration::from_secs(1);
         m.singleton_stop.cancel();
+        m.periodic_stop.cancel();
         let singleton = tokio::time::timeout(limit, m.singleton).await;
+        if !matches!(
+            tokio::time::timeout(limit, m.periodic).await,
+            Ok(Ok(Ok(())))
+        ) {
+            return Some(format!(
+                "shutdown: {id}'s periodic job did not stop cleanly within {limit:?}"
+            ));
+        }
         m.shutdown.shutdown();
         let worker = tokio::time::timeout(limit, m.task).await;
         match (singleton, worker) {

@@ -57,11 +57,22 @@ pub struct SingletonRun {
     pub worker: String,
     pub start: Instant,
     pub last: Instant,
+    /// The fencing token it ran with.
+    pub token: u64,
+}
+
+/// One run of the fleet's periodic job: who, for which period, when.
+#[derive(Debug, Clone)]
+pub struct PeriodicRun {
+    pub worker: String,
+    pub index: u64,
+    pub at: Instant,
 }
 
 #[derive(Debug, Default)]
 pub struct Journal {
     pub singleton_runs: Vec<SingletonRun>,
+    pub periodic_runs: Vec<PeriodicRun>,
     pub deliveries: Vec<Delivery>,
     pub effects: Vec<Effect>,
     pub attempts: Vec<Attempt>,
@@ -77,15 +88,25 @@ impl Log {
     }
 
     /// Starts a singleton run; returns its index.
-    pub fn run_started(&self, worker: &str) -> usize {
+    pub fn run_started(&self, worker: &str, token: u64) -> usize {
         let mut j = self.lock();
         let now = Instant::now();
         j.singleton_runs.push(SingletonRun {
             worker: worker.to_owned(),
             start: now,
             last: now,
+            token,
         });
         j.singleton_runs.len() - 1
+    }
+
+    /// The periodic job runs for period `index`.
+    pub fn period_ran(&self, worker: &str, index: u64) {
+        self.lock().periodic_runs.push(PeriodicRun {
+            worker: worker.to_owned(),
+            index,
+            at: Instant::now(),
+        });
     }
 
     /// The singleton run `index` executes something now.

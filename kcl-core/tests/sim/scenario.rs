@@ -68,6 +68,10 @@ pub struct Stats {
     pub fan_out: usize,
     /// Seeds whose workers read through a `MultiStreamSource` (leases keyed by stream).
     pub multi_stream: usize,
+    /// Seeds whose singletons run in health mode (some runs hang).
+    pub health: usize,
+    /// Runs of the periodic job.
+    pub periodic_runs: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -108,6 +112,8 @@ impl std::ops::AddAssign for Stats {
         self.mixed += o.mixed;
         self.fan_out += o.fan_out;
         self.multi_stream += o.multi_stream;
+        self.health += o.health;
+        self.periodic_runs += o.periodic_runs;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -177,7 +183,10 @@ pub async fn simulate(seed: u64) -> Outcome {
             .random_ratio(1, 3)
             .then(|| StreamId::new("123456789012", "simulation", 1_700_000_000)),
     );
+    // Half the seeds run the singletons in health mode, with some runs hanging.
+    let health = StdRng::seed_from_u64(seed ^ 0x0bea_7000).random_bool(0.5);
     let mut stats = Stats {
+        health: usize::from(health),
         multi_stream: usize::from(keys.0.is_some()),
         led: usize::from(led),
         heartbeat: usize::from(heartbeat),
@@ -231,6 +240,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         },
         mixed,
         keys,
+        health,
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();
@@ -250,6 +260,7 @@ pub async fn simulate(seed: u64) -> Outcome {
     if fleet.live.is_empty() {
         fleet.join();
     }
+    let quiet_from = Instant::now();
     sleep(Duration::from_secs(2)).await;
     producing.cancel();
     let _ = producer.await;
@@ -257,9 +268,15 @@ pub async fn simulate(seed: u64) -> Outcome {
     drain(&fleet, &records, &start).await;
     let (balance_cycles, unbalanced) = balance(&fleet).await;
     violations.extend(unbalanced);
+    let quiet = (quiet_from, Instant::now());
     violations.extend(fleet.stop_all().await);
     violations.extend(judge(
-        &fleet, &records, &aged_out, &start, planned, &mut stats,
+        &fleet,
+        &records,
+        &aged_out,
+        &start,
+        (planned, quiet),
+        &mut stats,
     ));
     Outcome {
         violations,
@@ -294,7 +311,7 @@ fn judge(
     records: &BTreeMap<ShardId, Vec<Record>>,
     aged_out: &BTreeMap<ShardId, Vec<Record>>,
     start: &Start,
-    planned: bool,
+    (planned, quiet): (bool, (Instant, Instant)),
     stats: &mut Stats,
 ) -> Vec<String> {
     let journal = fleet.log.lock();
@@ -303,6 +320,7 @@ fn judge(
     stats.processors = journal.instances.len();
     stats.deliveries = journal.deliveries.len();
     stats.singleton_runs = journal.singleton_runs.len();
+    stats.periodic_runs = journal.periodic_runs.len();
     stats.handoffs = store_events
         .iter()
         .filter(|e| {
@@ -331,6 +349,7 @@ fn judge(
         failover,
         validity: failover - failover / 10,
         planned,
+        quiet,
     })
 }
 

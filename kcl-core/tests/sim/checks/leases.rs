@@ -3,15 +3,22 @@
 
 use std::collections::BTreeMap;
 
+use kcl_core::coordination::is_coordination_key;
 use kcl_core::memory::StoreEvent;
 use kcl_core::{Checkpoint, ShardId};
 
 use super::Evidence;
 
 /// checkpoints: never move backwards and never pass a record the writer had not delivered.
+/// (A singleton's row is not a shard's: the periodic job records its periods there, which
+/// the `periodic` check judges.)
 pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut current: BTreeMap<&ShardId, &Checkpoint> = BTreeMap::new();
-    for ev in e.store.iter().filter(|ev| ev.operation == "checkpoint") {
+    let shard_checkpoints = e
+        .store
+        .iter()
+        .filter(|ev| ev.operation == "checkpoint" && !is_coordination_key(&ev.lease.key));
+    for ev in shard_checkpoints {
         let cp = &ev.lease.checkpoint;
         let prev = current.insert(&ev.lease.key, cp);
         if let Some(prev) = prev

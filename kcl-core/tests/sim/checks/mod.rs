@@ -2,6 +2,7 @@
 
 mod leases;
 mod records;
+mod singletons;
 
 pub use records::undelivered;
 
@@ -26,6 +27,8 @@ pub const INVARIANTS: &[&str] = &[
     "exclusive",
     "lineage",
     "singleton",
+    "fencing-token",
+    "periodic",
     "no-duplicates",
 ];
 
@@ -59,6 +62,8 @@ pub struct Evidence<'a> {
     pub validity: Duration,
     /// Only planned changes happened (no crashes, pauses, faults or failing processors).
     pub planned: bool,
+    /// From when every fault had stopped, until the fleet was stopped.
+    pub quiet: (tokio::time::Instant, tokio::time::Instant),
 }
 
 impl Evidence<'_> {
@@ -81,6 +86,8 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     leases::exclusive(e, &mut v);
     leases::lineage(e, &mut v);
     leases::singleton(e, &mut v);
+    singletons::tokens(e, &mut v);
+    singletons::periodic(e, &mut v);
     if e.planned {
         records::no_duplicates(e, &mut v);
     }

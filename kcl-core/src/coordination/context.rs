@@ -1,0 +1,96 @@
+//! What a singleton's task gets: its cancellation token, a fencing token, and a heartbeat.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::tenure::Tenure;
+
+/// A number that grows with every change of holder: the singleton row's lease counter when
+/// this holder took it (every write of the row bumps the counter, and kcl never deletes a
+/// singleton row). An instance that carries it into its writes to an external system lets
+/// that system refuse a former holder that still thinks it runs:
+///
+/// ```sql
+/// -- the external table keeps the highest token it has seen
+/// UPDATE report SET body = :body, fence = :token WHERE id = :id AND fence <= :token
+/// ```
+///
+/// or, on DynamoDB, a `ConditionExpression` of `attribute_not_exists(fence) OR fence <= :token`.
+/// A write carrying an older token then fails instead of overwriting the new holder's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Handed to a singleton's task each time this candidate starts it.
+#[derive(Clone)]
+pub struct TaskContext {
+    cancelled: CancellationToken,
+    fence: FencingToken,
+    beat: Arc<watch::Sender<Instant>>,
+    pub(crate) tenure: Arc<Tenure>,
+}
+
+impl fmt::Debug for TaskContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskContext")
+            .field("fence", &self.fence)
+            .field("cancelled", &self.cancelled.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TaskContext {
+    pub(crate) fn new(tenure: Arc<Tenure>, fence: FencingToken) -> Self {
+        Self {
+            cancelled: CancellationToken::new(),
+            fence,
+            beat: Arc::new(watch::Sender::new(Instant::now())),
+            tenure,
+        }
+    }
+
+    /// Cancelled when the task must stop: shutdown, the lease at risk, or (health mode) no
+    /// heartbeat in time. Return soon after; the task is dropped at its next `.await` once
+    /// [`SingletonConfig::stop_timeout`](super::SingletonConfig::stop_timeout) has passed.
+    pub fn cancelled(&self) -> &CancellationToken {
+        &self.cancelled
+    }
+
+    /// This holder's fencing token (see [`FencingToken`]).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fence
+    }
+
+    /// Says the task is healthy. Under
+    /// [`SingletonConfig::health_timeout`](super::SingletonConfig::health_timeout), a task
+    /// that does not call this within the timeout (counted from its start, then from its last
+    /// call) is cancelled, dropped, and handed to another candidate.
+    pub fn heartbeat(&self) {
+        self.beat.send_replace(Instant::now());
+    }
+
+    /// Resolves once no heartbeat came within `timeout`; never without a timeout.
+    pub(crate) async fn unhealthy(&self, timeout: Option<Duration>) {
+        let Some(timeout) = timeout else {
+            return std::future::pending().await;
+        };
+        let beats = self.beat.subscribe();
+        loop {
+            let deadline = *beats.borrow() + timeout;
+            if Instant::now() >= deadline {
+                return;
+            }
+            sleep_until(deadline).await;
+        }
+    }
+}

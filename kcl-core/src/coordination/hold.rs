@@ -1,0 +1,172 @@
+//! Holding a singleton: renewing its row, running the task, stopping it in time.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::Singleton;
+use super::context::{FencingToken, TaskContext};
+use crate::lease::renewer;
+use crate::lease::tenure::Tenure;
+use crate::lease::{Lease, LeaseStore};
+use crate::mutation::{self, Mutation};
+
+/// How a holding ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// The task returned, shutdown came, or the lease was lost.
+    Ended,
+    /// Health mode: the task sent no heartbeat in time.
+    Unhealthy,
+}
+
+/// How long a candidate whose task was unhealthy leaves the singleton to others: the
+/// failover time after the first time, doubling with each unhealthy run in a row up to 16
+/// times it, so that a task broken everywhere is not restarted in a tight loop.
+#[derive(Debug, Default)]
+pub(super) struct Penalty {
+    in_a_row: u32,
+}
+
+impl Penalty {
+    pub(super) fn after(&mut self, outcome: Outcome, failover_time: Duration) -> Option<Duration> {
+        match outcome {
+            Outcome::Ended => {
+                self.in_a_row = 0;
+                None
+            }
+            Outcome::Unhealthy => {
+                self.in_a_row = self.in_a_row.saturating_add(1);
+                Some(failover_time * (1u32 << (self.in_a_row - 1).min(4)))
+            }
+        }
+    }
+}
+
+impl<L: LeaseStore> Singleton<L> {
+    pub(super) async fn hold<F, Fut>(
+        &self,
+        lease: Lease,
+        started: Instant,
+        shutdown: &CancellationToken,
+        task: &mut F,
+    ) -> Outcome
+    where
+        F: FnMut(TaskContext) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let fence = if mutation::on(Mutation::FenceConstant) {
+            FencingToken(1)
+        } else {
+            FencingToken(lease.counter)
+        };
+        let tenure = Arc::new(Tenure::new(
+            lease,
+            self.me.clone(),
+            self.store.clone(),
+            self.config.failover_time,
+            self.config.failover_time,
+            started,
+        ));
+        self.holder.send_replace(Some(self.me.clone()));
+        tracing::info!(singleton = %self.key, %fence, "singleton acquired");
+        let outcome = {
+            let renewer = renewer::run(tenure.clone(), self.config.renew_interval);
+            let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
+            let ctx = TaskContext::new(tenure.clone(), fence);
+            let run = task(ctx.clone());
+            self.supervise(&tenure, shutdown, &ctx, run).await
+            // Dropping the renewer here aborts any write it has under way, which frees the
+            // tenure for the release below.
+        };
+        if !tenure.is_lost()
+            && let Err(error) = tenure.release().await
+        {
+            tracing::debug!(?error, singleton = %self.key, "singleton release failed");
+        }
+        tenure.mark_lost();
+        tracing::info!(singleton = %self.key, "singleton given up");
+        self.holder.send_replace(None);
+        outcome
+    }
+
+    /// Runs the task until it returns, cancelling its token on shutdown, when the lease is at
+    /// risk or when the task is unhealthy, and dropping the task `stop_timeout` later or when
+    /// the validity runs out, whichever comes first (see the module docs).
+    async fn supervise(
+        &self,
+        tenure: &Tenure,
+        shutdown: &CancellationToken,
+        ctx: &TaskContext,
+        run: impl Future<Output = ()>,
+    ) -> Outcome {
+        let budget = self.config.stop_timeout;
+        let token = ctx.cancelled();
+        tokio::pin!(run);
+        if mutation::on(Mutation::SingletonNeverStopped) {
+            run.await;
+            return Outcome::Ended;
+        }
+        if mutation::on(Mutation::SingletonNotDropped) {
+            tokio::select! {
+                () = &mut run => return Outcome::Ended,
+                () = tenure.lost_token().cancelled() => {}
+                () = shutdown.cancelled() => {}
+            }
+            token.cancel();
+            run.await;
+            return Outcome::Ended;
+        }
+        let mut outcome = Outcome::Ended;
+        tokio::select! {
+            biased;
+            () = tenure.expired() => {
+                self.dropped();
+                return outcome;
+            }
+            () = &mut run => return outcome,
+            () = at_risk(tenure, budget) => {
+                tracing::warn!(singleton = %self.key, "lease at risk: cancelling the task");
+            }
+            () = ctx.unhealthy(self.config.health_timeout) => {
+                tracing::warn!(singleton = %self.key, timeout = ?self.config.health_timeout, "no heartbeat from the task in time: cancelling it");
+                outcome = Outcome::Unhealthy;
+            }
+            () = shutdown.cancelled() => {}
+        }
+        token.cancel();
+        let stop_by = Instant::now() + budget;
+        tokio::select! {
+            biased;
+            () = tenure.expired() => self.dropped(),
+            () = &mut run => {}
+            () = sleep_until(stop_by) => self.dropped(),
+        }
+        outcome
+    }
+
+    fn dropped(&self) {
+        tracing::warn!(singleton = %self.key, "the task did not stop in time: dropped");
+    }
+}
+
+/// Resolves once less than `budget` is left of the lease's validity (or it is lost).
+async fn at_risk(tenure: &Tenure, budget: Duration) {
+    loop {
+        let until = tenure.valid_until();
+        let alarm = until.checked_sub(budget).unwrap_or(until);
+        tokio::select! {
+            biased;
+            () = tenure.lost_token().cancelled() => return,
+            () = sleep_until(alarm) => {
+                if tenure.valid_until() == until {
+                    return;
+                }
+            }
+        }
+    }
+}

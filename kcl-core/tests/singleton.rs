@@ -1,0 +1,198 @@
+//! Singletons for applications, on the in-memory lease table under paused time: fencing
+//! tokens grow with every change of holder, health mode moves an unhealthy task to another
+//! candidate without flapping, and a periodic job runs once per period on one holder, never
+//! twice for a period across a failover.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kcl_core::coordination::{Clock, FencingToken, Singleton, SingletonConfig, TaskContext};
+use kcl_core::memory::MemoryLeaseStore;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+fn config() -> SingletonConfig {
+    SingletonConfig::default()
+        .failover_time(Duration::from_secs(3))
+        .poll_interval(Duration::from_millis(200))
+}
+
+/// A wall clock that follows paused tokio time.
+fn clock() -> Clock {
+    let (wall, start) = (Utc::now(), Instant::now());
+    Arc::new(move || -> DateTime<Utc> { wall + start.elapsed() })
+}
+
+type Runs = Arc<Mutex<Vec<(String, FencingToken, Instant)>>>;
+
+/// A candidate whose task runs until cancelled, healthy unless told otherwise.
+fn candidate(
+    me: &str,
+    store: &MemoryLeaseStore,
+    config: SingletonConfig,
+    runs: &Runs,
+    healthy: bool,
+) -> (JoinHandle<Result<(), kcl_core::Error>>, CancellationToken) {
+    let singleton = Singleton::new("task", me, store.client(me), config).unwrap();
+    let stop = CancellationToken::new();
+    let (runs, me, token) = (runs.clone(), me.to_owned(), stop.clone());
+    let task = tokio::spawn(async move {
+        singleton
+            .run_with(token, |ctx: TaskContext| {
+                let (runs, me) = (runs.clone(), me.clone());
+                async move {
+                    runs.lock()
+                        .unwrap()
+                        .push((me, ctx.fencing_token(), Instant::now()));
+                    loop {
+                        if healthy {
+                            ctx.heartbeat();
+                        }
+                        tokio::select! {
+                            () = ctx.cancelled().cancelled() => return,
+                            () = sleep(Duration::from_millis(200)) => {}
+                        }
+                    }
+                }
+            })
+            .await
+    });
+    (task, stop)
+}
+
+#[tokio::test(start_paused = true)]
+async fn fencing_tokens_grow_with_every_change_of_holder() {
+    let store = MemoryLeaseStore::new();
+    let runs = Runs::default();
+    let (a, stop_a) = candidate("a", &store, config(), &runs, true);
+    sleep(Duration::from_secs(1)).await;
+    let (b, stop_b) = candidate("b", &store, config(), &runs, true);
+    sleep(Duration::from_secs(5)).await;
+    a.abort(); // crashed: b takes over after the failover time
+    sleep(Duration::from_secs(10)).await;
+    let (c, stop_c) = candidate("c", &store, config(), &runs, true);
+    sleep(Duration::from_secs(1)).await;
+    stop_b.cancel(); // released: c takes over at once
+    b.await.unwrap().unwrap();
+    sleep(Duration::from_secs(3)).await;
+    let seen = runs.lock().unwrap().clone();
+    let holders: Vec<&str> = seen.iter().map(|(m, _, _)| m.as_str()).collect();
+    assert_eq!(holders, ["a", "b", "c"]);
+    assert!(
+        seen.windows(2).all(|w| w[0].1 < w[1].1),
+        "tokens must grow: {seen:?}"
+    );
+    stop_a.cancel();
+    stop_c.cancel();
+    c.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_task_moves_to_another_candidate_without_flapping() {
+    let store = MemoryLeaseStore::new();
+    let runs = Runs::default();
+    let health = config().health_timeout(Duration::from_secs(2));
+    // a's task hangs (never heartbeats); b's is healthy.
+    let (a, stop_a) = candidate("a", &store, health.clone(), &runs, false);
+    sleep(Duration::from_millis(500)).await;
+    let (b, stop_b) = candidate("b", &store, health, &runs, true);
+    sleep(Duration::from_secs(30)).await;
+    let seen = runs.lock().unwrap().clone();
+    let holders: Vec<&str> = seen.iter().map(|(m, _, _)| m.as_str()).collect();
+    // a ran once, was found unhealthy after 2 s, cancelled (its stop timeout 0.75 s), and
+    // released; b took it and kept it.
+    assert_eq!(holders, ["a", "b"], "{seen:?}");
+    let moved = seen[1].2 - seen[0].2;
+    assert!(
+        moved <= Duration::from_secs(2) + Duration::from_millis(750 + 400),
+        "moved after {moved:?}"
+    );
+    stop_a.cancel();
+    stop_b.cancel();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_broken_everywhere_backs_off_instead_of_flapping() {
+    let store = MemoryLeaseStore::new();
+    let runs = Runs::default();
+    let health = config().health_timeout(Duration::from_secs(1));
+    let (a, stop_a) = candidate("a", &store, health.clone(), &runs, false);
+    let (b, stop_b) = candidate("b", &store, health, &runs, false);
+    sleep(Duration::from_secs(120)).await;
+    let starts = runs.lock().unwrap().len();
+    // Without the penalty each candidate would restart it every ~2 s: about 60 starts. With
+    // it, each waits 3, 6, 12, 24, 48, 48… seconds after an unhealthy run.
+    assert!(starts <= 16, "{starts} starts in 2 minutes");
+    assert!(starts >= 6, "it must still be retried: {starts} starts");
+    stop_a.cancel();
+    stop_b.cancel();
+    a.await.unwrap().unwrap();
+    b.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_periodic_job_runs_once_per_period_across_failovers() {
+    let store = MemoryLeaseStore::new();
+    let runs: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let clock = clock();
+    let period = Duration::from_secs(2);
+    let start = |me: &str| {
+        let singleton = Singleton::new("report", me, store.client(me), config())
+            .unwrap()
+            .with_clock(clock.clone());
+        let stop = CancellationToken::new();
+        let (runs, me, token) = (runs.clone(), me.to_owned(), stop.clone());
+        let task = tokio::spawn(async move {
+            singleton
+                .every(period, token, move |p| {
+                    let (runs, me) = (runs.clone(), me.clone());
+                    async move {
+                        runs.lock().unwrap().push((me, p.index));
+                        // A run takes a while: a crash can land in the middle of one.
+                        sleep(Duration::from_millis(500)).await;
+                    }
+                })
+                .await
+        });
+        (task, stop)
+    };
+    let (a, _stop_a) = start("a");
+    let (b, stop_b) = start("b");
+    let (c, stop_c) = start("c");
+    sleep(Duration::from_secs(9)).await;
+    a.abort(); // the holder crashes (a started first, so it held the job)
+    sleep(Duration::from_secs(12)).await;
+    let holder_now = runs.lock().unwrap().last().unwrap().0.clone();
+    if holder_now == "b" {
+        stop_b.cancel();
+        b.await.unwrap().unwrap();
+    } else {
+        stop_c.cancel();
+        c.await.unwrap().unwrap();
+    }
+    sleep(Duration::from_secs(9)).await;
+    let seen = runs.lock().unwrap().clone();
+    let mut per_period: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for (me, index) in &seen {
+        per_period.entry(*index).or_default().push(me);
+    }
+    let twice: Vec<_> = per_period.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(twice.is_empty(), "a period ran twice: {twice:?}");
+    // One holder across periods, not an election per period.
+    let holders: Vec<&str> = seen.iter().map(|(m, _)| m.as_str()).collect();
+    let changes = holders.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(changes, 2, "{holders:?}");
+    // Never skipped for more than failover time + one period: at most 2 periods of 2 s.
+    let indices: Vec<u64> = per_period.keys().copied().collect();
+    assert!(
+        indices.windows(2).all(|w| w[1] - w[0] <= 3),
+        "a gap longer than failover + one period: {indices:?}"
+    );
+    assert!(indices.len() >= 12, "{indices:?}");
+}
