@@ -35,6 +35,8 @@ pub struct Event {
     pub checkpoint: Option<String>,
     /// Whether a failed checkpoint was refused because the lease was lost.
     pub lease_lost: Option<bool>,
+    /// The fencing token of a `singleton_start` or `singleton_stop` line.
+    pub token: Option<u64>,
 }
 
 impl Event {

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+use kcl_core::coordination::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
@@ -30,6 +31,7 @@ use kcl_core::{
 use kcl_integration_tests::tracker::FileTracker;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 
 /// Command line of the test worker.
 #[derive(Debug, Parser)]
@@ -97,6 +99,13 @@ struct Args {
     /// lines name shards by their lease keys (`account:stream:epoch:shardId`).
     #[arg(long)]
     streams_file: Option<PathBuf>,
+    /// Also compete for the singleton task NAME (lines `singleton_start` with its fencing
+    /// token and `singleton_stop`); its failover time is the worker's.
+    #[arg(long)]
+    singleton: Option<String>,
+    /// How often singleton candidates read the row, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    singleton_poll_ms: u64,
     /// Journal one `batch` line per batch (shard, record count, first record's payload)
     /// instead of a line per record: for measuring the worker's own cost.
     #[arg(long)]
@@ -340,6 +349,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let id = args.worker_id.as_str();
+    let singleton = match &args.singleton {
+        Some(name) => {
+            let config = SingletonConfig::default()
+                .failover_time(Duration::from_millis(args.failover_ms))
+                .poll_interval(Duration::from_millis(args.singleton_poll_ms));
+            Some(Singleton::new(name, id, store.clone(), config)?)
+        }
+        None => None,
+    };
+    let extra = Extra {
+        journal: journal.clone(),
+        singleton,
+    };
     if let Some(path) = args.streams_file {
         let tracker = FileTracker::new(path, sdk.clone());
         let source = MultiStreamSource::new(tracker, move |stream: &StreamId| {
@@ -347,20 +369,54 @@ async fn run(args: Args) -> anyhow::Result<()> {
         });
         let factory = StreamFactories::new()
             .otherwise(move |stream: &StreamId, shard: &ShardId| recorder(stream.lease_key(shard)));
-        drive(Worker::new(id, config, source, store, factory)?, &journal).await
+        drive(Worker::new(id, config, source, store, factory)?, extra).await
     } else {
         let source = KinesisShardSource::new(&sdk, args.stream.clone());
         let factory = move |shard: &ShardId| recorder(shard.clone());
-        drive(Worker::new(id, config, source, store, factory)?, &journal).await
+        drive(Worker::new(id, config, source, store, factory)?, extra).await
+    }
+}
+
+/// What runs beside the worker.
+struct Extra {
+    journal: Journal,
+    singleton: Option<Singleton<DynamoDbLeaseStore>>,
+}
+
+/// Competes for the singleton until `stop`, journaling each run.
+async fn compete(
+    singleton: Singleton<DynamoDbLeaseStore>,
+    journal: Journal,
+    stop: CancellationToken,
+) {
+    let result = singleton
+        .run_with(stop, |ctx: TaskContext| {
+            let journal = journal.clone();
+            async move {
+                journal.write("singleton_start", json!({"token": ctx.fencing_token().0}));
+                ctx.cancelled().cancelled().await;
+                journal.write("singleton_stop", json!({"token": ctx.fencing_token().0}));
+            }
+        })
+        .await;
+    if let Err(error) = result {
+        tracing::error!(%error, "the singleton failed");
     }
 }
 
 /// Runs `worker` until it stops: SIGTERM or SIGINT shut it down gracefully, a second forces.
 async fn drive<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     worker: Worker<S, L, F>,
-    journal: &Journal,
+    extra: Extra,
 ) -> anyhow::Result<()> {
+    let journal = extra.journal;
     let handle = worker.shutdown_handle();
+    // Handed back at once on the first signal, as the worker's leases are.
+    let singleton_stop = CancellationToken::new();
+    let singleton = extra
+        .singleton
+        .map(|s| tokio::spawn(compete(s, journal.clone(), singleton_stop.clone())));
+    let stop_singleton = singleton_stop.clone();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     tokio::spawn(async move {
@@ -373,6 +429,7 @@ async fn drive<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
             signals += 1;
             if signals == 1 {
                 tracing::info!("signal: shutting down gracefully");
+                stop_singleton.cancel();
                 handle.shutdown();
             } else {
                 tracing::warn!("second signal: forcing shutdown");
@@ -382,6 +439,10 @@ async fn drive<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     });
     journal.write("started", json!({}));
     let result = worker.run().await;
+    singleton_stop.cancel();
+    if let Some(singleton) = singleton {
+        let _ = singleton.await;
+    }
     journal.write("stopped", json!({"ok": result.is_ok()}));
     result.map_err(anyhow::Error::from)
 }
