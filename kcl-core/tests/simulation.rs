@@ -191,9 +191,10 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         })
         .count();
     println!(
-        "singleton simulation: {} seeds ({} in health mode with hanging runs; {} singleton runs, {} periodic runs), {singleton_violations} violations of [singleton, fencing-token, periodic]",
+        "singleton simulation: {} seeds ({} in health mode with hanging runs, {} in standby mode; {} singleton runs, {} periodic runs), {singleton_violations} violations of [singleton, fencing-token, periodic]",
         results.len(),
         stats.health,
+        stats.standby,
         stats.singleton_runs,
         stats.periodic_runs,
     );

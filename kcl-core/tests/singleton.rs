@@ -2,7 +2,13 @@
 //! tokens grow with every change of holder, health mode moves an unhealthy task to another
 //! candidate without flapping, and a periodic job runs once per period on one holder, never
 //! twice for a period across a failover.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_core::coordination::{Clock, FencingToken, Singleton, SingletonConfig, TaskContext};
+use kcl_core::lease::usage::Operation;
 use kcl_core::memory::MemoryLeaseStore;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
@@ -195,4 +202,59 @@ async fn a_periodic_job_runs_once_per_period_across_failovers() {
         "a gap longer than failover + one period: {indices:?}"
     );
     assert!(indices.len() >= 12, "{indices:?}");
+}
+
+/// Reads of the lease table so far (every candidate reads the row with a `get`).
+fn gets(store: &MemoryLeaseStore) -> u64 {
+    store.table_usage().of(Operation::Get).requests
+}
+
+#[tokio::test(start_paused = true)]
+async fn standby_mode_keeps_failover_and_cuts_reads() {
+    let mut reads = Vec::new();
+    for standby in [false, true] {
+        let store = MemoryLeaseStore::new();
+        let runs = Runs::default();
+        let config = config().standby(standby);
+        let (a, _stop_a) = candidate("a", &store, config.clone(), &runs, true);
+        sleep(Duration::from_millis(100)).await;
+        let others: Vec<_> = ["b", "c", "d", "e"]
+            .iter()
+            .map(|me| candidate(me, &store, config.clone(), &runs, true))
+            .collect();
+        // A steady minute: one holder, four candidates.
+        sleep(Duration::from_secs(10)).await;
+        let before = gets(&store);
+        sleep(Duration::from_secs(60)).await;
+        reads.push(gets(&store) - before);
+        // The holder dies: the next holder starts within failover + a poll.
+        a.abort();
+        let died = Instant::now();
+        let started = loop {
+            if runs.lock().unwrap().len() == 2 {
+                break runs.lock().unwrap()[1].2;
+            }
+            sleep(Duration::from_millis(10)).await;
+        };
+        let took = started - died;
+        assert!(
+            took <= Duration::from_secs(3) + Duration::from_millis(200 + 100),
+            "standby {standby}: a new holder after {took:?}"
+        );
+        for (task, stop) in others {
+            stop.cancel();
+            task.await.unwrap().unwrap();
+        }
+    }
+    // Without standby: 5 candidates polling every 200 ms. With it: the standby alone.
+    assert!(
+        reads[1] * 3 < reads[0],
+        "reads in a minute: {} without standby mode, {} with",
+        reads[0],
+        reads[1]
+    );
+    println!(
+        "reads in a minute, 5 candidates: {} without standby mode, {} with",
+        reads[0], reads[1]
+    );
 }

@@ -37,6 +37,13 @@ pub struct SingletonConfig {
     /// Default: none (a task is trusted while it runs).
     #[serde(default, with = "humantime_serde")]
     pub health_timeout: Option<Duration>,
+    /// Standby mode: one candidate, the standby, reads the row every `poll_interval`; the
+    /// others read a standby row every 2 × and the row every 6 × the failover time, so that
+    /// W candidates cost about one read per poll instead of W. Takeovers stay within the
+    /// failover time plus a poll while a standby exists; after the standby moved up there is
+    /// none for up to 2 × the failover time, and a holder lost then is replaced after up to
+    /// 6 × (see `coordination/standby.rs`). Default: off (every candidate polls).
+    pub standby: bool,
 }
 
 impl Default for SingletonConfig {
@@ -47,12 +54,14 @@ impl Default for SingletonConfig {
 
 impl SingletonConfig {
     fn derived(failover_time: Duration, poll_interval: Duration, health: Option<Duration>) -> Self {
+        // `standby` is set after: `failover_time` keeps it (see the setter).
         Self {
             failover_time,
             renew_interval: failover_time / 3,
             poll_interval,
             stop_timeout: failover_time / 4,
             health_timeout: health,
+            standby: false,
         }
     }
 
@@ -60,13 +69,21 @@ impl SingletonConfig {
     /// (a quarter) from it.
     #[must_use]
     pub fn failover_time(self, value: Duration) -> Self {
-        Self::derived(value, self.poll_interval, self.health_timeout)
+        let standby = self.standby;
+        Self::derived(value, self.poll_interval, self.health_timeout).standby(standby)
     }
 
     /// Sets the poll interval.
     #[must_use]
     pub fn poll_interval(mut self, value: Duration) -> Self {
         self.poll_interval = value;
+        self
+    }
+
+    /// Turns standby mode on or off: see [`SingletonConfig::standby`].
+    #[must_use]
+    pub fn standby(mut self, on: bool) -> Self {
+        self.standby = on;
         self
     }
 

@@ -49,6 +49,7 @@ mod config;
 mod context;
 mod hold;
 mod periodic;
+mod standby;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -248,6 +249,26 @@ impl<L: LeaseStore> Singleton<L> {
                 () = sleep(self.poll_interval()) => {}
             }
         }
+        if !self.config.standby {
+            return self.compete(&shutdown, &mut task).await;
+        }
+        let standby = self.standby()?;
+        let backup_done = shutdown.child_token();
+        let main = async {
+            let result = self.compete(&shutdown, &mut task).await;
+            backup_done.cancel();
+            result
+        };
+        let (result, ()) = tokio::join!(main, self.back_up(&standby, &backup_done));
+        result
+    }
+
+    /// Polls the row and holds it whenever it is free, until `shutdown`.
+    async fn compete<F, Fut>(&self, shutdown: &CancellationToken, task: &mut F) -> Result<(), Error>
+    where
+        F: FnMut(TaskContext) -> Fut,
+        Fut: Future<Output = ()>,
+    {
         let mut observer = Observer::default();
         let mut penalty = hold::Penalty::default();
         while !shutdown.is_cancelled() {
@@ -258,7 +279,7 @@ impl<L: LeaseStore> Singleton<L> {
             };
             match polled {
                 Ok(Some((lease, started))) => {
-                    let outcome = self.hold(lease, started, &shutdown, &mut task).await;
+                    let outcome = self.hold(lease, started, shutdown, task).await;
                     if let Some(pause) = penalty.after(outcome, self.config.failover_time) {
                         tracing::warn!(singleton = %self.key, ?pause, "the task was unhealthy: leaving it to other candidates for a while");
                         tokio::select! {

@@ -49,6 +49,8 @@ pub struct Fleet {
     pub keys: Keys,
     /// Singletons run in health mode, and some of their runs hang (stop heartbeating).
     pub health: bool,
+    /// Singletons run in standby mode (one candidate polls fast, the others seldom).
+    pub standby: bool,
 }
 
 /// The period of the fleet's periodic job.
@@ -161,7 +163,8 @@ impl Fleet {
     pub fn singleton_config(&self) -> SingletonConfig {
         let config = SingletonConfig::default()
             .failover_time(self.config.failover_time)
-            .poll_interval(self.config.taker_interval);
+            .poll_interval(self.config.taker_interval)
+            .standby(self.standby);
         if self.health {
             config.health_timeout(Duration::from_secs(1))
         } else {

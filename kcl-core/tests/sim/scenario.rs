@@ -70,6 +70,8 @@ pub struct Stats {
     pub multi_stream: usize,
     /// Seeds whose singletons run in health mode (some runs hang).
     pub health: usize,
+    /// Seeds whose singletons run in standby mode.
+    pub standby: usize,
     /// Runs of the periodic job.
     pub periodic_runs: usize,
     pub latest: usize,
@@ -113,6 +115,7 @@ impl std::ops::AddAssign for Stats {
         self.fan_out += o.fan_out;
         self.multi_stream += o.multi_stream;
         self.health += o.health;
+        self.standby += o.standby;
         self.periodic_runs += o.periodic_runs;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
@@ -184,9 +187,12 @@ pub async fn simulate(seed: u64) -> Outcome {
             .then(|| StreamId::new("123456789012", "simulation", 1_700_000_000)),
     );
     // Half the seeds run the singletons in health mode, with some runs hanging.
-    let health = StdRng::seed_from_u64(seed ^ 0x0bea_7000).random_bool(0.5);
+    let mut singletons = StdRng::seed_from_u64(seed ^ 0x0bea_7000);
+    let health = singletons.random_bool(0.5);
+    let standby = singletons.random_bool(0.5);
     let mut stats = Stats {
         health: usize::from(health),
+        standby: usize::from(standby),
         multi_stream: usize::from(keys.0.is_some()),
         led: usize::from(led),
         heartbeat: usize::from(heartbeat),
@@ -241,6 +247,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         mixed,
         keys,
         health,
+        standby,
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();
@@ -350,6 +357,14 @@ fn judge(
         validity: failover - failover / 10,
         planned,
         quiet,
+        // A holder and its standby may both be gone when the faults stop: a slow candidate
+        // then takes the standby row within 4 failover times (two of its polls), and the
+        // row at its next fast poll.
+        singleton_recovery: if fleet.standby {
+            failover * 4
+        } else {
+            failover
+        },
     })
 }
 

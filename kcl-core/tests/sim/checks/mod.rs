@@ -64,6 +64,8 @@ pub struct Evidence<'a> {
     pub planned: bool,
     /// From when every fault had stopped, until the fleet was stopped.
     pub quiet: (tokio::time::Instant, tokio::time::Instant),
+    /// How soon after the faults stop a singleton must be held again.
+    pub singleton_recovery: Duration,
 }
 
 impl Evidence<'_> {

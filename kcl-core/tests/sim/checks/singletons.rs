@@ -39,7 +39,7 @@ pub(super) fn periodic(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut last = from;
     let bound = |at| {
         if at == from {
-            e.failover + PERIOD + slack * 2
+            e.singleton_recovery + PERIOD + slack * 2
         } else {
             PERIOD + slack
         }
