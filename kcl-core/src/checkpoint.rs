@@ -93,6 +93,7 @@ impl Checkpointer {
                 pending: None,
                 child_shard_ids: children.clone(),
                 start_timestamp: None,
+                endpoint: None,
             };
             return self.write(&update).await;
         }
@@ -121,6 +122,7 @@ impl Checkpointer {
             pending: None,
             child_shard_ids: Vec::new(),
             start_timestamp: None,
+            endpoint: None,
         };
         self.write(&update).await
     }
@@ -144,6 +146,7 @@ impl Checkpointer {
             pending: Some(Checkpoint::Sequence(position.clone())),
             child_shard_ids: Vec::new(),
             start_timestamp: None,
+            endpoint: None,
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -157,6 +160,7 @@ impl Checkpointer {
             pending: None,
             child_shard_ids: Vec::new(),
             start_timestamp: None,
+            endpoint: None,
         };
         self.write(&update).await
     }

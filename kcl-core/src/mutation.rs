@@ -49,6 +49,8 @@ pub enum Mutation {
     PeriodNotRecorded,
     /// A singleton's fencing token is not the row's counter but a constant.
     FenceConstant,
+    /// A singleton instance's inbox takes messages whether or not its lease is valid.
+    InboxIgnoresLease,
 }
 
 impl Mutation {
@@ -73,6 +75,7 @@ impl Mutation {
         Self::TakeWithoutFence,
         Self::PeriodNotRecorded,
         Self::FenceConstant,
+        Self::InboxIgnoresLease,
     ];
 }
 

@@ -191,12 +191,14 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         })
         .count();
     println!(
-        "singleton simulation: {} seeds ({} in health mode with hanging runs, {} in standby mode; {} singleton runs, {} periodic runs), {singleton_violations} violations of [singleton, fencing-token, periodic]",
+        "singleton simulation: {} seeds ({} in health mode with hanging runs, {} in standby mode; {} singleton runs, {} periodic runs, {} messages sent, {} reported delivered), {singleton_violations} violations of [singleton, fencing-token, periodic, sends]",
         results.len(),
         stats.health,
         stats.standby,
         stats.singleton_runs,
         stats.periodic_runs,
+        stats.sends,
+        stats.sends_ok,
     );
     violations
 }

@@ -14,10 +14,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use kcl_core::coordination::{Clock, FencingToken, Singleton, SingletonConfig, TaskContext};
+use kcl_core::coordination::{
+    Clock, FencingToken, Messenger, Singleton, SingletonConfig, SingletonHandle, TaskContext,
+};
 use kcl_core::lease::usage::Operation;
-use kcl_core::memory::MemoryLeaseStore;
+use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
@@ -257,4 +260,110 @@ async fn standby_mode_keeps_failover_and_cuts_reads() {
         "reads in a minute, 5 candidates: {} without standby mode, {} with",
         reads[0], reads[1]
     );
+}
+
+/// A candidate whose instance records every message its inbox gets.
+fn receiver(
+    me: &str,
+    store: &MemoryLeaseStore,
+    network: &MemoryNetwork,
+    got: &Arc<Mutex<Vec<(String, String)>>>,
+) -> (JoinHandle<Result<(), kcl_core::Error>>, CancellationToken) {
+    let messenger = Arc::new(network.messenger(me, Faults::default()));
+    let singleton = Singleton::new("feed", me, store.client(me), config())
+        .unwrap()
+        .with_messenger(messenger);
+    let stop = CancellationToken::new();
+    let (got, me, token) = (got.clone(), me.to_owned(), stop.clone());
+    let task = tokio::spawn(async move {
+        singleton
+            .run_with(token, |ctx: TaskContext| {
+                let (got, me) = (got.clone(), me.clone());
+                async move {
+                    let mut inbox = ctx.inbox().expect("an inbox");
+                    loop {
+                        tokio::select! {
+                            () = ctx.cancelled().cancelled() => return,
+                            Some(m) = inbox.recv() => {
+                                got.lock().unwrap().push((me.clone(), String::from_utf8_lossy(&m).into_owned()));
+                            }
+                        }
+                    }
+                }
+            })
+            .await
+    });
+    (task, stop)
+}
+
+#[tokio::test(start_paused = true)]
+async fn messages_reach_the_instance_wherever_it_runs() {
+    let store = MemoryLeaseStore::new();
+    let network = MemoryNetwork::default();
+    let got: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let (a, _stop_a) = receiver("a", &store, &network, &got);
+    sleep(Duration::from_millis(100)).await;
+    let (b, stop_b) = receiver("b", &store, &network, &got);
+    let (c, stop_c) = receiver("c", &store, &network, &got);
+    let sender: Arc<dyn Messenger> = Arc::new(network.messenger("sender", Faults::default()));
+    let handle = SingletonHandle::new(
+        "feed",
+        store.client("sender"),
+        sender,
+        Duration::from_millis(200),
+    );
+    let mut sent = Vec::new();
+    for i in 0..30 {
+        if i == 10 {
+            // The holder dies: sends wait for the next holder. (A message its inbox took just
+            // before would be lost with it: the guarantee is delivery to the instance.)
+            a.abort();
+            sleep(Duration::from_millis(10)).await;
+        }
+        if i == 20 {
+            // The next holder stops gracefully: sends move at once.
+            let holder = got.lock().unwrap().last().unwrap().0.clone();
+            if holder == "b" {
+                stop_b.cancel();
+            } else {
+                stop_c.cancel();
+            }
+        }
+        let message = format!("m{i}");
+        let result = handle
+            .send(Bytes::from(message.clone()), Duration::from_secs(10))
+            .await;
+        assert!(result.is_ok(), "{message}: {result:?}");
+        sent.push(message);
+        sleep(Duration::from_millis(300)).await;
+    }
+    sleep(Duration::from_millis(100)).await;
+    let got = got.lock().unwrap().clone();
+    let texts: Vec<&str> = got.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(texts, sent, "each message once, in order");
+    let holders: Vec<&str> = got.iter().map(|(w, _)| w.as_str()).collect();
+    assert_eq!(
+        holders.iter().filter(|w| **w == "a").count(),
+        10,
+        "{holders:?}"
+    );
+    stop_b.cancel();
+    stop_c.cancel();
+    b.await.unwrap().unwrap();
+    c.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_without_a_holder_fails_after_its_deadline() {
+    let store = MemoryLeaseStore::new();
+    let network = MemoryNetwork::default();
+    let sender: Arc<dyn Messenger> = Arc::new(network.messenger("sender", Faults::default()));
+    let handle = SingletonHandle::new("feed", store, sender, Duration::from_millis(200));
+    let started = Instant::now();
+    let error = handle
+        .send(Bytes::from_static(b"hello"), Duration::from_secs(2))
+        .await
+        .expect_err("nobody holds it");
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(!error.maybe_delivered, "{error}");
 }

@@ -41,8 +41,8 @@ use kcl_core::{BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, Sha
 
 use self::schema::{
     CHECKPOINT, CHECKPOINT_OWNER, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_ABSENT,
-    COND_COUNTER, COND_NO_OWNER, COND_OWNER, HANDOFF_TO, LEASE_COUNTER, LEASE_KEY, LEASE_OWNER,
-    OWNER_SWITCHES_SINCE_CHECKPOINT, PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE,
+    COND_COUNTER, COND_NO_OWNER, COND_OWNER, ENDPOINT, HANDOFF_TO, LEASE_COUNTER, LEASE_KEY,
+    LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE,
     PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, START_TIMESTAMP, VAL_COUNTER, VAL_OWNER,
 };
 use crate::error::backend_error;
@@ -609,6 +609,9 @@ impl LeaseStore for DynamoDbLeaseStore {
         }
         if let Some(at) = update.start_timestamp {
             e.set(START_TIMESTAMP, schema::timestamp(at));
+        }
+        if let Some(endpoint) = &update.endpoint {
+            e.set(ENDPOINT, AttributeValue::S(endpoint.clone()));
         }
         self.update(Operation::Checkpoint, &held.key, e).await
     }

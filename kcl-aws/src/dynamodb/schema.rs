@@ -58,6 +58,8 @@ pub const HANDOFF_TO: &str = "handoffTo";
 /// reading, in milliseconds since the Unix epoch (`N`); see
 /// [`Lease::start_timestamp`](kcl_core::Lease::start_timestamp). KCL Java ignores it.
 pub const START_TIMESTAMP: &str = "startingTimestamp";
+/// Where a singleton's holder takes messages (kcl extension).
+pub const ENDPOINT: &str = "kclEndpoint";
 /// KCL Java's multi-stream rows: the stream (`account:stream:creationEpoch`; "streamName"
 /// for historical reasons).
 pub const STREAM_NAME: &str = "streamName";
@@ -208,6 +210,9 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(at) = lease.start_timestamp {
         put(START_TIMESTAMP, timestamp(at));
     }
+    if let Some(endpoint) = &lease.endpoint {
+        put(ENDPOINT, AttributeValue::S(endpoint.clone()));
+    }
     item
 }
 
@@ -279,6 +284,7 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
                     })
             })
             .transpose()?,
+        endpoint: optional_s(item, ENDPOINT)?.map(str::to_owned),
     })
 }
 

@@ -78,6 +78,7 @@ async fn failed_condition_is_a_conflict_and_create_reports_false() {
         pending: None,
         child_shard_ids: Vec::new(),
         start_timestamp: None,
+        endpoint: None,
     };
     let err = store.checkpoint(&held(), &update_cp).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);

@@ -1,10 +1,11 @@
 //! What a singleton's task gets: its cancellation token, a fencing token, and a heartbeat.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +38,7 @@ pub struct TaskContext {
     cancelled: CancellationToken,
     fence: FencingToken,
     beat: Arc<watch::Sender<Instant>>,
+    inbox: Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>,
     pub(crate) tenure: Arc<Tenure>,
 }
 
@@ -50,13 +52,29 @@ impl fmt::Debug for TaskContext {
 }
 
 impl TaskContext {
-    pub(crate) fn new(tenure: Arc<Tenure>, fence: FencingToken) -> Self {
+    pub(crate) fn new(
+        tenure: Arc<Tenure>,
+        fence: FencingToken,
+        inbox: Option<mpsc::Receiver<Bytes>>,
+    ) -> Self {
         Self {
             cancelled: CancellationToken::new(),
             fence,
             beat: Arc::new(watch::Sender::new(Instant::now())),
+            inbox: Arc::new(Mutex::new(inbox)),
             tenure,
         }
+    }
+
+    /// The messages sent to this instance ([`SingletonHandle::send`](super::SingletonHandle::send)),
+    /// if the singleton has a messenger; the first call takes the receiver, later ones get
+    /// `None`. Messages are taken only while this instance runs and holds the row; what is
+    /// left in the inbox when it stops is lost with it.
+    pub fn inbox(&self) -> Option<mpsc::Receiver<Bytes>> {
+        self.inbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// Cancelled when the task must stop: shutdown, the lease at risk, or (health mode) no

@@ -9,11 +9,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::Singleton;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
 use super::context::{FencingToken, TaskContext};
+use super::messages::Registration;
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
-use crate::lease::{Lease, LeaseStore};
+use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
+
+/// Messages an instance's inbox holds before senders are told it is busy.
+const INBOX_CAPACITY: usize = 64;
 
 /// How a holding ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +84,19 @@ impl<L: LeaseStore> Singleton<L> {
         let outcome = {
             let renewer = renewer::run(tenure.clone(), self.config.renew_interval);
             let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
-            let ctx = TaskContext::new(tenure.clone(), fence);
+            // Advertised, then registered and started without an `.await` in between, so
+            // that the inbox takes messages only once the task runs; unregistered when the
+            // task ends. A sender that reads the address before the registration is told
+            // "not here" and tries again.
+            self.advertise(&tenure).await;
+            let (inbox, messages) = self
+                .messenger
+                .as_ref()
+                .filter(|m| m.address().is_some())
+                .map(|_| mpsc::channel(INBOX_CAPACITY))
+                .unzip();
+            let ctx = TaskContext::new(tenure.clone(), fence, messages);
+            let _registration = inbox.and_then(|inbox| self.register(&tenure, &ctx, inbox));
             let run = task(ctx.clone());
             self.supervise(&tenure, shutdown, &ctx, run).await
             // Dropping the renewer here aborts any write it has under way, which frees the
@@ -147,6 +166,45 @@ impl<L: LeaseStore> Singleton<L> {
             () = sleep_until(stop_by) => self.dropped(),
         }
         outcome
+    }
+
+    /// With a messenger: writes its address in the row (fenced, keeping the rest).
+    async fn advertise(&self, tenure: &Tenure) {
+        let Some(address) = self.messenger.as_ref().and_then(|m| m.address()) else {
+            return;
+        };
+        let row = tenure.snapshot().await;
+        let update = CheckpointUpdate {
+            checkpoint: row.checkpoint,
+            pending: row.pending_checkpoint,
+            child_shard_ids: Vec::new(),
+            start_timestamp: None,
+            endpoint: Some(address),
+        };
+        if let Err(error) = tenure.checkpoint(&update).await {
+            tracing::debug!(?error, singleton = %self.key, "advertising the inbox failed");
+        }
+    }
+
+    /// Routes messages to the instance's inbox while its lease is valid and it has not been
+    /// told to stop (a stopping instance would not read them; the sender tries the next).
+    fn register(
+        &self,
+        tenure: &Arc<Tenure>,
+        ctx: &TaskContext,
+        inbox: mpsc::Sender<Bytes>,
+    ) -> Option<Registration> {
+        let messenger = self.messenger.as_ref()?;
+        let (tenure, stopping) = (tenure.clone(), ctx.cancelled().clone());
+        let open = move || {
+            mutation::on(Mutation::InboxIgnoresLease)
+                || (tenure.is_valid() && !stopping.is_cancelled())
+        };
+        Some(
+            messenger
+                .inboxes()
+                .register(self.name(), inbox, Arc::new(open)),
+        )
     }
 
     fn dropped(&self) {

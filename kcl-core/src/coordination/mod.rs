@@ -48,6 +48,7 @@
 mod config;
 mod context;
 mod hold;
+pub mod messages;
 mod periodic;
 mod standby;
 
@@ -60,6 +61,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::config::SingletonConfig;
 pub use self::context::{FencingToken, TaskContext};
+pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::lease::observer::Observer;
@@ -116,6 +118,8 @@ pub struct Singleton<L> {
     poll_changed: tokio::sync::Notify,
     /// The wall clock that numbers the periods of [`every`](Self::every).
     clock: Clock,
+    /// Where the running instance takes messages, if anywhere.
+    messenger: Option<Arc<dyn Messenger>>,
 }
 
 /// A wall clock: `Utc::now` unless a test or simulation says otherwise.
@@ -171,7 +175,35 @@ impl<L: LeaseStore> Singleton<L> {
             config,
             holder: watch::Sender::new(None),
             clock: Arc::new(chrono::Utc::now),
+            messenger: None,
         })
+    }
+
+    /// Gives the running instance an inbox ([`TaskContext::inbox`]) that any process reaches
+    /// through a [`SingletonHandle`]: the holder registers it with `messenger` and
+    /// advertises `messenger`'s address in the row. See [`messages`] for the guarantee.
+    #[must_use]
+    pub fn with_messenger(mut self, messenger: Arc<dyn Messenger>) -> Self {
+        self.messenger = Some(messenger);
+        self
+    }
+
+    /// A handle that sends to this singleton wherever it runs, through this candidate's
+    /// messenger; `None` without one. `retry` is how often it reads the row again while
+    /// ownership moves.
+    pub fn handle(&self, retry: std::time::Duration) -> Option<SingletonHandle<Arc<L>>> {
+        let messenger = self.messenger.clone()?;
+        Some(SingletonHandle::new(
+            self.name(),
+            self.store.clone(),
+            messenger,
+            retry,
+        ))
+    }
+
+    /// The singleton's name.
+    pub fn name(&self) -> &str {
+        self.key.as_str().trim_start_matches(COORDINATION_PREFIX)
     }
 
     /// Numbers the periods of [`every`](Self::every) with `clock` instead of the system's

@@ -152,6 +152,7 @@ async fn record(ctx: &TaskContext, index: u64) -> Result<(), crate::lease::tenur
         pending: None,
         child_shard_ids: Vec::new(),
         start_timestamp: None,
+        endpoint: None,
     };
     ctx.tenure.checkpoint(&update).await.map(drop)
 }

@@ -51,6 +51,9 @@ pub struct Lease {
     /// Whoever reopens the shard before its first checkpoint reads from here, so nothing
     /// written after the first open is skipped.
     pub start_timestamp: Option<DateTime<Utc>>,
+    /// Where the holder of a singleton row takes messages for it (kcl extension,
+    /// `kclEndpoint`; see [`coordination::messages`](crate::coordination::messages)).
+    pub endpoint: Option<String>,
 }
 
 impl Lease {
@@ -68,6 +71,7 @@ impl Lease {
             hash_key_range: None,
             handoff_to: None,
             start_timestamp: None,
+            endpoint: None,
         }
     }
 
@@ -94,6 +98,9 @@ pub struct CheckpointUpdate {
     /// Pins where a `LATEST` or `AT_TIMESTAMP` lease starts ([`Lease::start_timestamp`]);
     /// `None` leaves the attribute as it is.
     pub start_timestamp: Option<DateTime<Utc>>,
+    /// Advertises where a singleton's holder takes messages ([`Lease::endpoint`]); `None`
+    /// leaves the attribute as it is.
+    pub endpoint: Option<String>,
 }
 
 /// The lease table.

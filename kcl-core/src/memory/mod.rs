@@ -12,6 +12,7 @@
 mod faults;
 mod feed;
 mod harness;
+mod messenger;
 mod process;
 mod store;
 mod stream;
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use faults::Faults;
 pub use harness::{IdleProcessor, ProcessorHarness};
+pub use messenger::{DeliveryHook, MemoryMessenger, MemoryNetwork};
 pub(crate) use process::current_process;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;

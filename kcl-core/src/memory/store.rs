@@ -476,6 +476,9 @@ impl LeaseStore for MemoryLeaseStore {
                     if update.start_timestamp.is_some() {
                         r.start_timestamp = update.start_timestamp;
                     }
+                    if update.endpoint.is_some() {
+                        r.endpoint = update.endpoint;
+                    }
                     r.counter += 1;
                     r
                 })

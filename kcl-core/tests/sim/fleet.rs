@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use kcl_core::coordination::{Singleton, SingletonConfig, TaskContext};
-use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
+use kcl_core::coordination::{Messenger, Singleton, SingletonConfig, SingletonHandle, TaskContext};
+use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId, Streams};
 use kcl_core::{
     Liveness, ProcessorFactory, Shard, ShardId, ShardSource, ShutdownHandle, Status, Worker,
@@ -51,6 +51,41 @@ pub struct Fleet {
     pub health: bool,
     /// Singletons run in standby mode (one candidate polls fast, the others seldom).
     pub standby: bool,
+    /// The singletons' messages travel here; every acceptance goes to the log.
+    pub network: MemoryNetwork,
+}
+
+/// Sends a message to the fleet's singleton every few hundred milliseconds until `stop`,
+/// logging how each send ended.
+pub async fn send_messages(
+    network: MemoryNetwork,
+    store: MemoryLeaseStore,
+    faults: Faults,
+    log: super::processor::Log,
+    seed: u64,
+    stop: CancellationToken,
+) {
+    let messenger: Arc<dyn Messenger> = Arc::new(network.messenger("sender", faults));
+    let handle = SingletonHandle::new(
+        "sim",
+        store.client("sender"),
+        messenger,
+        Duration::from_millis(250),
+    );
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5e4d);
+    let mut n = 0u64;
+    while !stop.is_cancelled() {
+        sleep(Duration::from_millis(rng.random_range(200..1_000))).await;
+        let message = format!("msg-{n}");
+        n += 1;
+        let result = handle
+            .send(bytes::Bytes::from(message.clone()), Duration::from_secs(5))
+            .await;
+        log.lock().sends.push(super::processor::Send {
+            message,
+            failed: result.err().map(|e| e.maybe_delivered),
+        });
+    }
 }
 
 /// The period of the fleet's periodic job.
@@ -211,8 +246,10 @@ impl Fleet {
     ) -> (JoinHandle<Result<(), kcl_core::Error>>, CancellationToken) {
         let config = self.singleton_config();
         let budget = config.stop_timeout;
-        let singleton =
-            Singleton::new("sim", id, self.store.client(id), config).expect("valid config");
+        let messenger = Arc::new(self.network.messenger(id, self.faults.clone()));
+        let singleton = Singleton::new("sim", id, self.store.client(id), config)
+            .expect("valid config")
+            .with_messenger(messenger);
         let stop = CancellationToken::new();
         let (log, me, token) = (self.log.clone(), id.to_owned(), stop.clone());
         let mut rng = StdRng::seed_from_u64(self.seed ^ crate::sim::hash(id));
@@ -227,13 +264,16 @@ impl Fleet {
                         (hangs && rng.random_bool(0.3)).then(|| rng.random_range(1..40u32));
                     async move {
                         let index = log.run_started(&me, ctx.fencing_token().0);
-                        // It works every 100 ms until cancelled, then takes `wind_down` to stop.
+                        let mut inbox = ctx.inbox();
+                        // It works every 100 ms until cancelled (reading its inbox), then takes
+                        // `wind_down` to stop.
                         let mut ticks = 0;
                         loop {
                             tokio::select! {
                                 () = ctx.cancelled().cancelled() => break,
                                 () = sleep(Duration::from_millis(100)) => {
                                     log.run_active(index);
+                                    while let Some(Ok(_)) = inbox.as_mut().map(|i| i.try_recv()) {}
                                     ticks += 1;
                                     if hang_at.is_none_or(|at| ticks < at) {
                                         ctx.heartbeat();

@@ -61,6 +61,22 @@ pub struct SingletonRun {
     pub token: u64,
 }
 
+/// A message sent to the fleet's singleton: its text, and how `send` ended.
+#[derive(Debug, Clone)]
+pub struct Send {
+    pub message: String,
+    /// `None`: delivered (`Ok`); `Some(maybe_delivered)`: an error.
+    pub failed: Option<bool>,
+}
+
+/// A message an instance's inbox took: where, when.
+#[derive(Debug, Clone)]
+pub struct Acceptance {
+    pub worker: String,
+    pub message: String,
+    pub at: Instant,
+}
+
 /// One run of the fleet's periodic job: who, for which period, when.
 #[derive(Debug, Clone)]
 pub struct PeriodicRun {
@@ -73,6 +89,8 @@ pub struct PeriodicRun {
 pub struct Journal {
     pub singleton_runs: Vec<SingletonRun>,
     pub periodic_runs: Vec<PeriodicRun>,
+    pub sends: Vec<Send>,
+    pub acceptances: Vec<Acceptance>,
     pub deliveries: Vec<Delivery>,
     pub effects: Vec<Effect>,
     pub attempts: Vec<Attempt>,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kcl_core::coordination::is_coordination_key;
 use kcl_core::lease::sync::Lineage;
-use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
+use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::{
     Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard, ShardId,
@@ -20,7 +20,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::checks::{self, Evidence, Start};
-use super::fleet::{Fleet, Keys};
+use super::fleet::{Fleet, Keys, send_messages};
 use super::processor::Log;
 use super::schedule::{Run, disturb, produce, reshard};
 
@@ -74,6 +74,9 @@ pub struct Stats {
     pub standby: usize,
     /// Runs of the periodic job.
     pub periodic_runs: usize,
+    /// Messages sent to the singleton, and how many `send` reported delivered.
+    pub sends: usize,
+    pub sends_ok: usize,
     pub latest: usize,
     pub at_timestamp: usize,
     pub planned: usize,
@@ -117,6 +120,8 @@ impl std::ops::AddAssign for Stats {
         self.health += o.health;
         self.standby += o.standby;
         self.periodic_runs += o.periodic_runs;
+        self.sends += o.sends;
+        self.sends_ok += o.sends_ok;
         self.latest += o.latest;
         self.at_timestamp += o.at_timestamp;
         self.planned += o.planned;
@@ -190,6 +195,20 @@ pub async fn simulate(seed: u64) -> Outcome {
     let mut singletons = StdRng::seed_from_u64(seed ^ 0x0bea_7000);
     let health = singletons.random_bool(0.5);
     let standby = singletons.random_bool(0.5);
+    // Every message an instance's inbox takes goes to the log, with where and when.
+    let log = Log::default();
+    let network = {
+        let log = log.clone();
+        MemoryNetwork::with_hook(Arc::new(
+            move |worker: &str, _: &str, message: &bytes::Bytes| {
+                log.lock().acceptances.push(super::processor::Acceptance {
+                    worker: worker.to_owned(),
+                    message: String::from_utf8_lossy(message).into_owned(),
+                    at: Instant::now(),
+                });
+            },
+        ))
+    };
     let mut stats = Stats {
         health: usize::from(health),
         standby: usize::from(standby),
@@ -235,7 +254,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         stream: stream.clone(),
         store,
         faults: faults.clone(),
-        log: Log::default(),
+        log,
         instances: Arc::new(AtomicU64::new(0)),
         live: BTreeMap::new(),
         next_id: 0,
@@ -248,12 +267,21 @@ pub async fn simulate(seed: u64) -> Outcome {
         keys,
         health,
         standby,
+        network: network.clone(),
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();
     }
     let producing = CancellationToken::new();
     let producer = tokio::spawn(produce(stream.clone(), seed, producing.clone()));
+    let sender = tokio::spawn(send_messages(
+        network,
+        fleet.store.clone(),
+        faults.clone(),
+        fleet.log.clone(),
+        seed,
+        producing.clone(),
+    ));
     let mut aged_out = BTreeMap::new();
     let run = Run {
         fleet: &mut fleet,
@@ -271,6 +299,7 @@ pub async fn simulate(seed: u64) -> Outcome {
     sleep(Duration::from_secs(2)).await;
     producing.cancel();
     let _ = producer.await;
+    let _ = sender.await;
     let records = fleet.keys.keyed(records(&stream));
     drain(&fleet, &records, &start).await;
     let (balance_cycles, unbalanced) = balance(&fleet).await;
@@ -328,6 +357,8 @@ fn judge(
     stats.deliveries = journal.deliveries.len();
     stats.singleton_runs = journal.singleton_runs.len();
     stats.periodic_runs = journal.periodic_runs.len();
+    stats.sends = journal.sends.len();
+    stats.sends_ok = journal.sends.iter().filter(|s| s.failed.is_none()).count();
     stats.handoffs = store_events
         .iter()
         .filter(|e| {

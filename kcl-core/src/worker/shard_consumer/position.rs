@@ -120,6 +120,7 @@ async fn write_pin(
         pending: lease.pending_checkpoint.clone(),
         child_shard_ids: Vec::new(),
         start_timestamp: Some(pin),
+        endpoint: None,
     };
     match tenure.checkpoint(&update).await {
         Ok(_) => {

@@ -29,6 +29,7 @@ pub const INVARIANTS: &[&str] = &[
     "singleton",
     "fencing-token",
     "periodic",
+    "sends",
     "no-duplicates",
 ];
 
@@ -90,6 +91,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     leases::singleton(e, &mut v);
     singletons::tokens(e, &mut v);
     singletons::periodic(e, &mut v);
+    singletons::sends(e, &mut v);
     if e.planned {
         records::no_duplicates(e, &mut v);
     }

@@ -66,3 +66,54 @@ pub(super) fn periodic(e: &Evidence<'_>, v: &mut Vec<String>) {
         ));
     }
 }
+
+/// sends: a message sent to the singleton was put in an inbox at most once; one `send`
+/// reported delivered was put in exactly one, of the instance started last before then; one
+/// reported failed without `maybe_delivered` in none.
+pub(super) fn sends(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let mut taken: BTreeMap<&str, Vec<&crate::sim::processor::Acceptance>> = BTreeMap::new();
+    for a in &e.journal.acceptances {
+        taken.entry(&a.message).or_default().push(a);
+    }
+    for (message, by) in taken.iter().filter(|(_, by)| by.len() > 1) {
+        v.push(format!("sends: {message} put in {} inboxes", by.len()));
+    }
+    for send in &e.journal.sends {
+        let by = taken
+            .get(send.message.as_str())
+            .map_or(&[][..], Vec::as_slice);
+        match send.failed {
+            None if by.len() != 1 => v.push(format!(
+                "sends: {} reported delivered but put in {} inboxes",
+                send.message,
+                by.len()
+            )),
+            None => {
+                // The accepting worker's instance is the last one started before then (a
+                // frozen or dying instance may still hold the row: its lease is what counts,
+                // and the `singleton` check keeps instances apart).
+                let a = by[0];
+                let latest = e
+                    .journal
+                    .singleton_runs
+                    .iter()
+                    .filter(|r| r.start <= a.at)
+                    .max_by_key(|r| r.start);
+                if latest.is_none_or(|r| r.worker != a.worker) {
+                    v.push(format!(
+                        "sends: {} taken by {} at {:?}, but the instance started last before then was {:?}",
+                        send.message,
+                        a.worker,
+                        a.at,
+                        latest.map(|r| (&r.worker, r.start))
+                    ));
+                }
+            }
+            Some(false) if !by.is_empty() => v.push(format!(
+                "sends: {} reported not delivered but put in an inbox",
+                send.message
+            )),
+            Some(_) => {}
+        }
+    }
+}
