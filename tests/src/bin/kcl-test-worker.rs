@@ -28,6 +28,8 @@ use kcl_core::{
     InitializationInput, LeaseStore, Liveness, ProcessRecordsInput, ProcessorFactory,
     RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
 };
+use kcl_example_consumer::HttpMessenger;
+use kcl_example_consumer::messenger::Limits;
 use kcl_integration_tests::tracker::FileTracker;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
@@ -106,6 +108,10 @@ struct Args {
     /// How often singleton candidates read the row, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     singleton_poll_ms: u64,
+    /// With `--singleton`: take messages for it over HTTP on a free local port, with this
+    /// shared secret (lines `message` with the text and the fencing token).
+    #[arg(long)]
+    messenger_secret: Option<String>,
     /// Journal one `batch` line per batch (shard, record count, first record's payload)
     /// instead of a line per record: for measuring the worker's own cost.
     #[arg(long)]
@@ -354,7 +360,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let config = SingletonConfig::default()
                 .failover_time(Duration::from_millis(args.failover_ms))
                 .poll_interval(Duration::from_millis(args.singleton_poll_ms));
-            Some(Singleton::new(name, id, store.clone(), config)?)
+            let singleton = Singleton::new(name, id, store.clone(), config)?;
+            Some(match &args.messenger_secret {
+                Some(secret) => singleton.with_messenger(Arc::new(serve_messages(secret).await?)),
+                None => singleton,
+            })
         }
         None => None,
     };
@@ -377,6 +387,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// Takes singleton messages on a free local port; the messenger advertises it.
+async fn serve_messages(secret: &str) -> anyhow::Result<HttpMessenger> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = format!("http://{}", listener.local_addr()?);
+    let messenger = HttpMessenger::new(secret, Some(address), Limits::default());
+    let router = messenger.router();
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "the messages endpoint failed");
+        }
+    });
+    Ok(messenger)
+}
+
 /// What runs beside the worker.
 struct Extra {
     journal: Journal,
@@ -393,9 +417,19 @@ async fn compete(
         .run_with(stop, |ctx: TaskContext| {
             let journal = journal.clone();
             async move {
-                journal.write("singleton_start", json!({"token": ctx.fencing_token().0}));
-                ctx.cancelled().cancelled().await;
-                journal.write("singleton_stop", json!({"token": ctx.fencing_token().0}));
+                let token = ctx.fencing_token().0;
+                journal.write("singleton_start", json!({"token": token}));
+                let mut inbox = ctx.inbox();
+                loop {
+                    tokio::select! {
+                        () = ctx.cancelled().cancelled() => break,
+                        Some(message) = async { inbox.as_mut()?.recv().await } => {
+                            let data = String::from_utf8_lossy(&message);
+                            journal.write("message", json!({"data": data, "token": token}));
+                        }
+                    }
+                }
+                journal.write("singleton_stop", json!({"token": token}));
             }
         })
         .await;
