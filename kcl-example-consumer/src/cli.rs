@@ -240,6 +240,24 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) listen: String,
 
+    /// Run the fleet's summary job, a singleton: every DURATION, on one worker of the fleet
+    /// at a time, one JSON line on stdout with the lease table's state (and the messages sent
+    /// to the job since the last one). Off unless set.
+    #[arg(long, env = "KCL_SUMMARY_EVERY", value_name = "DURATION")]
+    pub(crate) summary_every: Option<String>,
+
+    /// A file holding the shared secret of singleton messages: with it, the HTTP server
+    /// takes `POST /singletons/summary/messages` (Authorization: Bearer <secret>) for the
+    /// summary job. The endpoint is never open without a secret.
+    #[arg(long, env = "KCL_MESSAGES_SECRET_FILE", value_name = "PATH")]
+    pub(crate) messages_secret_file: Option<String>,
+
+    /// Where the other workers reach this one's HTTP server (e.g. `http://$(POD_IP):8080`),
+    /// advertised in the summary job's row while this worker runs it. Needed with
+    /// `--messages-secret-file`.
+    #[arg(long, env = "KCL_ADVERTISE", value_name = "URL")]
+    pub(crate) advertise: Option<String>,
+
     /// Log format: pretty (human) or json (one object per line).
     #[arg(
         long,

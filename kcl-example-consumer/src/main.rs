@@ -10,6 +10,7 @@ mod demo;
 mod demo_aws;
 mod http;
 mod settings;
+mod summary;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -141,9 +142,10 @@ pub(crate) async fn run_worker<S, L, F>(
 ) -> anyhow::Result<ExitCode>
 where
     S: ShardSource,
-    L: LeaseStore,
+    L: LeaseStore + Clone,
     F: ProcessorFactory,
 {
+    let summary = summary::start(settings, &store)?;
     http::server::raise_open_file_limit();
     let probes = http::Probes::for_worker(&settings.worker);
     // kcl-core refreshes its series every taker interval while they mean something; see `http`.
@@ -166,9 +168,16 @@ where
     })?;
 
     let stop_http = CancellationToken::new();
+    let mut router = http::router(settings.worker_id.clone(), worker.status(), metrics, probes);
+    if let Some(routes) = summary.as_ref().and_then(|s| s.routes.clone()) {
+        router = router.merge(routes);
+    }
+    let stop_summary = summary
+        .as_ref()
+        .map_or_else(CancellationToken::new, |s| s.stop.clone());
     let server = tokio::spawn(http::server::serve(
         listener,
-        http::router(settings.worker_id.clone(), worker.status(), metrics, probes),
+        router,
         stop_http.clone().cancelled_owned(),
         http::server::Limits::default(),
     ));
@@ -177,6 +186,7 @@ where
         worker.shutdown_handle(),
         forced.clone(),
         settings.worker.shutdown_timeout,
+        stop_summary.clone(),
     ));
     tracing::info!(
         worker_id = %settings.worker_id,
@@ -190,6 +200,10 @@ where
         () = async { forced.cancelled().await; tokio::time::sleep(FORCE_GRACE).await } => None,
     };
     signals.abort();
+    stop_summary.cancel();
+    if let Some(summary) = summary {
+        let _ = tokio::time::timeout(Duration::from_secs(5), summary.task).await;
+    }
     stop_http.cancel();
     match tokio::time::timeout(Duration::from_secs(2), server).await {
         Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
@@ -213,10 +227,17 @@ where
     }
 }
 
-/// First SIGTERM or SIGINT: graceful shutdown. Second: force.
-async fn on_signals(handle: ShutdownHandle, forced: CancellationToken, deadline: Duration) {
+/// First SIGTERM or SIGINT: graceful shutdown (and the summary job handed back). Second:
+/// force.
+async fn on_signals(
+    handle: ShutdownHandle,
+    forced: CancellationToken,
+    deadline: Duration,
+    summary: CancellationToken,
+) {
     let mut signals = Signals::new();
     let first = signals.recv().await;
+    summary.cancel();
     tracing::info!(
         signal = first,
         deadline = %humantime::format_duration(deadline),

@@ -377,3 +377,87 @@ fn the_first_scrape_has_every_counter_and_every_help_line() {
         );
     }
 }
+
+/// `--summary-every`: the fleet's summary job prints a line a period; with a secret, its
+/// messages endpoint takes a message with the secret (shown in the next line) and refuses
+/// one without it; without a secret there is no endpoint at all.
+#[cfg(unix)]
+#[test]
+fn the_summary_job_prints_and_takes_authenticated_messages() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let secret = "a-long-enough-shared-secret";
+    let secret_file = temp_file("summary-secret", &format!("{secret}\n"));
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = consumer()
+        .args([
+            "--backend",
+            "memory",
+            "--stream",
+            "demo",
+            "--application-name",
+            "demo",
+        ])
+        .args(["--listen", &listen, "--worker-id", "summary-worker"])
+        .args([
+            "--summary-every",
+            "1s",
+            "--advertise",
+            &format!("http://{listen}"),
+        ])
+        .arg("--messages-secret-file")
+        .arg(&secret_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _logs = stderr_lines(&mut child);
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
+    let (tx, summaries) = mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if json.get("fleet_summary").is_some()
+                && tx.send(json["fleet_summary"].clone()).is_err()
+            {
+                break;
+            }
+        }
+    });
+    // Once the worker holds the stream's 4 leases, the summary says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let summary = summaries
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("no summary line: {e}"));
+        if summary["by_owner"]["summary-worker"] == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never 4 leases: {summary}");
+    }
+    let addr: std::net::SocketAddr = listen.parse().unwrap_or_else(|e| panic!("{e}"));
+    let path = "/singletons/summary/messages";
+    assert_eq!(
+        common::http_post(addr, path, "wrong", "intruder"),
+        Some(401)
+    );
+    assert_eq!(common::http_post(addr, path, secret, "hello"), Some(204));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let summary = summaries
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("no summary line: {e}"));
+        let messages = summary["messages"].as_array().cloned().unwrap_or_default();
+        assert!(!messages.iter().any(|m| m == "intruder"), "{summary}");
+        if messages.iter().any(|m| m == "hello") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the message never showed");
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}

@@ -89,6 +89,21 @@ impl TaskContext {
         self.fence
     }
 
+    /// The messages waiting in the inbox, taken without waiting (for a task that looks at
+    /// its inbox now and then rather than awaiting it); empty without a messenger or once
+    /// [`inbox`](Self::inbox) took the receiver.
+    pub fn drain_inbox(&self) -> Vec<Bytes> {
+        let mut inbox = self
+            .inbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut messages = Vec::new();
+        while let Some(Ok(message)) = inbox.as_mut().map(mpsc::Receiver::try_recv) {
+            messages.push(message);
+        }
+        messages
+    }
+
     /// Says the task is healthy. Under
     /// [`SingletonConfig::health_timeout`](super::SingletonConfig::health_timeout), a task
     /// that does not call this within the timeout (counted from its start, then from its last

@@ -46,6 +46,11 @@ impl Period {
         self.ctx.cancelled()
     }
 
+    /// The messages sent to the singleton since the last run (with a messenger).
+    pub fn messages(&self) -> Vec<bytes::Bytes> {
+        self.ctx.drain_inbox()
+    }
+
     /// Says the job is healthy (health mode: a run longer than the health timeout must call
     /// this).
     pub fn heartbeat(&self) {

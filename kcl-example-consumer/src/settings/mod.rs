@@ -46,6 +46,9 @@ pub(crate) const KEYS: &[&str] = &[
     "window",
     "top_keys",
     "listen",
+    "summary_every",
+    "messages_secret_file",
+    "advertise",
     "log_format",
     "log_filter",
     "backend",
@@ -155,8 +158,67 @@ pub(crate) struct Settings {
     pub(crate) log_filter: String,
     /// Backends.
     pub(crate) backend: Backend,
+    /// The fleet's summary job, if configured.
+    pub(crate) summary: Option<Summary>,
     /// Each key's effective value (as text) and origin, for `--print-config`.
     pub(crate) effective: BTreeMap<&'static str, (String, Origin)>,
+}
+
+/// The fleet's summary job: how often, and its messages.
+#[derive(Debug, Clone)]
+pub(crate) struct Summary {
+    pub(crate) every: Duration,
+    /// The messages' shared secret and where this worker is reached; `None`: no messages.
+    pub(crate) messages: Option<(Secret, String)>,
+}
+
+/// A secret read from a file; never printed.
+#[derive(Clone)]
+pub(crate) struct Secret(pub(crate) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// The summary job's settings.
+fn summary(v: &Values) -> Result<Option<Summary>, SettingsError> {
+    let Some(every) = v.parsed("summary_every", parse_duration)? else {
+        if v.get("messages_secret_file").is_some() {
+            return Err(v.fail(
+                "messages_secret_file",
+                "only used with summary-every".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    if every < Duration::from_secs(1) {
+        return Err(v.fail("summary_every", "must be at least 1s".into()));
+    }
+    let messages = match v.get("messages_secret_file") {
+        None => None,
+        Some(path) => {
+            let secret = std::fs::read_to_string(path.trim())
+                .map_err(|e| v.fail("messages_secret_file", format!("cannot read it: {e}")))?;
+            let secret = secret.trim().to_owned();
+            if secret.len() < 16 {
+                return Err(v.fail(
+                    "messages_secret_file",
+                    "the secret must be at least 16 characters".into(),
+                ));
+            }
+            let advertise = v.required("advertise")?;
+            if !advertise.starts_with("http://") {
+                return Err(v.fail(
+                    "advertise",
+                    format!("expected http://host:port, got {advertise:?}"),
+                ));
+            }
+            Some((Secret(secret), advertise))
+        }
+    };
+    Ok(Some(Summary { every, messages }))
 }
 
 /// Values read from a config file, by snake-case key.
@@ -365,6 +427,7 @@ fn build(
         return Err(v.fail("log_filter", one_line(&e.to_string())));
     }
     let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
+    let summary = summary(&v)?;
 
     Ok(Settings {
         stream,
@@ -377,6 +440,7 @@ fn build(
         log_format,
         log_filter,
         backend,
+        summary,
         effective: v.0,
     })
 }

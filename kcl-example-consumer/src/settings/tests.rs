@@ -266,3 +266,52 @@ fn fan_out_names_its_consumer_after_the_application() {
     let e = resolve_err(&[REQUIRED, &["--retrieval", "push"]].concat(), None);
     assert_eq!(e.key, "retrieval");
 }
+
+#[test]
+fn the_summary_job_needs_a_period_and_a_strong_secret() {
+    let s = resolve_ok(REQUIRED, None);
+    assert!(s.summary.is_none());
+    let e = resolve_err(
+        &[REQUIRED, &["--messages-secret-file", "/nonexistent"]].concat(),
+        None,
+    );
+    assert_eq!(e.key, "messages_secret_file");
+    let e = resolve_err(&[REQUIRED, &["--summary-every", "100ms"]].concat(), None);
+    assert_eq!(e.key, "summary_every");
+    let dir = std::env::temp_dir().join(format!("kcl-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let short = dir.join("short");
+    std::fs::write(&short, "tiny\n").unwrap_or_else(|e| panic!("{e}"));
+    let short = short.to_string_lossy().into_owned();
+    let args = [
+        "--summary-every",
+        "10s",
+        "--messages-secret-file",
+        short.as_str(),
+    ];
+    let e = resolve_err(&[REQUIRED, &args].concat(), None);
+    assert_eq!(e.key, "messages_secret_file");
+    assert!(e.reason.contains("16"), "{}", e.reason);
+    let long = dir.join("long");
+    std::fs::write(&long, "0123456789abcdef-secret\n").unwrap_or_else(|e| panic!("{e}"));
+    let long = long.to_string_lossy().into_owned();
+    let args = [
+        "--summary-every",
+        "10s",
+        "--messages-secret-file",
+        long.as_str(),
+    ];
+    let e = resolve_err(&[REQUIRED, &args].concat(), None);
+    assert_eq!(e.key, "advertise", "the address to advertise is needed");
+    let args = [&args[..], &["--advertise", "http://10.0.0.7:8080"]].concat();
+    let s = resolve_ok(&[REQUIRED, &args].concat(), None);
+    let summary = s.summary.unwrap_or_else(|| panic!("a summary job"));
+    assert_eq!(summary.every, Duration::from_secs(10));
+    let (secret, advertise) = summary.messages.unwrap_or_else(|| panic!("messages"));
+    assert_eq!(secret.0, "0123456789abcdef-secret");
+    assert_eq!(advertise, "http://10.0.0.7:8080");
+    assert!(
+        !format!("{secret:?}").contains("0123"),
+        "a secret is never printed"
+    );
+}

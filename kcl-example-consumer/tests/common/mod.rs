@@ -49,3 +49,19 @@ pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let code = response.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, response.split_once("\r\n\r\n")?.1.to_owned()))
 }
+
+/// `POST path` with `body` and an `Authorization: Bearer` header: the status code, or `None`
+/// if nothing answers.
+pub(crate) fn http_post(addr: SocketAddr, path: &str, bearer: &str, body: &str) -> Option<u16> {
+    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {bearer}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
