@@ -60,8 +60,13 @@ impl Period {
 
 impl<L: LeaseStore> Singleton<L> {
     /// Runs `job` once per `period` on whichever candidate holds this singleton, until
-    /// `shutdown`; see the [module docs](self) for the guarantee. Under health mode the holder
-    /// is healthy between runs, and a run must end within the health timeout.
+    /// `shutdown`. Periods are numbered on the wall clock (`unix time / period`, the one clock
+    /// candidates share; expiry never depends on it); the holder keeps the job across periods
+    /// and records each period in the row, fenced like a checkpoint, before running it. So a
+    /// job runs **at most once per period**: a holder dying after recording and before
+    /// finishing costs that period's run, and the next period's runs on the new holder, within
+    /// the failover time plus one period. Under health mode the holder is healthy between
+    /// runs, and a run must end within the health timeout (or call [`Period::heartbeat`]).
     pub async fn every<F, Fut>(
         &self,
         period: Duration,
