@@ -191,7 +191,7 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         })
         .count();
     println!(
-        "singleton simulation: {} seeds ({} in health mode with hanging runs, {} in standby mode; {} singleton runs, {} periodic runs, {} messages sent, {} reported delivered), {singleton_violations} violations of [singleton, fencing-token, periodic, sends]",
+        "singleton simulation: {} seeds ({} in health mode with hanging runs, {} in standby mode; {} singleton runs, {} periodic runs, {} messages sent, {} reported delivered), {singleton_violations} violations of [singleton, fencing-token, periodic, sends, singleton-restart]",
         results.len(),
         stats.health,
         stats.standby,

@@ -91,6 +91,10 @@ pub struct Journal {
     pub periodic_runs: Vec<PeriodicRun>,
     pub sends: Vec<Send>,
     pub acceptances: Vec<Acceptance>,
+    /// Workers crashed, and when.
+    pub crashes: Vec<(String, Instant)>,
+    /// While some fault was on (a freeze, store faults, a partition): from, until.
+    pub disturbed: Vec<(Instant, Instant)>,
     pub deliveries: Vec<Delivery>,
     pub effects: Vec<Effect>,
     pub attempts: Vec<Attempt>,

@@ -396,6 +396,9 @@ fn judge(
         } else {
             failover
         },
+        // The failover time plus a poll (the taker interval) and a little scheduling.
+        restart_bound: (!fleet.standby && !fleet.health)
+            .then(|| failover + config().taker_interval + Duration::from_millis(200)),
     })
 }
 

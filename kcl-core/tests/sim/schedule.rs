@@ -120,6 +120,7 @@ impl Run<'_> {
             && let Some(id) = self.fleet.pick(self.rng)
         {
             self.fleet.remove(&id, true).await;
+            self.fleet.log.lock().crashes.push((id, Instant::now()));
             self.stats.crashes += 1;
         }
     }
@@ -132,6 +133,7 @@ impl Run<'_> {
             let length =
                 config().failover_time + Duration::from_millis(self.rng.random_range(100..4000));
             self.stats.freezes += 1;
+            self.fleet.log.lock().disturbed.push((now, now + length));
             undo.0.push((now + length, Some(id)));
         }
     }
@@ -162,10 +164,14 @@ impl Run<'_> {
         faults.set_expired_iterator_rate(rng.random_range(0.0..0.1));
         let straggle = config().failover_time + Duration::from_millis(rng.random_range(0..3000));
         faults.set_stragglers(rng.random_range(0.0..0.05), straggle);
-        undo.0.push((
-            now + Duration::from_millis(rng.random_range(500..5000)),
-            None,
-        ));
+        let until = now + Duration::from_millis(rng.random_range(500..5000));
+        // Writes may land a straggle later: disturbed until then.
+        self.fleet
+            .log
+            .lock()
+            .disturbed
+            .push((now, until + straggle));
+        undo.0.push((until, None));
         self.stats.store_faults += 1;
     }
 
@@ -175,6 +181,7 @@ impl Run<'_> {
             return;
         };
         let until = now + Duration::from_millis(self.rng.random_range(500..6000));
+        self.fleet.log.lock().disturbed.push((now, until));
         let stream = stream_client(&id);
         let cut = match self.rng.random_range(0..3) {
             0 => vec![id],

@@ -30,6 +30,7 @@ pub const INVARIANTS: &[&str] = &[
     "fencing-token",
     "periodic",
     "sends",
+    "singleton-restart",
     "no-duplicates",
 ];
 
@@ -67,6 +68,9 @@ pub struct Evidence<'a> {
     pub quiet: (tokio::time::Instant, tokio::time::Instant),
     /// How soon after the faults stop a singleton must be held again.
     pub singleton_recovery: Duration,
+    /// How soon after its holder crashed (nothing else disturbed) the singleton must start
+    /// elsewhere; `None` where the seed's modes allow longer.
+    pub restart_bound: Option<Duration>,
 }
 
 impl Evidence<'_> {
@@ -92,6 +96,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     singletons::tokens(e, &mut v);
     singletons::periodic(e, &mut v);
     singletons::sends(e, &mut v);
+    singletons::restarts(e, &mut v);
     if e.planned {
         records::no_duplicates(e, &mut v);
     }

@@ -117,3 +117,37 @@ pub(super) fn sends(e: &Evidence<'_>, v: &mut Vec<String>) {
         }
     }
 }
+
+/// singleton-restart: when the singleton's holder crashed and nothing else was disturbed for
+/// the failover time plus a poll (no freeze, store faults or partition), another instance
+/// started within that long. Judged in the seeds without health mode (whose penalties keep
+/// candidates away on purpose) and without standby mode (whose slow candidates may need
+/// longer while there is no standby).
+pub(super) fn restarts(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let Some(bound) = e.restart_bound else {
+        return;
+    };
+    let runs = &e.journal.singleton_runs;
+    for (worker, at) in &e.journal.crashes {
+        let held = runs
+            .iter()
+            .filter(|r| r.start <= *at)
+            .max_by_key(|r| r.start)
+            .is_some_and(|r| &r.worker == worker);
+        let calm = !e
+            .journal
+            .disturbed
+            .iter()
+            .any(|(from, until)| *from <= *at + bound && *at <= *until);
+        if !held || !calm || *at + bound > e.quiet.1 {
+            continue;
+        }
+        let next = runs.iter().filter(|r| r.start > *at).map(|r| r.start).min();
+        if next.is_none_or(|n| n > *at + bound) {
+            v.push(format!(
+                "singleton-restart: {worker} crashed holding it; the next instance started {:?} later (bound {bound:?})",
+                next.map(|n| n - *at)
+            ));
+        }
+    }
+}
