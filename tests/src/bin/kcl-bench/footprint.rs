@@ -12,10 +12,11 @@ use crate::{median, seconds};
 
 /// Records written for the CPU figure, 100 bytes each.
 const RECORDS: usize = 20_000;
-/// Records written for the end-to-end figures. Start-up (process, table, leases) is part of
-/// the worker's time, so more records would favour it; but filling kinesis-local with
-/// 100,000 took over 3 minutes a run here; a whole run with 30,000 takes about 30 s.
-const E2E_RECORDS: usize = 30_000;
+/// Records written for the end-to-end figures by default (`--e2e-records`). Start-up
+/// (process, table, leases) is part of the worker's time, so more records favour it; but
+/// filling kinesis-local with 100,000 took over 3 minutes a run here; a whole run with 30,000
+/// takes about 30 s. kinesalite fills ten times faster.
+pub(crate) const E2E_RECORDS: usize = 30_000;
 
 pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
     let (mut first, mut cpu, mut rss) = (Vec::new(), Vec::new(), Vec::new());
@@ -55,17 +56,17 @@ fn mebibytes(values: &mut [u64]) -> (String, String) {
 }
 
 /// The end-to-end table (also alone: `--only e2e`).
-pub(crate) async fn e2e_table(worker: &str, runs: usize) -> anyhow::Result<()> {
+pub(crate) async fn e2e_table(worker: &str, runs: usize, records: usize) -> anyhow::Result<()> {
     println!();
     println!(
-        "| end to end, {E2E_RECORDS} × 100 B | shards | worker records/s | bare GetRecords loop records/s | worker / bare |"
+        "| end to end, {records} × 100 B | shards | worker records/s | bare GetRecords loop records/s | worker / bare |"
     );
     println!("|---|---:|---:|---:|---:|");
     for shards in [8, 32] {
         for existing in [false, true] {
             let (mut worker_rate, mut bare_rate) = (Vec::new(), Vec::new());
             for _ in 0..runs {
-                let (w, b) = end_to_end(worker, shards, existing).await?;
+                let (w, b) = end_to_end(worker, shards, existing, records).await?;
                 worker_rate.push(w);
                 bare_rate.push(b);
             }
@@ -191,7 +192,12 @@ async fn peak_rss(worker: &str, shards: usize) -> anyhow::Result<u64> {
 /// Records per second through a worker (process start → last record: start-up, table and
 /// leases included) and through a bare loop reading every shard from `TRIM_HORIZON` with the
 /// same batch size (10,000), same records; neither checkpoints.
-async fn end_to_end(worker: &str, shards: usize, existing: bool) -> anyhow::Result<(f64, f64)> {
+async fn end_to_end(
+    worker: &str,
+    shards: usize,
+    existing: bool,
+    records: usize,
+) -> anyhow::Result<(f64, f64)> {
     let ctx = Context::new("bench-e2e")
         .await?
         .context("the emulators are needed")?;
@@ -215,7 +221,7 @@ async fn end_to_end(worker: &str, shards: usize, existing: bool) -> anyhow::Resu
         w.terminate()?;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    ctx.put(&payloads("e", E2E_RECORDS)).await?;
+    ctx.put(&payloads("e", records)).await?;
     // Warm the emulator: its first read after a fill is slower.
     bare_loop(&ctx).await?;
     let bare = bare_loop(&ctx).await?;
@@ -228,10 +234,10 @@ async fn end_to_end(worker: &str, shards: usize, existing: bool) -> anyhow::Resu
         "--no-batch-checkpoint",
     ];
     let w = WorkerProcess::spawn_in("leader", worker, &ctx, "worker-a", &args)?;
-    wait_delivered(&w, E2E_RECORDS).await?;
+    wait_delivered(&w, records).await?;
     let through_worker = started.elapsed();
     w.terminate()?;
-    let rate = |d: Duration| E2E_RECORDS as f64 / d.as_secs_f64();
+    let rate = |d: Duration| records as f64 / d.as_secs_f64();
     Ok((rate(through_worker), rate(bare)))
 }
 

@@ -40,12 +40,15 @@ use anyhow::Context as _;
 struct Options {
     runs: usize,
     only: Option<String>,
+    /// Records of each end-to-end run.
+    e2e_records: usize,
 }
 
 fn options() -> anyhow::Result<Options> {
     let mut options = Options {
         runs: 3,
         only: None,
+        e2e_records: footprint::E2E_RECORDS,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -57,6 +60,13 @@ fn options() -> anyhow::Result<Options> {
                     .parse()
                     .context("--runs N")?;
             }
+            "--e2e-records" => {
+                options.e2e_records = args
+                    .next()
+                    .context("--e2e-records N")?
+                    .parse()
+                    .context("--e2e-records N")?;
+            }
             "--only" => {
                 options.only = Some(
                     args.next()
@@ -65,7 +75,7 @@ fn options() -> anyhow::Result<Options> {
             }
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--runs N, --only failover|footprint|e2e|rss|latency)"
+                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency)"
                 )
             }
         }
@@ -118,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
         footprint::table(&worker, options.runs).await?;
     }
     if wanted("footprint") || options.only.as_deref() == Some("e2e") {
-        footprint::e2e_table(&worker, options.runs).await?;
+        footprint::e2e_table(&worker, options.runs, options.e2e_records).await?;
     }
     if wanted("latency") {
         latency::table(&worker, options.runs).await?;
