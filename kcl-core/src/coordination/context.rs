@@ -39,6 +39,8 @@ pub struct TaskContext {
     fence: FencingToken,
     beat: Arc<watch::Sender<Instant>>,
     inbox: Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>,
+    /// Health mode's timeout, if on.
+    pub(crate) health: Option<Duration>,
     pub(crate) tenure: Arc<Tenure>,
 }
 
@@ -56,12 +58,14 @@ impl TaskContext {
         tenure: Arc<Tenure>,
         fence: FencingToken,
         inbox: Option<mpsc::Receiver<Bytes>>,
+        health: Option<Duration>,
     ) -> Self {
         Self {
             cancelled: CancellationToken::new(),
             fence,
             beat: Arc::new(watch::Sender::new(Instant::now())),
             inbox: Arc::new(Mutex::new(inbox)),
+            health,
             tenure,
         }
     }
@@ -112,9 +116,9 @@ impl TaskContext {
         self.beat.send_replace(Instant::now());
     }
 
-    /// Resolves once no heartbeat came within `timeout`; never without a timeout.
-    pub(crate) async fn unhealthy(&self, timeout: Option<Duration>) {
-        let Some(timeout) = timeout else {
+    /// Resolves once no heartbeat came within the health timeout; never without one.
+    pub(crate) async fn unhealthy(&self) {
+        let Some(timeout) = self.health else {
             return std::future::pending().await;
         };
         let beats = self.beat.subscribe();

@@ -95,7 +95,7 @@ impl<L: LeaseStore> Singleton<L> {
                 .filter(|m| m.address().is_some())
                 .map(|_| mpsc::channel(INBOX_CAPACITY))
                 .unzip();
-            let ctx = TaskContext::new(tenure.clone(), fence, messages);
+            let ctx = TaskContext::new(tenure.clone(), fence, messages, self.config.health_timeout);
             let _registration = inbox.and_then(|inbox| self.register(&tenure, &ctx, inbox));
             let run = task(ctx.clone());
             self.supervise(&tenure, shutdown, &ctx, run).await
@@ -151,7 +151,7 @@ impl<L: LeaseStore> Singleton<L> {
             () = at_risk(tenure, budget) => {
                 tracing::warn!(singleton = %self.key, "lease at risk: cancelling the task");
             }
-            () = ctx.unhealthy(self.config.health_timeout) => {
+            () = ctx.unhealthy() => {
                 tracing::warn!(singleton = %self.key, timeout = ?self.config.health_timeout, "no heartbeat from the task in time: cancelling it");
                 outcome = Outcome::Unhealthy;
             }

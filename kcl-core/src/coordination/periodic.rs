@@ -125,8 +125,8 @@ async fn periodically<F, Fut>(
     }
 }
 
-/// Waits `pause` between periods, healthy all along (the job is not running); false if
-/// cancelled meanwhile.
+/// Waits `pause` between periods, healthy all along (the job is not running): in health
+/// mode it says so every half timeout; false if cancelled meanwhile.
 async fn idle(ctx: &TaskContext, pause: Duration) -> bool {
     let until = tokio::time::Instant::now() + pause;
     loop {
@@ -135,15 +135,13 @@ async fn idle(ctx: &TaskContext, pause: Duration) -> bool {
         if left.is_zero() {
             return true;
         }
+        let step = ctx.health.map_or(left, |timeout| left.min(timeout / 2));
         tokio::select! {
             () = ctx.cancelled().cancelled() => return false,
-            () = sleep(left.min(IDLE_BEAT)) => {}
+            () = sleep(step) => {}
         }
     }
 }
-
-/// How often a holder waiting for the next period says it is healthy.
-const IDLE_BEAT: Duration = Duration::from_millis(100);
 
 /// The last period recorded in the row's checkpoint; `None` before the first.
 fn last_run(checkpoint: &Checkpoint) -> Option<u64> {

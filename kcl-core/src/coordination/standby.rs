@@ -45,19 +45,14 @@ impl<L: LeaseStore> Drop for Fast<'_, L> {
 impl<L: LeaseStore> Singleton<L> {
     /// The standby row's candidate.
     pub(super) fn standby(&self) -> Result<Singleton<std::sync::Arc<L>>, ConfigError> {
-        let name = self
-            .key
-            .as_str()
-            .trim_start_matches(super::COORDINATION_PREFIX);
-        let config = self
-            .config
-            .clone()
-            .poll_interval(self.config.failover_time * STANDBY_EVERY);
-        let mut config = config;
-        config.standby = false;
-        config.health_timeout = None;
+        let config = super::SingletonConfig {
+            poll_interval: self.config.failover_time * STANDBY_EVERY,
+            standby: false,
+            health_timeout: None,
+            ..self.config.clone()
+        };
         Singleton::named(
-            &format!("{name}/standby"),
+            &format!("{}/standby", self.name()),
             self.me.clone(),
             self.store.clone(),
             config,

@@ -146,7 +146,7 @@ impl<S: ShardSource> FetchLoop<S> {
                 None => match self.open().await {
                     Ok(it) => it,
                     Err(e) => {
-                        if !self.pause_after(e, &mut delays).await {
+                        if !self.pause_after(e, &mut delays, None).await {
                             return;
                         }
                         continue;
@@ -177,13 +177,13 @@ impl<S: ShardSource> FetchLoop<S> {
                 }
                 Err(e) if e.kind() == ErrorKind::ExpiredIterator => {
                     // Reopen after the last record read; back off in case it keeps expiring.
-                    if !self.pause_after(e, &mut delays).await {
+                    if !self.pause_after(e, &mut delays, None).await {
                         return;
                     }
                 }
                 Err(e) => {
                     iterator = Some(it);
-                    if !self.pause_after(e, &mut delays).await {
+                    if !self.pause_after(e, &mut delays, None).await {
                         return;
                     }
                 }
@@ -197,21 +197,12 @@ impl<S: ShardSource> FetchLoop<S> {
         loop {
             let mut events = match self.subscribe(&consumer).await {
                 Ok(events) => events,
-                Err(e) if e.kind().is_transient() => {
-                    // Most likely the shard's previous owner subscribed less than 5 s ago, or
-                    // its subscription is still open (a handoff): try again every second
-                    // rather than back off further.
-                    if e.kind() == ErrorKind::Throttled {
-                        ::metrics::counter!(metrics::THROTTLED, "operation" => e.operation())
-                            .increment(1);
-                    }
-                    tracing::debug!(error = %e, "subscribing failed; trying again");
-                    let delay = delays.next().unwrap_or(SUBSCRIBE_RETRY);
-                    sleep(delay.min(SUBSCRIBE_RETRY)).await;
-                    continue;
-                }
                 Err(e) => {
-                    if !self.pause_after(e, &mut delays).await {
+                    // A transient failure is most likely the shard's previous owner having
+                    // subscribed less than 5 s ago, or its subscription still open (a
+                    // handoff): try again every second rather than back off further.
+                    let longest = e.kind().is_transient().then_some(SUBSCRIBE_RETRY);
+                    if !self.pause_after(e, &mut delays, longest).await {
                         return;
                     }
                     continue;
@@ -229,7 +220,7 @@ impl<S: ShardSource> FetchLoop<S> {
                     }
                     Ok(Some(Err(e))) => {
                         drop(events);
-                        if !self.pause_after(e, &mut delays).await {
+                        if !self.pause_after(e, &mut delays, None).await {
                             return;
                         }
                         break;
@@ -324,8 +315,14 @@ impl<S: ShardSource> FetchLoop<S> {
         result
     }
 
-    /// Sleeps before a retry; reports a permanent failure and returns false.
-    async fn pause_after(&self, error: BackendError, delays: &mut ExponentialBackoff) -> bool {
+    /// Sleeps before a retry (at most `longest`, if given); reports a permanent failure and
+    /// returns false.
+    async fn pause_after(
+        &self,
+        error: BackendError,
+        delays: &mut ExponentialBackoff,
+        longest: Option<std::time::Duration>,
+    ) -> bool {
         match error.kind() {
             ErrorKind::Throttled | ErrorKind::Retryable | ErrorKind::ExpiredIterator => {
                 if error.kind() == ErrorKind::Throttled {
@@ -333,7 +330,8 @@ impl<S: ShardSource> FetchLoop<S> {
                         .increment(1);
                 }
                 tracing::debug!(%error, "read failed; backing off");
-                sleep(delays.next().unwrap_or(self.idle)).await;
+                let delay = delays.next().unwrap_or(self.idle);
+                sleep(longest.map_or(delay, |most| delay.min(most))).await;
                 true
             }
             _ => {
