@@ -185,16 +185,22 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .iter()
         .flat_map(|(_, o)| &o.violations)
         .filter(|v| {
-            ["singleton:", "fencing-token:", "periodic:"]
-                .iter()
-                .any(|p| v.starts_with(p))
+            [
+                "singleton:",
+                "fencing-token:",
+                "periodic:",
+                "sends:",
+                "singleton-restart:",
+            ]
+            .iter()
+            .any(|p| v.starts_with(p))
         })
         .count();
     println!(
-        "singleton simulation: {} seeds ({} in health mode with hanging runs, {} in standby mode; {} singleton runs, {} periodic runs, {} messages sent, {} reported delivered), {singleton_violations} violations of [singleton, fencing-token, periodic, sends, singleton-restart]",
+        "singleton simulation: {} seeds ({} in health mode with hanging runs, standbys 0/1/2/3: {:?} seeds; {} singleton runs, {} periodic runs, {} messages sent, {} reported delivered), {singleton_violations} violations of [singleton, fencing-token, periodic, sends, singleton-restart]",
         results.len(),
         stats.health,
-        stats.standby,
+        stats.standbys,
         stats.singleton_runs,
         stats.periodic_runs,
         stats.sends,

@@ -10,15 +10,18 @@
     clippy::print_stdout
 )]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
+use kcl_core::ShardId;
 use kcl_core::coordination::{
-    Clock, FencingToken, Messenger, Singleton, SingletonConfig, SingletonHandle, TaskContext,
+    COORDINATION_PREFIX, Clock, FencingToken, Messenger, Singleton, SingletonConfig,
+    SingletonHandle, TaskContext,
 };
+use kcl_core::lease::LeaseStore;
 use kcl_core::lease::usage::Operation;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork};
 use tokio::task::JoinHandle;
@@ -212,54 +215,172 @@ fn gets(store: &MemoryLeaseStore) -> u64 {
     store.table_usage().of(Operation::Get).requests
 }
 
+/// Waits until the task has started `n` times; returns when the last start was.
+async fn started(runs: &Runs, n: usize) -> Instant {
+    loop {
+        if let Some(run) = runs.lock().unwrap().get(n - 1) {
+            return run.2;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The stop token of the candidate that started the task last.
+fn last_holder<'a>(
+    runs: &Runs,
+    stops: &'a BTreeMap<String, CancellationToken>,
+) -> &'a CancellationToken {
+    let me = runs.lock().unwrap().last().unwrap().0.clone();
+    &stops[&me]
+}
+
 #[tokio::test(start_paused = true)]
-async fn standby_mode_keeps_failover_and_cuts_reads() {
+async fn standbys_keep_failover_and_cut_reads() {
+    // Without standbys, then the default line of two, then one.
     let mut reads = Vec::new();
-    for standby in [false, true] {
+    for standbys in [0, 2, 1] {
         let store = MemoryLeaseStore::new();
         let runs = Runs::default();
-        let config = config().standby(standby);
+        let config = config().standbys(standbys);
         let (a, _stop_a) = candidate("a", &store, config.clone(), &runs, true);
         sleep(Duration::from_millis(100)).await;
-        let others: Vec<_> = ["b", "c", "d", "e"]
+        let others: BTreeMap<String, _> = ["b", "c", "d", "e"]
             .iter()
-            .map(|me| candidate(me, &store, config.clone(), &runs, true))
+            .map(|me| {
+                (
+                    me.to_string(),
+                    candidate(me, &store, config.clone(), &runs, true),
+                )
+            })
+            .collect();
+        let stops = others
+            .iter()
+            .map(|(me, (_, stop))| (me.clone(), stop.clone()))
             .collect();
         // A steady minute: one holder, four candidates.
         sleep(Duration::from_secs(10)).await;
-        let before = gets(&store);
+        let renewals = |s: &MemoryLeaseStore| s.table_usage().of(Operation::Renew).requests;
+        let before = (gets(&store), renewals(&store));
         sleep(Duration::from_secs(60)).await;
-        reads.push(gets(&store) - before);
+        reads.push((
+            standbys,
+            gets(&store) - before.0,
+            renewals(&store) - before.1,
+        ));
         // The holder dies: the next holder starts within failover + a poll.
         a.abort();
         let died = Instant::now();
-        let started = loop {
-            if runs.lock().unwrap().len() == 2 {
-                break runs.lock().unwrap()[1].2;
-            }
-            sleep(Duration::from_millis(10)).await;
-        };
-        let took = started - died;
+        let took = started(&runs, 2).await - died;
+        let poll = Duration::from_millis(200);
         assert!(
-            took <= Duration::from_secs(3) + Duration::from_millis(200 + 100),
-            "standby {standby}: a new holder after {took:?}"
+            took <= Duration::from_secs(3) + poll + Duration::from_millis(100),
+            "{standbys} standbys: a new holder after {took:?}"
         );
-        for (task, stop) in others {
+        // At once, the new holder stops (SIGTERM): the next in line starts within a poll
+        // (what one standby, having just moved up, cannot do). Then once more, before the
+        // slow candidates read anything: the line has run out, and one of them takes the
+        // last standby row at its next read (2 × failover time), then the rows ahead.
+        for n in 3..=4 {
+            last_holder(&runs, &stops).cancel();
+            let stopped = Instant::now();
+            let took = started(&runs, n).await - stopped;
+            let bound = if standbys == 0 || n <= usize::from(standbys) + 1 {
+                poll * 2 + Duration::from_millis(100)
+            } else {
+                Duration::from_secs(6) + poll * 3 + Duration::from_millis(100)
+            };
+            assert!(
+                took <= bound,
+                "{standbys} standbys: stop {n}: a new holder after {took:?}"
+            );
+        }
+        for (_, (task, stop)) in others {
             stop.cancel();
             task.await.unwrap().unwrap();
         }
     }
-    // Without standby: 5 candidates polling every 200 ms. With it: the standby alone.
-    assert!(
-        reads[1] * 3 < reads[0],
-        "reads in a minute: {} without standby mode, {} with",
-        reads[0],
-        reads[1]
-    );
-    println!(
-        "reads in a minute, 5 candidates: {} without standby mode, {} with",
-        reads[0], reads[1]
-    );
+    // What README's cost formula says, for W = 5 candidates, a 200 ms poll and a 3 s
+    // failover time: per minute, without standbys W - 1 candidates read every poll; with k,
+    // the k standbys read every poll, the W - 1 - k others the last standby row every 2 ×
+    // and the k rows ahead every 6 × the failover time. Renewals: the holder and each
+    // standby, every third of the failover time.
+    for (&(standbys, got_reads, got_renewals), expected) in reads.iter().zip([
+        (4.0 * 300.0, 60.0),
+        (
+            2.0 * 300.0 + 2.0 * (2.0 * 60.0 / 18.0 + 60.0 / 6.0),
+            3.0 * 60.0,
+        ),
+        (300.0 + 3.0 * (60.0 / 18.0 + 60.0 / 6.0), 2.0 * 60.0),
+    ]) {
+        let near = |got: u64, want: f64| (got as f64 - want).abs() <= want * 0.01 + 2.0;
+        assert!(
+            near(got_reads, expected.0) && near(got_renewals, expected.1),
+            "{standbys} standbys: {got_reads} reads and {got_renewals} renewals in a minute, expected {expected:?}"
+        );
+    }
+    println!("reads and renewals in a minute, 5 candidates, by standbys: {reads:?}");
+}
+
+/// Who holds the row and the two standby rows of the singleton "task".
+async fn line(store: &MemoryLeaseStore) -> Vec<Option<String>> {
+    let mut owners = Vec::new();
+    for name in ["task", "task/standby", "task/standby/standby"] {
+        let key = ShardId::new(format!("{COORDINATION_PREFIX}{name}"));
+        let row = store.get(&key).await.unwrap();
+        owners.push(row.and_then(|r| r.owner).map(|o| o.to_string()));
+    }
+    owners
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_line_forms_at_once() {
+    // One candidate starts, two more a moment later: the first holds the row, the others
+    // stand in line within a poll, not after the slow candidates' 2 × failover time. Calls
+    // take up to 40 ms, so that they interleave; over many schedules.
+    for seed in 0..40 {
+        let faults = Faults::seeded(seed);
+        faults.set_max_latency(Duration::from_millis(40));
+        let store = MemoryLeaseStore::with_faults(faults);
+        let runs = Runs::default();
+        let mut all = vec![candidate("a", &store, config(), &runs, true)];
+        sleep(Duration::from_millis(100)).await;
+        all.extend(
+            ["b", "c"]
+                .iter()
+                .map(|me| candidate(me, &store, config(), &runs, true)),
+        );
+        sleep(Duration::from_millis(400)).await;
+        let owners = line(&store).await;
+        let standbys: BTreeSet<_> = owners[1..].iter().flatten().map(String::as_str).collect();
+        assert!(
+            owners[0].as_deref() == Some("a") && standbys == BTreeSet::from(["b", "c"]),
+            "seed {seed}: {owners:?}"
+        );
+        for (task, stop) in all {
+            stop.cancel();
+            task.await.unwrap().unwrap();
+        }
+        // Shutdown hands every row back.
+        assert_eq!(line(&store).await, [None, None, None], "seed {seed}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_stopped_mid_take_leaves_the_row_free() {
+    // Stopped at every moment of its first poll (read, create, take; responses take up to
+    // 40 ms to come back): the row ends up free, never held by a candidate that is gone.
+    for at in (0..200).step_by(4) {
+        let faults = Faults::seeded(at);
+        faults.set_max_latency(Duration::from_millis(40));
+        let store = MemoryLeaseStore::with_faults(faults);
+        store.ensure_table().await.unwrap();
+        let runs = Runs::default();
+        let (task, stop) = candidate("a", &store, config(), &runs, true);
+        sleep(Duration::from_millis(at)).await;
+        stop.cancel();
+        task.await.unwrap().unwrap();
+        assert_eq!(line(&store).await, [None, None, None], "stopped {at} ms in");
+    }
 }
 
 /// A candidate whose instance records every message its inbox gets.

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::check_lease_timing;
 use crate::error::ConfigError;
 
+/// The longest line of standbys [`SingletonConfig::standbys`] allows.
+pub const MAX_STANDBYS: u8 = 3;
+
 /// Timing of a [`Singleton`](super::Singleton).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -37,13 +40,16 @@ pub struct SingletonConfig {
     /// Default: none (a task is trusted while it runs).
     #[serde(default, with = "humantime_serde")]
     pub health_timeout: Option<Duration>,
-    /// Standby mode: one candidate, the standby, reads the row every `poll_interval`; the
-    /// others read a standby row every 2 × and the row every 6 × the failover time, so that
-    /// W candidates cost about one read per poll instead of W. Takeovers stay within the
-    /// failover time plus a poll while a standby exists; after the standby moved up there is
-    /// none for up to 2 × the failover time, and a holder lost then is replaced after up to
-    /// 6 × (see `coordination/standby.rs`). Default: off (every candidate polls).
-    pub standby: bool,
+    /// How many candidates stand in line behind the holder (at most [`MAX_STANDBYS`]). The
+    /// first, the standby, reads the row every `poll_interval`; each next one reads the
+    /// standby row ahead of it as often, so it moves up within a poll when the one ahead does;
+    /// the other candidates read the last standby row every 2 × and the rows ahead of it every
+    /// 6 × the failover time. W candidates thus cost about `standbys` reads a poll instead of
+    /// W, and a takeover stays within the failover time plus a poll after the holder dies
+    /// (within a poll after it stops) unless the holder and every standby are lost together;
+    /// see `coordination/standby.rs` for the bounds. Each standby also renews its row like a
+    /// holder. 0: every candidate reads the row every poll. Default 2.
+    pub standbys: u8,
 }
 
 impl Default for SingletonConfig {
@@ -54,14 +60,14 @@ impl Default for SingletonConfig {
 
 impl SingletonConfig {
     fn derived(failover_time: Duration, poll_interval: Duration, health: Option<Duration>) -> Self {
-        // `standby` is set after: `failover_time` keeps it (see the setter).
+        // `standbys` is set after: `failover_time` keeps it (see the setter).
         Self {
             failover_time,
             renew_interval: failover_time / 3,
             poll_interval,
             stop_timeout: failover_time / 4,
             health_timeout: health,
-            standby: false,
+            standbys: 2,
         }
     }
 
@@ -69,8 +75,8 @@ impl SingletonConfig {
     /// (a quarter) from it.
     #[must_use]
     pub fn failover_time(self, value: Duration) -> Self {
-        let standby = self.standby;
-        Self::derived(value, self.poll_interval, self.health_timeout).standby(standby)
+        let standbys = self.standbys;
+        Self::derived(value, self.poll_interval, self.health_timeout).standbys(standbys)
     }
 
     /// Sets the poll interval.
@@ -80,10 +86,10 @@ impl SingletonConfig {
         self
     }
 
-    /// Turns standby mode on or off: see [`SingletonConfig::standby`].
+    /// Sets how many candidates stand in line: see [`SingletonConfig::standbys`].
     #[must_use]
-    pub fn standby(mut self, on: bool) -> Self {
-        self.standby = on;
+    pub fn standbys(mut self, value: u8) -> Self {
+        self.standbys = value;
         self
     }
 
@@ -124,6 +130,9 @@ impl SingletonConfig {
         if self.poll_interval.is_zero() {
             return err("poll_interval", "must be above zero");
         }
+        if self.standbys > MAX_STANDBYS {
+            return err("standbys", "must be at most 3");
+        }
         if let Some(health) = self.health_timeout
             && (health.is_zero() || health > crate::config::MAX_DURATION)
         {
@@ -163,6 +172,13 @@ mod tests {
         assert_eq!(key(slow), Some("stop_timeout"));
         let never = SingletonConfig::default().health_timeout(Duration::ZERO);
         assert_eq!(key(never), Some("health_timeout"));
+        let long = SingletonConfig::default().standbys(MAX_STANDBYS + 1);
+        assert_eq!(key(long), Some("standbys"));
+        // The line survives a later change of the failover time too.
+        let none = SingletonConfig::default()
+            .standbys(0)
+            .failover_time(Duration::from_secs(3));
+        assert_eq!(none.standbys, 0);
         // Health mode survives a later change of the failover time.
         let health = SingletonConfig::default()
             .health_timeout(Duration::from_secs(5))

@@ -80,7 +80,7 @@ impl<L: LeaseStore> Singleton<L> {
             started,
         ));
         self.holder.send_replace(Some(self.me.clone()));
-        tracing::info!(singleton = %self.key, %fence, "singleton acquired");
+        tracing::info!(singleton = %self.key, %fence, me = %self.me, "singleton acquired");
         let outcome = {
             let renewer = renewer::run(tenure.clone(), self.config.renew_interval);
             let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
@@ -108,7 +108,7 @@ impl<L: LeaseStore> Singleton<L> {
             tracing::debug!(?error, singleton = %self.key, "singleton release failed");
         }
         tenure.mark_lost();
-        tracing::info!(singleton = %self.key, "singleton given up");
+        tracing::info!(singleton = %self.key, me = %self.me, "singleton given up");
         self.holder.send_replace(None);
         outcome
     }
@@ -132,6 +132,7 @@ impl<L: LeaseStore> Singleton<L> {
         }
         if mutation::on(Mutation::SingletonNotDropped) {
             tokio::select! {
+                biased;
                 () = &mut run => return Outcome::Ended,
                 () = tenure.lost_token().cancelled() => {}
                 () = shutdown.cancelled() => {}

@@ -5,7 +5,9 @@
 //! released with the same conditional writes, the same observed-expiry rule and the same
 //! local validity bound as shard leases. Every candidate runs [`Singleton::run`]; the one
 //! holding the row runs the task, the others watch the row and take over when it is released
-//! or expires.
+//! or expires. They do not all read it every poll: by default two standbys stand in line
+//! and read often, the others seldom ([`SingletonConfig::standbys`]; the bounds and costs are
+//! in `standby.rs`).
 //!
 //! **At no instant do two instances run.** The task gets a [`CancellationToken`], cancelled
 //! on shutdown or when its lease is at risk (renewals kept failing and less than
@@ -51,23 +53,23 @@ mod hold;
 pub mod messages;
 mod periodic;
 mod standby;
+mod take;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
-pub use self::config::SingletonConfig;
+pub use self::config::{MAX_STANDBYS, SingletonConfig};
 pub use self::context::{FencingToken, TaskContext};
 pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
-use crate::error::{ConfigError, Error, ErrorKind};
+use crate::error::{ConfigError, Error};
+use crate::lease::LeaseStore;
 use crate::lease::observer::Observer;
-use crate::lease::{Lease, LeaseStore};
-use crate::task::bounded;
-use crate::types::{Checkpoint, ShardId, WorkerId};
+use crate::types::{ShardId, WorkerId};
 
 /// Lease keys of singletons start with this; no Kinesis shard id does.
 pub const COORDINATION_PREFIX: &str = "kcl-coordination/";
@@ -112,6 +114,9 @@ pub struct Singleton<L> {
     store: Arc<L>,
     config: SingletonConfig,
     holder: watch::Sender<Option<WorkerId>>,
+    /// Whether this candidate has read the row once (the standbys wait for it, so that a
+    /// candidate about to hold the row does not first take a standby row).
+    polled: watch::Sender<bool>,
     /// The poll interval in force, in milliseconds (the worker's roles change it).
     poll_millis: std::sync::atomic::AtomicU64,
     /// Wakes a candidate sleeping between polls when its interval changes.
@@ -157,6 +162,16 @@ impl<L: LeaseStore> Singleton<L> {
         store: L,
         config: SingletonConfig,
     ) -> Result<Self, ConfigError> {
+        Self::sharing(name, me, Arc::new(store), config)
+    }
+
+    /// As [`named`](Self::named), on a store shared with other candidates of this process.
+    fn sharing(
+        name: &str,
+        me: impl Into<WorkerId>,
+        store: Arc<L>,
+        config: SingletonConfig,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         if name.is_empty() {
             return Err(ConfigError {
@@ -167,13 +182,14 @@ impl<L: LeaseStore> Singleton<L> {
         Ok(Self {
             key: ShardId::new(format!("{COORDINATION_PREFIX}{name}")),
             me: me.into(),
-            store: Arc::new(store),
+            store,
             poll_millis: std::sync::atomic::AtomicU64::new(
                 u64::try_from(config.poll_interval.as_millis()).unwrap_or(u64::MAX),
             ),
             poll_changed: tokio::sync::Notify::new(),
             config,
             holder: watch::Sender::new(None),
+            polled: watch::Sender::new(false),
             clock: Arc::new(chrono::Utc::now),
             messenger: None,
         })
@@ -281,13 +297,23 @@ impl<L: LeaseStore> Singleton<L> {
                 () = sleep(self.poll_interval()) => {}
             }
         }
-        if !self.config.standby {
-            return self.compete(&shutdown, &mut task).await;
+        self.contend(&shutdown, &mut task).await
+    }
+
+    /// Competes for the row until `shutdown`; with standbys, also for the first standby row
+    /// while not holding this one (see `standby.rs`).
+    async fn contend<F, Fut>(&self, shutdown: &CancellationToken, task: &mut F) -> Result<(), Error>
+    where
+        F: FnMut(TaskContext) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        if self.config.standbys == 0 {
+            return self.compete(shutdown, task).await;
         }
         let standby = self.standby()?;
         let backup_done = shutdown.child_token();
         let main = async {
-            let result = self.compete(&shutdown, &mut task).await;
+            let result = self.compete(shutdown, task).await;
             backup_done.cancel();
             result
         };
@@ -304,11 +330,11 @@ impl<L: LeaseStore> Singleton<L> {
         let mut observer = Observer::default();
         let mut penalty = hold::Penalty::default();
         while !shutdown.is_cancelled() {
-            let polled = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                polled = self.try_take(&mut observer) => polled,
-            };
+            let polled = self.try_take(&mut observer, shutdown).await;
+            self.polled.send_replace(true);
+            if shutdown.is_cancelled() {
+                break;
+            }
             match polled {
                 Ok(Some((lease, started))) => {
                     let outcome = self.hold(lease, started, shutdown, task).await;
@@ -335,46 +361,6 @@ impl<L: LeaseStore> Singleton<L> {
             }
         }
         Ok(())
-    }
-
-    /// Reads the row (creating it if absent) and takes it if free, ours, or expired.
-    async fn try_take(
-        &self,
-        observer: &mut Observer,
-    ) -> Result<Option<(Lease, Instant)>, crate::BackendError> {
-        let limit = self.config.failover_time;
-        let row = match bounded(limit, "get", self.store.get(&self.key)).await? {
-            Some(row) => row,
-            None => {
-                // A new row is free: whoever created it tries to take it at once.
-                let row = Lease::new(self.key.clone(), Checkpoint::TrimHorizon);
-                if !bounded(limit, "create", self.store.create(&row)).await? {
-                    return Ok(None);
-                }
-                row
-            }
-        };
-        let now = Instant::now();
-        observer.update(std::slice::from_ref(&row), now);
-        self.holder.send_if_modified(|h| {
-            let changed = *h != row.owner;
-            h.clone_from(&row.owner);
-            changed
-        });
-        let free = match &row.owner {
-            None => true,
-            Some(o) if o == &self.me => true,
-            Some(_) => observer.idle(&row, now) >= self.config.failover_time,
-        };
-        if !free {
-            return Ok(None);
-        }
-        let started = Instant::now();
-        match bounded(limit, "take", self.store.take(&row, &self.me)).await {
-            Ok(lease) => Ok(Some((lease, started))),
-            Err(e) if e.kind() == ErrorKind::Conflict => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 }
 

@@ -113,6 +113,7 @@ async fn periodically<F, Fut>(
                 ctx: ctx.clone(),
             };
             tokio::select! {
+                biased;
                 () = ctx.cancelled().cancelled() => return,
                 () = job(run) => {}
             }
@@ -137,6 +138,7 @@ async fn idle(ctx: &TaskContext, pause: Duration) -> bool {
         }
         let step = ctx.health.map_or(left, |timeout| left.min(timeout / 2));
         tokio::select! {
+            biased;
             () = ctx.cancelled().cancelled() => return false,
             () = sleep(step) => {}
         }

@@ -1,37 +1,52 @@
-//! Standby mode ([`SingletonConfig::standby`]): one candidate reads the row often, the
+//! Standbys ([`SingletonConfig::standbys`]): a short line of candidates reads often, the
 //! others seldom.
 //!
-//! Without it every candidate reads the row every poll interval: W candidates cost W reads a
-//! poll. With it, besides the row `<name>`, the candidates compete for a second row
-//! `<name>/standby`, which only candidates not holding the singleton hold. The standby reads
-//! the singleton's row every poll interval, so it takes over within the failover time plus a
-//! poll of the holder's death, and within a poll of its graceful release; the others read
-//! the standby row every 2 × failover time and the singleton's row every 6 ×: they matter only
-//! once the standby has moved up or is gone. The worker's own leader election works the same
-//! way. The cost: after the standby moves up, the fleet has no standby for up to 2 × failover
-//! time, and a holder that dies or stops then is replaced after up to 6 × failover time.
+//! Were every candidate to read the row every poll interval, W candidates would cost W reads
+//! a poll, forever. Instead, candidates stand in line on rows of their own: `<name>/standby`,
+//! then `<name>/standby/standby` (with two standbys, the default), each a singleton that only
+//! candidates holding nothing ahead of it compete for. The holder of a standby row reads the
+//! row ahead of it every poll interval; everyone else reads the last standby row every 2 ×
+//! the failover time and the rows ahead of it every 6 ×. When a row ahead frees up (released,
+//! or observed unchanged for the failover time), the one behind takes it and hands its own
+//! row back at once, so the next in line moves up within a poll; the slow readers refill the
+//! last row within 2 × the failover time.
+//!
+//! The bounds that follow, from the holder's loss to the next holder's start:
+//! - the holder dies: the failover time plus a poll; it stops (shutdown, an unhealthy task):
+//!   a poll. The same a poll later when the standby itself moved up within the last poll (the
+//!   next in line took its place);
+//! - the holder and the standby die together: the next standby first takes the standby row
+//!   (the failover time plus a poll), then the row: about twice the failover time plus
+//!   three polls;
+//! - only when the holder and every standby are lost within 2 × the failover time do the
+//!   slow readers matter: up to about 6 × the failover time.
+//!
+//! The price: each standby renews its row as a holder does (a write every third of the
+//! failover time) and reads the row ahead every poll.
 
+use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Singleton, TaskContext};
-use crate::error::ConfigError;
+use crate::error::{ConfigError, Error};
 use crate::lease::LeaseStore;
 use crate::types::WorkerId;
 
-/// The slow candidates' pace: the singleton's row every this many failover times.
+/// The slow candidates' pace: rows ahead of the last standby row every this many failover
+/// times.
 const ROW_EVERY: u32 = 6;
-/// The slow candidates' pace: the standby row every this many failover times.
+/// The slow candidates' pace: the last standby row every this many failover times.
 const STANDBY_EVERY: u32 = 2;
 
-/// Sets the singleton candidate's fast pace while alive, its slow pace once dropped (however
-/// the standby task ends: returned, or dropped at its lease's deadline).
+/// Sets a candidate's fast pace while alive, its slow pace once dropped (however the
+/// standby task ends: returned, or dropped at its lease's deadline).
 struct Fast<'a, L: LeaseStore>(&'a Singleton<L>);
 
 impl<L: LeaseStore> Fast<'_, L> {
-    fn on(main: &Singleton<L>) -> Fast<'_, L> {
-        main.set_poll_interval(main.config.poll_interval);
-        Fast(main)
+    fn on(ahead: &Singleton<L>) -> Fast<'_, L> {
+        ahead.set_poll_interval(ahead.config.poll_interval);
+        Fast(ahead)
     }
 }
 
@@ -43,15 +58,21 @@ impl<L: LeaseStore> Drop for Fast<'_, L> {
 }
 
 impl<L: LeaseStore> Singleton<L> {
-    /// The standby row's candidate.
-    pub(super) fn standby(&self) -> Result<Singleton<std::sync::Arc<L>>, ConfigError> {
+    /// The candidate for the standby row behind this one; it has a line of its own one
+    /// shorter. The last row's candidates poll at the slow pace: nobody stands behind them.
+    pub(super) fn standby(&self) -> Result<Singleton<L>, ConfigError> {
+        let behind = self.config.standbys - 1;
         let config = super::SingletonConfig {
-            poll_interval: self.config.failover_time * STANDBY_EVERY,
-            standby: false,
+            poll_interval: if behind == 0 {
+                self.config.failover_time * STANDBY_EVERY
+            } else {
+                self.config.poll_interval
+            },
+            standbys: behind,
             health_timeout: None,
             ..self.config.clone()
         };
-        Singleton::named(
+        Singleton::sharing(
             &format!("{}/standby", self.name()),
             self.me.clone(),
             self.store.clone(),
@@ -59,46 +80,66 @@ impl<L: LeaseStore> Singleton<L> {
         )
     }
 
-    /// Competes for the standby row while this candidate does not hold the singleton, until
-    /// `shutdown`; the singleton's candidate polls fast only while it holds the standby row.
-    pub(super) async fn back_up(
-        &self,
-        standby: &Singleton<std::sync::Arc<L>>,
-        shutdown: &CancellationToken,
-    ) {
+    /// Competes for the standby row while this candidate does not hold its own row, until
+    /// `shutdown`; this candidate polls fast only while it holds the standby row.
+    pub(super) async fn back_up(&self, standby: &Singleton<L>, shutdown: &CancellationToken) {
+        // Not before this candidate has read the row ahead: one about to take it would take
+        // the standby rows first, and give them back a moment later.
+        let mut polled = self.polled.subscribe();
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            _ = polled.wait_for(|p| *p) => {}
+        }
         self.set_poll_interval(self.config.failover_time * ROW_EVERY);
         let mut holder = self.holder.subscribe();
         while !shutdown.is_cancelled() {
-            // Not while holding the singleton itself.
+            // Not while holding the row ahead.
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return,
                 () = until(&mut holder, &self.me, false) => {}
             }
             let stop = shutdown.child_token();
-            // `compete`, not `run`: the table exists, and `run` would nest standby rows.
-            let mut task = |ctx: TaskContext| async move {
-                let _fast = Fast::on(self);
-                ctx.cancelled().cancelled().await;
-            };
-            let run = standby.compete(&stop, &mut task);
+            let run = standby.stand_by(self, &stop);
             tokio::pin!(run);
             tokio::select! {
+                biased;
                 result = &mut run => {
                     if let Err(error) = result {
                         tracing::debug!(%error, singleton = %self.key, "standby failed");
                         tokio::select! {
+                            biased;
                             () = shutdown.cancelled() => return,
                             () = tokio::time::sleep(self.config.failover_time) => {}
                         }
                     }
                 }
                 () = until(&mut holder, &self.me, true) => {
-                    // Moved up: the standby row goes back at once, for another candidate.
+                    // Moved up: the standby row goes back at once, for the next in line.
                     stop.cancel();
                     let _ = run.await;
                 }
             }
         }
+    }
+
+    /// Competes for this standby row (and, behind it, the rest of the line) until `stop`,
+    /// keeping `ahead`'s candidate at its fast pace while holding it. Boxed: the line is a
+    /// recursion of rows (`contend`, `back_up`, `stand_by`).
+    fn stand_by<'a>(
+        &'a self,
+        ahead: &'a Singleton<L>,
+        stop: &'a CancellationToken,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let mut task = |ctx: TaskContext| async move {
+                let _fast = Fast::on(ahead);
+                ctx.cancelled().cancelled().await;
+            };
+            // `contend`, not `run`: the table exists.
+            self.contend(stop, &mut task).await
+        })
     }
 }
 

@@ -1,6 +1,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::*;
 use crate::memory::MemoryLeaseStore;
 

@@ -105,9 +105,23 @@ impl Faults {
         s.straggler_delay = delay;
     }
 
-    /// Every call waits a random time up to this.
+    /// Every call waits a random time up to this before it is applied; a lease-table write
+    /// also waits up to this after, for its response, so that a caller that stops waiting
+    /// then (its future dropped: a timeout, a `select!`) has changed the table all the same.
     pub fn set_max_latency(&self, latency: Duration) {
         self.state().max_latency = latency;
+    }
+
+    /// How long a write's response takes to come back: a random time up to the maximum
+    /// latency.
+    pub(crate) fn response_latency(&self) -> Duration {
+        let mut s = self.state();
+        let max = s.max_latency;
+        if max.is_zero() {
+            max
+        } else {
+            max.mul_f64(s.rng.random::<f64>())
+        }
     }
 
     /// Calls from `client` fail as if the network were down.

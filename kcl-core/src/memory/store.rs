@@ -183,6 +183,12 @@ impl MemoryLeaseStore {
                 condition,
                 change,
             );
+            // Applied: a caller that gives up while the response travels back does not
+            // undo it.
+            let back = self.faults.response_latency();
+            if !back.is_zero() {
+                tokio::time::sleep(back).await;
+            }
             return fate.report(operation.as_str(), result);
         }
         fate.report(operation.as_str(), Ok(None))

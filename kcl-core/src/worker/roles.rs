@@ -85,7 +85,9 @@ impl Roles {
     ) -> Self {
         let singleton_config = SingletonConfig::default()
             .failover_time(config.failover_time)
-            .poll_interval(config.failover_time * 2);
+            .poll_interval(config.failover_time * 2)
+            // The roles stand in line themselves (below).
+            .standbys(0);
         let fast = config.taker_interval;
         let slow = config.failover_time * 6;
         let (leader_tx, leader) = watch::channel(false);
@@ -122,6 +124,7 @@ impl Roles {
                 };
                 poll.set_poll_interval(interval);
                 tokio::select! {
+                    biased;
                     () = stopped.cancelled() => return,
                     changed = is_standby.changed() => if changed.is_err() { return },
                 }
@@ -222,6 +225,7 @@ async fn stand_by_loop<L: LeaseStore>(
     loop {
         while *leader.borrow_and_update() {
             tokio::select! {
+                biased;
                 () = stop.cancelled() => return,
                 changed = leader.changed() => if changed.is_err() { return },
             }
@@ -246,6 +250,7 @@ async fn stand_by_loop<L: LeaseStore>(
         let watch_leader = async {
             loop {
                 tokio::select! {
+                    biased;
                     () = quit.cancelled() => return,
                     changed = leader.changed() => {
                         if changed.is_err() || *leader.borrow_and_update() {

@@ -64,6 +64,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             std::future::pending::<()>().await;
         };
         tokio::select! {
+            biased;
             result = self.run() => result,
             () = ask => Ok(()),
         }
@@ -88,6 +89,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             std::future::pending::<()>().await;
         };
         tokio::select! {
+            biased;
             result = self.run() => result,
             () = listen => Ok(()),
         }

@@ -49,8 +49,8 @@ pub struct Fleet {
     pub keys: Keys,
     /// Singletons run in health mode, and some of their runs hang (stop heartbeating).
     pub health: bool,
-    /// Singletons run in standby mode (one candidate polls fast, the others seldom).
-    pub standby: bool,
+    /// How many candidates stand in line behind the singletons' holders (0: all poll fast).
+    pub standbys: u8,
     /// The singletons' messages travel here; every acceptance goes to the log.
     pub network: MemoryNetwork,
 }
@@ -199,7 +199,7 @@ impl Fleet {
         let config = SingletonConfig::default()
             .failover_time(self.config.failover_time)
             .poll_interval(self.config.taker_interval)
-            .standby(self.standby);
+            .standbys(self.standbys);
         if self.health {
             config.health_timeout(Duration::from_secs(1))
         } else {
@@ -270,6 +270,7 @@ impl Fleet {
                         let mut ticks = 0;
                         loop {
                             tokio::select! {
+                                biased;
                                 () = ctx.cancelled().cancelled() => break,
                                 () = sleep(Duration::from_millis(100)) => {
                                     log.run_active(index);

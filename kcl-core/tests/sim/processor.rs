@@ -93,6 +93,8 @@ pub struct Journal {
     pub acceptances: Vec<Acceptance>,
     /// Workers crashed, and when.
     pub crashes: Vec<(String, Instant)>,
+    /// Workers stopped gracefully, and when.
+    pub leaves: Vec<(String, Instant)>,
     /// While some fault was on (a freeze, store faults, a partition): from, until.
     pub disturbed: Vec<(Instant, Instant)>,
     pub deliveries: Vec<Delivery>,

@@ -70,8 +70,8 @@ pub struct Stats {
     pub multi_stream: usize,
     /// Seeds whose singletons run in health mode (some runs hang).
     pub health: usize,
-    /// Seeds whose singletons run in standby mode.
-    pub standby: usize,
+    /// Seeds by how many standbys their singletons have (0 to 3).
+    pub standbys: [usize; 4],
     /// Runs of the periodic job.
     pub periodic_runs: usize,
     /// Messages sent to the singleton, and how many `send` reported delivered.
@@ -118,7 +118,9 @@ impl std::ops::AddAssign for Stats {
         self.fan_out += o.fan_out;
         self.multi_stream += o.multi_stream;
         self.health += o.health;
-        self.standby += o.standby;
+        for (mine, theirs) in self.standbys.iter_mut().zip(o.standbys) {
+            *mine += theirs;
+        }
         self.periodic_runs += o.periodic_runs;
         self.sends += o.sends;
         self.sends_ok += o.sends_ok;
@@ -169,6 +171,13 @@ pub async fn simulate(seed: u64) -> Outcome {
     };
     let faults = Faults::seeded(seed.wrapping_mul(31).wrapping_add(7));
     let stream = MemoryStream::with_faults(rng.random_range(1..=16u32), faults.clone());
+    // The wall clock starts at the same instant whenever the seed runs (the periodic job's
+    // periods are numbered on it), in a phase of the period that varies with the seed.
+    stream.set_wall_clock(
+        chrono::DateTime::UNIX_EPOCH
+            + chrono::Duration::days(20_454)
+            + chrono::Duration::milliseconds(i64::try_from(seed % 10_007).unwrap_or(0)),
+    );
     // A third of the seeds read with subscriptions, whose lifetime (5 minutes on Kinesis) is
     // short enough that they are renewed during the run. Drawn apart, so that the
     // scenario's own draws stay as they were.
@@ -194,7 +203,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     // Half the seeds run the singletons in health mode, with some runs hanging.
     let mut singletons = StdRng::seed_from_u64(seed ^ 0x0bea_7000);
     let health = singletons.random_bool(0.5);
-    let standby = singletons.random_bool(0.5);
+    // A quarter of the seeds without standbys (every candidate polls), the rest with lines
+    // of one to three.
+    let standbys: u8 = singletons.random_range(0..4);
     // Every message an instance's inbox takes goes to the log, with where and when.
     let log = Log::default();
     let network = {
@@ -211,7 +222,11 @@ pub async fn simulate(seed: u64) -> Outcome {
     };
     let mut stats = Stats {
         health: usize::from(health),
-        standby: usize::from(standby),
+        standbys: {
+            let mut by = [0; 4];
+            by[usize::from(standbys)] = 1;
+            by
+        },
         multi_stream: usize::from(keys.0.is_some()),
         led: usize::from(led),
         heartbeat: usize::from(heartbeat),
@@ -266,7 +281,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         mixed,
         keys,
         health,
-        standby,
+        standbys,
         network: network.clone(),
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
@@ -388,17 +403,24 @@ fn judge(
         validity: failover - failover / 10,
         planned,
         quiet,
-        // A holder and its standby may both be gone when the faults stop: a slow candidate
-        // then takes the standby row within 4 failover times (two of its polls), and the
-        // row at its next fast poll.
-        singleton_recovery: if fleet.standby {
-            failover * 4
-        } else {
+        // The holder and every standby may be gone when the faults stop: a slow candidate
+        // then takes the last standby row within 4 failover times (two of its polls), and
+        // each row ahead within the failover time and a poll.
+        singleton_recovery: if fleet.standbys == 0 {
             failover
+        } else {
+            failover * 4 + (failover + config().taker_interval) * u32::from(fleet.standbys)
         },
         // The failover time plus a poll (the taker interval) and a little scheduling.
-        restart_bound: (!fleet.standby && !fleet.health)
+        restart_bound: (!fleet.health)
             .then(|| failover + config().taker_interval + Duration::from_millis(200)),
+        // With standbys, the line is whole again within 6 failover times of a change (the
+        // slow candidates refill its last row within 4).
+        line_settle: if fleet.standbys == 0 {
+            Duration::ZERO
+        } else {
+            failover * 6
+        },
     })
 }
 

@@ -151,6 +151,7 @@ impl Run<'_> {
             && !self.fleet.faults.is_paused(&id)
         {
             self.violations.extend(self.fleet.remove(&id, false).await);
+            self.fleet.log.lock().leaves.push((id, Instant::now()));
             self.stats.leaves += 1;
         }
     }

@@ -366,6 +366,15 @@ impl MemoryStream {
         self.lock().subscription_lifetime = lifetime;
     }
 
+    /// Sets the stream's wall clock to read `now` at this instant (by default it starts at
+    /// the system's time): a simulation that numbers periods or dates records on it then
+    /// replays the same way whenever it runs.
+    pub fn set_wall_clock(&self, now: DateTime<Utc>) {
+        let mut state = self.lock();
+        state.wall = now;
+        state.start = Instant::now();
+    }
+
     /// Every record written to `shard`.
     pub fn records(&self, shard: &ShardId) -> Vec<Record> {
         self.lock()

@@ -99,6 +99,7 @@ impl Cursor {
                 return Some(self.push().await);
             }
             tokio::select! {
+                biased;
                 () = arrived => {}
                 () = sleep_until(beat.min(self.until)) => {}
             }

@@ -71,6 +71,9 @@ pub struct Evidence<'a> {
     /// How soon after its holder crashed (nothing else disturbed) the singleton must start
     /// elsewhere; `None` where the seed's modes allow longer.
     pub restart_bound: Option<Duration>,
+    /// How long before such a crash no other worker may have crashed or left for the bound
+    /// to hold (the line of standbys was whole).
+    pub line_settle: Duration,
 }
 
 impl Evidence<'_> {

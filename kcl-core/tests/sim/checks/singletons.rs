@@ -120,9 +120,10 @@ pub(super) fn sends(e: &Evidence<'_>, v: &mut Vec<String>) {
 
 /// singleton-restart: when the singleton's holder crashed and nothing else was disturbed for
 /// the failover time plus a poll (no freeze, store faults or partition), another instance
-/// started within that long. Judged in the seeds without health mode (whose penalties keep
-/// candidates away on purpose) and without standby mode (whose slow candidates may need
-/// longer while there is no standby).
+/// started within that long. With standbys, only if no other worker crashed, left or was
+/// disturbed from `line_settle` before until then (the line was whole: its slow candidates
+/// may need longer while it is not). Judged in the seeds without health mode (whose penalties keep
+/// candidates away on purpose).
 pub(super) fn restarts(e: &Evidence<'_>, v: &mut Vec<String>) {
     let Some(bound) = e.restart_bound else {
         return;
@@ -134,11 +135,21 @@ pub(super) fn restarts(e: &Evidence<'_>, v: &mut Vec<String>) {
             .filter(|r| r.start <= *at)
             .max_by_key(|r| r.start)
             .is_some_and(|r| &r.worker == worker);
+        let since = at.checked_sub(e.line_settle).unwrap_or(*at);
         let calm = !e
             .journal
             .disturbed
             .iter()
-            .any(|(from, until)| *from <= *at + bound && *at <= *until);
+            .any(|(from, until)| *from <= *at + bound && since <= *until);
+        let line_whole = !e
+            .journal
+            .crashes
+            .iter()
+            .chain(&e.journal.leaves)
+            .any(|(other, when)| other != worker && since <= *when && *when <= *at + bound);
+        if !line_whole {
+            continue;
+        }
         if !held || !calm || *at + bound > e.quiet.1 {
             continue;
         }

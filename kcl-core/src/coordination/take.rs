@@ -1,0 +1,83 @@
+//! One poll of a candidate: read the row, take it if it is free.
+//!
+//! Reading may be abandoned at shutdown; a take may not. A take abandoned after it was sent
+//! can still land: the row would then be held by a candidate that does not know it, renewed
+//! by nobody, and every other candidate would wait out the failover time for it. Standby
+//! rows are given up all the time (each time a standby moves up), so this would not be
+//! rare. A take is therefore always awaited (it is bounded by the failover time), and a row
+//! taken after shutdown came is released at once.
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Singleton;
+use crate::BackendError;
+use crate::error::ErrorKind;
+use crate::lease::observer::Observer;
+use crate::lease::{Lease, LeaseStore};
+use crate::task::bounded;
+use crate::types::Checkpoint;
+
+impl<L: LeaseStore> Singleton<L> {
+    /// Reads the row (creating it if absent) and takes it if free, ours, or expired; `None`
+    /// if it is not, or if `shutdown` came.
+    pub(super) async fn try_take(
+        &self,
+        observer: &mut Observer,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<(Lease, Instant)>, BackendError> {
+        let row = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(None),
+            row = self.read() => row?,
+        };
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        observer.update(std::slice::from_ref(&row), now);
+        self.holder.send_if_modified(|h| {
+            let changed = *h != row.owner;
+            h.clone_from(&row.owner);
+            changed
+        });
+        let free = match &row.owner {
+            None => true,
+            Some(o) if o == &self.me => true,
+            Some(_) => observer.idle(&row, now) >= self.config.failover_time,
+        };
+        if !free {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let limit = self.config.failover_time;
+        let lease = match bounded(limit, "take", self.store.take(&row, &self.me)).await {
+            Ok(lease) => lease,
+            Err(e) if e.kind() == ErrorKind::Conflict => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if shutdown.is_cancelled() {
+            if let Err(error) = bounded(limit, "release", self.store.release(&lease)).await {
+                tracing::debug!(%error, singleton = %self.key, "releasing a row taken at shutdown failed");
+            }
+            return Ok(None);
+        }
+        Ok(Some((lease, started)))
+    }
+
+    /// The row, created if absent; `None` if it vanished again.
+    async fn read(&self) -> Result<Option<Lease>, BackendError> {
+        let limit = self.config.failover_time;
+        if let Some(row) = bounded(limit, "get", self.store.get(&self.key)).await? {
+            return Ok(Some(row));
+        }
+        // A new row is free: whoever created it tries to take it at once, and whoever lost
+        // the race reads it again at once (at a slow pace, its next poll may be minutes
+        // away while the winner is gone again).
+        let row = Lease::new(self.key.clone(), Checkpoint::TrimHorizon);
+        if bounded(limit, "create", self.store.create(&row)).await? {
+            return Ok(Some(row));
+        }
+        bounded(limit, "get", self.store.get(&self.key)).await
+    }
+}
