@@ -112,9 +112,9 @@ impl Faults {
         self.state().max_latency = latency;
     }
 
-    /// How long a write's response takes to come back: a random time up to the maximum
-    /// latency.
-    pub(crate) fn response_latency(&self) -> Duration {
+    /// A random time up to the maximum latency: how long a call takes to arrive, or a
+    /// write's response to come back.
+    pub(crate) fn latency(&self) -> Duration {
         let mut s = self.state();
         let max = s.max_latency;
         if max.is_zero() {
@@ -208,15 +208,7 @@ impl Faults {
         write: bool,
     ) -> Result<Fate, BackendError> {
         self.wait_while_paused(client).await;
-        let latency = {
-            let mut s = self.state();
-            let max = s.max_latency;
-            if max.is_zero() {
-                max
-            } else {
-                max.mul_f64(s.rng.random::<f64>())
-            }
-        };
+        let latency = self.latency();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
             self.wait_while_paused(client).await;

@@ -185,7 +185,7 @@ impl MemoryLeaseStore {
             );
             // Applied: a caller that gives up while the response travels back does not
             // undo it.
-            let back = self.faults.response_latency();
+            let back = self.faults.latency();
             if !back.is_zero() {
                 tokio::time::sleep(back).await;
             }
