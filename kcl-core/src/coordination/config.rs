@@ -131,7 +131,7 @@ impl SingletonConfig {
             return err("poll_interval", "must be above zero");
         }
         if self.standbys > MAX_STANDBYS {
-            return err("standbys", "must be at most 3");
+            return err("standbys", &format!("must be at most {MAX_STANDBYS}"));
         }
         if let Some(health) = self.health_timeout
             && (health.is_zero() || health > crate::config::MAX_DURATION)

@@ -11,15 +11,15 @@ use kcl_core::lease::sync::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::{
-    Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard, ShardId,
-    ShardSource, WorkerConfig,
+    Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard,
+    ShardId, ShardSource, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::checks::{self, Evidence, Start};
+use super::checks::{self, Evidence, Openings, Start};
 use super::fleet::{Fleet, Keys, send_messages};
 use super::processor::Log;
 use super::schedule::{Run, disturb, produce, reshard};
@@ -239,6 +239,7 @@ pub async fn simulate(seed: u64) -> Outcome {
     let start = Start {
         position,
         at: stream.now(),
+        instant: Instant::now(),
         skew: config().max_clock_skew,
         shards: stream
             .shards()
@@ -341,10 +342,10 @@ pub async fn simulate(seed: u64) -> Outcome {
 async fn drain(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
-        let first_open = first_open(fleet, records);
+        let openings = openings(fleet, records, start);
         let outstanding: usize = {
             let journal = fleet.log.lock();
-            checks::undelivered(&journal, records, &first_open, start)
+            checks::undelivered(&journal, records, &openings, start)
                 .iter()
                 .map(|(_, lost, _)| lost.len())
                 .sum()
@@ -397,7 +398,7 @@ fn judge(
         shards: &shards,
         records,
         aged_out: &fleet.keys.keyed(aged_out.clone()),
-        first_open: &first_open(fleet, records),
+        openings: &openings(fleet, records, start),
         start,
         failover,
         validity: failover - failover / 10,
@@ -464,15 +465,45 @@ fn records(stream: &MemoryStream) -> BTreeMap<ShardId, Vec<Record>> {
         .collect()
 }
 
-/// By lease key, where the first iterator on each shard pointed.
-fn first_open(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>) -> BTreeMap<ShardId, usize> {
-    records
+/// By lease key: where the first iterator on each shard pointed, how and when each was first
+/// leased, and which were born of a leased parent.
+fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) -> Openings {
+    let first_open = records
         .keys()
         .filter_map(|k| {
             let shard = fleet.keys.shard_of(k);
             fleet.stream.first_open(&shard).map(|i| (k.clone(), i))
         })
-        .collect()
+        .collect();
+    let mut first_lease = BTreeMap::new();
+    for event in fleet
+        .store
+        .journal()
+        .iter()
+        .filter(|e| e.operation == "create")
+    {
+        let created = start.at + (event.at - start.instant);
+        first_lease
+            .entry(event.lease.key.clone())
+            .or_insert((event.lease.checkpoint == Checkpoint::Latest, created));
+    }
+    let tracked = fleet
+        .stream
+        .shards()
+        .iter()
+        .map(|s| fleet.keys.shard(s))
+        .filter(|s| {
+            s.parent_shard_ids
+                .iter()
+                .any(|p| first_lease.contains_key(p))
+        })
+        .map(|s| s.id)
+        .collect();
+    Openings {
+        first_open,
+        first_lease,
+        tracked,
+    }
 }
 
 /// Balance: every live worker holds floor(S/W) or ceil(S/W), for two taker cycles running.

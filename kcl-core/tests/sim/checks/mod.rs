@@ -4,7 +4,7 @@ mod leases;
 mod records;
 mod singletons;
 
-pub use records::undelivered;
+pub use records::{Openings, undelivered};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -40,6 +40,8 @@ pub struct Start {
     pub position: InitialPosition,
     /// The stream's clock when the first worker started.
     pub at: DateTime<Utc>,
+    /// The same instant on tokio's clock.
+    pub instant: tokio::time::Instant,
     /// The configured margin of `LATEST` pins.
     pub skew: Duration,
     /// The shards that existed when the fleet started, and whether each was closed.
@@ -55,8 +57,8 @@ pub struct Evidence<'a> {
     pub records: &'a BTreeMap<ShardId, Vec<Record>>,
     /// Records of shards that aged out during the run: not owed, but still dated.
     pub aged_out: &'a BTreeMap<ShardId, Vec<Record>>,
-    /// Per shard, the index of the first record the first iterator opened on it pointed at.
-    pub first_open: &'a BTreeMap<ShardId, usize>,
+    /// Where the fleet first read each shard, and how it first leased it.
+    pub openings: &'a Openings,
     pub start: &'a Start,
     /// The failover time.
     pub failover: Duration,

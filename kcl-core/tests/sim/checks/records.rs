@@ -9,26 +9,39 @@ use kcl_core::{InitialPosition, Record, SequenceNumber, ShardId};
 use super::{Evidence, Start};
 use crate::sim::processor::Journal;
 
+/// Where the fleet first read each shard, and how it first leased each: what decides which
+/// records are owed at `LATEST`.
+pub struct Openings {
+    /// Per shard, the index of the first record the first iterator opened on it pointed at.
+    pub first_open: BTreeMap<ShardId, usize>,
+    /// Per shard, whether its first lease was created at `LATEST`, and when (stream clock).
+    pub first_lease: BTreeMap<ShardId, (bool, DateTime<Utc>)>,
+    /// Shards with a parent that had a lease: the fleet tracked them from their birth.
+    pub tracked: BTreeSet<ShardId>,
+}
+
 /// From which index on the records of `shard` are owed to the application.
-fn owed_from(
-    start: &Start,
-    first_open: &BTreeMap<ShardId, usize>,
-    shard: &ShardId,
-    records: &[Record],
-) -> usize {
+///
+/// At `LATEST`, as README states it: everything in a child of a shard the fleet tracked;
+/// everything written after the fleet first opened a shard it leased at `LATEST` (never
+/// opened: after the lease's creation; records written between a lease's creation and its
+/// first open are not owed); nothing in a shard closed before the start; everything after
+/// the start in any other.
+fn owed_from(start: &Start, openings: &Openings, shard: &ShardId, records: &[Record]) -> usize {
     let after = |t: DateTime<Utc>| records.partition_point(|r| r.approximate_arrival < t);
     let owed = match &start.position {
         InitialPosition::TrimHorizon => 0,
         InitialPosition::AtTimestamp(t) => after(*t),
-        InitialPosition::Latest => match (start.shards.get(shard), first_open.get(shard)) {
-            // Born after the start, from shards the fleet tracked: all of it.
-            (None, _) => 0,
-            // Closed before the start: everything in it predates the consumer.
-            (Some(true), _) => records.len(),
-            // Open at the start: everything after the first open, or after the start if it
-            // was never opened.
-            (Some(false), Some(first)) => *first,
-            (Some(false), None) => after(start.at),
+        InitialPosition::Latest if openings.tracked.contains(shard) => 0,
+        InitialPosition::Latest => match openings.first_lease.get(shard) {
+            Some((true, created)) => openings
+                .first_open
+                .get(shard)
+                .copied()
+                .unwrap_or_else(|| after(*created)),
+            Some((false, _)) => 0,
+            None if start.shards.get(shard) == Some(&true) => records.len(),
+            None => after(start.at),
         },
     };
     owed.min(records.len())
@@ -38,7 +51,7 @@ fn owed_from(
 pub fn undelivered<'a>(
     journal: &Journal,
     records: &'a BTreeMap<ShardId, Vec<Record>>,
-    first_open: &BTreeMap<ShardId, usize>,
+    openings: &Openings,
     start: &Start,
 ) -> Vec<(&'a ShardId, Vec<&'a SequenceNumber>, usize)> {
     let delivered: BTreeSet<(&ShardId, &SequenceNumber)> = journal
@@ -49,7 +62,7 @@ pub fn undelivered<'a>(
     records
         .iter()
         .map(|(shard, records)| {
-            let owed = &records[owed_from(start, first_open, shard, records)..];
+            let owed = &records[owed_from(start, openings, shard, records)..];
             let lost = owed
                 .iter()
                 .map(|r| &r.sequence_number)
@@ -62,9 +75,10 @@ pub fn undelivered<'a>(
 
 /// no-loss: every owed record was delivered at least once. Owed: everything (TRIM_HORIZON),
 /// everything at or after the timestamp (AT_TIMESTAMP), everything written after the shard
-/// was first opened (LATEST); records of shards that aged out are not owed.
+/// was first opened (LATEST; see [`owed_from`]); records of shards that aged out are not
+/// owed.
 pub(super) fn no_loss(e: &Evidence<'_>, v: &mut Vec<String>) {
-    for (shard, lost, owed) in undelivered(e.journal, e.records, e.first_open, e.start) {
+    for (shard, lost, owed) in undelivered(e.journal, e.records, e.openings, e.start) {
         if let Some(first) = lost.first() {
             v.push(format!(
                 "no-loss: {} of {owed} owed records of {shard} never delivered (first {first})",
