@@ -9,7 +9,11 @@
 //! can checkpoint in the middle of an aggregate ([`ExtendedSequenceNumber`](crate::ExtendedSequenceNumber)).
 //!
 //! As KCL Java does: a record without the magic bytes is a user record itself; one with them
-//! but a wrong digest or an unreadable body is passed through whole, as it came.
+//! but nothing after them beyond a digest, a wrong digest or an unreadable body is passed
+//! through whole, as it came. One deliberate difference: an aggregate whose user record names
+//! a key index outside its tables, or an explicit hash key that is not a 128-bit number, is
+//! also passed through whole, where KCL Java logs an error and drops that user record and
+//! those after it; here nothing is lost, and the processor sees the record as it was written.
 //!
 //! **After a reshard**, also as KCL Java does (its `AggregatorUtil.deaggregate` with the
 //! shard's hash-key range): an aggregate holding a user record whose hash key (the explicit
@@ -106,7 +110,8 @@ fn deaggregate_in(record: Record, range: Option<&HashKeyRange>) -> Vec<Record> {
 }
 
 /// Where Kinesis routes a user record: its explicit hash key, else the MD5 digest of its
-/// partition key as a 128-bit number. An explicit key that is not a number counts as 0.
+/// partition key as a 128-bit number. (An explicit key that is not a number makes [`split`]
+/// pass its aggregate through whole; it would count as 0 here.)
 fn effective_hash_key(record: &Record) -> u128 {
     match &record.explicit_hash_key {
         Some(key) => key.parse().unwrap_or(0),
@@ -114,10 +119,12 @@ fn effective_hash_key(record: &Record) -> u128 {
     }
 }
 
-/// The aggregate in `data`, if it has the magic bytes, a body that decodes, and the right
-/// digest; else `None`.
+/// The aggregate in `data`, if it has the magic bytes, a non-empty body that decodes, and
+/// the right digest; else `None`.
 fn parse(data: &Bytes) -> Option<AggregatedRecord> {
-    if !is_aggregated(data) || data.len() < MAGIC.len() + DIGEST_LEN {
+    // More than a digest after the magic, as KCL Java requires: the magic and the digest of
+    // an empty body alone are a user record, not an aggregate of none.
+    if !is_aggregated(data) || data.len() <= MAGIC.len() + DIGEST_LEN {
         return None;
     }
     let (body, digest) = data[MAGIC.len()..].split_at(data.len() - MAGIC.len() - DIGEST_LEN);
@@ -155,8 +162,12 @@ fn split(outer: &Record, aggregate: AggregatedRecord) -> Vec<Record> {
             .with_sub_sequence_number(sub)
             .with_approximate_arrival(outer.approximate_arrival);
         if let Some(index) = user.explicit_hash_key_index {
-            let Some(hash_key) = key(&aggregate.explicit_hash_key_table, index) else {
-                tracing::warn!("aggregated record with a bad hash key index: delivered whole");
+            let Some(hash_key) = key(&aggregate.explicit_hash_key_table, index)
+                .filter(|k| k.parse::<u128>().is_ok())
+            else {
+                tracing::warn!(
+                    "aggregated record with a bad explicit hash key or index: delivered whole"
+                );
                 return vec![outer.clone()];
             };
             record = record.with_explicit_hash_key(hash_key);

@@ -1,8 +1,8 @@
 //! One worker process over several streams (`--streams-file`): a KCL Java multi-stream lease
 //! row (`account:stream:creationEpoch:shardId`, with its `streamName` and `shardId`) is
 //! picked up with its checkpoint, both streams' records are delivered, a stream added to the
-//! file while the worker runs is consumed too, and the leases kcl creates carry KCL Java's
-//! key and attributes.
+//! file while the worker runs is consumed too, the leases kcl creates carry KCL Java's key
+//! and attributes, and a stream removed from the file loses its lease after the grace period.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -15,6 +15,8 @@ use kcl_core::LeaseStore as _;
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
+/// How long a stream gone from the tracker is still read.
+const REMOVAL_GRACE: Duration = Duration::from_secs(3);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_consumes_several_streams_and_a_kcl_java_row() -> anyhow::Result<()> {
@@ -95,6 +97,8 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
             "1000",
             "--failover-ms",
             "3000",
+            "--stream-removal-grace-ms",
+            &REMOVAL_GRACE.as_millis().to_string(),
         ],
     )?;
     let delivered = |w: &WorkerProcess| -> anyhow::Result<BTreeSet<String>> {
@@ -174,6 +178,60 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     eprintln!(
         "leases: {:?}",
         shards.iter().map(|l| l.key.as_str()).collect::<Vec<_>>()
+    );
+
+    // Removed while the worker runs: after the grace period its lease is deleted and its
+    // processor told `lease_lost`; the other streams' leases stay.
+    std::fs::write(&streams, format!("{}\n{}\n", a.stream, c.stream))?;
+    let removed = std::time::Instant::now();
+    let stream_b = id(&b).stream_id().await?;
+    let key_b = format!("{stream_b}:shardId-000000000000");
+    let took = wait_until(
+        "stream b's lease deleted",
+        REMOVAL_GRACE + Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            let keys = ctx.store().list().await?;
+            Ok(!keys.iter().any(|l| l.key.as_str() == key_b))
+        },
+    )
+    .await
+    .map_err(|e| e.context(worker.log_tail()))?;
+    assert!(
+        took >= REMOVAL_GRACE,
+        "deleted {took:?} after the removal, within the {REMOVAL_GRACE:?} grace period"
+    );
+    // Its holder finds out at its next renewal.
+    let lost = || -> anyhow::Result<Vec<String>> {
+        Ok(worker
+            .events()?
+            .into_iter()
+            .filter(|e| e.event == "lease_lost")
+            .map(|e| e.shard.unwrap_or_default())
+            .collect())
+    };
+    wait_until(
+        "stream b's processor told lease_lost",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || Ok(!lost()?.is_empty()),
+    )
+    .await
+    .map_err(|e| e.context(worker.log_tail()))?;
+    assert_eq!(
+        lost()?,
+        vec![key_b.clone()],
+        "only stream b's processor lost its lease"
+    );
+    let left = ctx.store().list().await?;
+    let left: Vec<_> = left
+        .iter()
+        .filter(|l| !kcl_core::coordination::is_coordination_key(&l.key))
+        .collect();
+    assert_eq!(left.len(), 3, "streams a and c keep theirs: {left:?}");
+    eprintln!(
+        "stream b's lease deleted {:?} after its removal (grace {REMOVAL_GRACE:?})",
+        removed.elapsed()
     );
     worker.terminate()?;
     Ok(())

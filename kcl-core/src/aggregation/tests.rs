@@ -106,8 +106,14 @@ fn a_bad_digest_or_body_passes_the_record_through_whole() {
     let garbage = Record::new(case.input.sequence_number.clone(), "orders", data);
     assert_eq!(deaggregate(garbage.clone()), vec![garbage]);
     // Too short to hold a digest.
-    let short = Record::new(case.input.sequence_number, "orders", MAGIC.to_vec());
+    let short = Record::new(case.input.sequence_number.clone(), "orders", MAGIC.to_vec());
     assert_eq!(deaggregate(short.clone()), vec![short]);
+    // The magic and the digest of an empty body, nothing between: KCL Java wants more than
+    // a digest after the magic, so this is a user record, not an aggregate of none.
+    let mut data = MAGIC.to_vec();
+    data.extend_from_slice(&Md5::digest(b""));
+    let bare = Record::new(case.input.sequence_number, "orders", data);
+    assert_eq!(deaggregate(bare.clone()), vec![bare]);
 }
 
 #[test]
@@ -191,4 +197,58 @@ fn an_aggregate_with_a_user_record_outside_the_shards_range_is_dropped_whole() {
         deaggregate_for_shard(vec![plain.input.clone()], Some(&beside)).len(),
         1
     );
+}
+
+/// An aggregate of `users` (partition key index, explicit hash key index, data) over the
+/// given tables, framed as the KPL frames it.
+fn framed(pks: &[&str], ehks: &[&str], users: &[(u64, Option<u64>, &str)]) -> Record {
+    let aggregate = AggregatedRecord {
+        partition_key_table: pks.iter().map(|k| (*k).to_owned()).collect(),
+        explicit_hash_key_table: ehks.iter().map(|k| (*k).to_owned()).collect(),
+        records: users
+            .iter()
+            .map(|&(pk, ehk, data)| UserRecord {
+                partition_key_index: pk,
+                explicit_hash_key_index: ehk,
+                data: Bytes::copy_from_slice(data.as_bytes()),
+            })
+            .collect(),
+    };
+    let body = aggregate.encode_to_vec();
+    let mut data = MAGIC.to_vec();
+    data.extend_from_slice(&body);
+    data.extend_from_slice(&Md5::digest(&body));
+    Record::new(SequenceNumber::from(5u128), "outer", data)
+}
+
+#[test]
+fn an_aggregate_naming_keys_it_lacks_passes_through_whole() {
+    let good = framed(&["a", "b"], &["42"], &[(0, None, "x"), (1, Some(0), "y")]);
+    let users = deaggregate(good);
+    assert_eq!(users.len(), 2, "the frame itself is right");
+    assert_eq!(users[1].explicit_hash_key.as_deref(), Some("42"));
+    for bad in [
+        // A partition key index past the table.
+        framed(&["a"], &[], &[(0, None, "x"), (1, None, "y")]),
+        // An explicit hash key index past the table.
+        framed(&["a"], &["42"], &[(0, None, "x"), (0, Some(1), "y")]),
+        // An explicit hash key that is not a 128-bit number.
+        framed(&["a"], &["forty-two"], &[(0, None, "x"), (0, Some(0), "y")]),
+        framed(
+            &["a"],
+            &["340282366920938463463374607431768211456"],
+            &[(0, Some(0), "x")],
+        ),
+    ] {
+        assert_eq!(deaggregate(bad.clone()), vec![bad.clone()]);
+        // With a range too: passed through, not dropped as outside it.
+        let range = HashKeyRange {
+            start: 1,
+            end: u128::MAX,
+        };
+        assert_eq!(
+            deaggregate_for_shard(vec![bad.clone()], Some(&range)),
+            vec![bad]
+        );
+    }
 }

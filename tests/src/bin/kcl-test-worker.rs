@@ -101,6 +101,10 @@ struct Args {
     /// lines name shards by their lease keys (`account:stream:epoch:shardId`).
     #[arg(long)]
     streams_file: Option<PathBuf>,
+    /// Multi-stream mode: how long a stream gone from the file is still read before its
+    /// leases are deleted, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    stream_removal_grace_ms: u64,
     /// Also compete for the singleton task NAME (lines `singleton_start` with its fencing
     /// token and `singleton_stop`); its failover time is the worker's.
     #[arg(long)]
@@ -376,7 +380,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let tracker = FileTracker::new(path, sdk.clone());
         let source = MultiStreamSource::new(tracker, move |stream: &StreamId| {
             KinesisShardSource::new(&sdk, stream.name.clone())
-        });
+        })
+        .removal_grace(Duration::from_millis(args.stream_removal_grace_ms));
         let factory = StreamFactories::new()
             .otherwise(move |stream: &StreamId, shard: &ShardId| recorder(stream.lease_key(shard)));
         drive(Worker::new(id, config, source, store, factory)?, extra).await
