@@ -2,7 +2,8 @@
 //! stream's records reach its own processor type, leases are keyed as KCL Java keys them and
 //! balanced as one pool, a stream added while running starts at its own initial position, and
 //! a removed stream's leases are deleted after the grace period (their processors get
-//! `lease_lost`), while one added back in time keeps its place.
+//! `lease_lost`), while one added back in time keeps its place; one left out across a restart
+//! goes after the grace too.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -135,6 +136,11 @@ impl Fleet {
         }
     }
 
+    /// Tracks `stream` from its oldest record.
+    fn track(&self, stream: &str) {
+        self.streams.add(id(stream), InitialPosition::TrimHorizon);
+    }
+
     fn delivered(&self, stream: &str) -> Vec<String> {
         self.log
             .lock()
@@ -154,12 +160,8 @@ fn running(r: &Running) -> usize {
 #[tokio::test(start_paused = true)]
 async fn streams_share_one_pool_and_keep_their_own_processors() {
     let fleet = Fleet::new(&[("orders", 2), ("clicks", 3), ("views", 2)]);
-    fleet
-        .streams
-        .add(id("orders"), InitialPosition::TrimHorizon);
-    fleet
-        .streams
-        .add(id("clicks"), InitialPosition::TrimHorizon);
+    fleet.track("orders");
+    fleet.track("clicks");
     let a = fleet.start("a");
     let b = fleet.start("b");
     fill(&fleet.by_id[&id("orders")], 40);
@@ -219,9 +221,7 @@ async fn streams_share_one_pool_and_keep_their_own_processors() {
     // Removed and added back within the grace period: nothing happens to its leases.
     fleet.streams.remove(&id("clicks"));
     sleep(Duration::from_secs(3)).await;
-    fleet
-        .streams
-        .add(id("clicks"), InitialPosition::TrimHorizon);
+    fleet.track("clicks");
     sleep(Duration::from_secs(15)).await;
     assert_eq!(running(&a) + running(&b), 7);
     assert_eq!(*fleet.lost.lock().unwrap(), 0);
@@ -234,6 +234,15 @@ async fn streams_share_one_pool_and_keep_their_own_processors() {
             .is_some(),
         "the removed stream's leases are let go"
     );
+    clicks_let_go(&fleet).await;
+    a.shutdown.shutdown();
+    b.shutdown.shutdown();
+    a.task.await.unwrap().unwrap();
+    b.task.await.unwrap().unwrap();
+}
+
+/// No lease of clicks (3 shards) left, and each of its holders told `lease_lost`.
+async fn clicks_let_go(fleet: &Fleet) {
     let left = fleet.store.list().await.unwrap();
     assert!(left.iter().all(|l| !l.key.as_str().contains(":clicks:")));
     assert_eq!(
@@ -241,8 +250,85 @@ async fn streams_share_one_pool_and_keep_their_own_processors() {
         3,
         "each holder told lease_lost"
     );
+}
+
+/// A fleet restarted with a stream left out of its configuration: that stream's leases are in
+/// the table, but no tracker of the new processes ever named it. They are read on for the
+/// grace period (the stream may be back in the next deploy), then deleted.
+#[tokio::test(start_paused = true)]
+async fn a_stream_left_out_across_a_restart_is_let_go_after_the_grace() {
+    let fleet = Fleet::new(&[("orders", 2), ("clicks", 3)]);
+    fleet.track("orders");
+    fleet.track("clicks");
+    let a = fleet.start("a");
+    fill(&fleet.by_id[&id("clicks")], 30);
+    assert!(
+        wait_until(Duration::from_secs(30), || running(&a) == 5
+            && fleet.delivered("clicks").len() == 30)
+        .await
+        .is_some()
+    );
     a.shutdown.shutdown();
-    b.shutdown.shutdown();
     a.task.await.unwrap().unwrap();
+
+    // The next deploy tracks orders only.
+    fleet.streams.remove(&id("clicks"));
+    let b = fleet.start("b");
+    assert!(
+        wait_until(Duration::from_secs(5), || running(&b) == 5)
+            .await
+            .is_some(),
+        "the left-out stream's leases are still taken"
+    );
+    fill(&fleet.by_id[&id("clicks")], 10);
+    assert!(
+        wait_until(Duration::from_secs(5), || fleet.delivered("clicks").len()
+            == 40)
+        .await
+        .is_some(),
+        "and read within the grace period"
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || running(&b) == 2)
+            .await
+            .is_some(),
+        "then let go"
+    );
+    clicks_let_go(&fleet).await;
+    b.shutdown.shutdown();
     b.task.await.unwrap().unwrap();
+}
+
+/// Only the streams in the table at this source's first look are taken for former streams: a
+/// stream that shows up later was added by a worker with a newer tracker (a deploy under
+/// way), and is left alone however long it stays.
+#[tokio::test(start_paused = true)]
+async fn a_stream_added_by_a_newer_worker_is_not_taken_for_a_former_one() {
+    use kcl_core::ShardSource as _;
+
+    let fleet = Fleet::new(&[("orders", 1), ("clicks", 1), ("views", 1)]);
+    fleet.track("orders");
+    let by_id = fleet.by_id.clone();
+    let source = MultiStreamSource::new(fleet.streams.clone(), move |s: &StreamId| {
+        by_id.get(s).cloned().expect("a stream of the test")
+    })
+    .removal_grace(Duration::from_secs(10));
+    let key = |name: &str| id(name).lease_key(&ShardId::new("shardId-000000000000"));
+    assert!(!source.is_retired(&key("clicks")), "not listed yet");
+
+    source.list_shards().await.unwrap();
+    // The first pass over the table: clicks is there and not tracked.
+    assert!(!source.is_retired(&key("orders")));
+    assert!(!source.is_retired(&key("clicks")), "within the grace");
+    source.list_shards().await.unwrap();
+    // Later passes: views appeared in the table since.
+    assert!(!source.is_retired(&key("views")));
+    sleep(Duration::from_secs(11)).await;
+    source.list_shards().await.unwrap();
+    assert!(
+        source.is_retired(&key("clicks")),
+        "former stream, grace over"
+    );
+    assert!(!source.is_retired(&key("views")), "a newer worker's stream");
+    assert!(!source.is_retired(&key("orders")));
 }

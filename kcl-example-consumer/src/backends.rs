@@ -1,12 +1,14 @@
 //! The backends `run` consumes through: Kinesis and DynamoDB via kcl-aws (feature `aws`), or
 //! in-process ones to try the binary without AWS.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
+use kcl_core::multi_stream::{MultiStreamSource, StreamId, Streams};
 
-use crate::settings::{Backend, Settings};
+use crate::settings::{Backend, Input, Settings};
 
 /// Consumes the stream of `settings` until shut down.
 pub(crate) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
@@ -16,15 +18,14 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Kinesis and DynamoDB. Assumed kcl-aws API: `KinesisShardSource::new(&SdkConfig, stream)`
-/// (name or ARN) and `DynamoDbLeaseStore::new(&SdkConfig, table)`.
+/// Kinesis and DynamoDB.
 #[cfg(feature = "aws")]
 async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
+    use kcl_aws::KinesisShardSource;
     // The standard chain: env, profile, web identity (IRSA), ECS task role, IMDS; endpoints
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
     // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let source = kcl_aws::KinesisShardSource::new(&sdk, settings.stream.clone());
     let leader = settings.worker.coordination == kcl_core::Coordination::Leader;
     let mut store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
         .with_owner_index(leader);
@@ -32,7 +33,40 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
         store = store.with_change_feed(&sdk);
     }
     let factory = crate::window_counters(&settings);
-    crate::run_worker(&settings, source, store, factory).await
+    match &settings.input {
+        Input::Stream(stream) => {
+            let source = KinesisShardSource::new(&sdk, stream.clone());
+            crate::run_worker(&settings, source, store, factory).await
+        }
+        Input::Streams {
+            names,
+            removal_grace,
+        } => {
+            // A stream is known by account, name and creation time: look each one up, and
+            // read it by what was given (an ARN reaches another account's stream).
+            let tracker = Streams::default();
+            let mut given = BTreeMap::new();
+            for name in names {
+                let id = KinesisShardSource::new(&sdk, name.clone())
+                    .stream_id()
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("invalid setting `streams`: cannot look up {name}: {e}")
+                    })?;
+                tracker.add(id.clone(), settings.worker.initial_position);
+                given.insert(id, name.clone());
+            }
+            let mut source = MultiStreamSource::new(tracker, move |id: &StreamId| {
+                // A stream found only in the lease table is read by name until its grace ends.
+                let name = given.get(id).cloned().unwrap_or_else(|| id.name.clone());
+                KinesisShardSource::new(&sdk, name)
+            });
+            if let Some(grace) = removal_grace {
+                source = source.removal_grace(*grace);
+            }
+            crate::run_worker(&settings, source, store, factory).await
+        }
+    }
 }
 
 #[cfg(not(feature = "aws"))]
@@ -44,32 +78,67 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     )
 }
 
-/// An in-process stream of 4 shards with a producer writing 20 records a second.
+/// An in-process stream of 4 shards with a producer writing 20 records a second; or, with
+/// `streams`, one of 2 shards per stream, the producer writing to each in turn.
 async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
-    let stream = MemoryStream::new(4);
     let store = MemoryLeaseStore::new();
     tracing::warn!(
-        "backend `memory`: consuming an in-process stream fed by a built-in producer; nothing is persisted"
+        "backend `memory`: consuming in-process streams fed by a built-in producer; nothing is persisted"
     );
-    let producer = {
-        let stream = stream.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(50));
-            for i in 0u64.. {
-                tick.tick().await;
-                stream.put(&format!("user-{}", i % 16), format!("{{\"order\":{i}}}"));
-            }
-        })
-    };
     let factory = crate::window_counters(&settings);
     let worker_id = settings.worker_id.clone();
-    let result = crate::run_worker(
-        &settings,
-        stream.client(&worker_id),
-        store.client(&worker_id),
-        factory,
-    )
-    .await;
+    let (producer, result) = match &settings.input {
+        Input::Stream(_) => {
+            let stream = MemoryStream::new(4);
+            let producer = produce(vec![stream.clone()]);
+            let source = stream.client(&worker_id);
+            let result =
+                crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
+            (producer, result)
+        }
+        Input::Streams {
+            names,
+            removal_grace,
+        } => {
+            let tracker = Streams::default();
+            let mut by_id = BTreeMap::new();
+            for name in names {
+                let id = StreamId::new(MEMORY_ACCOUNT, name.as_str(), 0);
+                tracker.add(id.clone(), settings.worker.initial_position);
+                by_id.insert(id, MemoryStream::new(2));
+            }
+            let producer = produce(by_id.values().cloned().collect());
+            let reader = worker_id.clone();
+            let mut source = MultiStreamSource::new(tracker, move |id: &StreamId| {
+                // Only tracked streams exist in this process's table.
+                by_id
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_else(|| MemoryStream::new(1))
+                    .client(&reader)
+            });
+            if let Some(grace) = removal_grace {
+                source = source.removal_grace(*grace);
+            }
+            let result =
+                crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
+            (producer, result)
+        }
+    };
     producer.abort();
     result
+}
+
+/// The account of the in-memory streams' multi-stream ids.
+const MEMORY_ACCOUNT: &str = "000000000000";
+
+/// Puts a record every 50 ms, to each stream in turn.
+fn produce(streams: Vec<MemoryStream>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        for (i, stream) in (0u64..).zip(streams.iter().cycle()) {
+            tick.tick().await;
+            stream.put(&format!("user-{}", i % 16), format!("{{\"order\":{i}}}"));
+        }
+    })
 }

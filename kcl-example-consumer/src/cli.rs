@@ -80,9 +80,23 @@ pub(crate) struct RunArgs {
     #[arg(long, short = 'c', env = "KCL_CONFIG", value_name = "FILE")]
     pub(crate) config: Option<String>,
 
-    /// Stream name or ARN (required).
+    /// Stream name or ARN (this or --streams is required).
     #[arg(long, env = "KCL_STREAM", value_name = "NAME|ARN")]
     pub(crate) stream: Option<String>,
+
+    /// Several streams, names or ARNs separated by commas (a list in a config file), read by
+    /// one fleet in KCL Java's multi-stream mode: leases keyed
+    /// `account:stream:creationEpoch:shardId`, so a KCL Java multi-stream table is picked up
+    /// with its checkpoints (use it for a KCL Java multi-stream fleet even of one stream).
+    /// Window lines name the shard by that key.
+    #[arg(long, env = "KCL_STREAMS", value_name = "NAME|ARN,…")]
+    pub(crate) streams: Option<String>,
+
+    /// With --streams: how long a stream that left the list (also across a restart) is still
+    /// read before its leases are deleted; it keeps its checkpoints if it comes back within
+    /// it [default: 5m].
+    #[arg(long, env = "KCL_STREAM_REMOVAL_GRACE", value_name = "DURATION")]
+    pub(crate) stream_removal_grace: Option<String>,
 
     /// Application name: the name of the DynamoDB lease table shared by every worker of this
     /// application (required).

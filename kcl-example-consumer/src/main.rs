@@ -190,7 +190,7 @@ where
     ));
     tracing::info!(
         worker_id = %settings.worker_id,
-        stream = %settings.stream,
+        stream = %settings.input,
         application = %settings.application_name,
         "starting"
     );

@@ -7,110 +7,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::consumer::{Consumer, records};
 use kcl_integration_tests::{Context, count_by_owner, wait_until, with_timeout};
-
-const BIN: &str = env!("CARGO_BIN_EXE_kcl-example-consumer");
-
-/// One `kcl-example-consumer` process; killed if still running when dropped.
-struct Consumer {
-    child: Child,
-    addr: SocketAddr,
-    stdout: PathBuf,
-    log: PathBuf,
-}
-
-impl Consumer {
-    fn spawn(ctx: &Context, id: &str) -> anyhow::Result<Self> {
-        let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let stdout = ctx.path(&format!("{id}.windows.jsonl"));
-        let log = ctx.path(&format!("{id}.log"));
-        let child = Command::new(BIN)
-            .args(["--stream", &ctx.stream, "--application-name", &ctx.table])
-            .args(["--worker-id", id, "--listen", &addr.to_string()])
-            .args([
-                "--failover-time",
-                "3s",
-                "--window",
-                "1s",
-                "--top-keys",
-                "100000",
-            ])
-            .args(["--idle-time-between-reads", "200ms", "--log-format", "json"])
-            .envs(ctx.worker_env())
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&stdout)?)
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()?;
-        Ok(Self {
-            child,
-            addr,
-            stdout,
-            log,
-        })
-    }
-
-    fn get(&self, path: &str) -> Option<(u16, String)> {
-        common::http_get(self.addr, path)
-    }
-
-    fn terminate(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()));
-    }
-
-    async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            anyhow::ensure!(
-                start.elapsed() < limit,
-                "no exit within {limit:?}:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Partition keys listed in this process's window lines.
-    fn keys(&self) -> anyhow::Result<BTreeSet<String>> {
-        let mut keys = BTreeSet::new();
-        for line in std::fs::read_to_string(&self.stdout)?.lines() {
-            let window: serde_json::Value = serde_json::from_str(line)?;
-            for k in window["top_keys"].as_array().into_iter().flatten() {
-                keys.insert(k["key"].as_str().unwrap_or_default().to_owned());
-            }
-        }
-        Ok(keys)
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-}
-
-impl Drop for Consumer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn records(prefix: &str, n: usize) -> Vec<(String, String)> {
-    (0..n)
-        .map(|i| (format!("{prefix}-{i}"), format!("{prefix} record {i}")))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_sigterm_one_the_other_continues_and_nothing_is_lost() -> anyhow::Result<()> {
@@ -173,13 +73,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     )
     .await?;
 
-    b.terminate();
-    let status = b.wait_exit(Duration::from_secs(30)).await?;
-    assert!(
-        status.success(),
-        "consumer-b exited with {status}:\n{}",
-        b.log_tail()
-    );
+    b.stop().await?;
     let took = wait_until(
         "consumer-a to hold all 4 leases",
         Duration::from_secs(20),
@@ -203,13 +97,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     // once it has had time to read everything, then count what both printed.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(a.get("/readyz").is_some_and(|(code, _)| code == 200));
-    a.terminate();
-    let status = a.wait_exit(Duration::from_secs(30)).await?;
-    assert!(
-        status.success(),
-        "consumer-a exited with {status}:\n{}",
-        a.log_tail()
-    );
+    a.stop().await?;
     let got: BTreeSet<String> = a.keys()?.union(&b.keys()?).cloned().collect();
     let lost: Vec<&String> = want.difference(&got).collect();
     assert!(

@@ -410,6 +410,16 @@ impl Context {
             .collect())
     }
 
+    /// The same test world (table, clients, folder) on another stream, named after this
+    /// one's with `suffix`.
+    #[must_use]
+    pub fn on(&self, suffix: &str) -> Self {
+        Self {
+            stream: format!("{}-{suffix}", self.stream),
+            ..self.clone()
+        }
+    }
+
     /// A path in this test's folder.
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)

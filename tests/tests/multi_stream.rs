@@ -26,14 +26,6 @@ async fn one_worker_consumes_several_streams_and_a_kcl_java_row() -> anyhow::Res
     with_timeout(Duration::from_secs(150), Box::pin(run(ctx))).await
 }
 
-/// The same test world on another stream.
-fn on(ctx: &Context, suffix: &str) -> Context {
-    Context {
-        stream: format!("{}-{suffix}", ctx.stream),
-        ..ctx.clone()
-    }
-}
-
 fn payloads(prefix: &str, n: usize) -> Vec<(String, String)> {
     (0..n)
         .map(|i| (format!("pk-{i}"), format!("{prefix}{i}")))
@@ -41,7 +33,7 @@ fn payloads(prefix: &str, n: usize) -> Vec<(String, String)> {
 }
 
 async fn run(ctx: Context) -> anyhow::Result<()> {
-    let (a, b, c) = (on(&ctx, "a"), on(&ctx, "b"), on(&ctx, "c"));
+    let (a, b, c) = (ctx.on("a"), ctx.on("b"), ctx.on("c"));
     a.create_stream(2).await?;
     b.create_stream(1).await?;
     c.create_stream(1).await?;

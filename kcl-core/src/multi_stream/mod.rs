@@ -13,7 +13,13 @@
 //!   leases at its own [`StreamConfig::initial_position`]; a stream that disappears keeps
 //!   being read for [`MultiStreamSource::removal_grace`] (it may come back: a deploy that
 //!   briefly lists fewer streams must not lose their place), then its leases are deleted, so
-//!   that their holders stop (`lease_lost`) and nobody takes them again.
+//!   that their holders stop (`lease_lost`) and nobody takes them again. The same goes for a
+//!   stream whose leases are in the table when this worker first runs the shard sync (at
+//!   start-up, or when it becomes the leader) but which its tracker does not name: left out
+//!   of the configuration across a restart, as KCL Java's deferred deletion finds former
+//!   streams at start-up. A stream that shows up in the table later was added by a worker
+//!   with a newer tracker and is left alone. During a deploy that changes the list, workers
+//!   disagree: keep the grace longer than the deploy.
 //!
 //! A stream is named by [`StreamId`]: account, name and creation time, as KCL Java's
 //! `StreamIdentifier`, so that a stream deleted and created again under the same name is a

@@ -43,6 +43,24 @@ struct State<S> {
     removed: BTreeMap<StreamId, Instant>,
     /// Each stream's fan-out consumer, registered at its first subscription.
     consumers: BTreeMap<StreamId, ConsumerId>,
+    /// Where this source is in its start-up scan of the lease table.
+    scan: Scan,
+}
+
+/// The start-up scan: streams with leases in the table that the tracker does not name are
+/// taken for former streams only in the first pass over the table after the first listing,
+/// as KCL Java looks for them at start-up only. A stream showing up in the table later was
+/// added by a worker whose tracker is newer than ours (a deploy under way): not ours to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// The tracker not asked yet: every stream looks untracked.
+    NotListed,
+    /// Listed; the table not looked at since.
+    Listed,
+    /// The first pass over the table.
+    Scanning,
+    /// Over: listed again after the first pass.
+    Done,
 }
 
 impl<S, T, M> MultiStreamSource<S, T, M>
@@ -62,6 +80,7 @@ where
                 positions: BTreeMap::new(),
                 removed: BTreeMap::new(),
                 consumers: BTreeMap::new(),
+                scan: Scan::NotListed,
             }),
         }
     }
@@ -110,6 +129,10 @@ where
     fn track(&self, configs: &[StreamConfig]) {
         let now = Instant::now();
         let mut s = self.lock();
+        s.scan = match s.scan {
+            Scan::NotListed | Scan::Listed => Scan::Listed,
+            Scan::Scanning | Scan::Done => Scan::Done,
+        };
         let named: BTreeMap<&StreamId, InitialPosition> = configs
             .iter()
             .map(|c| (&c.id, c.initial_position))
@@ -277,12 +300,25 @@ where
         self.lock().positions.get(&stream).copied()
     }
 
+    /// A lease of a stream the tracker stopped naming, or did not name when this source
+    /// first looked at the table (left out of the configuration across a restart: KCL Java
+    /// finds those at start-up too; see [`Scan`]), once the grace period has passed since.
     fn is_retired(&self, key: &ShardId) -> bool {
         let Some((stream, _)) = StreamId::split_key(key) else {
             return false;
         };
-        self.lock()
-            .removed
+        let mut s = self.lock();
+        if s.scan == Scan::Listed {
+            s.scan = Scan::Scanning;
+        }
+        if s.scan == Scan::Scanning
+            && !s.positions.contains_key(&stream)
+            && !s.removed.contains_key(&stream)
+        {
+            tracing::info!(stream = %stream, grace = ?self.grace, "stream in the lease table but not tracked: its leases go after the grace period");
+            s.removed.insert(stream.clone(), Instant::now());
+        }
+        s.removed
             .get(&stream)
             .is_some_and(|since| since.elapsed() >= self.grace)
     }

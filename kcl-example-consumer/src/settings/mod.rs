@@ -17,7 +17,10 @@ use kcl_core::{InitialPosition, Retrieval, WorkerConfig};
 
 use crate::cli::parse_duration;
 
+mod input;
 mod parse;
+
+pub(crate) use input::Input;
 
 use parse::{
     Position, Reading, is_table_name, parse_coordination, parse_count, parse_liveness,
@@ -28,6 +31,8 @@ use parse::{
 /// kebab-case form; file keys may also be written in snake case.
 pub(crate) const KEYS: &[&str] = &[
     "stream",
+    "streams",
+    "stream_removal_grace",
     "application_name",
     "initial_position",
     "initial_timestamp",
@@ -138,8 +143,8 @@ impl Backend {
 /// Everything `run` needs, validated.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    /// Stream name or ARN.
-    pub(crate) stream: String,
+    /// The stream, or streams, consumed.
+    pub(crate) input: Input,
     /// Application name = lease table name.
     pub(crate) application_name: String,
     /// This worker's id.
@@ -287,14 +292,21 @@ fn known_keys() -> String {
     KEYS.iter().map(|k| kebab(k)).collect::<Vec<_>>().join(", ")
 }
 
-/// A file value as text: strings as they are, numbers and booleans printed, a TOML datetime
-/// (which serde sees as a one-entry map) as its string.
+/// A file value as text: strings as they are, numbers and booleans printed, a list of
+/// strings joined by commas, a TOML datetime (which serde sees as a one-entry map) as its
+/// string.
 fn scalar(value: &serde_json::Value) -> Option<String> {
     use serde_json::Value;
     match value {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
         Value::Bool(b) => Some(b.to_string()),
+        // A list (of streams): joined as it is written on the command line.
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .map(|items| items.join(",")),
         Value::Object(m) if m.len() == 1 => match m.values().next() {
             Some(Value::String(s)) => Some(s.clone()),
             _ => None,
@@ -382,15 +394,7 @@ fn build(
         effective.insert("worker_id", (default_worker_id(), Origin::Default));
     }
     let v = Values(effective);
-    let stream = v.required("stream")?;
-    if stream.starts_with("arn:") && !stream.contains(":stream/") {
-        return Err(v.fail(
-            "stream",
-            format!(
-                "{stream:?} is an ARN but not a Kinesis stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)"
-            ),
-        ));
-    }
+    let input = input::input(&v)?;
     let application_name = v.required("application_name")?;
     if !is_table_name(&application_name) {
         return Err(v.fail(
@@ -430,7 +434,7 @@ fn build(
     let summary = summary(&v)?;
 
     Ok(Settings {
-        stream,
+        input,
         application_name,
         worker_id,
         worker,

@@ -71,7 +71,7 @@ fn file_overrides_defaults_and_flags_override_file() {
         &["--failover-time", "2s", "--stream", "from-flag"],
         Some(&file),
     );
-    assert_eq!(s.stream, "from-flag");
+    assert_eq!(s.input, Input::Stream("from-flag".into()));
     assert_eq!(s.effective["stream"].1, Origin::Flag);
     assert_eq!(s.application_name, "file-app");
     assert_eq!(
@@ -116,8 +116,8 @@ fn yaml_files_work_too() {
     .unwrap_or_else(|e| panic!("{e}"));
     let s = resolve_ok(&[], Some(&file));
     assert_eq!(
-        s.stream,
-        "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+        s.input,
+        Input::Stream("arn:aws:kinesis:eu-west-1:123456789012:stream/orders".into())
     );
     let expected = DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z")
         .map(|t| t.with_timezone(&Utc))
@@ -215,6 +215,78 @@ fn invalid_values_name_the_key_and_the_source() {
 
     let e = resolve_err(&["--stream", "s", "--application-name", "a b"], None);
     assert_eq!(e.key, "application_name");
+}
+
+#[test]
+fn streams_select_multi_stream_mode_and_are_checked() {
+    let app: &[&str] = &["--application-name", "app"];
+    let s = resolve_ok(&[app, &["--streams", "orders, clicks"]].concat(), None);
+    let both = vec!["orders".to_owned(), "clicks".to_owned()];
+    assert_eq!(
+        s.input,
+        Input::Streams {
+            names: both.clone(),
+            removal_grace: None
+        }
+    );
+    // One stream in multi-stream mode is still multi-stream mode.
+    let s = resolve_ok(
+        &[
+            app,
+            &["--streams", "orders", "--stream-removal-grace", "1m"],
+        ]
+        .concat(),
+        None,
+    );
+    assert_eq!(
+        s.input,
+        Input::Streams {
+            names: vec!["orders".into()],
+            removal_grace: Some(Duration::from_secs(60))
+        }
+    );
+    // A list in a file, TOML or YAML.
+    let file = toml_file("streams = [\"orders\", \"clicks\"]\n");
+    let s = resolve_ok(app, Some(&file));
+    assert!(matches!(&s.input, Input::Streams { names, .. } if *names == both));
+    let yaml = FileValues::parse(
+        Path::new("k.yaml"),
+        "streams:\n  - orders\n  - clicks\n",
+        true,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let s = resolve_ok(app, Some(&yaml));
+    assert!(matches!(&s.input, Input::Streams { names, .. } if *names == both));
+
+    for (args, key, why) in [
+        (
+            &["--stream", "a", "--streams", "b"][..],
+            "streams",
+            "not both",
+        ),
+        (&["--streams", "a,,b"], "streams", "separated by commas"),
+        (&["--streams", "a,b,a"], "streams", "listed twice"),
+        (
+            &["--streams", "arn:aws:kinesis:eu-west-1:1:x"],
+            "streams",
+            "not a Kinesis stream ARN",
+        ),
+        (
+            &["--stream", "a", "--stream-removal-grace", "1m"],
+            "stream_removal_grace",
+            "only used with streams",
+        ),
+        (
+            &["--streams", "a", "--stream-removal-grace", "soon"],
+            "stream_removal_grace",
+            "expected a duration",
+        ),
+        (&[], "stream", "--streams"),
+    ] {
+        let e = resolve_err(&[app, args].concat(), None);
+        assert_eq!(e.key, key, "{args:?}: {e}");
+        assert!(e.to_string().contains(why), "{args:?}: {e}");
+    }
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Helpers shared by the binary's tests.
 #![allow(dead_code, clippy::panic)]
 
+pub(crate) mod consumer;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
