@@ -44,7 +44,6 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
         } => {
             // A stream is known by account, name and creation time: look each one up, and
             // read it by what was given (an ARN reaches another account's stream).
-            let tracker = Streams::default();
             let mut given = BTreeMap::new();
             for name in names {
                 let id = KinesisShardSource::new(&sdk, name.clone())
@@ -53,17 +52,14 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                     .map_err(|e| {
                         anyhow::anyhow!("invalid setting `streams`: cannot look up {name}: {e}")
                     })?;
-                tracker.add(id.clone(), settings.worker.initial_position);
                 given.insert(id, name.clone());
             }
-            let mut source = MultiStreamSource::new(tracker, move |id: &StreamId| {
+            let ids: Vec<StreamId> = given.keys().cloned().collect();
+            let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
                 // A stream found only in the lease table is read by name until its grace ends.
                 let name = given.get(id).cloned().unwrap_or_else(|| id.name.clone());
                 KinesisShardSource::new(&sdk, name)
             });
-            if let Some(grace) = removal_grace {
-                source = source.removal_grace(*grace);
-            }
             crate::run_worker(&settings, source, store, factory).await
         }
     }
@@ -100,16 +96,17 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
             names,
             removal_grace,
         } => {
-            let tracker = Streams::default();
-            let mut by_id = BTreeMap::new();
-            for name in names {
-                let id = StreamId::new(MEMORY_ACCOUNT, name.as_str(), 0);
-                tracker.add(id.clone(), settings.worker.initial_position);
-                by_id.insert(id, MemoryStream::new(2));
-            }
+            let by_id: BTreeMap<StreamId, MemoryStream> = names
+                .iter()
+                .map(|name| {
+                    let id = StreamId::new(MEMORY_ACCOUNT, name.as_str(), 0);
+                    (id, MemoryStream::new(2))
+                })
+                .collect();
             let producer = produce(by_id.values().cloned().collect());
+            let ids: Vec<StreamId> = by_id.keys().cloned().collect();
             let reader = worker_id.clone();
-            let mut source = MultiStreamSource::new(tracker, move |id: &StreamId| {
+            let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
                 // Only tracked streams exist in this process's table.
                 by_id
                     .get(id)
@@ -117,9 +114,6 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                     .unwrap_or_else(|| MemoryStream::new(1))
                     .client(&reader)
             });
-            if let Some(grace) = removal_grace {
-                source = source.removal_grace(*grace);
-            }
             let result =
                 crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
             (producer, result)
@@ -127,6 +121,28 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
     };
     producer.abort();
     result
+}
+
+/// A source over `ids`, each from the configured initial position, read through `make`.
+fn multi_stream<S, M>(
+    settings: &Settings,
+    ids: Vec<StreamId>,
+    removal_grace: Option<Duration>,
+    make: M,
+) -> MultiStreamSource<S, Streams, M>
+where
+    S: kcl_core::ShardSource,
+    M: Fn(&StreamId) -> S + Send + Sync + 'static,
+{
+    let tracker = Streams::default();
+    for id in ids {
+        tracker.add(id, settings.worker.initial_position);
+    }
+    let source = MultiStreamSource::new(tracker, make);
+    match removal_grace {
+        Some(grace) => source.removal_grace(grace),
+        None => source,
+    }
 }
 
 /// The account of the in-memory streams' multi-stream ids.

@@ -46,13 +46,10 @@ pub(super) fn input(v: &Values) -> Result<Input, SettingsError> {
             "streams",
             "give stream (one stream) or streams (KCL Java's multi-stream mode), not both".into(),
         )),
-        (None, Some(list)) => {
-            let names = v.parsed("streams", |_| names(list))?.unwrap_or_default();
-            Ok(Input::Streams {
-                names,
-                removal_grace: grace,
-            })
-        }
+        (None, Some(_)) => Ok(Input::Streams {
+            names: v.parsed("streams", names)?.unwrap_or_default(),
+            removal_grace: grace,
+        }),
         (None, None) => Err(v.fail(
             "stream",
             "required: pass --stream (or --streams for several, in KCL Java's multi-stream mode), set KCL_STREAM or add `stream` to the config file".into(),

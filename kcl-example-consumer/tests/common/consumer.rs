@@ -60,7 +60,7 @@ impl Consumer {
         super::http_get(self.addr, path)
     }
 
-    pub(crate) fn terminate(&self) {
+    fn terminate(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -79,7 +79,7 @@ impl Consumer {
         Ok(())
     }
 
-    pub(crate) async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+    async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait()? {
