@@ -33,5 +33,5 @@ mod error;
 pub mod kinesis;
 mod timeouts;
 
-pub use dynamodb::{DynamoDbLeaseStore, TableBilling};
+pub use dynamodb::{DynamoDbLeaseStore, TableBilling, TableSetup};
 pub use kinesis::{KinesisShardSource, StreamRef};

@@ -113,7 +113,7 @@ pub use config::{Coordination, Liveness, MAX_DURATION, Retrieval, WorkerConfig};
 pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
 };
-pub use lease::{CheckpointUpdate, Lease, LeaseStore};
+pub use lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 pub use types::{

@@ -13,7 +13,7 @@ use common::{
     undelivered_after_waiting, wait_until, world,
 };
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryStream};
-use kcl_core::{Checkpoint, InitialPosition, Lease, LeaseStore};
+use kcl_core::{Checkpoint, InitialPosition, Lease, LeaseStore, TableFeatures};
 use tokio::time::{Instant, sleep, timeout};
 
 fn latest() -> kcl_core::WorkerConfig {
@@ -145,7 +145,7 @@ async fn a_lease_whose_shard_aged_out_ends_and_lets_its_children_start() {
     let (stream, store, seen) = world(1);
     let parent = stream.open_shards().remove(0);
     // A previous run tracked the parent, then the fleet was down until it aged out.
-    store.ensure_table().await.unwrap();
+    store.ensure_table(TableFeatures::NONE).await.unwrap();
     store.insert(Lease::new(parent.clone(), Checkpoint::TrimHorizon));
     fill(&stream, 5);
     stream.split(&parent).unwrap();

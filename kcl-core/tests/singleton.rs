@@ -21,8 +21,8 @@ use kcl_core::coordination::{
     COORDINATION_PREFIX, Clock, FencingToken, Messenger, Singleton, SingletonConfig,
     SingletonHandle, TaskContext,
 };
-use kcl_core::lease::LeaseStore;
 use kcl_core::lease::usage::Operation;
+use kcl_core::lease::{LeaseStore, TableFeatures};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
@@ -373,7 +373,7 @@ async fn a_candidate_stopped_mid_take_leaves_the_row_free() {
         let faults = Faults::seeded(at);
         faults.set_max_latency(Duration::from_millis(40));
         let store = MemoryLeaseStore::with_faults(faults);
-        store.ensure_table().await.unwrap();
+        store.ensure_table(TableFeatures::NONE).await.unwrap();
         let runs = Runs::default();
         let (task, stop) = candidate("a", &store, config(), &runs, true);
         sleep(Duration::from_millis(at)).await;

@@ -322,6 +322,57 @@ async fn a_missing_stream_at_start_up_is_a_clear_error_not_a_retry_loop() {
     assert!(chain.contains("orders-typo"), "{chain}");
 }
 
+/// A singleton on the worker's token (`ShutdownHandle::token`) stops when the worker stops,
+/// here because it fails before its first cycle (a source without enhanced fan-out asked
+/// for it): its row is handed back, not left to expire while the process stays on as a
+/// candidate.
+#[tokio::test(start_paused = true)]
+async fn a_singleton_on_the_workers_token_stops_when_the_worker_fails() {
+    let store = MemoryLeaseStore::new();
+    let fan_out = kcl_core::Retrieval::FanOut {
+        consumer_name: "app".into(),
+    };
+    let w = Worker::new(
+        "a",
+        config().retrieval(fan_out),
+        Missing,
+        store.client("a"),
+        |shard: &ShardId| Recorder {
+            worker: "a".into(),
+            shard: shard.clone(),
+            seen: Seen::default(),
+            behaviour: Behaviour::default(),
+        },
+    )
+    .unwrap();
+    let token = w.shutdown_handle().token();
+    let singleton = kcl_core::coordination::Singleton::new(
+        "summary",
+        "a",
+        store.client("a"),
+        kcl_core::coordination::SingletonConfig::default(),
+    )
+    .unwrap();
+    let holder = singleton.holder();
+    let job = tokio::spawn(async move {
+        singleton
+            .run(token, |lost| async move { lost.cancelled().await })
+            .await
+    });
+    let held = wait_until(Duration::from_secs(5), || holder.borrow().is_some()).await;
+    assert!(held.is_some(), "the singleton runs first");
+    // The worker's store call has a moment to fail: the singleton holds its row meanwhile.
+    assert!(w.run().await.is_err());
+    let stopped = tokio::time::timeout(Duration::from_secs(5), job).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+    let row = store
+        .get(&ShardId::new("kcl-coordination/summary"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.owner, None, "the row is handed back");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_handed_over_just_before_shutdown_is_released_not_left_to_expire() {
     let (stream, store, seen) = world(2);
@@ -424,6 +475,94 @@ async fn a_harness_refuses_a_checkpoint_beyond_what_it_delivered() {
         harness.checkpoint().await.unwrap(),
         kcl_core::Checkpoint::TrimHorizon
     );
+}
+
+/// Everything a worker calls can be driven from a harness: a quiet shard's empty batch, the
+/// shard's end and the loss of its lease.
+#[tokio::test(start_paused = true)]
+async fn a_harness_drives_quiet_batches_shard_end_and_lease_loss() {
+    /// Checkpoints only when a batch comes empty (on time, not on count), and notes a loss.
+    #[derive(Default)]
+    struct OnQuiet {
+        lost: bool,
+        end_without_checkpoint: bool,
+    }
+    impl RecordProcessor for OnQuiet {
+        async fn process_records(
+            &mut self,
+            input: kcl_core::ProcessRecordsInput,
+            cp: &mut kcl_core::Checkpointer,
+        ) -> Result<(), kcl_core::BoxError> {
+            if input.records.is_empty() {
+                cp.checkpoint().await?;
+            }
+            Ok(())
+        }
+        async fn lease_lost(&mut self) {
+            self.lost = true;
+        }
+        async fn shard_ended(
+            &mut self,
+            cp: &mut kcl_core::Checkpointer,
+        ) -> Result<(), kcl_core::BoxError> {
+            if !self.end_without_checkpoint {
+                cp.checkpoint().await?;
+            }
+            Ok(())
+        }
+    }
+    let (stream, store, _) = world(3);
+    fill(&stream, 9);
+    let shards = stream.open_shards();
+    let at =
+        async |harness: &kcl_core::memory::ProcessorHarness| harness.checkpoint().await.unwrap();
+
+    // A quiet batch checkpoints what came before it.
+    let records = stream.records(&shards[0]);
+    let mut harness = kcl_core::memory::ProcessorHarness::new(&store, shards[0].clone())
+        .await
+        .unwrap();
+    let mut processor = OnQuiet::default();
+    harness
+        .process(&mut processor, records.clone())
+        .await
+        .unwrap();
+    assert_eq!(at(&harness).await, kcl_core::Checkpoint::TrimHorizon);
+    harness.process_empty(&mut processor).await.unwrap();
+    let last = records.last().unwrap().position();
+    assert_eq!(at(&harness).await, kcl_core::Checkpoint::Sequence(last));
+
+    // The shard's end: the processor checkpoints SHARD_END, or the harness says it did not.
+    let children = vec![ShardId::new("shardId-000000000009")];
+    harness
+        .shard_ended(&mut processor, children.clone())
+        .await
+        .unwrap();
+    assert_eq!(at(&harness).await, kcl_core::Checkpoint::ShardEnd);
+    let mut forgetful = OnQuiet {
+        end_without_checkpoint: true,
+        ..OnQuiet::default()
+    };
+    let mut other = kcl_core::memory::ProcessorHarness::new(&store, shards[1].clone())
+        .await
+        .unwrap();
+    let refused = other.shard_ended(&mut forgetful, children).await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    // A lost lease: the processor hears of it, and checkpoints fail from then on.
+    let mut harness = kcl_core::memory::ProcessorHarness::new(&store, shards[2].clone())
+        .await
+        .unwrap();
+    let records = stream.records(&shards[2]);
+    harness.process(&mut processor, records).await.unwrap();
+    harness.lease_lost(&mut processor).await;
+    assert!(processor.lost);
+    let failed = harness.process_empty(&mut processor).await;
+    assert!(
+        failed.is_err(),
+        "a checkpoint after the loss fails: {failed:?}"
+    );
+    assert_eq!(at(&harness).await, kcl_core::Checkpoint::TrimHorizon);
 }
 
 /// A worker holding many shards keeps at most `max_concurrent_reads` reads in flight (and so

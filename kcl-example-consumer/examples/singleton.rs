@@ -5,6 +5,10 @@
 //! lease table; the first to start holds the summary job; when it stops, the other takes
 //! the job over (at once: a graceful stop hands the row back) and never runs a period the
 //! first already ran.
+//!
+//! The job runs on the worker's shutdown token (`ShutdownHandle::token`), so it stops with
+//! the worker whatever stops it: a signal under `run_until_signal`, `shutdown()`, or the
+//! worker failing. A process whose worker stopped never stays on as a candidate.
 #![allow(clippy::print_stdout)]
 
 use std::sync::Arc;
@@ -13,8 +17,9 @@ use std::time::Duration;
 
 use kcl_core::coordination::{Singleton, SingletonConfig};
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
-use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, Worker};
-use tokio_util::sync::CancellationToken;
+use kcl_core::{
+    BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShutdownHandle, Worker,
+};
 
 /// Counts records, then checkpoints.
 struct Counter(Arc<AtomicU64>);
@@ -32,15 +37,14 @@ impl RecordProcessor for Counter {
     }
 }
 
-/// One worker process: a record processor and a candidate for the summary job. Returns a
-/// token that stops both.
+/// One worker process: a record processor and a candidate for the summary job. Returns the
+/// worker's shutdown handle, which stops both.
 fn start(
     id: &'static str,
     stream: &MemoryStream,
     leases: &MemoryLeaseStore,
     processed: &Arc<AtomicU64>,
-) -> Result<(CancellationToken, tokio::task::JoinHandle<()>), BoxError> {
-    let stop = CancellationToken::new();
+) -> Result<(ShutdownHandle, tokio::task::JoinHandle<()>), BoxError> {
     let counted = processed.clone();
     let worker = Worker::builder(stream.client(id), leases.client(id))
         .id(id)
@@ -48,9 +52,12 @@ fn start(
     // The same lease table; a shorter failover than the default 10 s, for the example.
     let config = SingletonConfig::default().failover_time(Duration::from_secs(3));
     let summary = Singleton::new("summary", id, leases.client(id), config)?;
-    let (processed, until) = (processed.clone(), stop.clone());
+    let handle = worker.shutdown_handle();
+    // Cancelled when the worker stops, for whatever reason.
+    let until = handle.token();
+    let processed = processed.clone();
     let task = tokio::spawn(async move {
-        let job = summary.every(Duration::from_secs(1), until.clone(), move |period| {
+        let job = summary.every(Duration::from_secs(1), until, move |period| {
             let total = processed.load(Ordering::Relaxed);
             async move {
                 // The fencing token would guard a write of this summary elsewhere.
@@ -61,13 +68,13 @@ fn start(
                 );
             }
         });
-        let run = worker.run_until(until.cancelled_owned());
-        let (job, run) = tokio::join!(job, run);
+        // A service would call `worker.run_until_signal()` here.
+        let (job, run) = tokio::join!(job, worker.run());
         if let Err(error) = job.map_err(BoxError::from).and(run.map_err(BoxError::from)) {
             println!("{id} failed: {error}");
         }
     });
-    Ok((stop, task))
+    Ok((handle, task))
 }
 
 #[tokio::main]
@@ -83,14 +90,14 @@ async fn main() -> Result<(), BoxError> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     println!("stopping worker-a: worker-b takes the summary over");
-    stop_a.cancel();
+    stop_a.shutdown();
     a.await?;
     for i in 60..100 {
         stream.put(&format!("user-{}", i % 7), format!("event {i}"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop_b.cancel();
+    stop_b.shutdown();
     b.await?;
     println!("{} records processed", processed.load(Ordering::Relaxed));
     Ok(())

@@ -26,12 +26,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
     // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let leader = settings.worker.coordination == kcl_core::Coordination::Leader;
-    let mut store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
-        .with_owner_index(leader);
-    if leader {
-        store = store.with_change_feed(&sdk);
-    }
+    let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone());
     let factory = crate::window_counters(&settings);
     match &settings.input {
         Input::Stream(stream) => {

@@ -152,7 +152,7 @@ pub(crate) struct RunArgs {
     /// Who reads the whole lease table: `leader` (an elected leader and a standby follow
     /// it through its stream; the others read only their own leases, so the table's reads
     /// grow with shards, not workers × shards), or `every-worker` (each worker reads it
-    /// every second, as before 0.2).
+    /// every second, as KCL Java 1.x and 2.x did).
     #[arg(
         long,
         env = "KCL_COORDINATION",
@@ -164,7 +164,7 @@ pub(crate) struct RunArgs {
     /// What proves a worker alive: `per-lease` (each held lease is renewed every third of
     /// the failover time, as KCL Java does) or `heartbeat` (one heartbeat row per worker,
     /// renewed every half failover time, whatever it holds: a tenth of the writes or less;
-    /// every worker sharing the table must be kcl 0.2 or later).
+    /// every worker sharing the table must be kcl: KCL Java would take these leases).
     #[arg(
         long,
         env = "KCL_LIVENESS",

@@ -11,7 +11,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::StreamViewType;
 use kcl_core::lease::feed::{Change, FeedPosition, FeedRead};
 use kcl_core::lease::usage::Operation;
-use kcl_core::{Checkpoint, Lease, LeaseStore, ShardId, WorkerId};
+use kcl_core::{Checkpoint, Lease, LeaseStore, ShardId, TableFeatures, WorkerId};
 use kcl_integration_tests::{Context, with_timeout};
 use tokio::time::{Instant, sleep};
 
@@ -25,8 +25,10 @@ async fn the_lease_tables_stream_serves_the_change_feed() -> anyhow::Result<()> 
 
 async fn run(ctx: Context) -> anyhow::Result<()> {
     let store = ctx.store_with_feed().await;
-    store.ensure_table().await?;
-    store.ensure_table().await?; // a table with its stream is left as it is
+    let wanted = TableFeatures::NONE.with_change_feed(true);
+    assert_eq!(store.ensure_table(wanted).await?, wanted);
+    // A table with its stream is left as it is.
+    assert_eq!(store.ensure_table(wanted).await?, wanted);
     let described = ctx
         .dynamodb
         .describe_table()

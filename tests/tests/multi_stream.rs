@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_aws::KinesisShardSource;
-use kcl_core::LeaseStore as _;
+use kcl_core::{LeaseStore as _, TableFeatures};
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
@@ -51,7 +51,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         shard0.len()
     );
     let (checkpoint, _) = &shard0[4];
-    ctx.store().ensure_table().await?;
+    ctx.store().ensure_table(TableFeatures::NONE).await?;
     let key = format!("{stream_a}:shardId-000000000000");
     let row = [
         ("leaseKey", AttributeValue::S(key.clone())),

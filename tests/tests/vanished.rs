@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use kcl_core::{Checkpoint, Lease, LeaseStore, ShardId};
+use kcl_core::{Checkpoint, Lease, LeaseStore, ShardId, TableFeatures};
 use kcl_integration_tests::journal::delivered_set;
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
 
@@ -30,7 +30,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     ctx.put(&records).await?;
     // What a previous run left: the stream's shard waits on a parent that no longer exists.
     let store = ctx.store();
-    store.ensure_table().await?;
+    store.ensure_table(TableFeatures::NONE).await?;
     let gone = ShardId::new("shardId-000000000099");
     store
         .create(&Lease::new(gone.clone(), Checkpoint::TrimHorizon))

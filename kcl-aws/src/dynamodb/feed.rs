@@ -68,9 +68,15 @@ impl StreamFeed {
             .clone()
     }
 
-    /// Enables the table's stream unless it has a usable one, waits until the table is
-    /// `ACTIVE` again (at most `wait`) and remembers the stream. See the module docs.
-    pub(crate) async fn ensure(&self, client: &Client, wait: Duration) -> Result<(), BackendError> {
+    /// Enables the table's stream unless it has a usable one (and `enable` allows), waits until
+    /// the table is `ACTIVE` again (at most `wait`) and remembers the stream. Returns whether
+    /// the feed can be read. See the module docs.
+    pub(crate) async fn ensure(
+        &self,
+        client: &Client,
+        wait: Duration,
+        enable: bool,
+    ) -> Result<bool, BackendError> {
         let deadline = Instant::now() + wait;
         let what = format!("lease table {}", self.table);
         let mut enabled = false;
@@ -90,7 +96,7 @@ impl StreamFeed {
                     if let (true, Some(arn)) = (active, arn) {
                         *self.arn.lock().unwrap_or_else(PoisonError::into_inner) =
                             Some(arn.to_owned());
-                        return Ok(());
+                        return Ok(true);
                     }
                 }
                 Some((true, view)) => {
@@ -98,8 +104,9 @@ impl StreamFeed {
                         table = %self.table, view = ?view,
                         "the lease table's stream shows no new images; observers read the table instead"
                     );
-                    return Ok(());
+                    return Ok(false);
                 }
+                _ if !enable => return Ok(false),
                 _ if !enabled => {
                     self.enable(client, &what).await?;
                     enabled = true;

@@ -13,6 +13,11 @@
 //!   `ConsistentRead`), and the scan follows `LastEvaluatedKey` to the end.
 //! - **A row we cannot parse is skipped**, with a warning naming its key, so one bad row does
 //!   not stop a fleet.
+//! - **The table gets what the coordination uses of it** ([`LeaseStore::ensure_table`]): under
+//!   `Coordination::Leader` the `leaseOwner` index and a stream, added to a table that lacks
+//!   them unless [`TableSetup::External`] says the table is managed elsewhere. Neither is
+//!   needed for correctness: without the index, `owned_by` reads the table (see `index`);
+//!   without the stream, observers read the table every interval.
 //! - **Every request is counted** ([`kcl_core::lease::usage`]): each asks for
 //!   `ReturnConsumedCapacity=TOTAL`, and the units DynamoDB reports are recorded with the
 //!   request. A write refused by its condition is counted without units: DynamoDB charges it
@@ -21,12 +26,12 @@
 //! The schema (names, conditions, conversions) is in [`schema`]; table creation in `table`.
 
 mod feed;
+mod index;
 pub mod schema;
 mod table;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use aws_config::SdkConfig;
@@ -37,7 +42,9 @@ use aws_sdk_dynamodb::types::{
 };
 use kcl_core::lease::feed::{FeedPosition, FeedRead};
 use kcl_core::lease::usage::{Operation, Usage};
-use kcl_core::{BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, WorkerId};
+use kcl_core::{
+    BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, TableFeatures, WorkerId,
+};
 
 use self::schema::{
     CHECKPOINT, CHECKPOINT_OWNER, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_ABSENT,
@@ -64,6 +71,23 @@ pub enum TableBilling {
     },
 }
 
+/// Who looks after the lease table's shape: its creation, its index and its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TableSetup {
+    /// The default. [`LeaseStore::ensure_table`] creates the table if it is missing (as KCL
+    /// Java does) and adds what the worker's coordination uses: under `Coordination::Leader`
+    /// the `leaseOwner` index (keys only, as KCL Java 3.x adds it) and a `NEW_IMAGE` stream.
+    /// Needs `dynamodb:CreateTable` and `dynamodb:UpdateTable` (see `deploy/iam-policy.json`).
+    #[default]
+    Managed,
+    /// The table is managed elsewhere (Terraform, CloudFormation, a DBA): the store creates
+    /// and changes nothing. It uses the index and the stream where the table has them and
+    /// reads the whole table where it has not (the worker says so at start); a missing table
+    /// is an error naming what to create.
+    External,
+}
+
 /// A [`LeaseStore`] on a DynamoDB table named after the application. See the module docs.
 #[derive(Debug, Clone)]
 pub struct DynamoDbLeaseStore {
@@ -71,64 +95,64 @@ pub struct DynamoDbLeaseStore {
     table: String,
     billing: TableBilling,
     table_wait: Duration,
+    setup: TableSetup,
     usage: Usage,
-    owner_index: bool,
-    /// Whether the owner index was found unusable (then `owned_by` reads the table), so that
-    /// it is said once, not every cycle.
-    index_unusable: Arc<AtomicBool>,
-    /// The table's stream, read as the change feed.
+    index: Arc<index::OwnerIndex>,
+    /// The table's stream, read as the change feed; `None` without a DynamoDB Streams client.
     feed: Option<Arc<feed::StreamFeed>>,
 }
 
 impl DynamoDbLeaseStore {
     /// A store on `table_name` (KCL Java: the application name), with the credentials,
-    /// region, endpoint (`AWS_ENDPOINT_URL_DYNAMODB`), retry and timeout settings of
-    /// `config`, and an attempt timeout of 3 s and an operation timeout of 10 s where
-    /// `config` sets none.
+    /// region, endpoints (`AWS_ENDPOINT_URL_DYNAMODB`, `AWS_ENDPOINT_URL_DYNAMODB_STREAMS`),
+    /// retry and timeout settings of `config`, and an attempt timeout of 3 s and an operation
+    /// timeout of 10 s where `config` sets none.
+    ///
+    /// The table gets what the worker's coordination uses of it, the default
+    /// `Coordination::Leader` an owner index and a stream ([`TableSetup::Managed`]; see
+    /// [`with_table_setup`](Self::with_table_setup) for tables managed elsewhere).
     pub fn new(config: &SdkConfig, table_name: impl Into<String>) -> Self {
+        let timeouts = crate::timeouts::with_defaults(config, crate::timeouts::DYNAMODB);
         let conf = aws_sdk_dynamodb::config::Builder::from(config)
-            .timeout_config(crate::timeouts::with_defaults(
-                config,
-                crate::timeouts::DYNAMODB,
-            ))
+            .timeout_config(timeouts.clone())
+            .build();
+        let streams = aws_sdk_dynamodbstreams::config::Builder::from(config)
+            .timeout_config(timeouts)
             .build();
         Self::from_client(Client::from_conf(conf), table_name)
+            .with_change_feed_client(aws_sdk_dynamodbstreams::Client::from_conf(streams))
     }
 
-    /// A store using an already built client (custom configuration, tests).
+    /// A store using an already built client (custom configuration, tests). It has no change
+    /// feed until [`with_change_feed_client`](Self::with_change_feed_client) gives it a
+    /// DynamoDB Streams client; the owner index it adds and uses as [`new`](Self::new) does.
     pub fn from_client(client: Client, table_name: impl Into<String>) -> Self {
         Self {
             client,
             table: table_name.into(),
             billing: TableBilling::default(),
             table_wait: Duration::from_secs(300),
+            setup: TableSetup::default(),
             usage: Usage::default(),
-            owner_index: false,
-            index_unusable: Arc::default(),
+            index: Arc::default(),
             feed: None,
         }
     }
 
-    /// Serves [`LeaseStore::changes`] from the table's DynamoDB stream, read with the
-    /// credentials, region and endpoint (`AWS_ENDPOINT_URL_DYNAMODB_STREAMS`) of `config`;
-    /// [`LeaseStore::ensure_table`] then enables a `NEW_IMAGE` stream on a table that has
-    /// none. Under `Coordination::Leader` the leader and the standby then follow the table
-    /// through the stream instead of reading it every interval (see the `feed` module docs).
-    #[must_use]
-    pub fn with_change_feed(self, config: &SdkConfig) -> Self {
-        let conf = aws_sdk_dynamodbstreams::config::Builder::from(config)
-            .timeout_config(crate::timeouts::with_defaults(
-                config,
-                crate::timeouts::DYNAMODB,
-            ))
-            .build();
-        self.with_change_feed_client(aws_sdk_dynamodbstreams::Client::from_conf(conf))
-    }
-
-    /// As [`with_change_feed`](Self::with_change_feed), with an already built client.
+    /// Serves [`LeaseStore::changes`] from the table's DynamoDB stream, read with `client`
+    /// ([`new`](Self::new) makes one from its `SdkConfig`). Under `Coordination::Leader` the
+    /// leader and the standby then follow the table through the stream instead of reading it
+    /// every interval (see the `feed` module docs).
     #[must_use]
     pub fn with_change_feed_client(mut self, client: aws_sdk_dynamodbstreams::Client) -> Self {
         self.feed = Some(Arc::new(feed::StreamFeed::new(client, &self.table)));
+        self
+    }
+
+    /// Sets who looks after the table's shape (default [`TableSetup::Managed`]).
+    #[must_use]
+    pub fn with_table_setup(mut self, setup: TableSetup) -> Self {
+        self.setup = setup;
         self
     }
 
@@ -144,17 +168,6 @@ impl DynamoDbLeaseStore {
     #[must_use]
     pub fn with_table_wait(mut self, wait: Duration) -> Self {
         self.table_wait = wait;
-        self
-    }
-
-    /// Makes [`LeaseStore::ensure_table`] add the `leaseOwner` index
-    /// ([`schema::OWNER_INDEX`], as KCL Java 3.x does) when the table lacks it. Workers under
-    /// `Coordination::Leader` find their leases with it; until it exists (DynamoDB builds it
-    /// in the background, minutes on a large table) they read the whole table instead. The
-    /// index costs a write only when a lease changes owner, not on renewals or checkpoints.
-    #[must_use]
-    pub fn with_owner_index(mut self, create: bool) -> Self {
-        self.owner_index = create;
         self
     }
 
@@ -433,34 +446,61 @@ impl Expr {
 }
 
 impl LeaseStore for DynamoDbLeaseStore {
-    async fn ensure_table(&self) -> Result<(), BackendError> {
-        table::ensure(&self.client, &self.table, self.billing, self.table_wait).await?;
-        if let Some(feed) = &self.feed {
-            feed.ensure(&self.client, self.table_wait).await?;
+    /// The index costs a write only when a lease changes owner, not on renewals or
+    /// checkpoints; the stream is free to have, and its reads are billed per request.
+    async fn ensure_table(&self, wanted: TableFeatures) -> Result<TableFeatures, BackendError> {
+        let manage = self.setup == TableSetup::Managed;
+        let found = table::ensure(
+            &self.client,
+            &self.table,
+            self.billing,
+            self.table_wait,
+            manage,
+        );
+        let mut found = found.await?;
+        let mut served = TableFeatures::NONE;
+        if wanted.change_feed {
+            let feed = match &self.feed {
+                Some(feed) => feed.ensure(&self.client, self.table_wait, manage).await?,
+                None => {
+                    tracing::info!(
+                        table = %self.table,
+                        "no change feed: the store was built from a DynamoDB client alone \
+                         (`with_change_feed_client` gives it a DynamoDB Streams client)"
+                    );
+                    false
+                }
+            };
+            served = served.with_change_feed(feed);
         }
-        if self.owner_index {
-            table::ensure_owner_index(&self.client, &self.table, self.billing).await?;
+        if wanted.owner_index {
+            if manage && !table::has_owner_index(&found) {
+                found = table::add_owner_index(&self.client, &self.table, self.billing).await?;
+            }
+            let present = table::has_owner_index(&found);
+            self.index.found(present);
+            served = served.with_owner_index(present);
         }
-        Ok(())
+        Ok(served)
     }
 
     async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
-        match self.query_owner_index(owner).await {
-            Ok(keys) => {
-                self.index_unusable.store(false, Ordering::Relaxed);
-                Ok(keys)
-            }
-            Err(error) if error.kind() == ErrorKind::Fatal => {
-                if !self.index_unusable.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        table = %self.table, %error,
-                        "the leaseOwner index cannot be queried; reading the whole table instead"
-                    );
+        if self.index.worth_querying() {
+            match self.query_owner_index(owner).await {
+                Ok(keys) => {
+                    self.index.worked(&self.table);
+                    return Ok(keys);
                 }
-                Ok(kcl_core::lease::keys_owned_by(self.list().await?, owner))
+                Err(error) if index::OwnerIndex::falls_back_on(&error) => {
+                    self.index.failed(&self.table, &error);
+                }
+                Err(error) => return Err(error),
             }
-            Err(error) => Err(error),
         }
+        Ok(kcl_core::lease::keys_owned_by(
+            self.snapshot().await?,
+            owner,
+        ))
     }
 
     fn usage(&self) -> Option<Usage> {

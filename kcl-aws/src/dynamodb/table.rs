@@ -2,8 +2,8 @@
 //!
 //! The table KCL Java creates has only `leaseKey` (S) as hash key and on-demand billing; we
 //! create the same, so either library can use a table the other created. An existing table is
-//! used as it is (KCL Java 3.x adds a `leaseOwner` index; we neither need nor remove it), as
-//! long as its hash key is `leaseKey`.
+//! used as long as its hash key is `leaseKey`. The `leaseOwner` index is added as KCL Java 3.x
+//! adds it (same name, keys and projection), so that either library finds it usable.
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate,
     KeySchemaElement, KeyType, Projection, ProjectionType, ProvisionedThroughput,
-    ScalarAttributeType, TableStatus,
+    ScalarAttributeType, TableDescription, TableStatus,
 };
 use kcl_core::{BackendError, ErrorKind};
 use tokio::time::{Instant, sleep};
@@ -46,13 +46,15 @@ fn polls() -> impl Iterator<Item = Duration> {
     })
 }
 
-/// Creates `table` unless it exists and waits until it is `ACTIVE`, at most `wait`.
+/// Waits until `table` is `ACTIVE`, at most `wait`, creating it first if it is missing and
+/// `create` allows; returns its description.
 pub(crate) async fn ensure(
     client: &Client,
     table: &str,
     billing: TableBilling,
     wait: Duration,
-) -> Result<(), BackendError> {
+    create: bool,
+) -> Result<TableDescription, BackendError> {
     let deadline = Instant::now() + wait;
     let what = format!("lease table {table}");
     let mut created = false;
@@ -64,7 +66,7 @@ pub(crate) async fn ensure(
                 let keys = description.and_then(|d| d.key_schema.as_deref());
                 check_key_schema(table, keys.unwrap_or_default())?;
                 match description.and_then(|d| d.table_status.as_ref()) {
-                    Some(TableStatus::Active) => return Ok(()),
+                    Some(TableStatus::Active) => return Ok(described(out.table)),
                     Some(TableStatus::Creating | TableStatus::Updating | TableStatus::Deleting)
                     | None => {}
                     Some(other) => {
@@ -80,8 +82,19 @@ pub(crate) async fn ensure(
                 if Cause::of(&e) != Cause::NotFound {
                     return Err(backend_error(OPERATION, &what, e));
                 }
+                if !create {
+                    return Err(BackendError::new(
+                        ErrorKind::Fatal,
+                        OPERATION,
+                        format!(
+                            "{what} does not exist, and the store is set not to create it \
+                             (TableSetup::External): create it where the table is managed \
+                             (hash key `{LEASE_KEY}`, type S), or use TableSetup::Managed"
+                        ),
+                    ));
+                }
                 if !created {
-                    create(client, table, billing).await?;
+                    create_table(client, table, billing).await?;
                     created = true;
                     continue;
                 }
@@ -99,39 +112,50 @@ pub(crate) async fn ensure(
     }
 }
 
-/// Adds the `leaseOwner` index (keys only) unless the table has it. Does not wait for it:
-/// DynamoDB builds it in the background, and until then `owned_by` reads the table.
-pub(crate) async fn ensure_owner_index(
+/// A table's description, or an empty one where an answer carried none.
+fn described(table: Option<TableDescription>) -> TableDescription {
+    table.unwrap_or_else(|| TableDescription::builder().build())
+}
+
+/// Whether the table has the `leaseOwner` index (built or being built).
+pub(crate) fn has_owner_index(table: &TableDescription) -> bool {
+    table
+        .global_secondary_indexes()
+        .iter()
+        .any(|i| i.index_name() == Some(OWNER_INDEX))
+}
+
+/// Adds the `leaseOwner` index as KCL Java 3.x does (`leaseOwner` hash, `leaseKey` range, keys
+/// only) and returns the table's description after it. Does not wait for it: DynamoDB builds
+/// it in the background, and until then `owned_by` reads the table. A refusal (no permission,
+/// the table busy with another update) is logged and the table returned without the index.
+pub(crate) async fn add_owner_index(
     client: &Client,
     table: &str,
     billing: TableBilling,
-) -> Result<(), BackendError> {
+) -> Result<TableDescription, BackendError> {
     let what = format!("lease table {table}");
-    let described = client
-        .describe_table()
-        .table_name(table)
-        .send()
-        .await
-        .map_err(|e| backend_error(OPERATION, &what, e))?;
-    let has_index = described
-        .table()
-        .map(|t| t.global_secondary_indexes())
-        .is_some_and(|indexes| indexes.iter().any(|i| i.index_name() == Some(OWNER_INDEX)));
-    if has_index {
-        return Ok(());
-    }
     let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
         BackendError::new(ErrorKind::Fatal, OPERATION, e.to_string())
     };
+    let key = |name: &str, key_type: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(key_type)
+            .build()
+            .map_err(invalid)
+    };
+    let attribute = |name: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+            .map_err(invalid)
+    };
     let mut index = CreateGlobalSecondaryIndexAction::builder()
         .index_name(OWNER_INDEX)
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(LEASE_OWNER)
-                .key_type(KeyType::Hash)
-                .build()
-                .map_err(invalid)?,
-        )
+        .key_schema(key(LEASE_OWNER, KeyType::Hash)?)
+        .key_schema(key(LEASE_KEY, KeyType::Range)?)
         .projection(
             Projection::builder()
                 .projection_type(ProjectionType::KeysOnly)
@@ -154,13 +178,8 @@ pub(crate) async fn ensure_owner_index(
     let added = client
         .update_table()
         .table_name(table)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(LEASE_OWNER)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .map_err(invalid)?,
-        )
+        .attribute_definitions(attribute(LEASE_OWNER)?)
+        .attribute_definitions(attribute(LEASE_KEY)?)
         .global_secondary_index_updates(
             GlobalSecondaryIndexUpdate::builder()
                 .create(index.build().map_err(invalid)?)
@@ -169,13 +188,15 @@ pub(crate) async fn ensure_owner_index(
         .send()
         .await;
     match added {
-        Ok(_) => Ok(()),
-        // Another worker adding it at the same moment, or the table busy: fine either way,
-        // the index is looked for again at the next start, and `owned_by` copes without it.
+        Ok(out) => Ok(described(out.table_description)),
+        // Another worker adding it at the same moment (then it is there), the table busy, or
+        // no permission: `owned_by` copes without it, and the next start looks again.
         Err(e) => {
             let error = backend_error(OPERATION, &what, e);
             tracing::warn!(%error, "adding the leaseOwner index failed; continuing without it");
-            Ok(())
+            let described = client.describe_table().table_name(table).send().await;
+            let described = described.map_err(|e| backend_error(OPERATION, &what, e))?;
+            Ok(self::described(described.table))
         }
     }
 }
@@ -197,7 +218,11 @@ fn check_key_schema(table: &str, keys: &[KeySchemaElement]) -> Result<(), Backen
     }
 }
 
-async fn create(client: &Client, table: &str, billing: TableBilling) -> Result<(), BackendError> {
+async fn create_table(
+    client: &Client,
+    table: &str,
+    billing: TableBilling,
+) -> Result<(), BackendError> {
     let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
         BackendError::new(ErrorKind::Fatal, OPERATION, e.to_string())
     };

@@ -271,16 +271,46 @@ async fn owned_by_queries_the_owner_index_and_reads_the_table_without_it() {
         ]
     );
 
-    let missing = mock!(Client::query).then_http_response(|| aws_error(400, "ValidationException"));
-    let mut other = held();
-    other.key = ShardId::new("shardId-000000000009");
-    other.owner = Some(WorkerId::new("w2"));
-    let rows = vec![row(&held()), row(&other)];
-    let scan = mock!(Client::scan)
-        .then_output(move || ScanOutput::builder().set_items(Some(rows.clone())).build());
-    let found = store(&[&missing, &scan])
+    // Missing, being built or not allowed (real DynamoDB: ValidationException or
+    // AccessDeniedException; emulators: ResourceNotFoundException): read the table instead,
+    // and do not ask the index again at every call.
+    for code in [
+        "ValidationException",
+        "AccessDeniedException",
+        "ResourceNotFoundException",
+    ] {
+        let missing = mock!(Client::query).then_http_response(move || aws_error(400, code));
+        let mut other = held();
+        other.key = ShardId::new("shardId-000000000009");
+        other.owner = Some(WorkerId::new("w2"));
+        let rows = vec![row(&held()), row(&other)];
+        let scan = mock!(Client::scan)
+            .then_output(move || ScanOutput::builder().set_items(Some(rows.clone())).build());
+        let store = store(&[&missing, &scan]);
+        for _ in 0..3 {
+            let found = store.owned_by(&WorkerId::new("w1")).await.unwrap();
+            assert_eq!(
+                found,
+                [held().key],
+                "{code}: only w1's lease, from the table"
+            );
+        }
+        assert_eq!(
+            missing.num_calls(),
+            1,
+            "{code}: the index is not asked again at once"
+        );
+        assert_eq!(scan.num_calls(), 3, "{code}");
+    }
+
+    // Throttling is not a missing index: it is reported, and the table is not read.
+    let throttled = mock!(Client::query)
+        .then_http_response(|| aws_error(400, "ProvisionedThroughputExceededException"));
+    let scan = mock!(Client::scan).then_output(|| ScanOutput::builder().build());
+    let error = store(&[&throttled, &scan])
         .owned_by(&WorkerId::new("w1"))
         .await
-        .unwrap();
-    assert_eq!(found, [held().key], "only w1's lease, from the table");
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Throttled);
+    assert_eq!(scan.num_calls(), 0);
 }

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::*;
-use crate::lease::{Lease, LeaseStore};
+use crate::lease::{Lease, LeaseStore, TableFeatures};
 use crate::memory::MemoryLeaseStore;
 use crate::types::{SequenceNumber, WorkerId};
 
@@ -29,7 +29,7 @@ async fn row(store: &MemoryLeaseStore) -> Lease {
 
 /// A fresh table with one lease, taken by `worker`; returns its tenure.
 async fn taken(store: &MemoryLeaseStore, worker: &str) -> Arc<Tenure> {
-    let _ = store.ensure_table().await;
+    let _ = store.ensure_table(TableFeatures::NONE).await;
     let _ = store
         .create(&Lease::new(key(), Checkpoint::TrimHorizon))
         .await;

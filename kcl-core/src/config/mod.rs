@@ -117,8 +117,8 @@ pub struct WorkerConfig {
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
     /// Who reads the whole lease table. Default [`Coordination::Leader`] (an elected leader
-    /// and a standby follow it through its change feed; before 0.2 every worker read it
-    /// every taker interval, which [`Coordination::EveryWorker`] still does).
+    /// and a standby follow it through its change feed; with
+    /// [`Coordination::EveryWorker`] every worker reads it every taker interval).
     pub coordination: Coordination,
     /// What proves a holder alive. Default [`Liveness::PerLease`] (KCL Java's rule: every
     /// held lease is renewed every `renew_interval`).

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::lease::TableFeatures;
+
 /// What proves that the owner of a lease is alive, and so what holding leases costs.
 ///
 /// Either way a lease moves only by a conditional write, checkpoints stay fenced on owner and
@@ -25,9 +27,8 @@ pub enum Liveness {
     /// released, so a worker costs one write per interval whatever it holds. Whoever takes
     /// the leases of a worker whose heartbeat stopped first releases that row, conditionally
     /// on the counter it watched stand still, so that the worker can never renew it again.
-    /// Needs every worker sharing the table to be kcl 0.2 or later (KCL Java and kcl 0.1
-    /// judge a lease by its own counter only, and would take these leases from a live
-    /// owner).
+    /// Needs every worker sharing the table to be kcl (KCL Java judges a lease by its own
+    /// counter only, and would take these leases from a live owner).
     Heartbeat,
 }
 
@@ -58,6 +59,18 @@ pub enum Coordination {
     /// [`LeaseStore::changes`]: crate::LeaseStore::changes
     #[default]
     Leader,
+}
+
+impl Coordination {
+    /// What this mode uses of the lease table beyond its rows: the leader mode's followers
+    /// query the owner index and its observers follow the change feed; with every worker
+    /// reading the table, neither is used.
+    pub(crate) const fn table_features(self) -> TableFeatures {
+        match self {
+            Self::EveryWorker => TableFeatures::NONE,
+            Self::Leader => TableFeatures::ALL,
+        }
+    }
 }
 
 /// How shard consumers read records. Leases, checkpoints and their guarantees do not depend

@@ -67,8 +67,8 @@ pub use self::context::{FencingToken, TaskContext};
 pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
 use crate::error::{ConfigError, Error};
-use crate::lease::LeaseStore;
 use crate::lease::observer::Observer;
+use crate::lease::{LeaseStore, TableFeatures};
 use crate::types::{ShardId, WorkerId};
 
 /// Lease keys of singletons start with this; no Kinesis shard id does.
@@ -282,10 +282,10 @@ impl<L: LeaseStore> Singleton<L> {
             let ensured = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
-                ensured = self.store.ensure_table() => ensured,
+                ensured = self.store.ensure_table(TableFeatures::NONE) => ensured,
             };
             match ensured {
-                Ok(()) => break,
+                Ok(_) => break,
                 Err(e) if e.kind().is_transient() => {
                     tracing::debug!(error = %e, "lease table not ready");
                 }

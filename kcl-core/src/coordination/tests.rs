@@ -100,7 +100,7 @@ fn assert_exclusive(runs: &[(String, Instant, Option<Instant>)]) {
 #[tokio::test(start_paused = true)]
 async fn one_runs_and_a_crash_fails_over() {
     let (store, runs) = (MemoryLeaseStore::new(), Runs::default());
-    let _ = store.ensure_table().await;
+    let _ = store.ensure_table(TableFeatures::NONE).await;
     let candidates: Vec<_> = ["a", "b", "c"]
         .iter()
         .map(|n| candidate(n, &store, &runs))
@@ -135,7 +135,7 @@ async fn one_runs_and_a_crash_fails_over() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_releases_at_once_and_a_partitioned_holder_stops_before_anyone_starts() {
     let (store, runs) = (MemoryLeaseStore::new(), Runs::default());
-    let _ = store.ensure_table().await;
+    let _ = store.ensure_table(TableFeatures::NONE).await;
     let (a, stop_a) = candidate("a", &store, &runs);
     sleep(Duration::from_secs(1)).await;
     let (b, stop_b) = candidate("b", &store, &runs);
@@ -174,7 +174,7 @@ async fn shutdown_releases_at_once_and_a_partitioned_holder_stops_before_anyone_
 #[tokio::test(start_paused = true)]
 async fn a_task_slow_to_stop_is_dropped_before_the_next_holder_starts() {
     let (store, runs) = (MemoryLeaseStore::new(), Runs::default());
-    let _ = store.ensure_table().await;
+    let _ = store.ensure_table(TableFeatures::NONE).await;
     let wind_down = Duration::from_secs(2);
     let (a, stop_a) = slow_candidate("a", &store, &runs, wind_down);
     sleep(Duration::from_secs(1)).await;

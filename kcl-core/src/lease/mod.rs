@@ -103,35 +103,111 @@ pub struct CheckpointUpdate {
     pub endpoint: Option<String>,
 }
 
+/// What a worker's coordination uses of the lease table beyond its rows: asked for in
+/// [`LeaseStore::ensure_table`], which answers with those it serves.
+///
+/// Neither is needed for correctness, only for cost: without an owner index,
+/// [`owned_by`](LeaseStore::owned_by) reads the whole table; without a change feed, observers
+/// read the whole table every interval instead of its changes.
+/// [`Coordination::Leader`](crate::Coordination::Leader) uses both,
+/// [`Coordination::EveryWorker`](crate::Coordination::EveryWorker) neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
+pub struct TableFeatures {
+    /// An index of leases by owner (DynamoDB: the `leaseOwner` index KCL Java 3.x adds).
+    pub owner_index: bool,
+    /// A feed of the table's changes (DynamoDB: the table's stream).
+    pub change_feed: bool,
+}
+
+impl TableFeatures {
+    /// Neither feature.
+    pub const NONE: Self = Self {
+        owner_index: false,
+        change_feed: false,
+    };
+
+    /// Both features.
+    pub const ALL: Self = Self {
+        owner_index: true,
+        change_feed: true,
+    };
+
+    /// With or without the owner index.
+    #[must_use]
+    pub const fn with_owner_index(mut self, on: bool) -> Self {
+        self.owner_index = on;
+        self
+    }
+
+    /// With or without the change feed.
+    #[must_use]
+    pub const fn with_change_feed(mut self, on: bool) -> Self {
+        self.change_feed = on;
+        self
+    }
+
+    /// The features of `self` that `other` has too.
+    #[must_use]
+    pub const fn and(self, other: Self) -> Self {
+        Self {
+            owner_index: self.owner_index && other.owner_index,
+            change_feed: self.change_feed && other.change_feed,
+        }
+    }
+}
+
+impl std::fmt::Display for TableFeatures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.owner_index, self.change_feed) {
+            (true, true) => f.write_str("owner index, change feed"),
+            (true, false) => f.write_str("owner index"),
+            (false, true) => f.write_str("change feed"),
+            (false, false) => f.write_str("none"),
+        }
+    }
+}
+
 /// The lease table.
 ///
 /// Every write is conditional. A write whose condition fails returns an error of kind
 /// [`Conflict`](crate::ErrorKind::Conflict) and changes nothing. Implementations must keep
 /// attributes they do not know (other tools, KCL Java's extras) untouched.
+///
+/// **Wrapping a store** (metrics, tracing, a cache): implement every method by delegating to
+/// the inner store, as the `Arc<L>` implementation does. None of the reads has a default, on
+/// purpose: a default of "read the whole table" for [`snapshot`](Self::snapshot),
+/// [`changes`](Self::changes) or [`owned_by`](Self::owned_by) would make a wrapper that forgot
+/// one silently pay for a full read every interval instead of a feed read or an index query.
+/// Delegate [`usage`](Self::usage) too, or the worker's request metrics stay empty.
 #[doc(alias = "LeaseRefresher")]
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Creates the lease table if it does not exist and waits until it is usable.
-    fn ensure_table(&self) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Creates the lease table if it does not exist, provides what of `wanted` it can (a store
+    /// may be told not to change a table managed elsewhere), and waits until the table is
+    /// usable. Returns the features of `wanted` it serves; for one it does not, the method
+    /// that would use it reads the whole table instead (see [`TableFeatures`]).
+    fn ensure_table(
+        &self,
+        wanted: TableFeatures,
+    ) -> impl Future<Output = Result<TableFeatures, BackendError>> + Send;
 
     /// Every lease, read consistently. Rows that cannot be parsed are logged and skipped.
     fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
 
     /// Every lease, read as cheaply as the store can (DynamoDB: an eventually consistent
     /// Scan, half the read units of [`list`](Self::list)), possibly a second or so stale.
-    /// For observers, whose takes are conditional anyway (see [`feed`]). Default: `list`.
-    fn snapshot(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send {
-        self.list()
-    }
+    /// For observers, whose takes are conditional anyway (see [`feed`]). A store with no
+    /// cheaper read returns [`list`](Self::list); a wrapper delegates.
+    fn snapshot(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
 
     /// The table's changes after `from` (see [`feed`]): with `None`, a new position
-    /// ([`FeedRead::Restart`](feed::FeedRead::Restart)). Default: no feed.
+    /// ([`FeedRead::Restart`](feed::FeedRead::Restart)). A store without a feed returns
+    /// [`FeedRead::Unavailable`](feed::FeedRead::Unavailable) (its observers then read the
+    /// whole table every interval); a wrapper delegates.
     fn changes(
         &self,
         from: Option<&feed::FeedPosition>,
-    ) -> impl Future<Output = Result<feed::FeedRead, BackendError>> + Send {
-        let _ = from;
-        async { Ok(feed::FeedRead::Unavailable) }
-    }
+    ) -> impl Future<Output = Result<feed::FeedRead, BackendError>> + Send;
 
     /// One lease, read consistently.
     fn get(
@@ -184,13 +260,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// (DynamoDB: a query of the `leaseOwner` index). Used by workers that do not read the
     /// whole table every cycle ([`Coordination::Leader`](crate::Coordination::Leader)); what
     /// they do with a key is conditional, so a stale answer costs a failed write, never a
-    /// second owner. Default: every lease, filtered.
+    /// second owner. A store without an index reads every lease and filters them
+    /// ([`keys_owned_by`]); a wrapper delegates.
     fn owned_by(
         &self,
         owner: &WorkerId,
-    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
-        async move { Ok(keys_owned_by(self.list().await?, owner)) }
-    }
+    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send;
 
     /// The requests and capacity units this handle has spent so far, if it counts them (both
     /// stores of this workspace do). See [`usage`].
@@ -211,8 +286,11 @@ pub fn keys_owned_by(leases: Vec<Lease>, owner: &WorkerId) -> Vec<ShardId> {
 
 /// A shared store is a store: workers hand `Arc`s of theirs to the singletons they run.
 impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
-    fn ensure_table(&self) -> impl Future<Output = Result<(), BackendError>> + Send {
-        (**self).ensure_table()
+    fn ensure_table(
+        &self,
+        wanted: TableFeatures,
+    ) -> impl Future<Output = Result<TableFeatures, BackendError>> + Send {
+        (**self).ensure_table(wanted)
     }
 
     fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send {

@@ -44,7 +44,7 @@ mod tests {
 
     use super::*;
     use crate::lease::feed::FeedRead;
-    use crate::lease::{Lease, LeaseStore};
+    use crate::lease::{Lease, LeaseStore, TableFeatures};
     use crate::memory::MemoryLeaseStore;
     use crate::types::{Checkpoint, ShardId, WorkerId};
 
@@ -53,7 +53,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_feed_shows_each_write_once_after_its_lag() -> Result {
         let store = MemoryLeaseStore::new();
-        store.ensure_table().await?;
+        store.ensure_table(TableFeatures::ALL).await?;
         store.set_feed(Some(Duration::from_secs(1)));
         let FeedRead::Restart(start) = store.changes(None).await? else {
             return Err("a first read restarts".into());

@@ -9,14 +9,19 @@ use super::MemoryLeaseStore;
 use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, BoxError};
 use crate::lease::tenure::Tenure;
-use crate::lease::{Lease, LeaseStore};
+use crate::lease::{Lease, LeaseStore, TableFeatures};
 use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
 use crate::types::{Checkpoint, Record, ShardId, WorkerId};
 
 /// Runs a processor's hooks the way a worker does, without a worker, for unit tests: the
 /// shard's lease is taken in a [`MemoryLeaseStore`], records are marked delivered before
 /// `process_records` sees them (so checkpoints up to them are accepted, and only those), and
-/// the checkpoints the processor writes can be read back.
+/// the checkpoints the processor writes can be read back. Every call a worker makes has its
+/// method: [`initialize`](Self::initialize), [`process`](Self::process),
+/// [`process_empty`](Self::process_empty) (a quiet shard under
+/// [`empty_batch_interval`](crate::WorkerConfig::empty_batch_interval)),
+/// [`shutdown_requested`](Self::shutdown_requested), [`shard_ended`](Self::shard_ended) and
+/// [`lease_lost`](Self::lease_lost).
 ///
 /// ```
 /// # fn main() -> Result<(), kcl_core::BoxError> {
@@ -39,6 +44,7 @@ use crate::types::{Checkpoint, Record, ShardId, WorkerId};
 pub struct ProcessorHarness {
     store: MemoryLeaseStore,
     shard: ShardId,
+    tenure: Arc<Tenure>,
     checkpointer: Checkpointer,
 }
 
@@ -50,7 +56,7 @@ impl ProcessorHarness {
         shard: impl Into<ShardId>,
     ) -> Result<Self, BackendError> {
         let shard = shard.into();
-        store.ensure_table().await?;
+        store.ensure_table(TableFeatures::NONE).await?;
         store
             .create(&Lease::new(shard.clone(), Checkpoint::TrimHorizon))
             .await?;
@@ -60,18 +66,19 @@ impl ProcessorHarness {
             .await?
             .unwrap_or_else(|| Lease::new(shard.clone(), Checkpoint::TrimHorizon));
         let lease = store.take(&observed, &worker).await?;
-        let tenure = Tenure::new(
+        let tenure = Arc::new(Tenure::new(
             lease,
             worker.clone(),
             Arc::new(store.client(worker.as_str())),
             Duration::from_secs(3600),
             Duration::from_secs(60),
             Instant::now(),
-        );
+        ));
         Ok(Self {
             store: store.clone(),
             shard,
-            checkpointer: Checkpointer::new(Arc::new(tenure)),
+            checkpointer: Checkpointer::new(tenure.clone()),
+            tenure,
         })
     }
 
@@ -85,7 +92,8 @@ impl ProcessorHarness {
     }
 
     /// Delivers `records` (in order, as one batch) and calls `process_records` with them.
-    /// An empty batch is refused: the worker never delivers one.
+    /// An empty batch is refused: the worker delivers one only on a quiet shard, which
+    /// [`process_empty`](Self::process_empty) does.
     pub async fn process(
         &mut self,
         processor: &mut impl RecordProcessor,
@@ -99,6 +107,42 @@ impl ProcessorHarness {
         processor
             .process_records(input, &mut self.checkpointer)
             .await
+    }
+
+    /// Calls `process_records` with an empty batch, as the worker does while a shard stays
+    /// quiet when [`empty_batch_interval`](crate::WorkerConfig::empty_batch_interval) is set:
+    /// a checkpoint then covers what was delivered before.
+    pub async fn process_empty(
+        &mut self,
+        processor: &mut impl RecordProcessor,
+    ) -> Result<(), BoxError> {
+        let input = ProcessRecordsInput::new(Vec::new(), None);
+        processor
+            .process_records(input, &mut self.checkpointer)
+            .await
+    }
+
+    /// Calls `shard_ended`, as the worker does once every record of a closed shard was
+    /// delivered, with `children` as the shard's child shards. Fails, as the worker would
+    /// (it restarts the shard), if the processor returned without checkpointing `SHARD_END`.
+    pub async fn shard_ended(
+        &mut self,
+        processor: &mut impl RecordProcessor,
+        children: Vec<ShardId>,
+    ) -> Result<(), BoxError> {
+        self.checkpointer.set_shard_end(children);
+        processor.shard_ended(&mut self.checkpointer).await?;
+        if self.checkpoint().await? != Checkpoint::ShardEnd {
+            return Err("shard_ended returned without checkpointing SHARD_END".into());
+        }
+        Ok(())
+    }
+
+    /// Takes the lease away, as another worker taking it does, and calls `lease_lost`: from
+    /// then on every checkpoint fails with [`CheckpointError::LeaseLost`](crate::CheckpointError::LeaseLost).
+    pub async fn lease_lost(&mut self, processor: &mut impl RecordProcessor) {
+        self.tenure.mark_lost();
+        processor.lease_lost().await;
     }
 
     /// Calls `shutdown_requested`, as a graceful shutdown or a handoff does.

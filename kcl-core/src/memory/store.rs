@@ -10,7 +10,7 @@ use super::faults::{Fate, Faults};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::feed::{FeedPosition, FeedRead};
 use crate::lease::usage::{self, Operation, Usage};
-use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
+use crate::lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
 use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
@@ -296,14 +296,15 @@ fn missing(operation: &'static str) -> BackendError {
 }
 
 impl LeaseStore for MemoryLeaseStore {
-    async fn ensure_table(&self) -> Result<(), BackendError> {
+    /// The owner index is always there; the feed unless [`set_feed(None)`](Self::set_feed).
+    async fn ensure_table(&self, wanted: TableFeatures) -> Result<TableFeatures, BackendError> {
         self.faults
             .enter(&self.client, Operation::EnsureTable.as_str(), true)
             .await?;
         let mut t = self.lock();
         t.exists = true;
         self.count(&t, Operation::EnsureTable, 0, 0.0, 0.0);
-        Ok(())
+        Ok(wanted.and(TableFeatures::ALL.with_change_feed(!t.no_feed)))
     }
 
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {

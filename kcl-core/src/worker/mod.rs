@@ -26,7 +26,7 @@ use self::shard_consumer::{Exit, ShardContext};
 use crate::config::WorkerConfig;
 use crate::coordination::is_coordination_key;
 use crate::error::{BackendError, ConfigError, Error};
-use crate::lease::LeaseStore;
+use crate::lease::{LeaseStore, TableFeatures};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
@@ -135,6 +135,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     pub async fn run(self) -> Result<(), Error> {
         let span = tracing::info_span!("worker", worker.id = %self.id);
         let result = self.run_inner().instrument(span).await;
+        // Whatever ended the run (an error too), tasks tied to the worker's shutdown stop.
+        self.handle.graceful.cancel();
         self.status.send_modify(|s| {
             s.phase = Phase::Stopped;
             s.held.clear();
@@ -149,14 +151,14 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         ::metrics::gauge!(crate::metrics::LEASES_HELD).set(0.0);
         let mut beat = tokio::time::interval(self.config.taker_interval);
         beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        if !self.ensure_table(&mut beat).await? {
+        let Some(table) = self.ensure_table(&mut beat).await? else {
             return Ok(());
-        }
+        };
         let Some(consumer) = self.ensure_consumer(&mut beat).await? else {
             return Ok(());
         };
         self.status.send_modify(|s| s.phase = Phase::Running);
-        tracing::info!("worker started");
+        self.log_start(table);
         let ctx = Arc::new(ShardContext::new(
             self.source.clone(),
             self.factory.clone(),
@@ -334,13 +336,44 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
     }
 
-    /// Creates the lease table, retrying transient failures. False if shut down meanwhile.
-    async fn ensure_table(&self, beat: &mut Interval) -> Result<bool, Error> {
+    /// Creates the lease table with what the coordination uses of it, retrying transient
+    /// failures. Returns the features the table serves; `None` if shut down meanwhile.
+    async fn ensure_table(&self, beat: &mut Interval) -> Result<Option<TableFeatures>, Error> {
+        let wanted = self.config.coordination.table_features();
         // Not bounded by the call timeout: a new table may take minutes to become usable.
         let ready = self.until_ready(beat, "the lease table is not usable yet", || {
-            Box::pin(self.store.ensure_table())
+            Box::pin(self.store.ensure_table(wanted))
         });
-        Ok(ready.await.map_err(Error::Store)?.is_some())
+        ready.await.map_err(Error::Store)
+    }
+
+    /// Says once how this worker runs, and what it costs more than it should when the table
+    /// lacks a feature the coordination uses.
+    fn log_start(&self, table: TableFeatures) {
+        let config = &self.config;
+        tracing::info!(
+            coordination = ?config.coordination,
+            liveness = ?config.liveness,
+            retrieval = ?config.retrieval,
+            failover_time = ?config.failover_time,
+            table.features = %table,
+            "worker started"
+        );
+        let wanted = config.coordination.table_features();
+        if wanted.owner_index && !table.owner_index {
+            tracing::warn!(
+                "the lease table has no owner index: this worker reads the whole table to find \
+                 its leases (every half failover time while it follows), which costs read units \
+                 per lease; let the store add the index, or add it where the table is managed"
+            );
+        }
+        if wanted.change_feed && !table.change_feed {
+            tracing::warn!(
+                "the lease table has no change feed: as leader or standby this worker reads the \
+                 whole table every taker interval; let the store enable the table's stream, or \
+                 enable it where the table is managed"
+            );
+        }
     }
 
     /// Under [`Retrieval::FanOut`](crate::Retrieval::FanOut), registers the stream consumer

@@ -44,9 +44,31 @@ impl ShutdownHandle {
         self.graceful.is_cancelled()
     }
 
-    /// Completes once shutdown was asked for.
+    /// Completes once shutdown was asked for, or the worker's `run` returned.
     pub async fn requested(&self) {
         self.graceful.cancelled().await;
+    }
+
+    /// A token cancelled when the worker shuts down, whatever the cause: a signal under
+    /// [`Worker::run_until_signal`], [`shutdown`](Self::shutdown), or `run` returning with an
+    /// error. Hand it to what must stop with the worker, such as
+    /// [`Singleton::run`](crate::coordination::Singleton::run), so that a process whose worker
+    /// stopped does not stay on as a singleton candidate. Cancelling the token itself does
+    /// not stop the worker (it is a child token).
+    ///
+    /// ```no_run
+    /// # async fn demo<S: kcl_core::ShardSource, L: kcl_core::LeaseStore, F: kcl_core::ProcessorFactory>(
+    /// #     worker: kcl_core::Worker<S, L, F>,
+    /// #     summary: kcl_core::coordination::Singleton<L>,
+    /// # ) -> Result<(), kcl_core::Error> {
+    /// let stop = worker.shutdown_handle().token();
+    /// let job = summary.run(stop, |lost| async move { lost.cancelled().await });
+    /// let (worked, ran) = tokio::join!(worker.run_until_signal(), job);
+    /// worked.and(ran)
+    /// # }
+    /// ```
+    pub fn token(&self) -> CancellationToken {
+        self.graceful.child_token()
     }
 }
 

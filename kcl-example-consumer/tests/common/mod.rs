@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::panic)]
 
 pub(crate) mod consumer;
+pub(crate) mod example;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -316,11 +316,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
         other => anyhow::bail!("invalid --retrieval {other}"),
     };
-    let leader = coordination == Coordination::Leader;
-    let mut store = DynamoDbLeaseStore::new(&sdk, args.table.clone()).with_owner_index(leader);
-    if leader {
-        store = store.with_change_feed(&sdk);
-    }
+    // As a user builds it: what the coordination uses of the table is the store's default.
+    let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
     let config = WorkerConfig::default()
         .failover_time(Duration::from_millis(args.failover_ms))
         .taker_interval(Duration::from_millis(args.taker_ms))

@@ -23,14 +23,23 @@
 //! - **RSS by shards** (`--only rss`, not in the default run): peak RSS of a worker holding 1,
 //!   25 and 100 idle shards, to tell what a worker costs at rest from what a shard adds.
 //!
+//! - **Bill** (`--only bill`, not in the default run; also needs `cargo build [--release] -p
+//!   kcl-example-consumer --example aws_consumer`): the DynamoDB requests of an idle minute of
+//!   five README examples over 8 shards, through a counting proxy (`meter`), priced on demand.
+//!   `--meter http://UPSTREAM [--meter-port P] [--after S] [--window S]` runs only the proxy,
+//!   for another program (KCL Java: `dynamoDBEndpoint = http://127.0.0.1:P`), and prints the
+//!   bill of the `window` seconds (default 60) after the first `after` (default 180).
+//!
 //! Timing comes from the workers' journals (wall-clock milliseconds, one machine), CPU and
 //! memory from `/proc`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bill;
 mod failover;
 mod footprint;
 mod latency;
+mod meter;
 
 use std::time::Duration;
 
@@ -42,6 +51,11 @@ struct Options {
     only: Option<String>,
     /// Records of each end-to-end run.
     e2e_records: usize,
+    /// `--meter`: only the counting proxy, in front of this endpoint.
+    meter: Option<String>,
+    meter_port: u16,
+    after: Duration,
+    window: Duration,
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -49,6 +63,10 @@ fn options() -> anyhow::Result<Options> {
         runs: 3,
         only: None,
         e2e_records: footprint::E2E_RECORDS,
+        meter: None,
+        meter_port: 0,
+        after: Duration::from_secs(180),
+        window: Duration::from_secs(60),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -70,12 +88,22 @@ fn options() -> anyhow::Result<Options> {
             "--only" => {
                 options.only = Some(
                     args.next()
-                        .context("--only failover|footprint|e2e|rss|latency")?,
+                        .context("--only failover|footprint|e2e|rss|latency|bill")?,
                 );
+            }
+            "--meter" => options.meter = Some(args.next().context("--meter http://host:port")?),
+            "--meter-port" => {
+                options.meter_port = args.next().context("--meter-port P")?.parse()?;
+            }
+            "--after" => {
+                options.after = Duration::from_secs(args.next().context("--after S")?.parse()?);
+            }
+            "--window" => {
+                options.window = Duration::from_secs(args.next().context("--window S")?.parse()?);
             }
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency)"
+                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency|bill, --meter URL [--meter-port P] [--after S] [--window S])"
                 )
             }
         }
@@ -108,6 +136,9 @@ fn seconds(d: Duration) -> String {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let options = options()?;
+    if let Some(upstream) = &options.meter {
+        return bill::meter_only(upstream, options.meter_port, options.after, options.window).await;
+    }
     let worker = worker_binary()?;
     let profile = if cfg!(debug_assertions) {
         "dev"
@@ -135,6 +166,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if options.only.as_deref() == Some("rss") {
         footprint::rss_table(&worker, options.runs).await?;
+    }
+    if options.only.as_deref() == Some("bill") {
+        bill::table(options.runs).await?;
     }
     Ok(())
 }
