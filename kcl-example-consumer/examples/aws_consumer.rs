@@ -30,8 +30,14 @@ async fn main() -> Result<(), BoxError> {
     let (Some(stream), Some(app)) = (args.next(), args.next()) else {
         return Err("usage: aws_consumer STREAM APPLICATION_NAME".into());
     };
+    // How the worker runs, and anything that costs more than it should, at start.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .init();
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = KinesisShardSource::new(&sdk, stream);
+    // The lease table, created on first start with what the fleet uses of it (the owner
+    // index and stream of the default `Coordination::Leader`).
     let leases = DynamoDbLeaseStore::new(&sdk, app);
     // The worker id defaults to `<hostname>-<pid>-<random>`; `.id(…)` sets another.
     let worker = Worker::builder(source, leases).build(|shard| Printer(shard.clone()))?;

@@ -302,6 +302,18 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) backend: String,
 
+    /// Who looks after the lease table: `managed` (the worker creates it on first start and
+    /// adds the owner index and the stream the leader mode uses; needs dynamodb:CreateTable
+    /// and dynamodb:UpdateTable) or `external` (made elsewhere, e.g. by Terraform: nothing is
+    /// created or changed; a missing table stops the worker with what to create).
+    #[arg(
+        long,
+        env = "KCL_TABLE_SETUP",
+        value_name = "SETUP",
+        default_value = "managed"
+    )]
+    pub(crate) table_setup: String,
+
     /// Print the effective settings, each with where it came from, and exit.
     #[arg(long)]
     pub(crate) print_config: bool,

@@ -200,13 +200,18 @@ impl Context {
     /// A lease store on this test's table that reads the table's stream as its change feed
     /// (served on the DynamoDB endpoint by moto and LocalStack).
     pub async fn store_with_feed(&self) -> DynamoDbLeaseStore {
+        self.store()
+            .with_change_feed_client(self.streams_client().await)
+    }
+
+    /// A DynamoDB Streams client on the emulator (moto serves it on the DynamoDB endpoint).
+    pub async fn streams_client(&self) -> aws_sdk_dynamodbstreams::Client {
         let sdk = sdk_config().await;
-        let streams = aws_sdk_dynamodbstreams::Client::from_conf(
+        aws_sdk_dynamodbstreams::Client::from_conf(
             aws_sdk_dynamodbstreams::config::Builder::from(&sdk)
                 .endpoint_url(&self.endpoints.dynamodb)
                 .build(),
-        );
-        self.store().with_change_feed_client(streams)
+        )
     }
 
     /// Environment for worker processes: endpoints, region, credentials, capped SDK retries.

@@ -5,9 +5,9 @@
 //! request (`GetRecords`, $0.02 per 100,000), not per row, so two observers cost a few
 //! requests a second whatever the number of leases.
 //!
-//! - **Turning it on.** [`ensure`] enables a `NEW_IMAGE` stream on a table that has none (a
-//!   table setting: KCL Java's rows and attributes are untouched, and KCL Java ignores the
-//!   stream). A table that already streams `NEW_AND_OLD_IMAGES` is used as it is; one that
+//! - **Turning it on.** `table::ensure` enables a `NEW_IMAGE` stream on a table that has none
+//!   (a table setting: KCL Java's rows and attributes are untouched, and KCL Java ignores the
+//!   stream); [`StreamFeed::adopt`] then takes the stream's ARN from the table. A table that already streams `NEW_AND_OLD_IMAGES` is used as it is; one that
 //!   streams keys or old images only cannot serve the feed, so its observers scan instead
 //!   (said once, at start).
 //! - **Position.** One cursor per stream shard: the shard iterator to read next (valid 15
@@ -20,17 +20,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
 
-use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::{AttributeValue, StreamSpecification, StreamViewType, TableStatus};
+use aws_sdk_dynamodb::types::{AttributeValue, StreamViewType, TableDescription};
 use aws_sdk_dynamodbstreams::types::{
     AttributeValue as StreamValue, OperationType, Record, ShardIteratorType,
 };
 use kcl_core::lease::feed::{Change, FeedPosition, FeedRead};
 use kcl_core::lease::usage::{Operation, Usage};
 use kcl_core::{BackendError, ErrorKind, ShardId};
-use tokio::time::{Instant, sleep};
 
 use super::schema::{self, LEASE_KEY};
 use crate::error::backend_error;
@@ -48,7 +45,7 @@ const MAX_PAGES: usize = 10;
 pub(crate) struct StreamFeed {
     client: aws_sdk_dynamodbstreams::Client,
     table: String,
-    /// The stream's ARN, once [`ensure`] found or made a stream that shows new images.
+    /// The stream's ARN, once [`adopt`](Self::adopt) found a stream that shows new images.
     arn: Mutex<Option<String>>,
 }
 
@@ -68,78 +65,31 @@ impl StreamFeed {
             .clone()
     }
 
-    /// Enables the table's stream unless it has a usable one (and `enable` allows), waits until
-    /// the table is `ACTIVE` again (at most `wait`) and remembers the stream. Returns whether
-    /// the feed can be read. See the module docs.
-    pub(crate) async fn ensure(
-        &self,
-        client: &Client,
-        wait: Duration,
-        enable: bool,
-    ) -> Result<bool, BackendError> {
-        let deadline = Instant::now() + wait;
-        let what = format!("lease table {}", self.table);
-        let mut enabled = false;
-        loop {
-            let described = client
-                .describe_table()
-                .table_name(&self.table)
-                .send()
-                .await
-                .map_err(|e| backend_error("ensure_table", &what, e))?;
-            let table = described.table();
-            let spec = table.and_then(|t| t.stream_specification());
-            let active = table.and_then(|t| t.table_status()) == Some(&TableStatus::Active);
-            let arn = table.and_then(|t| t.latest_stream_arn());
-            match spec.map(|s| (s.stream_enabled(), s.stream_view_type())) {
-                Some((true, Some(StreamViewType::NewImage | StreamViewType::NewAndOldImages))) => {
-                    if let (true, Some(arn)) = (active, arn) {
-                        *self.arn.lock().unwrap_or_else(PoisonError::into_inner) =
-                            Some(arn.to_owned());
-                        return Ok(true);
-                    }
-                }
-                Some((true, view)) => {
-                    tracing::warn!(
-                        table = %self.table, view = ?view,
-                        "the lease table's stream shows no new images; observers read the table instead"
-                    );
-                    return Ok(false);
-                }
-                _ if !enable => return Ok(false),
-                _ if !enabled => {
-                    self.enable(client, &what).await?;
-                    enabled = true;
-                    continue;
-                }
-                _ => {}
+    /// Remembers the stream of `table` if it can serve the feed (enabled, showing new images);
+    /// returns whether it can. See the module docs.
+    pub(crate) fn adopt(&self, table: &TableDescription) -> bool {
+        let spec = table.stream_specification();
+        let arn = table.latest_stream_arn();
+        match (
+            spec.map(|s| (s.stream_enabled(), s.stream_view_type())),
+            arn,
+        ) {
+            (
+                Some((true, Some(StreamViewType::NewImage | StreamViewType::NewAndOldImages))),
+                Some(arn),
+            ) => {
+                *self.arn.lock().unwrap_or_else(PoisonError::into_inner) = Some(arn.to_owned());
+                true
             }
-            if Instant::now() >= deadline {
-                return Err(BackendError::new(
-                    ErrorKind::Retryable,
-                    "ensure_table",
-                    format!("{what}: its stream is not ready after {wait:?}"),
-                ));
+            (Some((true, view)), _) => {
+                tracing::warn!(
+                    table = %self.table, view = ?view,
+                    "the lease table's stream shows no new images; observers read the table instead"
+                );
+                false
             }
-            sleep(Duration::from_millis(200)).await;
+            _ => false,
         }
-    }
-
-    async fn enable(&self, client: &Client, what: &str) -> Result<(), BackendError> {
-        let spec = StreamSpecification::builder()
-            .stream_enabled(true)
-            .stream_view_type(StreamViewType::NewImage)
-            .build()
-            .map_err(|e| BackendError::new(ErrorKind::Fatal, "ensure_table", e.to_string()))?;
-        tracing::info!(table = %self.table, "enabling the lease table's stream (NEW_IMAGE)");
-        client
-            .update_table()
-            .table_name(&self.table)
-            .stream_specification(spec)
-            .send()
-            .await
-            .map_err(|e| backend_error("ensure_table", what, e))?;
-        Ok(())
     }
 
     /// One read of the feed; see the module docs.

@@ -450,38 +450,34 @@ impl LeaseStore for DynamoDbLeaseStore {
     /// checkpoints; the stream is free to have, and its reads are billed per request.
     async fn ensure_table(&self, wanted: TableFeatures) -> Result<TableFeatures, BackendError> {
         let manage = self.setup == TableSetup::Managed;
+        if wanted.change_feed && self.feed.is_none() {
+            tracing::info!(
+                table = %self.table,
+                "no change feed: the store was built from a DynamoDB client alone \
+                 (`with_change_feed_client` gives it a DynamoDB Streams client)"
+            );
+        }
+        let shape = table::Shape {
+            create: manage,
+            add_index: manage && wanted.owner_index,
+            enable_stream: manage && wanted.change_feed && self.feed.is_some(),
+        };
         let found = table::ensure(
             &self.client,
             &self.table,
             self.billing,
             self.table_wait,
-            manage,
+            shape,
         );
-        let mut found = found.await?;
-        let mut served = TableFeatures::NONE;
-        if wanted.change_feed {
-            let feed = match &self.feed {
-                Some(feed) => feed.ensure(&self.client, self.table_wait, manage).await?,
-                None => {
-                    tracing::info!(
-                        table = %self.table,
-                        "no change feed: the store was built from a DynamoDB client alone \
-                         (`with_change_feed_client` gives it a DynamoDB Streams client)"
-                    );
-                    false
-                }
-            };
-            served = served.with_change_feed(feed);
-        }
+        let found = found.await?;
+        let feed = wanted.change_feed && self.feed.as_ref().is_some_and(|f| f.adopt(&found));
+        let index = wanted.owner_index && table::has_owner_index(&found);
         if wanted.owner_index {
-            if manage && !table::has_owner_index(&found) {
-                found = table::add_owner_index(&self.client, &self.table, self.billing).await?;
-            }
-            let present = table::has_owner_index(&found);
-            self.index.found(present);
-            served = served.with_owner_index(present);
+            self.index.found(index);
         }
-        Ok(served)
+        Ok(TableFeatures::NONE
+            .with_owner_index(index)
+            .with_change_feed(feed))
     }
 
     async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {

@@ -11,7 +11,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, CreateGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate,
     KeySchemaElement, KeyType, Projection, ProjectionType, ProvisionedThroughput,
-    ScalarAttributeType, TableDescription, TableStatus,
+    ScalarAttributeType, StreamSpecification, StreamViewType, TableDescription, TableStatus,
 };
 use kcl_core::{BackendError, ErrorKind};
 use tokio::time::{Instant, sleep};
@@ -46,27 +46,79 @@ fn polls() -> impl Iterator<Item = Duration> {
     })
 }
 
-/// Waits until `table` is `ACTIVE`, at most `wait`, creating it first if it is missing and
-/// `create` allows; returns its description.
+/// What [`ensure`] may do to the table beyond waiting for it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Shape {
+    /// Create it if it is missing.
+    pub(crate) create: bool,
+    /// Add the `leaseOwner` index if it lacks one.
+    pub(crate) add_index: bool,
+    /// Enable a `NEW_IMAGE` stream if it has none.
+    pub(crate) enable_stream: bool,
+}
+
+/// A change `ensure` makes, one at a time (DynamoDB takes one per `UpdateTable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    Stream,
+    Index,
+}
+
+/// The changes asked for, and those given up on (refused for good: no permission).
+#[derive(Debug, Default)]
+struct Changes {
+    asked: Vec<Change>,
+    given_up: Vec<Change>,
+}
+
+impl Changes {
+    /// The next change `table` still needs, unless asked for already or given up on.
+    fn next(&self, shape: Shape, table: &TableDescription) -> Option<Change> {
+        let streaming = table
+            .stream_specification()
+            .is_some_and(|s| s.stream_enabled());
+        let wanted = [
+            (Change::Stream, shape.enable_stream && !streaming),
+            (Change::Index, shape.add_index && !has_owner_index(table)),
+        ];
+        wanted
+            .into_iter()
+            .find(|(c, needed)| *needed && !self.asked.contains(c) && !self.given_up.contains(c))
+            .map(|(c, _)| c)
+    }
+}
+
+/// Waits until `table` is `ACTIVE` and shaped as `shape` allows, at most `wait`: creates it if
+/// missing, then adds the stream and the index one at a time, waiting for `ACTIVE` between
+/// them. Workers starting together race for these changes: a change refused because the table
+/// is busy (another worker's) is looked at again once the table is `ACTIVE`, and one refused
+/// for good (no permission) is given up with a warning, the table used without it. Returns the
+/// table's description.
 pub(crate) async fn ensure(
     client: &Client,
     table: &str,
     billing: TableBilling,
     wait: Duration,
-    create: bool,
+    shape: Shape,
 ) -> Result<TableDescription, BackendError> {
     let deadline = Instant::now() + wait;
     let what = format!("lease table {table}");
     let mut created = false;
+    let mut changes = Changes::default();
     let mut polls = polls();
     loop {
         match client.describe_table().table_name(table).send().await {
             Ok(out) => {
-                let description = out.table.as_ref();
-                let keys = description.and_then(|d| d.key_schema.as_deref());
-                check_key_schema(table, keys.unwrap_or_default())?;
-                match description.and_then(|d| d.table_status.as_ref()) {
-                    Some(TableStatus::Active) => return Ok(described(out.table)),
+                let description = described(out.table);
+                check_key_schema(table, description.key_schema())?;
+                match description.table_status() {
+                    Some(TableStatus::Active) => match changes.next(shape, &description) {
+                        None => return Ok(description),
+                        Some(change) => {
+                            change_table(client, table, billing, change, &mut changes).await?;
+                            continue;
+                        }
+                    },
                     Some(TableStatus::Creating | TableStatus::Updating | TableStatus::Deleting)
                     | None => {}
                     Some(other) => {
@@ -82,7 +134,7 @@ pub(crate) async fn ensure(
                 if Cause::of(&e) != Cause::NotFound {
                     return Err(backend_error(OPERATION, &what, e));
                 }
-                if !create {
+                if !shape.create {
                     return Err(BackendError::new(
                         ErrorKind::Fatal,
                         OPERATION,
@@ -112,6 +164,62 @@ pub(crate) async fn ensure(
     }
 }
 
+/// Asks for one change. Busy (another worker's change under way): looked at again once the
+/// table is `ACTIVE`. Refused for good: given up, with a warning.
+async fn change_table(
+    client: &Client,
+    table: &str,
+    billing: TableBilling,
+    change: Change,
+    changes: &mut Changes,
+) -> Result<(), BackendError> {
+    let result = match change {
+        Change::Stream => enable_stream(client, table).await,
+        Change::Index => add_owner_index(client, table, billing).await,
+    };
+    match result {
+        Ok(()) => {
+            let done = match change {
+                Change::Stream => "enabled the lease table's stream (NEW_IMAGE)",
+                Change::Index => {
+                    "adding the leaseOwner index (DynamoDB builds it in the background)"
+                }
+            };
+            tracing::info!(table, "{done}");
+            changes.asked.push(change);
+        }
+        Err(error) if error.kind().is_transient() => {
+            tracing::debug!(%error, ?change, "the lease table is busy; looking again");
+        }
+        Err(error) => {
+            let feature = match change {
+                Change::Stream => "enabling the lease table's stream",
+                Change::Index => "adding the leaseOwner index",
+            };
+            tracing::warn!(%error, "{feature} failed; continuing without it");
+            changes.given_up.push(change);
+        }
+    }
+    Ok(())
+}
+
+/// Enables a `NEW_IMAGE` stream, the change feed's source (see `feed`).
+async fn enable_stream(client: &Client, table: &str) -> Result<(), BackendError> {
+    let spec = StreamSpecification::builder()
+        .stream_enabled(true)
+        .stream_view_type(StreamViewType::NewImage)
+        .build()
+        .map_err(|e| BackendError::new(ErrorKind::Fatal, OPERATION, e.to_string()))?;
+    client
+        .update_table()
+        .table_name(table)
+        .stream_specification(spec)
+        .send()
+        .await
+        .map_err(|e| backend_error(OPERATION, format!("lease table {table}"), e))?;
+    Ok(())
+}
+
 /// A table's description, or an empty one where an answer carried none.
 fn described(table: Option<TableDescription>) -> TableDescription {
     table.unwrap_or_else(|| TableDescription::builder().build())
@@ -126,14 +234,13 @@ pub(crate) fn has_owner_index(table: &TableDescription) -> bool {
 }
 
 /// Adds the `leaseOwner` index as KCL Java 3.x does (`leaseOwner` hash, `leaseKey` range, keys
-/// only) and returns the table's description after it. Does not wait for it: DynamoDB builds
-/// it in the background, and until then `owned_by` reads the table. A refusal (no permission,
-/// the table busy with another update) is logged and the table returned without the index.
-pub(crate) async fn add_owner_index(
+/// only). Does not wait for it to be built: DynamoDB backfills it in the background (minutes
+/// on a large table), and until then `owned_by` reads the table.
+async fn add_owner_index(
     client: &Client,
     table: &str,
     billing: TableBilling,
-) -> Result<TableDescription, BackendError> {
+) -> Result<(), BackendError> {
     let what = format!("lease table {table}");
     let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
         BackendError::new(ErrorKind::Fatal, OPERATION, e.to_string())
@@ -174,7 +281,6 @@ pub(crate) async fn add_owner_index(
                 .map_err(invalid)?,
         );
     }
-    tracing::info!(table, index = OWNER_INDEX, "adding the leaseOwner index");
     let added = client
         .update_table()
         .table_name(table)
@@ -187,18 +293,9 @@ pub(crate) async fn add_owner_index(
         )
         .send()
         .await;
-    match added {
-        Ok(out) => Ok(described(out.table_description)),
-        // Another worker adding it at the same moment (then it is there), the table busy, or
-        // no permission: `owned_by` copes without it, and the next start looks again.
-        Err(e) => {
-            let error = backend_error(OPERATION, &what, e);
-            tracing::warn!(%error, "adding the leaseOwner index failed; continuing without it");
-            let described = client.describe_table().table_name(table).send().await;
-            let described = described.map_err(|e| backend_error(OPERATION, &what, e))?;
-            Ok(self::described(described.table))
-        }
-    }
+    added
+        .map(drop)
+        .map_err(|e| backend_error(OPERATION, &what, e))
 }
 
 fn check_key_schema(table: &str, keys: &[KeySchemaElement]) -> Result<(), BackendError> {

@@ -57,6 +57,7 @@ pub(crate) const KEYS: &[&str] = &[
     "log_format",
     "log_filter",
     "backend",
+    "table_setup",
 ];
 
 /// Where a value came from.
@@ -140,6 +141,26 @@ impl Backend {
     }
 }
 
+/// Who looks after the lease table (kcl-aws's `TableSetup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "aws"), allow(dead_code))]
+pub(crate) enum TableSetup {
+    /// Created and given its index and stream by the workers.
+    Managed,
+    /// Made and changed elsewhere.
+    External,
+}
+
+impl TableSetup {
+    fn parse(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "managed" => Ok(Self::Managed),
+            "external" => Ok(Self::External),
+            _ => Err(format!("expected managed or external, got {s:?}")),
+        }
+    }
+}
+
 /// Everything `run` needs, validated.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -163,6 +184,9 @@ pub(crate) struct Settings {
     pub(crate) log_filter: String,
     /// Backends.
     pub(crate) backend: Backend,
+    /// Who looks after the lease table (used by the AWS backend only).
+    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
+    pub(crate) table_setup: TableSetup,
     /// The fleet's summary job, if configured.
     pub(crate) summary: Option<Summary>,
     /// Each key's effective value (as text) and origin, for `--print-config`.
@@ -431,6 +455,9 @@ fn build(
         return Err(v.fail("log_filter", one_line(&e.to_string())));
     }
     let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
+    let table_setup = v
+        .parsed("table_setup", TableSetup::parse)?
+        .unwrap_or(TableSetup::Managed);
     let summary = summary(&v)?;
 
     Ok(Settings {
@@ -444,6 +471,7 @@ fn build(
         log_format,
         log_filter,
         backend,
+        table_setup,
         summary,
         effective: v.0,
     })

@@ -143,6 +143,17 @@ fn toml_datetimes_are_accepted_for_the_timestamp() {
 }
 
 #[test]
+fn the_table_is_managed_unless_external_is_asked_for() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.table_setup, TableSetup::Managed);
+    let s = resolve_ok(&[REQUIRED, &["--table-setup", "external"]].concat(), None);
+    assert_eq!(s.table_setup, TableSetup::External);
+    let e = resolve_err(&[REQUIRED, &["--table-setup", "terraform"]].concat(), None);
+    assert_eq!(e.key, "table_setup");
+    assert!(e.to_string().contains("managed or external"), "{e}");
+}
+
+#[test]
 fn coordination_is_leader_unless_every_worker_is_asked_for() {
     let s = resolve_ok(REQUIRED, None);
     assert_eq!(s.worker.coordination, Coordination::Leader);
