@@ -27,7 +27,11 @@
 //! core's [`ErrorKind`](kcl_core::ErrorKind): a failed condition is a conflict (a lost lease),
 //! throttling is throttling, an expired iterator is reopened by the core, a missing stream or
 //! table is fatal and named in the message.
+//!
+//! What the lease table will cost a fleet, by mode and next to KCL Java 3.x's bill, is in
+//! [`cost`].
 
+pub mod cost;
 pub mod dynamodb;
 mod error;
 pub mod kinesis;

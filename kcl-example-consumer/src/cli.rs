@@ -55,6 +55,30 @@ pub(crate) enum Command {
     /// Probe a running consumer's health endpoint and exit 0 if it answers 200: a container
     /// health check for images without a shell or curl (distroless, ECS).
     Healthcheck(HealthcheckArgs),
+    /// What the lease table will cost a fleet each month on on-demand DynamoDB, in each
+    /// coordination mode, next to KCL Java 3.x's bill for the same fleet (an idle stream;
+    /// checkpoints are extra and the same in every mode).
+    Cost(CostArgs),
+}
+
+/// Options of `cost`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct CostArgs {
+    /// Shards of the stream (leases).
+    #[arg(long)]
+    pub(crate) shards: u32,
+
+    /// Workers of the fleet.
+    #[arg(long)]
+    pub(crate) workers: u32,
+
+    /// The fleet's failover time.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) failover_time: std::time::Duration,
+
+    /// Average size of a lease row in bytes (multi-stream keys are longer: about 330).
+    #[arg(long, default_value = "267")]
+    pub(crate) row_bytes: u32,
 }
 
 /// Options of `healthcheck`.

@@ -5,6 +5,7 @@
 
 mod backends;
 mod cli;
+mod cost;
 mod demo;
 #[cfg(feature = "aws")]
 mod demo_aws;
@@ -54,6 +55,7 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::Healthcheck(args)) => http::healthcheck(&args),
+        Some(Command::Cost(args)) => cost::print(&args),
         Some(Command::Run(_)) | None => {
             let run_matches = matches.subcommand_matches("run").unwrap_or(&matches);
             let file = match run_matches.get_one::<String>("config") {

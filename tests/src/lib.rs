@@ -14,6 +14,7 @@
 
 pub mod fixture;
 pub mod journal;
+pub mod meter;
 pub mod process;
 pub mod tracker;
 
@@ -227,13 +228,10 @@ impl Context {
                 self.endpoints.dynamodb.clone(),
             ),
             // The lease table's stream (Coordination::Leader): served on the same port by
-            // moto and LocalStack.
+            // moto and LocalStack (and through a request meter standing in front of it).
             (
                 "AWS_ENDPOINT_URL_DYNAMODB_STREAMS".into(),
-                or(
-                    "AWS_ENDPOINT_URL_DYNAMODB_STREAMS",
-                    &self.endpoints.dynamodb,
-                ),
+                self.endpoints.dynamodb.clone(),
             ),
             ("AWS_REGION".into(), or("AWS_REGION", "us-east-1")),
             ("AWS_ACCESS_KEY_ID".into(), or("AWS_ACCESS_KEY_ID", "test")),

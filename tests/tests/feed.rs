@@ -48,6 +48,17 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         "a store without a feed has none"
     );
 
+    // A table of at most 12 KB is read whole rather than followed (it costs less): fill it
+    // past that, and read it whole once so that the store knows.
+    assert_eq!(store.changes(None).await?, FeedRead::Unavailable);
+    for i in 0..150 {
+        let filler = Lease::new(
+            ShardId::new(format!("filler-{i:04}")),
+            Checkpoint::TrimHorizon,
+        );
+        store.create(&filler).await?;
+    }
+    store.snapshot().await?;
     let FeedRead::Restart(start) = store.changes(None).await? else {
         anyhow::bail!("a first read restarts");
     };

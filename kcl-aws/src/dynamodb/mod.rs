@@ -327,6 +327,9 @@ impl DynamoDbLeaseStore {
             }
         }
         leases.sort_by(|a, b| a.key.cmp(&b.key));
+        if let Some(feed) = &self.feed {
+            feed.table_read(leases.iter().map(kcl_core::lease::usage::item_size).sum());
+        }
         Ok(leases)
     }
 

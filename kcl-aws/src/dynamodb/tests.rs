@@ -3,7 +3,7 @@
 //! Error answers are raw HTTP responses with DynamoDB's JSON error body, so they go through
 //! the SDK's real deserializer, as an answer from DynamoDB would.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
 
@@ -313,4 +313,83 @@ async fn owned_by_queries_the_owner_index_and_reads_the_table_without_it() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Throttled);
     assert_eq!(scan.num_calls(), 0);
+}
+
+#[tokio::test]
+async fn a_small_table_is_read_whole_rather_than_followed_through_its_stream() {
+    use aws_sdk_dynamodb::types::{StreamSpecification, StreamViewType, TableDescription};
+    use aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamOutput;
+    use aws_sdk_dynamodbstreams::operation::get_records::GetRecordsOutput;
+    use aws_sdk_dynamodbstreams::operation::get_shard_iterator::GetShardIteratorOutput;
+    use aws_sdk_dynamodbstreams::types::{Shard, StreamDescription};
+    use kcl_core::lease::feed::FeedRead;
+
+    let arn = "arn:aws:dynamodb:us-east-1:000000000000:table/app/stream/1";
+    let described = mock!(aws_sdk_dynamodbstreams::Client::describe_stream).then_output(|| {
+        let shard = Shard::builder().shard_id("shardId-1").build();
+        let stream = StreamDescription::builder().shards(shard).build();
+        DescribeStreamOutput::builder()
+            .stream_description(stream)
+            .build()
+    });
+    let iterator = mock!(aws_sdk_dynamodbstreams::Client::get_shard_iterator).then_output(|| {
+        GetShardIteratorOutput::builder()
+            .shard_iterator("it-1")
+            .build()
+    });
+    let records = mock!(aws_sdk_dynamodbstreams::Client::get_records).then_output(|| {
+        GetRecordsOutput::builder()
+            .next_shard_iterator("it-2")
+            .build()
+    });
+    let interceptor = MockResponseInterceptor::new()
+        .rule_mode(RuleMode::MatchAny)
+        .with_rule(&described)
+        .with_rule(&iterator)
+        .with_rule(&records);
+    let streams = aws_sdk_dynamodbstreams::Client::from_conf(
+        aws_sdk_dynamodbstreams::Config::builder()
+            .behavior_version(aws_sdk_dynamodbstreams::config::BehaviorVersion::latest())
+            .region(aws_sdk_dynamodbstreams::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_dynamodbstreams::config::Credentials::new(
+                "test", "test", None, None, "test",
+            ))
+            .http_client(create_mock_http_client())
+            .interceptor(interceptor)
+            .build(),
+    );
+    let store = store(&[]).with_change_feed_client(streams);
+    let feed = store.feed.clone().unwrap();
+    let spec = StreamSpecification::builder()
+        .stream_enabled(true)
+        .stream_view_type(StreamViewType::NewImage)
+        .build()
+        .unwrap();
+    let table = TableDescription::builder()
+        .stream_specification(spec)
+        .latest_stream_arn(arn)
+        .build();
+    assert!(feed.adopt(&table));
+
+    // Not read yet, or 8 KB: a whole read costs less than a GetRecords.
+    assert_eq!(store.changes(None).await.unwrap(), FeedRead::Unavailable);
+    feed.table_read(8 * 1024);
+    assert_eq!(store.changes(None).await.unwrap(), FeedRead::Unavailable);
+    assert_eq!(described.num_calls(), 0, "the stream is not looked at");
+    // Over 12 KB: the stream.
+    feed.table_read(13 * 1024);
+    let FeedRead::Restart(position) = store.changes(None).await.unwrap() else {
+        panic!("a table over 12 KB is followed through its stream");
+    };
+    assert_eq!(described.num_calls(), 1);
+    // Back under 12 KB but over 8 KB: still followed; under 8 KB: read whole again.
+    feed.table_read(10 * 1024);
+    let followed = store.changes(Some(&position)).await.unwrap();
+    assert!(matches!(followed, FeedRead::Changes(..)), "{followed:?}");
+    assert_eq!(records.num_calls(), 1);
+    feed.table_read(7 * 1024);
+    assert_eq!(
+        store.changes(Some(&position)).await.unwrap(),
+        FeedRead::Unavailable
+    );
 }

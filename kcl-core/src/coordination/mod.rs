@@ -66,6 +66,7 @@ pub use self::config::{MAX_STANDBYS, SingletonConfig};
 pub use self::context::{FencingToken, TaskContext};
 pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
+pub(crate) use self::take::Sighting;
 use crate::error::{ConfigError, Error};
 use crate::lease::observer::Observer;
 use crate::lease::{LeaseStore, TableFeatures};
@@ -125,6 +126,9 @@ pub struct Singleton<L> {
     clock: Clock,
     /// Where the running instance takes messages, if anywhere.
     messenger: Option<Arc<dyn Messenger>>,
+    /// The row as this process last read it elsewhere (a worker's standby reads the whole
+    /// table anyway): a poll uses a fresh sighting instead of reading the row again.
+    sighting: Option<Arc<take::Sighting>>,
 }
 
 /// A wall clock: `Utc::now` unless a test or simulation says otherwise.
@@ -192,6 +196,7 @@ impl<L: LeaseStore> Singleton<L> {
             polled: watch::Sender::new(false),
             clock: Arc::new(chrono::Utc::now),
             messenger: None,
+            sighting: None,
         })
     }
 
@@ -227,6 +232,12 @@ impl<L: LeaseStore> Singleton<L> {
     #[must_use]
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Polls use what `sighting` saw of the row while it is fresh (see [`take::Sighting`]).
+    pub(crate) fn with_sighting(mut self, sighting: Arc<take::Sighting>) -> Self {
+        self.sighting = Some(sighting);
         self
     }
 

@@ -6,6 +6,15 @@
 //! rows are given up all the time (each time a standby moves up), so this would not be
 //! rare. A take is therefore always awaited (it is bounded by the failover time), and a row
 //! taken after shutdown came is released at once.
+//!
+//! A candidate whose process reads the row anyway (a worker's standby follows the whole table
+//! every taker interval) is handed those reads as a [`Sighting`] and polls without a read of
+//! its own while one is fresh: the standby's leader candidate would otherwise read the leader
+//! row every second, 60 read units a minute for every fleet. A sighting is never newer than
+//! the row: expiry judged on it can only come later, and the take stays conditional.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -26,16 +35,25 @@ impl<L: LeaseStore> Singleton<L> {
         observer: &mut Observer,
         shutdown: &CancellationToken,
     ) -> Result<Option<(Lease, Instant)>, BackendError> {
-        let row = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return Ok(None),
-            row = self.read() => row?,
+        // Two polls' worth: the worker's cycles and this candidate's polls share a period but
+        // not a phase.
+        let sighted = self
+            .sighting
+            .as_ref()
+            .and_then(|s| s.fresh(self.poll_interval() * 2));
+        let (row, seen) = match sighted {
+            Some((row, at)) => (Some(row), at),
+            None => tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(None),
+                row = self.read() => (row?, Instant::now()),
+            },
         };
         let Some(row) = row else {
             return Ok(None);
         };
         let now = Instant::now();
-        observer.update(std::slice::from_ref(&row), now);
+        observer.update(std::slice::from_ref(&row), seen);
         self.holder.send_if_modified(|h| {
             let changed = *h != row.owner;
             h.clone_from(&row.owner);
@@ -79,5 +97,24 @@ impl<L: LeaseStore> Singleton<L> {
             return Ok(Some(row));
         }
         bounded(limit, "get", self.store.get(&self.key)).await
+    }
+}
+
+/// The row as another part of this process last read it, and when.
+#[derive(Debug, Default)]
+pub(crate) struct Sighting(Mutex<Option<(Lease, Instant)>>);
+
+impl Sighting {
+    /// `row` was read at `at`.
+    pub(crate) fn saw(&self, row: Lease, at: Instant) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((row, at));
+    }
+
+    /// The last sighting, if it is at most `within` old.
+    fn fresh(&self, within: Duration) -> Option<(Lease, Instant)> {
+        let seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.as_ref()
+            .filter(|(_, at)| at.elapsed() <= within)
+            .cloned()
     }
 }

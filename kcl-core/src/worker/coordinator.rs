@@ -251,8 +251,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
                 self.solved();
+                let now = Instant::now();
+                if observing {
+                    state.roles.saw(&leases, now);
+                }
                 // The observer watches coordination rows too: heartbeats decide expiry.
-                state.observer.update(&leases, Instant::now());
+                state.observer.update(&leases, now);
                 state.heartbeats = leases
                     .iter()
                     .filter_map(|l| heartbeat_of(&l.key).map(|w| (w, l.clone())))

@@ -21,12 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::WorkerConfig;
-use crate::coordination::{RESERVED, Singleton, SingletonConfig};
-use crate::lease::LeaseStore;
+use crate::coordination::{COORDINATION_PREFIX, RESERVED, Sighting, Singleton, SingletonConfig};
+use crate::lease::{Lease, LeaseStore};
 use crate::types::WorkerId;
 
 /// What this worker does in the fleet's coordination.
@@ -44,6 +45,8 @@ pub(super) enum Role {
 pub(super) struct Roles {
     leader: watch::Receiver<bool>,
     standby: watch::Receiver<bool>,
+    /// The leader row as this worker's reads of the table show it, for its leader candidate.
+    leader_row: Arc<Sighting>,
     stop: CancellationToken,
     /// Aborted when dropped: a worker that crashes (its future dropped) stops competing.
     tasks: Vec<AbortOnDropHandle<()>>,
@@ -72,6 +75,7 @@ impl Roles {
         Self {
             leader: watch::Sender::new(false).subscribe(),
             standby: watch::Sender::new(false).subscribe(),
+            leader_row: Arc::default(),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
         }
@@ -83,24 +87,30 @@ impl Roles {
         store: Arc<L>,
         config: &WorkerConfig,
     ) -> Self {
-        let singleton_config = SingletonConfig::default()
+        let mut singleton_config = SingletonConfig::default()
             .failover_time(config.failover_time)
             .poll_interval(config.failover_time * 2)
             // The roles stand in line themselves (below).
             .standbys(0);
+        // Renewed every half failover time, as heartbeats are (four attempts, a failed one
+        // retried every eighth, before the row's validity runs out): a third fewer writes for
+        // two rows every fleet pays for, whatever its size.
+        singleton_config.renew_interval = config.failover_time / 2;
         let fast = config.taker_interval;
         let slow = config.failover_time * 6;
         let (leader_tx, leader) = watch::channel(false);
         let (standby_tx, standby) = watch::channel(false);
         let stop = CancellationToken::new();
         let mut tasks = Vec::new();
+        let leader_row = Arc::new(Sighting::default());
         let candidates = (
             Singleton::named(
                 RESERVED[0],
                 me.clone(),
                 store.clone(),
                 singleton_config.clone(),
-            ),
+            )
+            .map(|s| s.with_sighting(leader_row.clone())),
             Singleton::named(RESERVED[1], me.clone(), store, singleton_config),
         );
         let (lead, stand_by) = match candidates {
@@ -160,8 +170,20 @@ impl Roles {
         Self {
             leader,
             standby,
+            leader_row,
             stop,
             tasks,
+        }
+    }
+
+    /// This worker read the whole table at `at`: its leader candidate, polling every taker
+    /// interval while this worker stands by, takes the leader row from it instead of reading
+    /// the row again.
+    pub(super) fn saw(&self, leases: &[Lease], at: Instant) {
+        let leader_row =
+            |l: &&Lease| l.key.as_str().strip_prefix(COORDINATION_PREFIX) == Some(RESERVED[0]);
+        if let Some(row) = leases.iter().find(leader_row) {
+            self.leader_row.saw(row.clone(), at);
         }
     }
 

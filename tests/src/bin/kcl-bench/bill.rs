@@ -1,8 +1,8 @@
-//! The bill of an idle minute, read off real requests: five processes of the README's example
-//! (`examples/aws_consumer.rs`, every default) on an 8-shard stream, their DynamoDB and
-//! DynamoDB Streams requests through the [`Meter`]; or, with `--meter`, any other program
-//! pointed at the meter (KCL Java's MultiLangDaemon with `dynamoDBEndpoint`), measured the same
-//! way.
+//! The bill of an idle minute, read off real requests: five processes on an 8-shard stream,
+//! their DynamoDB and DynamoDB Streams requests through the [`Meter`]: the README's example
+//! (`examples/aws_consumer.rs`, every default), and the binary with heartbeats
+//! (`kcl-example-consumer run --liveness heartbeat`). With `--meter`, any other program pointed
+//! at the meter (KCL Java's MultiLangDaemon with `dynamoDBEndpoint`) is measured the same way.
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -13,7 +13,7 @@ use kcl_core::{LeaseStore as _, ShardId};
 use kcl_integration_tests::{Context, count_by_owner, wait_until};
 use tokio::time::Instant;
 
-use crate::meter::{Cost, Meter};
+use kcl_integration_tests::meter::{Cost, Meter};
 
 const SHARDS: usize = 8;
 const WORKERS: usize = 5;
@@ -23,20 +23,57 @@ const QUIET: Duration = Duration::from_secs(30);
 /// The measured window.
 const WINDOW: Duration = Duration::from_secs(60);
 
-/// `target/<profile>/examples/aws_consumer`, next to this binary's folder.
-fn example_binary() -> anyhow::Result<std::path::PathBuf> {
-    let me = std::env::current_exe()?;
-    let path = me
-        .parent()
-        .context("no folder")?
-        .join("examples")
-        .join("aws_consumer");
-    anyhow::ensure!(
-        path.exists(),
-        "{} is missing: `cargo build [--release] -p kcl-example-consumer --example aws_consumer`",
-        path.display()
-    );
-    Ok(path)
+/// What runs as the five processes.
+#[derive(Debug, Clone, Copy)]
+enum Program {
+    /// `target/<profile>/examples/aws_consumer STREAM TABLE`.
+    ReadmeExample,
+    /// `target/<profile>/kcl-example-consumer run … --liveness heartbeat`.
+    BinaryWithHeartbeats,
+}
+
+impl Program {
+    fn name(self) -> &'static str {
+        match self {
+            Self::ReadmeExample => "the README's example (every default)",
+            Self::BinaryWithHeartbeats => "kcl-example-consumer run --liveness heartbeat",
+        }
+    }
+
+    /// The command for one process on `ctx`'s stream and table.
+    fn command(self, ctx: &Context) -> anyhow::Result<Command> {
+        let folder = std::env::current_exe()?;
+        let folder = folder.parent().context("no folder")?;
+        let (path, build) = match self {
+            Self::ReadmeExample => (
+                folder.join("examples").join("aws_consumer"),
+                "-p kcl-example-consumer --example aws_consumer",
+            ),
+            Self::BinaryWithHeartbeats => (
+                folder.join("kcl-example-consumer"),
+                "-p kcl-example-consumer",
+            ),
+        };
+        anyhow::ensure!(
+            path.exists(),
+            "{} is missing: `cargo build [--release] {build}`",
+            path.display()
+        );
+        let mut command = Command::new(path);
+        match self {
+            Self::ReadmeExample => command.args([&ctx.stream, &ctx.table]),
+            Self::BinaryWithHeartbeats => command
+                .args([
+                    "run",
+                    "--stream",
+                    &ctx.stream,
+                    "--application-name",
+                    &ctx.table,
+                ])
+                .args(["--listen", "127.0.0.1:0", "--liveness", "heartbeat"]),
+        };
+        Ok(command)
+    }
 }
 
 /// Kills the examples when dropped.
@@ -51,19 +88,18 @@ impl Drop for Fleet {
     }
 }
 
-/// One idle minute of the README's example, five processes over eight shards: costs by
-/// request kind (the table's own name replaced by `lease table`).
-async fn run_once() -> anyhow::Result<BTreeMap<(String, String, bool), Cost>> {
+/// One idle minute of `program`, five processes over eight shards: costs by request kind (the
+/// table's own name replaced by `lease table`).
+async fn run_once(program: Program) -> anyhow::Result<BTreeMap<(String, String, bool), Cost>> {
     let ctx = Context::new("bill")
         .await?
         .context("the emulators are not running: eval \"$(localstack/emulator up)\"")?;
     ctx.create_stream(i32::try_from(SHARDS)?).await?;
     let meter = Meter::start(&ctx.endpoints.dynamodb, 0).await?;
-    let binary = example_binary()?;
     let mut fleet = Fleet(Vec::new());
     for _ in 0..WORKERS {
-        let child = Command::new(&binary)
-            .args([&ctx.stream, &ctx.table])
+        let child = program
+            .command(&ctx)?
             .envs(ctx.worker_env())
             .env("AWS_ENDPOINT_URL_DYNAMODB", meter.url())
             .env("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", meter.url())
@@ -111,12 +147,20 @@ async fn run_once() -> anyhow::Result<BTreeMap<(String, String, bool), Cost>> {
         .collect())
 }
 
-/// Prints the bill of one idle minute, the median run's by total cost, of `runs`.
+/// Prints the bill of one idle minute of each program, the median run's by total cost, of
+/// `runs`.
 pub(crate) async fn table(runs: usize) -> anyhow::Result<()> {
+    for program in [Program::ReadmeExample, Program::BinaryWithHeartbeats] {
+        program_table(program, runs).await?;
+    }
+    Ok(())
+}
+
+async fn program_table(program: Program, runs: usize) -> anyhow::Result<()> {
     let mut measured = Vec::new();
     for run in 0..runs.max(1) {
-        eprintln!("bill: run {} of {runs}", run + 1);
-        measured.push(run_once().await?);
+        eprintln!("bill: {}, run {} of {runs}", program.name(), run + 1);
+        measured.push(run_once(program).await?);
     }
     let total = |by: &BTreeMap<(String, String, bool), Cost>| {
         by.values()
@@ -130,7 +174,8 @@ pub(crate) async fn table(runs: usize) -> anyhow::Result<()> {
         .collect();
     let median = &measured[measured.len() / 2];
     println!(
-        "\n### Idle minute: the README's example, {WORKERS} processes, {SHARDS} shards (median of {runs}: {})\n",
+        "\n### Idle minute: {}, {WORKERS} processes, {SHARDS} shards (median of {runs}: {})\n",
+        program.name(),
         totals.join(", ")
     );
     print_costs(median, WINDOW);

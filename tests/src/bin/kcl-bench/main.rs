@@ -24,8 +24,9 @@
 //!   25 and 100 idle shards, to tell what a worker costs at rest from what a shard adds.
 //!
 //! - **Bill** (`--only bill`, not in the default run; also needs `cargo build [--release] -p
-//!   kcl-example-consumer --example aws_consumer`): the DynamoDB requests of an idle minute of
-//!   five README examples over 8 shards, through a counting proxy (`meter`), priced on demand.
+//!   kcl-example-consumer --bins --examples`): the DynamoDB requests of an idle minute of five
+//!   README examples over 8 shards, then of five binaries with heartbeats, through a counting
+//!   proxy (`kcl_integration_tests::meter`), priced on demand.
 //!   `--meter http://UPSTREAM [--meter-port P] [--after S] [--window S]` runs only the proxy,
 //!   for another program (KCL Java: `dynamoDBEndpoint = http://127.0.0.1:P`), and prints the
 //!   bill of the `window` seconds (default 60) after the first `after` (default 180).
@@ -39,7 +40,6 @@ mod bill;
 mod failover;
 mod footprint;
 mod latency;
-mod meter;
 
 use std::time::Duration;
 

@@ -6,8 +6,8 @@
 //! Units are computed as DynamoDB bills them on demand, from what each request did: a write
 //! (`PutItem`, `UpdateItem`, `DeleteItem`) of a lease row (all under 1 KB) is one write unit; a
 //! `GetItem` one read unit, half if eventually consistent; a `Scan` or `Query` one unit per 4 KB
-//! returned (half if eventually consistent; sizes taken from the wire JSON, which
-//! overestimates); a DynamoDB Streams `GetRecords` one streams read request; control-plane
+//! returned (half if eventually consistent; items sized as DynamoDB sizes them: names plus
+//! values, see [`item_bytes`]); a DynamoDB Streams `GetRecords` one streams read request; control-plane
 //! calls (`DescribeTable`, `DescribeStream`, `GetShardIterator`) nothing.
 
 use std::collections::BTreeMap;
@@ -27,15 +27,15 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 /// On-demand prices, us-east-1, since November 2024: dollars per million units.
-pub(crate) const READ_PRICE: f64 = 0.125;
+pub const READ_PRICE: f64 = 0.125;
 /// Dollars per million write request units.
-pub(crate) const WRITE_PRICE: f64 = 0.625;
+pub const WRITE_PRICE: f64 = 0.625;
 /// DynamoDB Streams: dollars per million `GetRecords` requests ($0.02 per 100,000).
-pub(crate) const STREAM_PRICE: f64 = 0.20;
+pub const STREAM_PRICE: f64 = 0.20;
 
 /// One request as the meter saw it.
 #[derive(Debug, Clone)]
-pub(crate) struct Call {
+pub struct Call {
     at: Instant,
     /// `UpdateItem`, `GetRecords`, …
     operation: String,
@@ -48,11 +48,15 @@ pub(crate) struct Call {
 
 /// What one kind of request cost over a window.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Cost {
-    pub(crate) requests: u64,
-    pub(crate) read_units: f64,
-    pub(crate) write_units: f64,
-    pub(crate) stream_reads: u64,
+pub struct Cost {
+    /// Requests.
+    pub requests: u64,
+    /// Read units, as DynamoDB bills them on demand.
+    pub read_units: f64,
+    /// Write units.
+    pub write_units: f64,
+    /// DynamoDB Streams `GetRecords` requests.
+    pub stream_reads: u64,
 }
 
 impl Cost {
@@ -73,7 +77,7 @@ impl Cost {
     }
 
     /// Dollars this cost, per month of 730 hours, if it recurred every `window_seconds`.
-    pub(crate) fn monthly(&self, window_seconds: f64) -> f64 {
+    pub fn monthly(&self, window_seconds: f64) -> f64 {
         let per_window = self.read_units * READ_PRICE
             + self.write_units * WRITE_PRICE
             + f64::from(u32::try_from(self.stream_reads).unwrap_or(u32::MAX)) * STREAM_PRICE;
@@ -83,15 +87,16 @@ impl Cost {
 
 /// The proxy: its address, and the calls it has seen.
 #[derive(Debug, Clone)]
-pub(crate) struct Meter {
-    pub(crate) addr: SocketAddr,
+pub struct Meter {
+    /// Where it listens.
+    pub addr: SocketAddr,
     calls: Arc<Mutex<Vec<Call>>>,
 }
 
 impl Meter {
     /// Listens on `port` of 127.0.0.1 (0: a free one) and forwards to `upstream`
     /// (`http://host:port`).
-    pub(crate) async fn start(upstream: &str, port: u16) -> anyhow::Result<Self> {
+    pub async fn start(upstream: &str, port: u16) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let calls = Arc::new(Mutex::new(Vec::new()));
@@ -120,12 +125,12 @@ impl Meter {
     }
 
     /// `http://` URL of the proxy.
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
     /// The calls seen from `from` on, by (operation, resource, consistent read).
-    pub(crate) fn since(&self, from: Instant) -> BTreeMap<(String, String, bool), Cost> {
+    pub fn since(&self, from: Instant) -> BTreeMap<(String, String, bool), Cost> {
         let calls = self.calls.lock().unwrap_or_else(PoisonError::into_inner);
         let mut by = BTreeMap::<_, Cost>::new();
         for call in calls.iter().filter(|c| c.at >= from) {
@@ -192,11 +197,11 @@ async fn relay(
     parts.headers.remove(hyper::header::TRANSFER_ENCODING);
     parts.headers.remove(hyper::header::CONTENT_LENGTH);
     let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    let returned = ["Items", "Item", "Records"]
-        .iter()
-        .filter_map(|field| answer.get(field))
-        .map(|items| items.to_string().len())
-        .sum();
+    let returned = match (answer.get("Items"), answer.get("Item")) {
+        (Some(serde_json::Value::Array(items)), _) => items.iter().map(item_bytes).sum(),
+        (_, Some(item)) => item_bytes(item),
+        _ => 0,
+    };
     let call = Call {
         at,
         resource: resource(&sent),
@@ -219,5 +224,70 @@ fn resource(sent: &serde_json::Value) -> String {
         (Some(table), None) => table.to_owned(),
         (None, _) if stream => "stream".to_owned(),
         (None, _) => "-".to_owned(),
+    }
+}
+
+/// The size DynamoDB bills for an item in its wire JSON (`{"name": {"S": "…"}, …}`): each
+/// attribute's name plus its value (strings and binaries their length, numbers about a byte per
+/// two digits plus one, sets their members, lists and maps 3 bytes plus their members and a
+/// byte each).
+pub fn item_bytes(item: &serde_json::Value) -> usize {
+    let Some(attributes) = item.as_object() else {
+        return 0;
+    };
+    attributes
+        .iter()
+        .map(|(name, value)| name.len() + value_bytes(value))
+        .sum()
+}
+
+fn value_bytes(typed: &serde_json::Value) -> usize {
+    let Some((kind, value)) = typed.as_object().and_then(|o| o.iter().next()) else {
+        return 0;
+    };
+    fn text(v: &serde_json::Value) -> usize {
+        v.as_str().map_or(0, str::len)
+    }
+    fn number(v: &serde_json::Value) -> usize {
+        v.as_str().map_or(1, |n| n.len().div_ceil(2) + 1)
+    }
+    fn members(v: &serde_json::Value) -> &[serde_json::Value] {
+        v.as_array().map_or(&[][..], Vec::as_slice)
+    }
+    match kind.as_str() {
+        "S" | "B" => text(value),
+        "N" => number(value),
+        "BOOL" | "NULL" => 1,
+        "SS" | "BS" => members(value).iter().map(text).sum(),
+        "NS" => members(value).iter().map(number).sum(),
+        "L" => {
+            3 + members(value)
+                .iter()
+                .map(|v| value_bytes(v) + 1)
+                .sum::<usize>()
+        }
+        "M" => {
+            let entries = value.as_object().into_iter().flatten();
+            3 + entries
+                .map(|(name, v)| name.len() + value_bytes(v) + 1)
+                .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_are_sized_as_dynamodb_sizes_them() {
+        let item = serde_json::json!({
+            "leaseKey": {"S": "shardId-000000000000"},
+            "leaseCounter": {"N": "1234"},
+            "parentShardId": {"SS": ["shardId-1", "shardId-2"]},
+        });
+        // 8 + 20, 12 + 3, 13 + 18.
+        assert_eq!(item_bytes(&item), 74);
     }
 }
