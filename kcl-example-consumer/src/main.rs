@@ -9,19 +9,17 @@ mod cost;
 mod demo;
 #[cfg(feature = "aws")]
 mod demo_aws;
-mod http;
 mod settings;
 mod summary;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::FromArgMatches;
-use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, ShutdownHandle, Signals, Worker};
+use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker};
 use kcl_example_consumer::{StdoutSink, WindowCounter};
+use kcl_serve as http;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
 use crate::settings::{FileValues, LogFormat, Settings};
@@ -46,7 +44,9 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Demo(args)) => {
-            if let Err(e) = init_logging(&args.log_format, &args.log_filter) {
+            let format = LogFormat::parse(&args.log_format)
+                .map_err(|e| format!("invalid setting `log-format`: {e}"));
+            if let Err(e) = format.and_then(|f| http::init_logging(f, &args.log_filter)) {
                 return fail(&e, EXIT_USAGE);
             }
             match runtime.block_on(demo::run(args)) {
@@ -54,7 +54,12 @@ fn main() -> ExitCode {
                 Err(e) => fail(&format!("{e:#}"), 1),
             }
         }
-        Some(Command::Healthcheck(args)) => http::healthcheck(&args),
+        Some(Command::Healthcheck(args)) => {
+            match http::healthcheck(&args.listen, &args.path, args.timeout) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e, 1),
+            }
+        }
         Some(Command::Cost(args)) => cost::print(&args),
         Some(Command::Run(_)) | None => {
             let run_matches = matches.subcommand_matches("run").unwrap_or(&matches);
@@ -72,11 +77,7 @@ fn main() -> ExitCode {
             if run_matches.get_flag("print_config") {
                 return print_config(&settings);
             }
-            let format = match settings.log_format {
-                LogFormat::Pretty => "pretty",
-                LogFormat::Json => "json",
-            };
-            if let Err(e) = init_logging(format, &settings.log_filter) {
+            if let Err(e) = http::init_logging(settings.log_format, &settings.log_filter) {
                 return fail(&e, EXIT_USAGE);
             }
             match runtime.block_on(backends::run(settings)) {
@@ -101,29 +102,6 @@ fn fail(message: &str, code: u8) -> ExitCode {
 fn print_config(settings: &Settings) -> ExitCode {
     print!("{}", settings.to_toml());
     ExitCode::SUCCESS
-}
-
-/// Installs the global tracing subscriber: logs go to stderr, stdout carries window lines.
-fn init_logging(format: &str, filter: &str) -> Result<(), String> {
-    let filter = EnvFilter::builder()
-        .parse(filter)
-        .map_err(|e| format!("invalid setting `log-filter`: {e}"))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result =
-        match LogFormat::parse(format).map_err(|e| format!("invalid setting `log-format`: {e}"))? {
-            LogFormat::Pretty => builder
-                .with_ansi(std::io::stderr().is_terminal())
-                .try_init(),
-            LogFormat::Json => builder
-                .json()
-                .flatten_event(true)
-                .with_current_span(true)
-                .with_span_list(false)
-                .try_init(),
-        };
-    result.map_err(|e| format!("cannot install the logger: {e}"))
 }
 
 /// The processor factory of `run`: one [`WindowCounter`] per shard, printing to stdout.
@@ -184,7 +162,7 @@ where
         http::server::Limits::default(),
     ));
     let forced = CancellationToken::new();
-    let signals = tokio::spawn(on_signals(
+    let signals = tokio::spawn(http::on_signals(
         worker.shutdown_handle(),
         forced.clone(),
         settings.worker.shutdown_timeout,
@@ -227,27 +205,4 @@ where
             Ok(ExitCode::from(130))
         }
     }
-}
-
-/// First SIGTERM or SIGINT: graceful shutdown (and the summary job handed back). Second:
-/// force.
-async fn on_signals(
-    handle: ShutdownHandle,
-    forced: CancellationToken,
-    deadline: Duration,
-    summary: CancellationToken,
-) {
-    let mut signals = Signals::new();
-    let first = signals.recv().await;
-    summary.cancel();
-    tracing::info!(
-        signal = first,
-        deadline = %humantime::format_duration(deadline),
-        "shutting down: processors checkpoint and leases are handed back; signal again to force"
-    );
-    handle.shutdown();
-    let second = signals.recv().await;
-    tracing::warn!(signal = second, "forcing shutdown");
-    handle.force();
-    forced.cancel();
 }

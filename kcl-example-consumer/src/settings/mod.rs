@@ -103,24 +103,7 @@ fn origin_suffix(key: &str, origin: Option<&Origin>) -> String {
     }
 }
 
-/// Output format of the logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LogFormat {
-    /// Human-readable, colored on a terminal.
-    Pretty,
-    /// One JSON object per line.
-    Json,
-}
-
-impl LogFormat {
-    pub(crate) fn parse(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "pretty" | "text" => Ok(Self::Pretty),
-            "json" => Ok(Self::Json),
-            _ => Err(format!("expected pretty or json, got {s:?}")),
-        }
-    }
-}
+pub(crate) use kcl_serve::LogFormat;
 
 /// Where `run` reads the stream and keeps its leases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -584,19 +567,7 @@ impl fmt::Display for Origin {
 
 /// `$POD_NAME` (Kubernetes downward API), else `<hostname>-<pid>`.
 pub(crate) fn default_worker_id() -> String {
-    if let Some(pod) = std::env::var("POD_NAME")
-        .ok()
-        .filter(|p| !p.trim().is_empty())
-    {
-        return pod.trim().to_owned();
-    }
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}-{}", std::process::id())
+    kcl_serve::default_worker_id(|name| std::env::var(name).ok())
 }
 
 #[cfg(test)]

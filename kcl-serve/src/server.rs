@@ -38,15 +38,15 @@ use tower::ServiceExt;
 
 /// What the server allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limits {
+pub struct Limits {
     /// Connections open at once. 256: a probe endpoint needs a handful (the kubelet, a
     /// scraper, a person), and 256 stays far below even a 1,024 file-descriptor limit.
-    pub(crate) max_connections: usize,
+    pub max_connections: usize,
     /// Time to receive a request's headers (and the idle time of a kept-alive connection).
     /// 5 s: a probe or a scraper sends its headers in milliseconds.
-    pub(crate) header_timeout: Duration,
+    pub header_timeout: Duration,
     /// Time to answer a request. 10 s: rendering any of the endpoints takes milliseconds.
-    pub(crate) request_timeout: Duration,
+    pub request_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -60,12 +60,12 @@ impl Default for Limits {
 }
 
 /// Serves `router` on a bound `listener` until `stop` resolves; see the module docs.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     router: Router,
     stop: impl Future<Output = ()> + Send + 'static,
     limits: Limits,
-) -> anyhow::Result<()> {
+) -> std::io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /status");
     }
@@ -272,7 +272,7 @@ impl Drop for Slot {
 
 /// Raises this process's soft limit of open files to its hard limit, so that a burst of
 /// connections runs into the server's own limit long before the kernel's.
-pub(crate) fn raise_open_file_limit() {
+pub fn raise_open_file_limit() {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => tracing::debug!(limit, "open file limit"),
         Err(error) => tracing::debug!(%error, "cannot raise the open file limit"),
@@ -280,10 +280,27 @@ pub(crate) fn raise_open_file_limit() {
 }
 
 /// Binds the listen address first, so that a bad `listen` fails before the worker starts.
-pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| anyhow::anyhow!("invalid setting `listen`: cannot listen on {addr}: {e}"))
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Why serving could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listen address cannot be bound.
+    #[error("invalid setting `listen`: cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Prometheus recorder could not be installed (one is installed already).
+    #[error("cannot install the metrics recorder")]
+    Metrics(#[from] metrics_exporter_prometheus::BuildError),
 }
 
 #[cfg(test)]

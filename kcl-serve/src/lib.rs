@@ -1,4 +1,9 @@
-//! Health and metrics over HTTP: `/healthz`, `/readyz`, `/metrics`, `/status`.
+//! # kcl-serve
+//!
+//! What a deployable process running a kcl worker serves and how it starts and stops: health
+//! and metrics over HTTP (`/healthz`, `/readyz`, `/metrics`, `/status`), the logger, and
+//! graceful shutdown on signals. Shared by `kcl-example-consumer` and `kcl-multilang`, and
+//! meant for any binary built on kcl.
 //!
 //! - `/healthz` (liveness) fails when the worker's coordinator loop has not gone round for
 //!   [`Probes::liveness`]: the loop itself is stuck, and only a restart helps.
@@ -10,7 +15,11 @@
 //!
 //! The server itself is in [`server`]: hardened against clients that never finish a request.
 
-pub(crate) mod server;
+pub mod server;
+mod signals;
+
+pub use server::ServeError;
+pub use signals::{LogFormat, init_logging, on_signals};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,19 +35,36 @@ use metrics_util::MetricKindMask;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The worker id a deployed process uses unless told otherwise: `POD_NAME` (the Kubernetes
+/// downward API), else `<HOSTNAME>-<pid>` (the host name from `/etc/hostname` when the
+/// variable is unset). `env` looks up a variable: the binary passes
+/// `|name| std::env::var(name).ok()`; this library reads no environment of its own.
+pub fn default_worker_id(env: impl Fn(&str) -> Option<String>) -> String {
+    if let Some(pod) = env("POD_NAME").filter(|p| !p.trim().is_empty()) {
+        return pod.trim().to_owned();
+    }
+    let host = env("HOSTNAME")
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
 /// How old the worker's heartbeat and last cycle may be before a probe fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Probes {
+pub struct Probes {
     /// `/healthz` fails when the coordinator loop has not gone round for this long:
     /// 10 taker cycles, at least 30 s (a loop that is merely busy beats every cycle).
-    pub(crate) liveness: Duration,
+    pub liveness: Duration,
     /// `/readyz` fails when no taker cycle completed for this long: 3 taker cycles plus the
     /// call timeout (one slow lease-table read must not flap readiness).
-    pub(crate) readiness: Duration,
+    pub readiness: Duration,
 }
 
 impl Probes {
-    pub(crate) fn for_worker(config: &WorkerConfig) -> Self {
+    /// The probes' limits for a worker running with `config`.
+    pub fn for_worker(config: &WorkerConfig) -> Self {
         Self {
             liveness: (config.taker_interval * 10).max(Duration::from_secs(30)),
             readiness: config.taker_interval * 3 + config.call_timeout,
@@ -49,7 +75,7 @@ impl Probes {
 /// Installs the global Prometheus recorder, describes kcl's metrics and keeps histograms
 /// drained. Counters and gauges not refreshed for `stale_after` are dropped (see the module
 /// docs). Call once, inside the runtime.
-pub(crate) fn install_metrics(stale_after: Duration) -> anyhow::Result<PrometheusHandle> {
+pub fn install_metrics(stale_after: Duration) -> Result<PrometheusHandle, ServeError> {
     let handle = PrometheusBuilder::new()
         .set_buckets(&[
             0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -93,7 +119,7 @@ struct AppState {
 }
 
 /// The router; `status` is the worker's [`status`](kcl_core::Worker::status) watch.
-pub(crate) fn router(
+pub fn router(
     worker_id: String,
     status: watch::Receiver<Status>,
     metrics: PrometheusHandle,
@@ -112,50 +138,41 @@ pub(crate) fn router(
         })
 }
 
-/// `healthcheck`: GET `path` on `listen` with a blocking socket; success on a 200.
-#[allow(clippy::print_stderr)]
-pub(crate) fn healthcheck(args: &crate::cli::HealthcheckArgs) -> std::process::ExitCode {
+/// A probe for a container's `HEALTHCHECK`: GET `path` on `listen` (an unspecified address
+/// means this host) with a blocking socket, within `timeout`; `Ok` on a 200, else what
+/// happened.
+pub fn healthcheck(listen: &str, path: &str, timeout: Duration) -> Result<(), String> {
     use std::io::{Read, Write};
-    let probe = || -> Result<u16, String> {
-        let mut addr: SocketAddr = args
-            .listen
-            .trim()
-            .parse()
-            .map_err(|e| format!("invalid setting `listen`: {e}"))?;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-        }
-        let mut conn = std::net::TcpStream::connect_timeout(&addr, args.timeout)
-            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        conn.set_read_timeout(Some(args.timeout))
-            .and_then(|()| conn.set_write_timeout(Some(args.timeout)))
-            .map_err(|e| e.to_string())?;
-        write!(
-            conn,
-            "GET {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n",
-            args.path
-        )
-        .map_err(|e| format!("cannot send the request: {e}"))?;
-        let mut head = [0u8; 64];
-        let n = conn
-            .read(&mut head)
-            .map_err(|e| format!("no answer: {e}"))?;
-        String::from_utf8_lossy(&head[..n])
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .ok_or_else(|| "not an HTTP answer".to_owned())
-    };
-    match probe() {
-        Ok(200) => std::process::ExitCode::SUCCESS,
-        Ok(code) => {
-            eprintln!("{} answered {code}", args.path);
-            std::process::ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("healthcheck failed: {e}");
-            std::process::ExitCode::FAILURE
-        }
+    let mut addr: SocketAddr = listen
+        .trim()
+        .parse()
+        .map_err(|e| format!("invalid setting `listen`: {e}"))?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    conn.set_read_timeout(Some(timeout))
+        .and_then(|()| conn.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("cannot send the request: {e}"))?;
+    let mut head = [0u8; 64];
+    let n = conn
+        .read(&mut head)
+        .map_err(|e| format!("no answer: {e}"))?;
+    let code: u16 = String::from_utf8_lossy(&head[..n])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| "not an HTTP answer".to_owned())?;
+    if code == 200 {
+        Ok(())
+    } else {
+        Err(format!("{path} answered {code}"))
     }
 }
 

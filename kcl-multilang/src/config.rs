@@ -1,0 +1,753 @@
+//! The Java daemon's properties, mapped onto kcl.
+//!
+//! Every key KCL Java 3.x's MultiLangDaemon reads is in [`KEYS`]: either mapped (to the
+//! [`WorkerConfig`], the lease store, the AWS clients or the child processes) or known to have
+//! no equivalent here, said once at start with the reason. A key nobody knows gets a warning
+//! naming it, and the known key it resembles (the Java daemon ignores such a key silently).
+//! Keys are case-sensitive, as the Java daemon's are, but for `AwsCredentialsProvider`. A
+//! required key missing, or a value that does not parse, is an error naming the key; the
+//! binary exits with status 2 for it. Unlike the Java daemon, `AwsCredentialsProvider` may be
+//! left out: the standard AWS chain is then used.
+//!
+//! Defaults are the Java daemon's, not kcl's, wherever the two differ and the key exists:
+//! `initialPositionInStream` is `LATEST` and `retrievalMode` is `FANOUT`, as in KCL Java 3.x.
+//! kcl's own modes have keys of their own (`coordination`, `liveness`, `tableSetup`).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kcl_core::{Coordination, InitialPosition, Liveness, Retrieval, WorkerConfig};
+
+use crate::child::ChildCommand;
+use crate::properties::Properties;
+
+/// A key of the properties file that is missing or wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid property `{key}`: {reason}")]
+pub struct KeyError {
+    /// The key, as the Java daemon spells it.
+    pub key: &'static str,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn key_error(key: &'static str, reason: impl Into<String>) -> KeyError {
+    KeyError {
+        key,
+        reason: reason.into(),
+    }
+}
+
+/// How the daemon finds AWS credentials (`AwsCredentialsProvider`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// The standard chain: environment, profile, web identity, container, instance profile.
+    DefaultChain,
+    /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN` only.
+    Environment,
+    /// A named profile of the shared config files (`None`: the default profile).
+    Profile(Option<String>),
+}
+
+/// Where the lease table's shape is looked after (`tableSetup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableSetup {
+    /// Created and given what the coordination uses, as kcl-aws does by default.
+    Managed,
+    /// Managed elsewhere: nothing is created or changed.
+    External,
+}
+
+/// How the lease table is billed when the daemon creates it (`billingMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Billing {
+    /// `PAY_PER_REQUEST`, the default.
+    OnDemand,
+    /// `PROVISIONED`, with `initialLeaseTableReadCapacity` / `…WriteCapacity`.
+    Provisioned {
+        /// Read capacity units.
+        read: i64,
+        /// Write capacity units.
+        write: i64,
+    },
+}
+
+/// Everything the daemon runs with.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// The application's child processes.
+    pub command: ChildCommand,
+    /// The stream: a name or an ARN.
+    pub stream: String,
+    /// The application (the fan-out consumer's name, and the lease table's by default).
+    pub application_name: String,
+    /// The lease table.
+    pub table_name: String,
+    /// The AWS region, if given (else from the stream ARN, else the standard chain).
+    pub region: Option<String>,
+    /// Kinesis endpoint override.
+    pub kinesis_endpoint: Option<String>,
+    /// DynamoDB endpoint override.
+    pub dynamodb_endpoint: Option<String>,
+    /// Where credentials come from.
+    pub credentials: Credentials,
+    /// This worker's id.
+    pub worker_id: String,
+    /// Who looks after the lease table.
+    pub table_setup: TableSetup,
+    /// How a lease table the daemon creates is billed.
+    pub billing: Billing,
+    /// The worker's settings.
+    pub worker: WorkerConfig,
+    /// Keys given that have no effect here, each with why: logged once at start.
+    pub ignored: Vec<(String, &'static str)>,
+    /// Keys given that nobody knows, each with the known key it resembles (other capitals):
+    /// logged once at start.
+    pub unknown: Vec<(String, Option<&'static str>)>,
+}
+
+/// What becomes of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// Read; the text says into what.
+    Mapped(&'static str),
+    /// Not read; the text says why.
+    Ignored(&'static str),
+}
+
+/// Every key of KCL Java 3.x's MultiLangDaemon, and kcl's own, with what becomes of it.
+pub const KEYS: &[(&str, Use)] = &[
+    (
+        "executableName",
+        Use::Mapped("the child process: program and arguments, split at spaces"),
+    ),
+    (
+        "streamName",
+        Use::Mapped("the stream (`streamArn` wins when both are given)"),
+    ),
+    (
+        "streamArn",
+        Use::Mapped("the stream; its region is the default region"),
+    ),
+    (
+        "applicationName",
+        Use::Mapped("the lease table's name, and the fan-out consumer's"),
+    ),
+    (
+        "tableName",
+        Use::Mapped("the lease table's name (default: applicationName)"),
+    ),
+    ("regionName", Use::Mapped("the AWS region")),
+    ("kinesisEndpoint", Use::Mapped("the Kinesis endpoint")),
+    (
+        "dynamoDBEndpoint",
+        Use::Mapped("the DynamoDB endpoint (and DynamoDB Streams', off AWS)"),
+    ),
+    (
+        "AwsCredentialsProvider",
+        Use::Mapped("where credentials come from"),
+    ),
+    (
+        "AwsCredentialsProviderDynamoDB",
+        Use::Ignored("kcl uses one credentials provider: AwsCredentialsProvider"),
+    ),
+    (
+        "AwsCredentialsProviderCloudWatch",
+        Use::Ignored("no CloudWatch: metrics are served on --listen"),
+    ),
+    (
+        "workerId",
+        Use::Mapped("the worker id (default: $POD_NAME, else <hostname>-<pid>)"),
+    ),
+    (
+        "initialPositionInStream",
+        Use::Mapped("where a shard without a checkpoint starts (default LATEST)"),
+    ),
+    (
+        "initialPositionInStreamExtended",
+        Use::Mapped("AT_TIMESTAMP's timestamp, epoch milliseconds or RFC 3339"),
+    ),
+    ("failoverTimeMillis", Use::Mapped("failover_time")),
+    ("maxRecords", Use::Mapped("max_records")),
+    (
+        "idleTimeBetweenReadsInMillis",
+        Use::Mapped("idle_time_between_reads"),
+    ),
+    (
+        "callProcessRecordsEvenForEmptyRecordList",
+        Use::Mapped("empty_batch_interval = idleTimeBetweenReadsInMillis"),
+    ),
+    (
+        "parentShardPollIntervalMillis",
+        Use::Mapped("parent_poll_interval"),
+    ),
+    (
+        "shardSyncIntervalMillis",
+        Use::Mapped("shard_sync_interval"),
+    ),
+    ("maxLeasesForWorker", Use::Mapped("max_leases")),
+    (
+        "maxLeasesToStealAtOneTime",
+        Use::Mapped("max_leases_to_steal"),
+    ),
+    (
+        "taskBackoffTimeMillis",
+        Use::Mapped("min_backoff (a failed shard's first retry)"),
+    ),
+    (
+        "shutdownGraceMillis",
+        Use::Mapped("shutdown_timeout, when above 0 (else kcl's 30 s)"),
+    ),
+    (
+        "timeoutInSeconds",
+        Use::Mapped("how long a child may take to answer a message"),
+    ),
+    (
+        "retrievalMode",
+        Use::Mapped("FANOUT (default, consumer named applicationName) or POLLING"),
+    ),
+    (
+        "billingMode",
+        Use::Mapped("how a lease table the daemon creates is billed"),
+    ),
+    (
+        "initialLeaseTableReadCapacity",
+        Use::Mapped("read capacity of a PROVISIONED lease table"),
+    ),
+    (
+        "initialLeaseTableWriteCapacity",
+        Use::Mapped("write capacity of a PROVISIONED lease table"),
+    ),
+    (
+        "coordination",
+        Use::Mapped("kcl: leader (default) or every-worker"),
+    ),
+    (
+        "liveness",
+        Use::Mapped("kcl: per-lease (default) or heartbeat"),
+    ),
+    (
+        "tableSetup",
+        Use::Mapped("kcl: managed (default) or external"),
+    ),
+    (
+        "processingLanguage",
+        Use::Ignored("only names the language in KCL Java's user agent"),
+    ),
+    (
+        "maxActiveThreads",
+        Use::Ignored("kcl runs each shard as a task, not on a thread pool"),
+    ),
+    (
+        "metricsLevel",
+        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
+    ),
+    (
+        "metricsEnabledDimensions",
+        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
+    ),
+    (
+        "metricsBufferTimeMillis",
+        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
+    ),
+    (
+        "metricsMaxQueueSize",
+        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
+    ),
+    (
+        "cloudWatchEndpoint",
+        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
+    ),
+    (
+        "cleanupLeasesUponShardCompletion",
+        Use::Ignored("finished leases are always deleted, 5 minutes after their children started"),
+    ),
+    (
+        "validateSequenceNumberBeforeCheckpointing",
+        Use::Ignored("a checkpoint is always checked against what was delivered"),
+    ),
+    (
+        "skipShardSyncAtStartupIfLeasesExist",
+        Use::Ignored("the shard sync at start is one ListShards call"),
+    ),
+    (
+        "shardPrioritization",
+        Use::Ignored("shards are served concurrently, parents before children"),
+    ),
+    (
+        "maxLeaseRenewalThreads",
+        Use::Ignored("renewals are tasks, not threads"),
+    ),
+    (
+        "maxGetRecordsThreadPool",
+        Use::Ignored("reads are tasks, not threads"),
+    ),
+    (
+        "retryGetRecordsInSeconds",
+        Use::Ignored("reads retry with kcl's backoff"),
+    ),
+    (
+        "listShardsBackoffTimeInMillis",
+        Use::Ignored("ListShards retries with kcl's backoff"),
+    ),
+    (
+        "maxListShardsRetryAttempts",
+        Use::Ignored("ListShards retries with kcl's backoff"),
+    ),
+    (
+        "logWarningForTaskAfterMillis",
+        Use::Ignored("slow hooks are bounded by the lease's validity"),
+    ),
+    (
+        "maxCacheByteSize",
+        Use::Ignored("prefetch is bounded by max_prefetch_bytes (8 MiB)"),
+    ),
+    (
+        "maxRecordsCount",
+        Use::Ignored("prefetch is bounded by max_prefetch_batches (3)"),
+    ),
+    (
+        "cacheMaxByteSize",
+        Use::Ignored("prefetch is bounded by max_prefetch_bytes (8 MiB)"),
+    ),
+    (
+        "userAgent",
+        Use::Ignored("the AWS SDK for Rust sets its own"),
+    ),
+    (
+        "leaseTableDeletionProtectionEnabled",
+        Use::Ignored("set table protection where the table is managed (tableSetup = external)"),
+    ),
+    (
+        "leaseTablePitrEnabled",
+        Use::Ignored("set table backups where the table is managed (tableSetup = external)"),
+    ),
+    (
+        "tags",
+        Use::Ignored("tag the table where it is managed (tableSetup = external)"),
+    ),
+    (
+        "clientVersionConfig",
+        Use::Ignored("no KCL 2.x to 3.x migration state: kcl reads both tables as they are"),
+    ),
+    (
+        "coordinatorStateTableConfig",
+        Use::Ignored("kcl keeps its coordination rows in the lease table"),
+    ),
+    (
+        "workerMetricsTableConfig",
+        Use::Ignored("kcl balances by lease count; no worker metrics table"),
+    ),
+    (
+        "workerUtilizationAwareAssignmentConfig",
+        Use::Ignored("kcl balances by lease count"),
+    ),
+    (
+        "gracefulLeaseHandoffConfig",
+        Use::Ignored("handoffs are always graceful: shutdownRequested, then the lease moves"),
+    ),
+];
+
+/// The spelling [`KEYS`] has for `key`: exact, as the Java daemon's bean properties are, but
+/// `AwsCredentialsProvider…` in any case (the Java daemon rewrites that prefix), and a nested
+/// key (`workerMetricsTableConfig.tableName`) by its first part.
+fn canonical(key: &str) -> Option<(&'static str, Use)> {
+    let credentials = "AwsCredentialsProvider";
+    let key = match key.get(..credentials.len()) {
+        Some(prefix) if prefix.eq_ignore_ascii_case(credentials) => {
+            format!("{credentials}{}", &key[credentials.len()..])
+        }
+        _ => key.to_owned(),
+    };
+    let first = key.split('.').next().unwrap_or(&key);
+    KEYS.iter()
+        .find(|(k, _)| *k == key || *k == first)
+        .map(|&(k, u)| (k, u))
+}
+
+/// A known key spelled with other capitals, for the warning about an unknown one.
+fn near(key: &str) -> Option<&'static str> {
+    KEYS.iter()
+        .map(|(k, _)| *k)
+        .find(|k| k.eq_ignore_ascii_case(key))
+}
+
+/// Reads properties for the keys of [`KEYS`].
+struct Reader<'a> {
+    properties: &'a Properties,
+}
+
+impl Reader<'_> {
+    fn get(&self, key: &'static str) -> Option<&str> {
+        self.properties
+            .entries()
+            .iter()
+            .rev()
+            .find(|e| canonical(&e.key).is_some_and(|(k, _)| k == key))
+            .map(|e| e.value.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn required(&self, key: &'static str) -> Result<&str, KeyError> {
+        self.get(key)
+            .ok_or_else(|| key_error(key, "missing, and it has no default"))
+    }
+
+    fn number<T: std::str::FromStr>(&self, key: &'static str) -> Result<Option<T>, KeyError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.get(key)
+            .map(|v| {
+                v.parse::<T>()
+                    .map_err(|e| key_error(key, format!("`{v}` is not a whole number: {e}")))
+            })
+            .transpose()
+    }
+
+    fn millis(&self, key: &'static str) -> Result<Option<Duration>, KeyError> {
+        Ok(self.number::<u64>(key)?.map(Duration::from_millis))
+    }
+
+    fn boolean(&self, key: &'static str) -> Result<Option<bool>, KeyError> {
+        self.get(key)
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err(key_error(key, format!("`{v}` is neither true nor false"))),
+            })
+            .transpose()
+    }
+}
+
+impl DaemonConfig {
+    /// Reads `properties`; `default_worker_id` stands in for a missing `workerId` (the binary
+    /// derives it from its environment; a library reads none).
+    pub fn from_properties(
+        properties: &Properties,
+        default_worker_id: &str,
+    ) -> Result<Self, KeyError> {
+        let r = Reader { properties };
+        let executable = r.required("executableName")?;
+        let mut command =
+            ChildCommand::parse(executable).ok_or_else(|| key_error("executableName", "empty"))?;
+        command.timeout = r
+            .number::<u64>("timeoutInSeconds")?
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs);
+        let stream = match (r.get("streamArn"), r.get("streamName")) {
+            (Some(arn), _) => {
+                if !arn.starts_with("arn:") {
+                    return Err(key_error("streamArn", format!("`{arn}` is not an ARN")));
+                }
+                arn.to_owned()
+            }
+            (None, Some(name)) => name.to_owned(),
+            (None, None) => {
+                return Err(key_error(
+                    "streamName",
+                    "missing (give streamName or streamArn)",
+                ));
+            }
+        };
+        let application_name = r.required("applicationName")?.to_owned();
+        let table_name = r.get("tableName").unwrap_or(&application_name).to_owned();
+        let region = r
+            .get("regionName")
+            .map(str::to_owned)
+            .or_else(|| arn_region(&stream));
+        let worker = worker_config(&r, &application_name)?;
+        let (ignored, unknown) = notes(properties);
+        Ok(Self {
+            command,
+            stream,
+            application_name,
+            table_name,
+            region,
+            kinesis_endpoint: r.get("kinesisEndpoint").map(str::to_owned),
+            dynamodb_endpoint: r.get("dynamoDBEndpoint").map(str::to_owned),
+            credentials: credentials(r.get("AwsCredentialsProvider"))?,
+            worker_id: r.get("workerId").unwrap_or(default_worker_id).to_owned(),
+            table_setup: match r.get("tableSetup").map(str::to_ascii_lowercase).as_deref() {
+                None | Some("managed") => TableSetup::Managed,
+                Some("external") => TableSetup::External,
+                Some(other) => {
+                    return Err(key_error(
+                        "tableSetup",
+                        format!("`{other}`: use managed or external"),
+                    ));
+                }
+            },
+            billing: billing(&r)?,
+            worker,
+            ignored,
+            unknown,
+        })
+    }
+
+    /// The mapping, for `--print-config`: every key given and what it became, then the
+    /// resulting settings.
+    pub fn describe(&self, properties: &Properties) -> String {
+        let mut out = String::from("# keys given\n");
+        for entry in properties.entries() {
+            let what = match canonical(&entry.key) {
+                Some((_, Use::Mapped(to))) => format!("mapped: {to}"),
+                Some((_, Use::Ignored(why))) => format!("no equivalent, ignored: {why}"),
+                None => match near(&entry.key) {
+                    Some(known) => {
+                        format!("unknown: ignored (keys are case-sensitive: `{known}`?)")
+                    }
+                    None => "unknown: ignored".to_owned(),
+                },
+            };
+            let _ = writeln!(out, "{} = {}    # {what}", entry.key, entry.value);
+        }
+        let _ = writeln!(out, "\n# what runs");
+        let _ = writeln!(
+            out,
+            "child = {:?} {:?}",
+            self.command.program, self.command.args
+        );
+        let _ = writeln!(out, "child answer timeout = {:?}", self.command.timeout);
+        let _ = writeln!(out, "stream = {}", self.stream);
+        let _ = writeln!(
+            out,
+            "lease table = {} ({:?}, {:?})",
+            self.table_name, self.table_setup, self.billing
+        );
+        let _ = writeln!(out, "worker id = {}", self.worker_id);
+        let _ = writeln!(
+            out,
+            "region = {}",
+            self.region.as_deref().unwrap_or("(from the environment)")
+        );
+        let _ = writeln!(out, "credentials = {:?}", self.credentials);
+        for (what, endpoint) in [
+            ("kinesis", &self.kinesis_endpoint),
+            ("dynamodb", &self.dynamodb_endpoint),
+        ] {
+            if let Some(e) = endpoint {
+                let _ = writeln!(out, "{what} endpoint = {e}");
+            }
+        }
+        let _ = writeln!(out, "worker = {:#?}", self.worker);
+        out
+    }
+}
+
+/// The worker settings the properties give, on kcl's defaults where they give none.
+fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig, KeyError> {
+    let mut worker = WorkerConfig::default();
+    if let Some(failover) = r.millis("failoverTimeMillis")? {
+        worker = worker.failover_time(failover);
+    }
+    worker.initial_position = initial_position(r)?;
+    if let Some(n) = r.number("maxRecords")? {
+        worker.max_records = n;
+    }
+    if let Some(idle) = r.millis("idleTimeBetweenReadsInMillis")? {
+        worker.idle_time_between_reads = idle;
+    }
+    if r.boolean("callProcessRecordsEvenForEmptyRecordList")? == Some(true) {
+        worker.empty_batch_interval = Some(worker.idle_time_between_reads);
+    }
+    if let Some(poll) = r.millis("parentShardPollIntervalMillis")? {
+        worker.parent_poll_interval = poll;
+    }
+    if let Some(sync) = r.millis("shardSyncIntervalMillis")? {
+        worker.shard_sync_interval = sync;
+    }
+    if let Some(n) = r.number("maxLeasesForWorker")? {
+        worker.max_leases = n;
+    }
+    if let Some(n) = r.number("maxLeasesToStealAtOneTime")? {
+        worker.max_leases_to_steal = n;
+    }
+    if let Some(backoff) = r.millis("taskBackoffTimeMillis")? {
+        worker.min_backoff = backoff;
+    }
+    if let Some(grace) = r.millis("shutdownGraceMillis")?.filter(|g| !g.is_zero()) {
+        worker.shutdown_timeout = grace;
+    }
+    worker.retrieval = match r
+        .get("retrievalMode")
+        .map(str::to_ascii_uppercase)
+        .as_deref()
+    {
+        None | Some("FANOUT") => Retrieval::FanOut {
+            consumer_name: application_name.to_owned(),
+        },
+        Some("POLLING") => Retrieval::Polling,
+        Some(other) => {
+            return Err(key_error(
+                "retrievalMode",
+                format!("`{other}`: use FANOUT or POLLING"),
+            ));
+        }
+    };
+    worker.coordination = match r
+        .get("coordination")
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("leader") => Coordination::Leader,
+        Some("every-worker") => Coordination::EveryWorker,
+        Some(other) => {
+            return Err(key_error(
+                "coordination",
+                format!("`{other}`: use leader or every-worker"),
+            ));
+        }
+    };
+    let liveness = match r.get("liveness").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("per-lease") => Liveness::PerLease,
+        Some("heartbeat") => Liveness::Heartbeat,
+        Some(other) => {
+            return Err(key_error(
+                "liveness",
+                format!("`{other}`: use per-lease or heartbeat"),
+            ));
+        }
+    };
+    worker = worker.liveness(liveness);
+    worker
+        .validate()
+        .map_err(|e| key_error(java_key(e.key), e.reason))?;
+    Ok(worker)
+}
+
+/// The property that sets a [`WorkerConfig`] field, for errors the worker's own validation
+/// finds.
+fn java_key(field: &str) -> &'static str {
+    match field {
+        "failover_time" | "renew_interval" => "failoverTimeMillis",
+        "max_records" => "maxRecords",
+        "idle_time_between_reads" => "idleTimeBetweenReadsInMillis",
+        "parent_poll_interval" => "parentShardPollIntervalMillis",
+        "shard_sync_interval" => "shardSyncIntervalMillis",
+        "max_leases" => "maxLeasesForWorker",
+        "max_leases_to_steal" => "maxLeasesToStealAtOneTime",
+        "min_backoff" => "taskBackoffTimeMillis",
+        "shutdown_timeout" => "shutdownGraceMillis",
+        "retrieval" => "retrievalMode",
+        "liveness" => "liveness",
+        _ => "coordination",
+    }
+}
+
+fn initial_position(r: &Reader<'_>) -> Result<InitialPosition, KeyError> {
+    let key = "initialPositionInStream";
+    match r.get(key).map(str::to_ascii_uppercase).as_deref() {
+        None | Some("LATEST") => Ok(InitialPosition::Latest),
+        Some("TRIM_HORIZON") => Ok(InitialPosition::TrimHorizon),
+        Some("AT_TIMESTAMP") => {
+            let extended = "initialPositionInStreamExtended";
+            let given = r
+                .get(extended)
+                .ok_or_else(|| key_error(extended, "needed with AT_TIMESTAMP"))?;
+            Ok(InitialPosition::AtTimestamp(timestamp(extended, given)?))
+        }
+        Some(other) => Err(key_error(
+            key,
+            format!("`{other}`: use LATEST, TRIM_HORIZON or AT_TIMESTAMP"),
+        )),
+    }
+}
+
+/// A timestamp in epoch milliseconds or RFC 3339.
+fn timestamp(key: &'static str, given: &str) -> Result<DateTime<Utc>, KeyError> {
+    if let Ok(millis) = given.parse::<i64>() {
+        return DateTime::from_timestamp_millis(millis)
+            .ok_or_else(|| key_error(key, format!("`{given}` is out of range")));
+    }
+    DateTime::parse_from_rfc3339(given)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            key_error(
+                key,
+                format!("`{given}` is neither epoch milliseconds nor RFC 3339: {e}"),
+            )
+        })
+}
+
+fn billing(r: &Reader<'_>) -> Result<Billing, KeyError> {
+    match r.get("billingMode").map(str::to_ascii_uppercase).as_deref() {
+        None | Some("PAY_PER_REQUEST") => Ok(Billing::OnDemand),
+        Some("PROVISIONED") => Ok(Billing::Provisioned {
+            read: r.number("initialLeaseTableReadCapacity")?.unwrap_or(10),
+            write: r.number("initialLeaseTableWriteCapacity")?.unwrap_or(10),
+        }),
+        Some(other) => Err(key_error(
+            "billingMode",
+            format!("`{other}`: use PAY_PER_REQUEST or PROVISIONED"),
+        )),
+    }
+}
+
+/// `AwsCredentialsProvider`: one provider, or several separated by `|` or `,` (the first that
+/// kcl knows is used; all are tried in turn by KCL Java).
+fn credentials(given: Option<&str>) -> Result<Credentials, KeyError> {
+    let key = "AwsCredentialsProvider";
+    let Some(given) = given else {
+        return Ok(Credentials::DefaultChain);
+    };
+    let mut parts = given.split('|').map(str::trim);
+    let first = parts.next().unwrap_or_default();
+    // The class, by its simple name (with or without a package).
+    let class = first.rsplit('.').next().unwrap_or(first);
+    match class {
+        "DefaultCredentialsProvider"
+        | "DefaultAWSCredentialsProviderChain"
+        | "InstanceProfileCredentialsProvider"
+        | "ContainerCredentialsProvider"
+        | "EC2ContainerCredentialsProviderWrapper"
+        | "WebIdentityTokenFileCredentialsProvider" => Ok(Credentials::DefaultChain),
+        "EnvironmentVariableCredentialsProvider" => Ok(Credentials::Environment),
+        "ProfileCredentialsProvider" => Ok(Credentials::Profile(
+            parts.next().filter(|p| !p.is_empty()).map(str::to_owned),
+        )),
+        other => Err(key_error(
+            key,
+            format!(
+                "`{other}` is not a provider kcl-multilang knows: use DefaultCredentialsProvider \
+                 (environment, profile, web identity, container, instance profile), \
+                 EnvironmentVariableCredentialsProvider or ProfileCredentialsProvider|<profile>; \
+                 for an assumed role, set role_arn in a profile"
+            ),
+        )),
+    }
+}
+
+/// The region of a stream ARN (`arn:aws:kinesis:<region>:…`).
+fn arn_region(stream: &str) -> Option<String> {
+    stream
+        .strip_prefix("arn:")
+        .and_then(|rest| rest.split(':').nth(2))
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned)
+}
+
+/// The keys given that have no effect (with why), and those nobody knows (with the known key
+/// they resemble).
+type Notes = (
+    Vec<(String, &'static str)>,
+    Vec<(String, Option<&'static str>)>,
+);
+
+/// The keys given that have no effect, and those nobody knows.
+fn notes(properties: &Properties) -> Notes {
+    let mut ignored = Vec::new();
+    let mut unknown = Vec::new();
+    for entry in properties.entries() {
+        match canonical(&entry.key) {
+            Some((_, Use::Mapped(_))) => {}
+            Some((_, Use::Ignored(why))) => ignored.push((entry.key.clone(), why)),
+            None => unknown.push((entry.key.clone(), near(&entry.key))),
+        }
+    }
+    (ignored, unknown)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+fn config(text: &str) -> Result<DaemonConfig, KeyError> {
+    DaemonConfig::from_properties(&Properties::parse(text).unwrap(), "host-1")
+}
+
+const MINIMAL: &str =
+    "executableName = python3 app.py\nstreamName = orders\napplicationName = app\n";
+
+#[test]
+fn the_java_daemons_defaults() {
+    let c = config(MINIMAL).unwrap();
+    assert_eq!(c.command.program, "python3");
+    assert_eq!(c.command.args, ["app.py"]);
+    assert_eq!(c.command.timeout, None);
+    assert_eq!(c.stream, "orders");
+    assert_eq!(c.table_name, "app");
+    assert_eq!(c.worker_id, "host-1");
+    assert_eq!(c.credentials, Credentials::DefaultChain);
+    assert_eq!(c.worker.initial_position, InitialPosition::Latest);
+    assert_eq!(
+        c.worker.retrieval,
+        Retrieval::FanOut {
+            consumer_name: "app".to_owned()
+        }
+    );
+    assert_eq!(c.worker.failover_time, Duration::from_secs(10));
+    assert_eq!(c.worker.max_records, 10_000);
+    assert_eq!(c.table_setup, TableSetup::Managed);
+    assert!(c.ignored.is_empty() && c.unknown.is_empty());
+}
+
+#[test]
+fn keys_map_onto_the_worker() {
+    let text = format!(
+        "{MINIMAL}\
+         failoverTimeMillis = 20000\n\
+         maxRecords = 500\n\
+         idleTimeBetweenReadsInMillis = 250\n\
+         callProcessRecordsEvenForEmptyRecordList = true\n\
+         shardSyncIntervalMillis = 30000\n\
+         maxLeasesForWorker = 8\n\
+         maxLeasesToStealAtOneTime = 2\n\
+         shutdownGraceMillis = 25000\n\
+         timeoutInSeconds = 7\n\
+         retrievalMode = polling\n\
+         initialPositionInStream = TRIM_HORIZON\n\
+         tableName = leases\n\
+         workerId = w-9\n\
+         coordination = every-worker\n\
+         liveness = heartbeat\n\
+         awsCredentialsProvider = ProfileCredentialsProvider|dev\n"
+    );
+    let c = config(&text).unwrap();
+    let w = &c.worker;
+    assert_eq!(w.failover_time, Duration::from_secs(20));
+    assert_eq!(w.max_records, 500);
+    assert_eq!(w.idle_time_between_reads, Duration::from_millis(250));
+    assert_eq!(w.empty_batch_interval, Some(Duration::from_millis(250)));
+    assert_eq!(w.shard_sync_interval, Duration::from_secs(30));
+    assert_eq!((w.max_leases, w.max_leases_to_steal), (8, 2));
+    assert_eq!(w.shutdown_timeout, Duration::from_secs(25));
+    assert_eq!(w.retrieval, Retrieval::Polling);
+    assert_eq!(w.initial_position, InitialPosition::TrimHorizon);
+    assert_eq!(w.coordination, Coordination::EveryWorker);
+    assert_eq!(w.liveness, Liveness::Heartbeat);
+    assert_eq!(c.command.timeout, Some(Duration::from_secs(7)));
+    assert_eq!(c.table_name, "leases");
+    assert_eq!(c.worker_id, "w-9");
+    assert_eq!(c.credentials, Credentials::Profile(Some("dev".to_owned())));
+}
+
+#[test]
+fn a_stream_arn_gives_the_region_and_at_timestamp_its_time() {
+    let text = "executableName = node app.js\n\
+                streamArn = arn:aws:kinesis:eu-west-1:123456789012:stream/orders\n\
+                streamName = ignored-when-an-arn-is-given\n\
+                applicationName = app\n\
+                initialPositionInStream = AT_TIMESTAMP\n\
+                initialPositionInStreamExtended = 1700000000000\n";
+    let c = config(text).unwrap();
+    assert_eq!(
+        c.stream,
+        "arn:aws:kinesis:eu-west-1:123456789012:stream/orders"
+    );
+    assert_eq!(c.region.as_deref(), Some("eu-west-1"));
+    let InitialPosition::AtTimestamp(at) = c.worker.initial_position else {
+        unreachable!("{:?}", c.worker.initial_position);
+    };
+    assert_eq!(at.timestamp_millis(), 1_700_000_000_000);
+}
+
+#[test]
+fn bad_input_names_the_key() {
+    let cases = [
+        ("streamName = s\napplicationName = a\n", "executableName"),
+        ("executableName = x\napplicationName = a\n", "streamName"),
+        ("executableName = x\nstreamName = s\n", "applicationName"),
+        (
+            &format!("{MINIMAL}failoverTimeMillis = ten\n") as &str,
+            "failoverTimeMillis",
+        ),
+        (
+            &format!("{MINIMAL}failoverTimeMillis = 0\n"),
+            "failoverTimeMillis",
+        ),
+        (&format!("{MINIMAL}maxRecords = -1\n"), "maxRecords"),
+        (
+            &format!("{MINIMAL}AwsCredentialsProvider = com.example.MyProvider\n"),
+            "AwsCredentialsProvider",
+        ),
+        (
+            &format!("{MINIMAL}initialPositionInStream = EARLIEST\n"),
+            "initialPositionInStream",
+        ),
+        (
+            &format!("{MINIMAL}initialPositionInStream = AT_TIMESTAMP\n"),
+            "initialPositionInStreamExtended",
+        ),
+        (&format!("{MINIMAL}retrievalMode = PUSH\n"), "retrievalMode"),
+        (
+            &format!("{MINIMAL}callProcessRecordsEvenForEmptyRecordList = yes\n"),
+            "callProcessRecordsEvenForEmptyRecordList",
+        ),
+    ];
+    for (text, key) in cases {
+        let error = config(text).unwrap_err();
+        assert_eq!(error.key, key, "{text:?}: {error}");
+        assert!(error.to_string().contains(key));
+    }
+}
+
+#[test]
+fn keys_without_an_equivalent_and_unknown_keys_are_reported() {
+    let text = format!(
+        "{MINIMAL}metricsLevel = NONE\nprocessingLanguage = python/3.11\n\
+         workerMetricsTableConfig.tableName = x\nexecutablename2 = typo\nMaxRecords = 5\n"
+    );
+    let c = config(&text).unwrap();
+    let ignored: Vec<&str> = c.ignored.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        ignored,
+        [
+            "metricsLevel",
+            "processingLanguage",
+            "workerMetricsTableConfig.tableName"
+        ]
+    );
+    assert_eq!(
+        c.unknown,
+        [
+            ("executablename2".to_owned(), None),
+            ("MaxRecords".to_owned(), Some("maxRecords"))
+        ]
+    );
+    // As in the Java daemon, a key in other capitals sets nothing.
+    assert_eq!(c.worker.max_records, 10_000);
+    let described = c.describe(&Properties::parse(&text).unwrap());
+    assert!(described.contains("executablename2 = typo    # unknown"));
+    assert!(
+        described.contains("case-sensitive: `maxRecords`?"),
+        "{described}"
+    );
+    assert!(described.contains("metricsLevel = NONE    # no equivalent, ignored"));
+    assert!(described.contains("streamName = orders    # mapped"));
+}
+
+#[test]
+fn every_key_is_listed_once() {
+    let mut keys: Vec<String> = KEYS.iter().map(|(k, _)| k.to_ascii_lowercase()).collect();
+    keys.sort();
+    let before = keys.len();
+    keys.dedup();
+    assert_eq!(before, keys.len());
+}

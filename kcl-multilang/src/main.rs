@@ -1,0 +1,294 @@
+//! `kcl-multilang`: KCL Java's MultiLangDaemon, on kcl. Reads the daemon's properties file and
+//! runs one child process per shard lease; see the crate docs for the protocol and `--help`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource, TableBilling};
+use kcl_core::{ShardId, Worker};
+use kcl_multilang::config::{Billing, Credentials, DaemonConfig, TableSetup};
+use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
+use kcl_serve::LogFormat;
+use tokio_util::sync::CancellationToken;
+
+/// Exit status for a bad command line or properties file (the Java daemon's is 1; 2 is what
+/// clap and kcl's other binaries use for usage errors).
+const EXIT_USAGE: u8 = 2;
+/// How long a forced shutdown may take before the process exits regardless.
+const FORCE_GRACE: Duration = Duration::from_secs(3);
+
+/// Runs record processors written for KCL Java's MultiLangDaemon (amazon-kclpy, aws-kcl for
+/// Node.js, Ruby, .NET) on kcl, without a JVM. Takes the daemon's properties file.
+#[derive(Debug, Parser)]
+#[command(version, after_help = AFTER_HELP)]
+struct Cli {
+    /// The properties file (as `MultiLangDaemon <file>` takes it).
+    #[arg(value_name = "FILE", required_unless_present = "properties_file")]
+    file: Option<String>,
+
+    /// The properties file.
+    #[arg(short = 'p', long, value_name = "FILE", conflicts_with = "file")]
+    properties_file: Option<String>,
+
+    /// Accepted for the Java daemon's command lines and ignored (a logback file): use
+    /// --log-filter and --log-format.
+    #[arg(short = 'l', long, value_name = "FILE")]
+    log_configuration: Option<String>,
+
+    /// Address of the health, readiness and metrics HTTP server.
+    #[arg(
+        long,
+        env = "KCL_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    listen: String,
+
+    /// Log format: pretty (human) or json (one object per line). Logs go to stderr.
+    #[arg(
+        long,
+        env = "KCL_LOG_FORMAT",
+        value_name = "FORMAT",
+        default_value = "pretty"
+    )]
+    log_format: String,
+
+    /// Log filter, tracing-subscriber syntax (e.g. `info,kcl_core=debug`). The children's
+    /// stderr is logged under the target `kcl_multilang::child`.
+    #[arg(
+        long,
+        env = "KCL_LOG_FILTER",
+        value_name = "FILTER",
+        default_value = "info,aws_config=error"
+    )]
+    log_filter: String,
+
+    /// Exit when a child fails, as the Java daemon does, instead of restarting its shard.
+    #[arg(long)]
+    exit_on_child_failure: bool,
+
+    /// Print how each key of the file is used and what would run, then exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+const AFTER_HELP: &str = "\
+Switching from KCL Java: replace `java … software.amazon.kinesis.multilang.MultiLangDaemon
+--properties-file app.properties` with `kcl-multilang --properties-file app.properties`.
+
+AWS access uses the standard AWS configuration chain unless AwsCredentialsProvider says
+otherwise; kinesisEndpoint and dynamoDBEndpoint (or AWS_ENDPOINT_URL_KINESIS and
+AWS_ENDPOINT_URL_DYNAMODB) point at emulators.
+
+Signals: SIGTERM or SIGINT asks every child to checkpoint (shutdownRequested), then hands the
+leases back at once; a second one forces.
+
+Exit status: 0 after a graceful shutdown, 1 when the worker fails (or a child, with
+--exit-on-child-failure), 2 for a bad command line or properties file, 130 when forced.";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(path) = cli.properties_file.as_ref().or(cli.file.as_ref()) else {
+        return fail("no properties file given", EXIT_USAGE);
+    };
+    let properties = match std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| Properties::parse_bytes(&bytes).map_err(|e| e.to_string()))
+    {
+        Ok(p) => p,
+        Err(e) => return fail(&format!("cannot read {path}: {e}"), EXIT_USAGE),
+    };
+    let config = match DaemonConfig::from_properties(
+        &properties,
+        &kcl_serve::default_worker_id(|name| std::env::var(name).ok()),
+    ) {
+        Ok(c) => c,
+        Err(e) => return fail(&format!("{path}: {e}"), EXIT_USAGE),
+    };
+    if cli.print_config {
+        return print(&config.describe(&properties));
+    }
+    let logging = LogFormat::parse(&cli.log_format)
+        .map_err(|e| format!("invalid setting `log-format`: {e}"))
+        .and_then(|format| kcl_serve::init_logging(format, &cli.log_filter));
+    if let Err(e) = logging {
+        return fail(&e, EXIT_USAGE);
+    }
+    let listen = match cli.listen.trim().parse() {
+        Ok(addr) => addr,
+        Err(e) => return fail(&format!("invalid setting `listen`: {e}"), EXIT_USAGE),
+    };
+    if let Some(file) = &cli.log_configuration {
+        tracing::warn!(%file, "--log-configuration is ignored: use --log-filter and --log-format");
+    }
+    report_keys(&config);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}"), 1),
+    };
+    match runtime.block_on(run(config, listen, cli.exit_on_child_failure)) {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "kcl-multilang failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[allow(clippy::print_stderr)]
+fn fail(message: &str, code: u8) -> ExitCode {
+    eprintln!("kcl-multilang: {message}");
+    ExitCode::from(code)
+}
+
+#[allow(clippy::print_stdout)]
+fn print(text: &str) -> ExitCode {
+    print!("{text}");
+    ExitCode::SUCCESS
+}
+
+/// Each key with no effect here, and each unknown key, once.
+fn report_keys(config: &DaemonConfig) {
+    for (key, why) in &config.ignored {
+        tracing::info!(%key, "no equivalent, ignored: {why}");
+    }
+    for (key, near) in &config.unknown {
+        match near {
+            Some(known) => {
+                tracing::warn!(%key, "unknown property, ignored: keys are case-sensitive; `{known}`?");
+            }
+            None => tracing::warn!(%key, "unknown property, ignored (a typo?)"),
+        }
+    }
+}
+
+/// The AWS configuration the properties describe, for one service's endpoint.
+async fn sdk_config(config: &DaemonConfig) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(region) = &config.region {
+        loader = loader.region(aws_config::Region::new(region.clone()));
+    }
+    match &config.credentials {
+        Credentials::DefaultChain => {}
+        Credentials::Environment => {
+            loader = loader.credentials_provider(
+                aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+            );
+        }
+        Credentials::Profile(Some(profile)) => loader = loader.profile_name(profile),
+        Credentials::Profile(None) => {}
+    }
+    loader.load().await
+}
+
+fn with_endpoint(sdk: &aws_config::SdkConfig, endpoint: Option<&String>) -> aws_config::SdkConfig {
+    match endpoint {
+        Some(url) => sdk.to_builder().endpoint_url(url.clone()).build(),
+        None => sdk.clone(),
+    }
+}
+
+async fn run(
+    config: DaemonConfig,
+    listen: std::net::SocketAddr,
+    exit_on_failure: bool,
+) -> anyhow::Result<ExitCode> {
+    let sdk = sdk_config(&config).await;
+    let kinesis = with_endpoint(&sdk, config.kinesis_endpoint.as_ref());
+    let source = KinesisShardSource::new(&kinesis, config.stream.clone());
+    // DynamoDB Streams shares the DynamoDB endpoint off AWS (an emulator serves both); an AWS
+    // endpoint is DynamoDB's alone.
+    let aws_endpoint = config
+        .dynamodb_endpoint
+        .as_ref()
+        .is_some_and(|url| url.contains("amazonaws.com"));
+    let dynamodb = with_endpoint(&sdk, config.dynamodb_endpoint.as_ref());
+    let mut store = DynamoDbLeaseStore::new(&dynamodb, config.table_name.clone());
+    if aws_endpoint {
+        store = store.with_change_feed_client(aws_sdk_dynamodbstreams::Client::new(&sdk));
+    }
+    let store = store
+        .with_table_setup(match config.table_setup {
+            TableSetup::Managed => kcl_aws::TableSetup::Managed,
+            TableSetup::External => kcl_aws::TableSetup::External,
+        })
+        .with_billing(match config.billing {
+            Billing::OnDemand => TableBilling::OnDemand,
+            Billing::Provisioned { read, write } => TableBilling::Provisioned {
+                read_capacity_units: read,
+                write_capacity_units: write,
+            },
+        });
+
+    let exit = CancellationToken::new();
+    let policy = FailurePolicy {
+        exit: exit_on_failure.then(|| exit.clone()),
+    };
+    let command = Arc::new(config.command.clone());
+    let factory =
+        move |shard: &ShardId| ChildProcessor::new(command.clone(), policy.clone(), shard);
+
+    kcl_serve::server::raise_open_file_limit();
+    let probes = kcl_serve::Probes::for_worker(&config.worker);
+    let stale_after = (config.worker.taker_interval * 10).max(Duration::from_secs(10));
+    let metrics = kcl_serve::install_metrics(stale_after)?;
+    let listener = kcl_serve::server::bind(listen).await?;
+    let worker = Worker::new(
+        config.worker_id.clone(),
+        config.worker.clone(),
+        source,
+        store,
+        factory,
+    )
+    .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.key, e.reason))?;
+    let router = kcl_serve::router(config.worker_id.clone(), worker.status(), metrics, probes);
+    let stop_http = CancellationToken::new();
+    let server = tokio::spawn(kcl_serve::server::serve(
+        listener,
+        router,
+        stop_http.clone().cancelled_owned(),
+        kcl_serve::server::Limits::default(),
+    ));
+    let forced = CancellationToken::new();
+    let handle = worker.shutdown_handle();
+    let signals = tokio::spawn(kcl_serve::on_signals(
+        handle.clone(),
+        forced.clone(),
+        config.worker.shutdown_timeout,
+        CancellationToken::new(),
+    ));
+    tracing::info!(
+        worker_id = %config.worker_id,
+        stream = %config.stream,
+        application = %config.application_name,
+        child = %config.command.program,
+        "starting"
+    );
+    let result = tokio::select! {
+        result = worker.run() => Some(result),
+        () = exit.cancelled() => {
+            handle.force();
+            tokio::time::sleep(FORCE_GRACE).await;
+            return Ok(ExitCode::from(1));
+        }
+        () = async { forced.cancelled().await; tokio::time::sleep(FORCE_GRACE).await } => None,
+    };
+    signals.abort();
+    stop_http.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    match result {
+        Some(Ok(())) if forced.is_cancelled() => Ok(ExitCode::from(130)),
+        Some(Ok(())) => {
+            tracing::info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Err(e)) => Err(anyhow::Error::new(e)).context("the worker failed"),
+        None => Ok(ExitCode::from(130)),
+    }
+}
