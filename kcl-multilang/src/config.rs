@@ -166,7 +166,7 @@ pub const KEYS: &[(&str, Use)] = &[
     ),
     (
         "initialPositionInStreamExtended",
-        Use::Mapped("AT_TIMESTAMP's timestamp, epoch milliseconds or RFC 3339"),
+        Use::Mapped("AT_TIMESTAMP's timestamp, epoch seconds (as Java) or RFC 3339"),
     ),
     ("failoverTimeMillis", Use::Mapped("failover_time")),
     ("maxRecords", Use::Mapped("max_records")),
@@ -347,6 +347,14 @@ pub const KEYS: &[(&str, Use)] = &[
         "gracefulLeaseHandoffConfig",
         Use::Ignored("handoffs are always graceful: shutdownRequested, then the lease moves"),
     ),
+];
+
+/// The keys that make the Java daemon's `DEFAULT` retrieval mode polling.
+const POLLING_KEYS: &[&str] = &[
+    "maxRecords",
+    "idleTimeBetweenReadsInMillis",
+    "retryGetRecordsInSeconds",
+    "maxGetRecordsThreadPool",
 ];
 
 /// The spelling [`KEYS`] has for `key`: exact, as the Java daemon's bean properties are, but
@@ -546,9 +554,10 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
     if let Some(n) = r.number("maxRecords")? {
         worker.max_records = n;
     }
-    if let Some(idle) = r.millis("idleTimeBetweenReadsInMillis")? {
-        worker.idle_time_between_reads = idle;
-    }
+    // The Java daemon's polling default is 1.5 s (kcl's own: 1 s).
+    worker.idle_time_between_reads = r
+        .millis("idleTimeBetweenReadsInMillis")?
+        .unwrap_or(Duration::from_millis(1500));
     if r.boolean("callProcessRecordsEvenForEmptyRecordList")? == Some(true) {
         worker.empty_batch_interval = Some(worker.idle_time_between_reads);
     }
@@ -570,19 +579,22 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
     if let Some(grace) = r.millis("shutdownGraceMillis")?.filter(|g| !g.is_zero()) {
         worker.shutdown_timeout = grace;
     }
+    // As in the Java daemon, DEFAULT (or no key) is fan-out unless a polling key is given.
+    let polling_key = POLLING_KEYS.iter().any(|k| r.get(k).is_some());
     worker.retrieval = match r
         .get("retrievalMode")
         .map(str::to_ascii_uppercase)
         .as_deref()
     {
-        None | Some("FANOUT") => Retrieval::FanOut {
+        None | Some("DEFAULT") if polling_key => Retrieval::Polling,
+        None | Some("FANOUT" | "DEFAULT") => Retrieval::FanOut {
             consumer_name: application_name.to_owned(),
         },
         Some("POLLING") => Retrieval::Polling,
         Some(other) => {
             return Err(key_error(
                 "retrievalMode",
-                format!("`{other}`: use FANOUT or POLLING"),
+                format!("`{other}`: use FANOUT, POLLING or DEFAULT"),
             ));
         }
     };
@@ -655,10 +667,10 @@ fn initial_position(r: &Reader<'_>) -> Result<InitialPosition, KeyError> {
     }
 }
 
-/// A timestamp in epoch milliseconds or RFC 3339.
+/// A timestamp in epoch seconds (as the Java daemon reads it) or RFC 3339.
 fn timestamp(key: &'static str, given: &str) -> Result<DateTime<Utc>, KeyError> {
-    if let Ok(millis) = given.parse::<i64>() {
-        return DateTime::from_timestamp_millis(millis)
+    if let Ok(seconds) = given.parse::<i64>() {
+        return DateTime::from_timestamp(seconds, 0)
             .ok_or_else(|| key_error(key, format!("`{given}` is out of range")));
     }
     DateTime::parse_from_rfc3339(given)
@@ -666,7 +678,7 @@ fn timestamp(key: &'static str, given: &str) -> Result<DateTime<Utc>, KeyError> 
         .map_err(|e| {
             key_error(
                 key,
-                format!("`{given}` is neither epoch milliseconds nor RFC 3339: {e}"),
+                format!("`{given}` is neither epoch seconds nor RFC 3339: {e}"),
             )
         })
 }
@@ -692,7 +704,9 @@ fn credentials(given: Option<&str>) -> Result<Credentials, KeyError> {
     let Some(given) = given else {
         return Ok(Credentials::DefaultChain);
     };
-    let mut parts = given.split('|').map(str::trim);
+    // A chain is comma-separated (each tried in turn by KCL Java); kcl uses the first.
+    let first_provider = given.split(',').next().unwrap_or_default();
+    let mut parts = first_provider.split('|').map(str::trim);
     let first = parts.next().unwrap_or_default();
     // The class, by its simple name (with or without a package).
     let class = first.rsplit('.').next().unwrap_or(first);

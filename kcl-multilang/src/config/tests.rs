@@ -28,6 +28,10 @@ fn the_java_daemons_defaults() {
     );
     assert_eq!(c.worker.failover_time, Duration::from_secs(10));
     assert_eq!(c.worker.max_records, 10_000);
+    assert_eq!(
+        c.worker.idle_time_between_reads,
+        Duration::from_millis(1500)
+    );
     assert_eq!(c.table_setup, TableSetup::Managed);
     assert!(c.ignored.is_empty() && c.unknown.is_empty());
 }
@@ -73,13 +77,29 @@ fn keys_map_onto_the_worker() {
 }
 
 #[test]
+fn a_polling_key_makes_the_default_retrieval_polling_as_in_java() {
+    let c = config(&format!("{MINIMAL}maxRecords = 500\n")).unwrap();
+    assert_eq!(c.worker.retrieval, Retrieval::Polling);
+    let c = config(&format!(
+        "{MINIMAL}maxRecords = 500\nretrievalMode = FANOUT\n"
+    ))
+    .unwrap();
+    assert!(matches!(c.worker.retrieval, Retrieval::FanOut { .. }));
+    let c = config(&format!(
+        "{MINIMAL}AwsCredentialsProvider = EnvironmentVariableCredentialsProvider,DefaultCredentialsProvider\n"
+    ))
+    .unwrap();
+    assert_eq!(c.credentials, Credentials::Environment);
+}
+
+#[test]
 fn a_stream_arn_gives_the_region_and_at_timestamp_its_time() {
     let text = "executableName = node app.js\n\
                 streamArn = arn:aws:kinesis:eu-west-1:123456789012:stream/orders\n\
                 streamName = ignored-when-an-arn-is-given\n\
                 applicationName = app\n\
                 initialPositionInStream = AT_TIMESTAMP\n\
-                initialPositionInStreamExtended = 1700000000000\n";
+                initialPositionInStreamExtended = 1700000000\n";
     let c = config(text).unwrap();
     assert_eq!(
         c.stream,
@@ -89,7 +109,7 @@ fn a_stream_arn_gives_the_region_and_at_timestamp_its_time() {
     let InitialPosition::AtTimestamp(at) = c.worker.initial_position else {
         unreachable!("{:?}", c.worker.initial_position);
     };
-    assert_eq!(at.timestamp_millis(), 1_700_000_000_000);
+    assert_eq!(at.timestamp(), 1_700_000_000);
 }
 
 #[test]
