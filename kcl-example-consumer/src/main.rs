@@ -26,8 +26,6 @@ use crate::settings::{FileValues, LogFormat, Settings};
 
 /// Exit code for invalid settings (as clap uses for usage errors).
 const EXIT_USAGE: u8 = 2;
-/// How long a forced shutdown may take before the process exits regardless.
-const FORCE_GRACE: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
     let matches = cli::command().get_matches();
@@ -126,12 +124,7 @@ where
     F: ProcessorFactory,
 {
     let summary = summary::start(settings, &store)?;
-    http::server::raise_open_file_limit();
-    let probes = http::Probes::for_worker(&settings.worker);
-    // kcl-core refreshes its series every taker interval while they mean something; see `http`.
-    let stale_after = (settings.worker.taker_interval * 10).max(Duration::from_secs(10));
-    let metrics = http::install_metrics(stale_after)?;
-    let listener = http::server::bind(settings.listen).await?;
+    let serving = http::Serving::start(settings.listen, &settings.worker).await?;
     let worker = Worker::new(
         settings.worker_id.clone(),
         settings.worker.clone(),
@@ -146,63 +139,28 @@ where
             e.reason
         )
     })?;
-
-    let stop_http = CancellationToken::new();
-    let mut router = http::router(settings.worker_id.clone(), worker.status(), metrics, probes);
-    if let Some(routes) = summary.as_ref().and_then(|s| s.routes.clone()) {
-        router = router.merge(routes);
-    }
-    let stop_summary = summary
-        .as_ref()
-        .map_or_else(CancellationToken::new, |s| s.stop.clone());
-    let server = tokio::spawn(http::server::serve(
-        listener,
-        router,
-        stop_http.clone().cancelled_owned(),
-        http::server::Limits::default(),
-    ));
-    let forced = CancellationToken::new();
-    let signals = tokio::spawn(http::on_signals(
-        worker.shutdown_handle(),
-        forced.clone(),
-        settings.worker.shutdown_timeout,
-        stop_summary.clone(),
-    ));
+    let options = http::Options {
+        routes: summary.as_ref().and_then(|s| s.routes.clone()),
+        on_signal: summary
+            .as_ref()
+            .map_or_else(CancellationToken::new, |s| s.stop.clone()),
+        ..http::Options::default()
+    };
     tracing::info!(
         worker_id = %settings.worker_id,
         stream = %settings.input,
         application = %settings.application_name,
         "starting"
     );
-
-    let result = tokio::select! {
-        result = worker.run() => Some(result),
-        () = async { forced.cancelled().await; tokio::time::sleep(FORCE_GRACE).await } => None,
-    };
-    signals.abort();
-    stop_summary.cancel();
+    let ended = serving
+        .run(worker, settings.worker_id.clone(), options)
+        .await;
     if let Some(summary) = summary {
         let _ = tokio::time::timeout(Duration::from_secs(5), summary.task).await;
     }
-    stop_http.cancel();
-    match tokio::time::timeout(Duration::from_secs(2), server).await {
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-        Ok(Ok(Ok(()))) | Err(_) => {}
-    }
-    match result {
-        Some(Ok(())) if forced.is_cancelled() => {
-            tracing::warn!("stopped by force: leases not handed back move after the failover time");
-            Ok(ExitCode::from(130))
-        }
-        Some(Ok(())) => {
-            tracing::info!("stopped");
-            Ok(ExitCode::SUCCESS)
-        }
-        Some(Err(e)) => Err(anyhow::Error::new(e).context("the worker failed")),
-        None => {
-            tracing::error!("forced shutdown did not finish in time; exiting");
-            Ok(ExitCode::from(130))
-        }
+    match ended {
+        http::Ended::Stopped => Ok(ExitCode::SUCCESS),
+        http::Ended::Forced | http::Ended::Exited => Ok(ExitCode::from(130)),
+        http::Ended::Failed(e) => Err(anyhow::Error::new(e).context("the worker failed")),
     }
 }

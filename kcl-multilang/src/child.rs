@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, ErrorKind, ExtendedSequenceNumber,
-    InitializationInput, ProcessRecordsInput, RecordProcessor, SequenceNumber, ShardId,
+    InitializationInput, ProcessRecordsInput, RecordProcessor, SequenceNumber,
 };
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -136,18 +136,25 @@ struct Session {
 pub struct ChildProcessor {
     command: Arc<ChildCommand>,
     policy: FailurePolicy,
-    shard: ShardId,
     session: Option<Session>,
 }
 
 impl ChildProcessor {
-    /// A processor for `shard` that will start `command` when initialized.
-    pub fn new(command: Arc<ChildCommand>, policy: FailurePolicy, shard: &ShardId) -> Self {
+    /// A processor that will start `command` when initialized.
+    pub fn new(command: Arc<ChildCommand>, policy: FailurePolicy) -> Self {
         Self {
             command,
             policy,
-            shard: shard.clone(),
             session: None,
+        }
+    }
+
+    /// Logs a child's failure and tells the failure policy.
+    fn failed(&self, error: &ChildError) {
+        tracing::error!(error = %kcl_core::error_chain(error), "child failed");
+        if let Some(exit) = &self.policy.exit {
+            tracing::error!("--exit-on-child-failure: the daemon exits");
+            exit.cancel();
         }
     }
 
@@ -201,11 +208,7 @@ impl ChildProcessor {
             }),
         };
         if let Err(error) = &result {
-            tracing::error!(error = %kcl_core::error_chain(error), "child failed");
-            if let Some(exit) = &self.policy.exit {
-                tracing::error!("--exit-on-child-failure: the daemon exits");
-                exit.cancel();
-            }
+            self.failed(error);
         }
         result
     }
@@ -465,10 +468,7 @@ impl RecordProcessor for ChildProcessor {
             self.close().await;
         }
         if let Err(error) = self.spawn() {
-            tracing::error!(error = %kcl_core::error_chain(&error), "child failed");
-            if let Some(exit) = &self.policy.exit {
-                exit.cancel();
-            }
+            self.failed(&error);
             return Err(error.into());
         }
         let message = ToChild::initialize(input.shard_id.as_str(), &input.checkpoint);
@@ -506,17 +506,5 @@ impl RecordProcessor for ChildProcessor {
         let lost = self.last(&ToChild::LeaseLost, None).await;
         asked?;
         Ok(lost?)
-    }
-}
-
-impl Drop for ChildProcessor {
-    fn drop(&mut self) {
-        if let Some(session) = &self.session {
-            tracing::debug!(
-                shard = %self.shard,
-                pid = session.process.id(),
-                "processor dropped: its child is killed"
-            );
-        }
     }
 }

@@ -631,7 +631,7 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
 
 /// The property that sets a [`WorkerConfig`] field, for errors the worker's own validation
 /// finds.
-fn java_key(field: &str) -> &'static str {
+fn java_key(field: &'static str) -> &'static str {
     match field {
         "failover_time" | "renew_interval" => "failoverTimeMillis",
         "max_records" => "maxRecords",
@@ -643,8 +643,8 @@ fn java_key(field: &str) -> &'static str {
         "min_backoff" => "taskBackoffTimeMillis",
         "shutdown_timeout" => "shutdownGraceMillis",
         "retrieval" => "retrievalMode",
-        "liveness" => "liveness",
-        _ => "coordination",
+        // kcl's own settings, derived from the above: named as kcl names them.
+        other => other,
     }
 }
 

@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -11,14 +10,12 @@ use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource, TableBilling};
 use kcl_core::{ShardId, Worker};
 use kcl_multilang::config::{Billing, Credentials, DaemonConfig, TableSetup};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
-use kcl_serve::LogFormat;
+use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
 
 /// Exit status for a bad command line or properties file (the Java daemon's is 1; 2 is what
 /// clap and kcl's other binaries use for usage errors).
 const EXIT_USAGE: u8 = 2;
-/// How long a forced shutdown may take before the process exits regardless.
-const FORCE_GRACE: Duration = Duration::from_secs(3);
 
 /// Runs record processors written for KCL Java's MultiLangDaemon (amazon-kclpy, aws-kcl for
 /// Node.js, Ruby, .NET) on kcl, without a JVM. Takes the daemon's properties file.
@@ -231,14 +228,9 @@ async fn run(
         exit: exit_on_failure.then(|| exit.clone()),
     };
     let command = Arc::new(config.command.clone());
-    let factory =
-        move |shard: &ShardId| ChildProcessor::new(command.clone(), policy.clone(), shard);
+    let factory = move |_: &ShardId| ChildProcessor::new(command.clone(), policy.clone());
 
-    kcl_serve::server::raise_open_file_limit();
-    let probes = kcl_serve::Probes::for_worker(&config.worker);
-    let stale_after = (config.worker.taker_interval * 10).max(Duration::from_secs(10));
-    let metrics = kcl_serve::install_metrics(stale_after)?;
-    let listener = kcl_serve::server::bind(listen).await?;
+    let serving = kcl_serve::Serving::start(listen, &config.worker).await?;
     let worker = Worker::new(
         config.worker_id.clone(),
         config.worker.clone(),
@@ -247,22 +239,6 @@ async fn run(
         factory,
     )
     .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.key, e.reason))?;
-    let router = kcl_serve::router(config.worker_id.clone(), worker.status(), metrics, probes);
-    let stop_http = CancellationToken::new();
-    let server = tokio::spawn(kcl_serve::server::serve(
-        listener,
-        router,
-        stop_http.clone().cancelled_owned(),
-        kcl_serve::server::Limits::default(),
-    ));
-    let forced = CancellationToken::new();
-    let handle = worker.shutdown_handle();
-    let signals = tokio::spawn(kcl_serve::on_signals(
-        handle.clone(),
-        forced.clone(),
-        config.worker.shutdown_timeout,
-        CancellationToken::new(),
-    ));
     tracing::info!(
         worker_id = %config.worker_id,
         stream = %config.stream,
@@ -270,25 +246,14 @@ async fn run(
         child = %config.command.program,
         "starting"
     );
-    let result = tokio::select! {
-        result = worker.run() => Some(result),
-        () = exit.cancelled() => {
-            handle.force();
-            tokio::time::sleep(FORCE_GRACE).await;
-            return Ok(ExitCode::from(1));
-        }
-        () = async { forced.cancelled().await; tokio::time::sleep(FORCE_GRACE).await } => None,
+    let options = kcl_serve::Options {
+        exit,
+        ..kcl_serve::Options::default()
     };
-    signals.abort();
-    stop_http.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-    match result {
-        Some(Ok(())) if forced.is_cancelled() => Ok(ExitCode::from(130)),
-        Some(Ok(())) => {
-            tracing::info!("stopped");
-            Ok(ExitCode::SUCCESS)
-        }
-        Some(Err(e)) => Err(anyhow::Error::new(e)).context("the worker failed"),
-        None => Ok(ExitCode::from(130)),
+    match serving.run(worker, config.worker_id.clone(), options).await {
+        Ended::Stopped => Ok(ExitCode::SUCCESS),
+        Ended::Forced => Ok(ExitCode::from(130)),
+        Ended::Exited => Ok(ExitCode::from(1)),
+        Ended::Failed(e) => Err(anyhow::Error::new(e)).context("the worker failed"),
     }
 }

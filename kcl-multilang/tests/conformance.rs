@@ -13,6 +13,7 @@ use bytes::Bytes;
 use chrono::{TimeZone, Utc};
 use kcl_core::memory::{MemoryLeaseStore, ProcessorHarness};
 use kcl_core::{Checkpoint, ExtendedSequenceNumber, Record, SequenceNumber, ShardId};
+use kcl_integration_tests::unique;
 use kcl_multilang::{ChildCommand, ChildProcessor, FailurePolicy};
 
 struct Scripted {
@@ -34,11 +35,7 @@ fn python() -> String {
 }
 
 fn scripted(mode: &str, timeout: Option<Duration>) -> (ChildProcessor, Scripted) {
-    let dir = std::env::temp_dir().join(format!(
-        "kcl-multilang-{}-{mode}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
+    let dir = std::env::temp_dir().join(unique(&format!("kcl-multilang-{mode}")));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("received.jsonl");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/children/scripted.py");
@@ -51,11 +48,7 @@ fn scripted(mode: &str, timeout: Option<Duration>) -> (ChildProcessor, Scripted)
         ],
         timeout,
     };
-    let processor = ChildProcessor::new(
-        Arc::new(command),
-        FailurePolicy::default(),
-        &ShardId::from("shardId-000000000001"),
-    );
+    let processor = ChildProcessor::new(Arc::new(command), FailurePolicy::default());
     (
         processor,
         Scripted {
@@ -63,13 +56,6 @@ fn scripted(mode: &str, timeout: Option<Duration>) -> (ChildProcessor, Scripted)
             _dir: TempDir(dir),
         },
     )
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default()
 }
 
 impl Scripted {
@@ -222,11 +208,7 @@ async fn a_child_that_cannot_start_fails_initialize() {
     let store = MemoryLeaseStore::new();
     let mut h = harness(&store).await;
     let command = ChildCommand::parse("/nonexistent/kcl-multilang-child --flag").unwrap();
-    let mut processor = ChildProcessor::new(
-        Arc::new(command),
-        FailurePolicy::default(),
-        &ShardId::from("shardId-000000000001"),
-    );
+    let mut processor = ChildProcessor::new(Arc::new(command), FailurePolicy::default());
     let error = h.initialize(&mut processor).await.unwrap_err();
     assert!(
         error

@@ -15,9 +15,11 @@
 //!
 //! The server itself is in [`server`]: hardened against clients that never finish a request.
 
+mod run;
 pub mod server;
 mod signals;
 
+pub use run::{Ended, Options, Serving};
 pub use server::ServeError;
 pub use signals::{LogFormat, init_logging, on_signals};
 

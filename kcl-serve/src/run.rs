@@ -1,0 +1,133 @@
+//! A worker run as a deployed process runs it: probes and metrics served from before it starts
+//! until it has stopped, graceful shutdown on the first signal, forced on the second.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker, WorkerConfig};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Probes, ServeError, install_metrics, on_signals, router, server};
+
+/// How long a forced shutdown may take before the run ends regardless.
+const FORCE_GRACE: Duration = Duration::from_secs(3);
+
+/// The HTTP side of a process, set up before its worker exists: a bad listen address or a
+/// second metrics recorder fails before anything else starts.
+#[derive(Debug)]
+pub struct Serving {
+    listener: TcpListener,
+    metrics: PrometheusHandle,
+    probes: Probes,
+    shutdown_timeout: Duration,
+}
+
+/// What else a run serves and obeys.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// Routes served next to the probes and metrics.
+    pub routes: Option<Router>,
+    /// Cancelled at the first signal, for the process's own jobs.
+    pub on_signal: CancellationToken,
+    /// Cancelled by the process when it must exit at once: the worker is stopped by force.
+    pub exit: CancellationToken,
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// Shut down gracefully: processors checkpointed, leases handed back.
+    Stopped,
+    /// Forced by a second signal: leases not handed back move after the failover time.
+    Forced,
+    /// [`Options::exit`] was cancelled.
+    Exited,
+    /// The worker failed.
+    Failed(kcl_core::Error),
+}
+
+impl Serving {
+    /// Raises the open file limit, installs the Prometheus recorder and binds `listen`, for a
+    /// worker that will run with `config`.
+    pub async fn start(listen: SocketAddr, config: &WorkerConfig) -> Result<Self, ServeError> {
+        server::raise_open_file_limit();
+        // kcl-core refreshes its series every taker interval while they mean something.
+        let stale_after = (config.taker_interval * 10).max(Duration::from_secs(10));
+        Ok(Self {
+            metrics: install_metrics(stale_after)?,
+            listener: server::bind(listen).await?,
+            probes: Probes::for_worker(config),
+            shutdown_timeout: config.shutdown_timeout,
+        })
+    }
+
+    /// Runs `worker` (whose id is `worker_id`) to its end, serving its probes and metrics.
+    pub async fn run<S, L, F>(
+        self,
+        worker: Worker<S, L, F>,
+        worker_id: String,
+        options: Options,
+    ) -> Ended
+    where
+        S: ShardSource,
+        L: LeaseStore,
+        F: ProcessorFactory,
+    {
+        let mut routes = router(worker_id, worker.status(), self.metrics, self.probes);
+        if let Some(extra) = options.routes {
+            routes = routes.merge(extra);
+        }
+        let stop_http = CancellationToken::new();
+        let http = tokio::spawn(server::serve(
+            self.listener,
+            routes,
+            stop_http.clone().cancelled_owned(),
+            server::Limits::default(),
+        ));
+        let handle = worker.shutdown_handle();
+        let forced = CancellationToken::new();
+        let signals = tokio::spawn(on_signals(
+            handle.clone(),
+            forced.clone(),
+            self.shutdown_timeout,
+            options.on_signal.clone(),
+        ));
+        let ended = tokio::select! {
+            result = worker.run() => match result {
+                Ok(()) if forced.is_cancelled() => Ended::Forced,
+                Ok(()) => Ended::Stopped,
+                Err(error) => Ended::Failed(error),
+            },
+            () = options.exit.cancelled() => {
+                handle.force();
+                tokio::time::sleep(FORCE_GRACE).await;
+                Ended::Exited
+            }
+            () = async { forced.cancelled().await; tokio::time::sleep(FORCE_GRACE).await } => {
+                tracing::error!("forced shutdown did not finish in time; exiting");
+                Ended::Forced
+            }
+        };
+        signals.abort();
+        options.on_signal.cancel();
+        stop_http.cancel();
+        match tokio::time::timeout(Duration::from_secs(2), http).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
+            Ok(Ok(Ok(()))) | Err(_) => {}
+        }
+        match &ended {
+            Ended::Stopped => tracing::info!("stopped"),
+            Ended::Forced => {
+                tracing::warn!(
+                    "stopped by force: leases not handed back move after the failover time"
+                );
+            }
+            Ended::Exited | Ended::Failed(_) => {}
+        }
+        ended
+    }
+}
