@@ -22,6 +22,11 @@ use kcl_core::{Coordination, InitialPosition, Liveness, Retrieval, WorkerConfig}
 use crate::child::ChildCommand;
 use crate::properties::Properties;
 
+mod keys;
+
+pub use keys::{KEYS, Use};
+use keys::{POLLING_KEYS, canonical, near};
+
 /// A key of the properties file that is missing or wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid property `{key}`: {reason}")]
@@ -73,6 +78,15 @@ pub enum Billing {
     },
 }
 
+/// One AWS client's overrides (`kinesisEndpoint`, `kinesisClient.region`, …).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientSettings {
+    /// Its region, if not the daemon's.
+    pub region: Option<String>,
+    /// Its endpoint, if not AWS's.
+    pub endpoint: Option<String>,
+}
+
 /// Everything the daemon runs with.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -86,10 +100,10 @@ pub struct DaemonConfig {
     pub table_name: String,
     /// The AWS region, if given (else from the stream ARN, else the standard chain).
     pub region: Option<String>,
-    /// Kinesis endpoint override.
-    pub kinesis_endpoint: Option<String>,
-    /// DynamoDB endpoint override.
-    pub dynamodb_endpoint: Option<String>,
+    /// The Kinesis client's own region and endpoint.
+    pub kinesis: ClientSettings,
+    /// The DynamoDB client's own region and endpoint.
+    pub dynamodb: ClientSettings,
     /// Where credentials come from.
     pub credentials: Credentials,
     /// This worker's id.
@@ -105,280 +119,6 @@ pub struct DaemonConfig {
     /// Keys given that nobody knows, each with the known key it resembles (other capitals):
     /// logged once at start.
     pub unknown: Vec<(String, Option<&'static str>)>,
-}
-
-/// What becomes of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
-    /// Read; the text says into what.
-    Mapped(&'static str),
-    /// Not read; the text says why.
-    Ignored(&'static str),
-}
-
-/// Every key of KCL Java 3.x's MultiLangDaemon, and kcl's own, with what becomes of it.
-pub const KEYS: &[(&str, Use)] = &[
-    (
-        "executableName",
-        Use::Mapped("the child process: program and arguments, split at spaces"),
-    ),
-    (
-        "streamName",
-        Use::Mapped("the stream (`streamArn` wins when both are given)"),
-    ),
-    (
-        "streamArn",
-        Use::Mapped("the stream; its region is the default region"),
-    ),
-    (
-        "applicationName",
-        Use::Mapped("the lease table's name, and the fan-out consumer's"),
-    ),
-    (
-        "tableName",
-        Use::Mapped("the lease table's name (default: applicationName)"),
-    ),
-    ("regionName", Use::Mapped("the AWS region")),
-    ("kinesisEndpoint", Use::Mapped("the Kinesis endpoint")),
-    (
-        "dynamoDBEndpoint",
-        Use::Mapped("the DynamoDB endpoint (and DynamoDB Streams', off AWS)"),
-    ),
-    (
-        "AwsCredentialsProvider",
-        Use::Mapped("where credentials come from"),
-    ),
-    (
-        "AwsCredentialsProviderDynamoDB",
-        Use::Ignored("kcl uses one credentials provider: AwsCredentialsProvider"),
-    ),
-    (
-        "AwsCredentialsProviderCloudWatch",
-        Use::Ignored("no CloudWatch: metrics are served on --listen"),
-    ),
-    (
-        "workerId",
-        Use::Mapped("the worker id (default: $POD_NAME, else <hostname>-<pid>)"),
-    ),
-    (
-        "initialPositionInStream",
-        Use::Mapped("where a shard without a checkpoint starts (default LATEST)"),
-    ),
-    (
-        "initialPositionInStreamExtended",
-        Use::Mapped("AT_TIMESTAMP's timestamp, epoch seconds (as Java) or RFC 3339"),
-    ),
-    ("failoverTimeMillis", Use::Mapped("failover_time")),
-    ("maxRecords", Use::Mapped("max_records")),
-    (
-        "idleTimeBetweenReadsInMillis",
-        Use::Mapped("idle_time_between_reads"),
-    ),
-    (
-        "callProcessRecordsEvenForEmptyRecordList",
-        Use::Mapped("empty_batch_interval = idleTimeBetweenReadsInMillis"),
-    ),
-    (
-        "parentShardPollIntervalMillis",
-        Use::Mapped("parent_poll_interval"),
-    ),
-    (
-        "shardSyncIntervalMillis",
-        Use::Mapped("shard_sync_interval"),
-    ),
-    ("maxLeasesForWorker", Use::Mapped("max_leases")),
-    (
-        "maxLeasesToStealAtOneTime",
-        Use::Mapped("max_leases_to_steal"),
-    ),
-    (
-        "taskBackoffTimeMillis",
-        Use::Mapped("min_backoff (a failed shard's first retry)"),
-    ),
-    (
-        "shutdownGraceMillis",
-        Use::Mapped("shutdown_timeout, when above 0 (else kcl's 30 s)"),
-    ),
-    (
-        "timeoutInSeconds",
-        Use::Mapped("how long a child may take to answer a message"),
-    ),
-    (
-        "retrievalMode",
-        Use::Mapped("FANOUT (default, consumer named applicationName) or POLLING"),
-    ),
-    (
-        "billingMode",
-        Use::Mapped("how a lease table the daemon creates is billed"),
-    ),
-    (
-        "initialLeaseTableReadCapacity",
-        Use::Mapped("read capacity of a PROVISIONED lease table"),
-    ),
-    (
-        "initialLeaseTableWriteCapacity",
-        Use::Mapped("write capacity of a PROVISIONED lease table"),
-    ),
-    (
-        "coordination",
-        Use::Mapped("kcl: leader (default) or every-worker"),
-    ),
-    (
-        "liveness",
-        Use::Mapped("kcl: per-lease (default) or heartbeat"),
-    ),
-    (
-        "tableSetup",
-        Use::Mapped("kcl: managed (default) or external"),
-    ),
-    (
-        "processingLanguage",
-        Use::Ignored("only names the language in KCL Java's user agent"),
-    ),
-    (
-        "maxActiveThreads",
-        Use::Ignored("kcl runs each shard as a task, not on a thread pool"),
-    ),
-    (
-        "metricsLevel",
-        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
-    ),
-    (
-        "metricsEnabledDimensions",
-        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
-    ),
-    (
-        "metricsBufferTimeMillis",
-        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
-    ),
-    (
-        "metricsMaxQueueSize",
-        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
-    ),
-    (
-        "cloudWatchEndpoint",
-        Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen"),
-    ),
-    (
-        "cleanupLeasesUponShardCompletion",
-        Use::Ignored("finished leases are always deleted, 5 minutes after their children started"),
-    ),
-    (
-        "validateSequenceNumberBeforeCheckpointing",
-        Use::Ignored("a checkpoint is always checked against what was delivered"),
-    ),
-    (
-        "skipShardSyncAtStartupIfLeasesExist",
-        Use::Ignored("the shard sync at start is one ListShards call"),
-    ),
-    (
-        "shardPrioritization",
-        Use::Ignored("shards are served concurrently, parents before children"),
-    ),
-    (
-        "maxLeaseRenewalThreads",
-        Use::Ignored("renewals are tasks, not threads"),
-    ),
-    (
-        "maxGetRecordsThreadPool",
-        Use::Ignored("reads are tasks, not threads"),
-    ),
-    (
-        "retryGetRecordsInSeconds",
-        Use::Ignored("reads retry with kcl's backoff"),
-    ),
-    (
-        "listShardsBackoffTimeInMillis",
-        Use::Ignored("ListShards retries with kcl's backoff"),
-    ),
-    (
-        "maxListShardsRetryAttempts",
-        Use::Ignored("ListShards retries with kcl's backoff"),
-    ),
-    (
-        "logWarningForTaskAfterMillis",
-        Use::Ignored("slow hooks are bounded by the lease's validity"),
-    ),
-    (
-        "maxCacheByteSize",
-        Use::Ignored("prefetch is bounded by max_prefetch_bytes (8 MiB)"),
-    ),
-    (
-        "maxRecordsCount",
-        Use::Ignored("prefetch is bounded by max_prefetch_batches (3)"),
-    ),
-    (
-        "cacheMaxByteSize",
-        Use::Ignored("prefetch is bounded by max_prefetch_bytes (8 MiB)"),
-    ),
-    (
-        "userAgent",
-        Use::Ignored("the AWS SDK for Rust sets its own"),
-    ),
-    (
-        "leaseTableDeletionProtectionEnabled",
-        Use::Ignored("set table protection where the table is managed (tableSetup = external)"),
-    ),
-    (
-        "leaseTablePitrEnabled",
-        Use::Ignored("set table backups where the table is managed (tableSetup = external)"),
-    ),
-    (
-        "tags",
-        Use::Ignored("tag the table where it is managed (tableSetup = external)"),
-    ),
-    (
-        "clientVersionConfig",
-        Use::Ignored("no KCL 2.x to 3.x migration state: kcl reads both tables as they are"),
-    ),
-    (
-        "coordinatorStateTableConfig",
-        Use::Ignored("kcl keeps its coordination rows in the lease table"),
-    ),
-    (
-        "workerMetricsTableConfig",
-        Use::Ignored("kcl balances by lease count; no worker metrics table"),
-    ),
-    (
-        "workerUtilizationAwareAssignmentConfig",
-        Use::Ignored("kcl balances by lease count"),
-    ),
-    (
-        "gracefulLeaseHandoffConfig",
-        Use::Ignored("handoffs are always graceful: shutdownRequested, then the lease moves"),
-    ),
-];
-
-/// The keys that make the Java daemon's `DEFAULT` retrieval mode polling.
-const POLLING_KEYS: &[&str] = &[
-    "maxRecords",
-    "idleTimeBetweenReadsInMillis",
-    "retryGetRecordsInSeconds",
-    "maxGetRecordsThreadPool",
-];
-
-/// The spelling [`KEYS`] has for `key`: exact, as the Java daemon's bean properties are, but
-/// `AwsCredentialsProvider…` in any case (the Java daemon rewrites that prefix), and a nested
-/// key (`workerMetricsTableConfig.tableName`) by its first part.
-fn canonical(key: &str) -> Option<(&'static str, Use)> {
-    let credentials = "AwsCredentialsProvider";
-    let key = match key.get(..credentials.len()) {
-        Some(prefix) if prefix.eq_ignore_ascii_case(credentials) => {
-            format!("{credentials}{}", &key[credentials.len()..])
-        }
-        _ => key.to_owned(),
-    };
-    let first = key.split('.').next().unwrap_or(&key);
-    KEYS.iter()
-        .find(|(k, _)| *k == key || *k == first)
-        .map(|&(k, u)| (k, u))
-}
-
-/// A known key spelled with other capitals, for the warning about an unknown one.
-fn near(key: &str) -> Option<&'static str> {
-    KEYS.iter()
-        .map(|(k, _)| *k)
-        .find(|k| k.eq_ignore_ascii_case(key))
 }
 
 /// Reads properties for the keys of [`KEYS`].
@@ -473,8 +213,14 @@ impl DaemonConfig {
             application_name,
             table_name,
             region,
-            kinesis_endpoint: r.get("kinesisEndpoint").map(str::to_owned),
-            dynamodb_endpoint: r.get("dynamoDBEndpoint").map(str::to_owned),
+            kinesis: ClientSettings {
+                region: r.get("kinesisClient.region").map(str::to_owned),
+                endpoint: r.get("kinesisEndpoint").map(str::to_owned),
+            },
+            dynamodb: ClientSettings {
+                region: r.get("dynamoDbClient.region").map(str::to_owned),
+                endpoint: r.get("dynamoDBEndpoint").map(str::to_owned),
+            },
             credentials: credentials(r.get("AwsCredentialsProvider"))?,
             worker_id: r.get("workerId").unwrap_or(default_worker_id).to_owned(),
             table_setup: match r.get("tableSetup").map(str::to_ascii_lowercase).as_deref() {
@@ -500,6 +246,9 @@ impl DaemonConfig {
         let mut out = String::from("# keys given\n");
         for entry in properties.entries() {
             let what = match canonical(&entry.key) {
+                Some((known, Use::Mapped(to))) if known != entry.key => {
+                    format!("mapped as `{known}`: {to}")
+                }
                 Some((_, Use::Mapped(to))) => format!("mapped: {to}"),
                 Some((_, Use::Ignored(why))) => format!("no equivalent, ignored: {why}"),
                 None => match near(&entry.key) {
@@ -531,12 +280,12 @@ impl DaemonConfig {
             self.region.as_deref().unwrap_or("(from the environment)")
         );
         let _ = writeln!(out, "credentials = {:?}", self.credentials);
-        for (what, endpoint) in [
-            ("kinesis", &self.kinesis_endpoint),
-            ("dynamodb", &self.dynamodb_endpoint),
-        ] {
-            if let Some(e) = endpoint {
-                let _ = writeln!(out, "{what} endpoint = {e}");
+        for (what, client) in [("kinesis", &self.kinesis), ("dynamodb", &self.dynamodb)] {
+            if let Some(region) = &client.region {
+                let _ = writeln!(out, "{what} region = {region}");
+            }
+            if let Some(endpoint) = &client.endpoint {
+                let _ = writeln!(out, "{what} endpoint = {endpoint}");
             }
         }
         let _ = writeln!(out, "worker = {:#?}", self.worker);
@@ -588,7 +337,7 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
     {
         None | Some("DEFAULT") if polling_key => Retrieval::Polling,
         None | Some("FANOUT" | "DEFAULT") => Retrieval::FanOut {
-            consumer_name: application_name.to_owned(),
+            consumer_name: consumer_name(r)?.unwrap_or(application_name).to_owned(),
         },
         Some("POLLING") => Retrieval::Polling,
         Some(other) => {
@@ -629,6 +378,30 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
     Ok(worker)
 }
 
+/// The fan-out consumer's name, if given: from `fanoutConfig.consumerArn`
+/// (`arn:aws:kinesis:<region>:<account>:stream/<stream>/consumer/<name>:<created>`, which wins
+/// in Java too), else `fanoutConfig.consumerName`.
+fn consumer_name<'a>(r: &'a Reader<'_>) -> Result<Option<&'a str>, KeyError> {
+    let key = "fanoutConfig.consumerArn";
+    let Some(arn) = r.get(key) else {
+        return Ok(r.get("fanoutConfig.consumerName"));
+    };
+    arn.split_once("/consumer/")
+        .filter(|(stream, _)| stream.starts_with("arn:") && stream.contains(":stream/"))
+        .and_then(|(_, rest)| rest.split(':').next())
+        .filter(|name| !name.is_empty())
+        .map(Some)
+        .ok_or_else(|| {
+            key_error(
+                key,
+                format!(
+                    "`{arn}` is not a stream consumer's ARN \
+                     (arn:aws:kinesis:<region>:<account>:stream/<stream>/consumer/<name>:<created>)"
+                ),
+            )
+        })
+}
+
 /// The property that sets a [`WorkerConfig`] field, for errors the worker's own validation
 /// finds.
 fn java_key(field: &'static str) -> &'static str {
@@ -643,6 +416,7 @@ fn java_key(field: &'static str) -> &'static str {
         "min_backoff" => "taskBackoffTimeMillis",
         "shutdown_timeout" => "shutdownGraceMillis",
         "retrieval" => "retrievalMode",
+        "retrieval.consumer_name" => "fanoutConfig.consumerName",
         // kcl's own settings, derived from the above: named as kcl names them.
         other => other,
     }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource, TableBilling};
 use kcl_core::{ShardId, Worker};
-use kcl_multilang::config::{Billing, Credentials, DaemonConfig, TableSetup};
+use kcl_multilang::config::{Billing, ClientSettings, Credentials, DaemonConfig, TableSetup};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
 use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
@@ -184,11 +184,16 @@ async fn sdk_config(config: &DaemonConfig) -> aws_config::SdkConfig {
     loader.load().await
 }
 
-fn with_endpoint(sdk: &aws_config::SdkConfig, endpoint: Option<&String>) -> aws_config::SdkConfig {
-    match endpoint {
-        Some(url) => sdk.to_builder().endpoint_url(url.clone()).build(),
-        None => sdk.clone(),
+/// `sdk` with one client's own region and endpoint.
+fn for_client(sdk: &aws_config::SdkConfig, client: &ClientSettings) -> aws_config::SdkConfig {
+    let mut builder = sdk.to_builder();
+    if let Some(region) = &client.region {
+        builder = builder.region(aws_config::Region::new(region.clone()));
     }
+    if let Some(url) = &client.endpoint {
+        builder = builder.endpoint_url(url.clone());
+    }
+    builder.build()
 }
 
 async fn run(
@@ -197,18 +202,26 @@ async fn run(
     exit_on_failure: bool,
 ) -> anyhow::Result<ExitCode> {
     let sdk = sdk_config(&config).await;
-    let kinesis = with_endpoint(&sdk, config.kinesis_endpoint.as_ref());
+    let kinesis = for_client(&sdk, &config.kinesis);
     let source = KinesisShardSource::new(&kinesis, config.stream.clone());
     // DynamoDB Streams shares the DynamoDB endpoint off AWS (an emulator serves both); an AWS
     // endpoint is DynamoDB's alone.
     let aws_endpoint = config
-        .dynamodb_endpoint
+        .dynamodb
+        .endpoint
         .as_ref()
         .is_some_and(|url| url.contains("amazonaws.com"));
-    let dynamodb = with_endpoint(&sdk, config.dynamodb_endpoint.as_ref());
+    let dynamodb = for_client(&sdk, &config.dynamodb);
     let mut store = DynamoDbLeaseStore::new(&dynamodb, config.table_name.clone());
     if aws_endpoint {
-        store = store.with_change_feed_client(aws_sdk_dynamodbstreams::Client::new(&sdk));
+        // DynamoDB's region, AWS's DynamoDB Streams endpoint.
+        let streams = ClientSettings {
+            region: config.dynamodb.region.clone(),
+            endpoint: None,
+        };
+        store = store.with_change_feed_client(aws_sdk_dynamodbstreams::Client::new(&for_client(
+            &sdk, &streams,
+        )));
     }
     let store = store
         .with_table_setup(match config.table_setup {

@@ -195,3 +195,191 @@ fn every_key_is_listed_once() {
     keys.dedup();
     assert_eq!(before, keys.len());
 }
+
+/// The bean properties of KCL Java 3.1.3's `MultiLangDaemonConfiguration` (its setters, listed
+/// with `javap` from amazon-kinesis-client-multilang-3.1.3.jar), those 3.5.0 added, the keys
+/// its daemon reads itself, and the nested keys its beans take.
+const JAVA_KEYS: &[&str] = &[
+    "allowThroughputOvershoot",
+    "applicationName",
+    "awsCredentialsProvider",
+    "awsCredentialsProviderCloudWatch",
+    "awsCredentialsProviderDynamoDB",
+    "callProcessRecordsEvenForEmptyRecordList",
+    "cleanupLeasesUponShardCompletion",
+    "clientVersionConfig",
+    "coordinatorStateBillingMode",
+    "coordinatorStateDeletionProtectionEnabled",
+    "coordinatorStatePointInTimeRecoveryEnabled",
+    "coordinatorStateReadCapacity",
+    "coordinatorStateTableName",
+    "coordinatorStateTags",
+    "coordinatorStateWriteCapacity",
+    "dampeningPercentage",
+    "disableWorkerMetrics",
+    "dynamoDBEndpoint",
+    "enablePriorityLeaseAssignment",
+    "failoverTimeMillis",
+    "gracefulLeaseHandoffTimeoutMillis",
+    "idleTimeBetweenReadsInMillis",
+    "ignoreUnexpectedChildShards",
+    "inMemoryWorkerMetricsCaptureFrequencyMillis",
+    "initialLeaseTableReadCapacity",
+    "initialLeaseTableWriteCapacity",
+    "initialPositionInStream",
+    "initialPositionInStreamExtended",
+    "isGracefulLeaseHandoffEnabled",
+    "kinesisEndpoint",
+    "leaseAssignmentIntervalMillis",
+    "leaseTableDeletionProtectionEnabled",
+    "leaseTablePitrEnabled",
+    "listShardsBackoffTimeInMillis",
+    "logWarningForTaskAfterMillis",
+    "maxGetRecordsThreadPool",
+    "maxLeaseRenewalThreads",
+    "maxLeasesForWorker",
+    "maxLeasesToStealAtOneTime",
+    "maxListShardsRetryAttempts",
+    "maxRecords",
+    "maxThroughputPerHostKBps",
+    "metricsBufferTimeMillis",
+    "metricsEnabledDimensions",
+    "metricsLevel",
+    "metricsMaxQueueSize",
+    "millisBehindLatestThresholdForReducedTps",
+    "noOfPersistedMetricsPerWorkerMetrics",
+    "parentShardPollIntervalMillis",
+    "reBalanceThresholdPercentage",
+    "regionName",
+    "retrievalMode",
+    "retryGetRecordsInSeconds",
+    "schedulerInitializationBackoffTimeMillis",
+    "shardPrioritization",
+    "shardSyncIntervalMillis",
+    "shutdownGraceMillis",
+    "skipShardSyncAtWorkerInitializationIfLeasesExist",
+    "staleWorkerMetricsEntryCleanupDuration",
+    "streamArn",
+    "streamName",
+    "tableName",
+    "taskBackoffTimeMillis",
+    "timeoutInSeconds",
+    "validateSequenceNumberBeforeCheckpointing",
+    "varianceBalancingFrequency",
+    "workerId",
+    "workerIdentifier",
+    "workerMetricsBillingMode",
+    "workerMetricsDeletionProtectionEnabled",
+    "workerMetricsEMAAlpha",
+    "workerMetricsPointInTimeRecoveryEnabled",
+    "workerMetricsReadCapacity",
+    "workerMetricsReporterFreqInMillis",
+    "workerMetricsTableName",
+    "workerMetricsTags",
+    "workerMetricsWriteCapacity",
+    // 3.5.0
+    "leaseTableScanTotalSegments",
+    "migrateAllEntitiesToLeaseTable",
+    "tableMigrationCompleteBakeTimeSeconds",
+    // read by the daemon itself
+    "executableName",
+    "processingLanguage",
+    "maxActiveThreads",
+    // nested
+    "fanoutConfig.consumerArn",
+    "fanoutConfig.consumerName",
+    "fanoutConfig.retryBackoffMillis",
+    "fanoutConfig.maxDescribeStreamSummaryRetries",
+    "fanoutConfig.registerStreamConsumerRetries",
+    "fanoutConfig.maxDescribeStreamConsumerRetries",
+    "pollingConfig.maxRecords",
+    "pollingConfig.idleTimeBetweenReadsInMillis",
+    "kinesisClient.region",
+    "kinesisClient.endpointOverride",
+    "dynamoDbClient.region",
+    "dynamoDbClient.endpointOverride",
+    "cloudWatchClient.region",
+    "cloudWatchClient.endpointOverride",
+    "gracefulLeaseHandoffConfigBean.gracefulLeaseHandoffTimeoutMillis",
+    "coordinatorStateTableConfigBean.coordinatorStateTableName",
+];
+
+#[test]
+fn every_key_of_the_java_daemon_is_mapped_or_ignored_with_a_reason() {
+    for key in JAVA_KEYS {
+        assert!(canonical(key).is_some(), "`{key}` is not in KEYS");
+    }
+}
+
+#[test]
+fn nested_keys_and_aliases_are_read_as_java_reads_them() {
+    let text = format!(
+        "{MINIMAL}\
+         workerIdentifier = w-7\n\
+         pollingConfig.maxRecords = 300\n\
+         kinesisClient.endpointOverride = http://localhost:4567\n\
+         kinesisClient.region = eu-west-1\n\
+         dynamoDbClient.region = eu-central-1\n\
+         regionName = us-east-2\n\
+         gracefulLeaseHandoffConfigBean.isGracefulLeaseHandoffEnabled = false\n"
+    );
+    let c = config(&text).unwrap();
+    assert_eq!(c.worker_id, "w-7");
+    assert_eq!(c.worker.max_records, 300);
+    assert_eq!(c.worker.retrieval, Retrieval::Polling, "a polling key");
+    assert_eq!(c.region.as_deref(), Some("us-east-2"));
+    assert_eq!(
+        c.kinesis,
+        ClientSettings {
+            region: Some("eu-west-1".to_owned()),
+            endpoint: Some("http://localhost:4567".to_owned()),
+        }
+    );
+    assert_eq!(c.dynamodb.region.as_deref(), Some("eu-central-1"));
+    let ignored: Vec<&str> = c.ignored.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        ignored,
+        ["gracefulLeaseHandoffConfigBean.isGracefulLeaseHandoffEnabled"]
+    );
+    assert!(c.unknown.is_empty(), "{:?}", c.unknown);
+
+    let polling = config(&format!(
+        "{MINIMAL}millisBehindLatestThresholdForReducedTps = 1000\n"
+    ))
+    .unwrap();
+    assert_eq!(polling.worker.retrieval, Retrieval::Polling);
+}
+
+#[test]
+fn the_fan_out_consumer_is_named_by_its_arn_or_its_name() {
+    let named = |extra: &str| match config(&format!("{MINIMAL}{extra}"))
+        .unwrap()
+        .worker
+        .retrieval
+    {
+        Retrieval::FanOut { consumer_name } => consumer_name,
+        other => unreachable!("{other:?}"),
+    };
+    assert_eq!(named(""), "app");
+    assert_eq!(named("fanoutConfig.consumerName = reader\n"), "reader");
+    assert_eq!(
+        named(
+            "fanoutConfig.consumerName = reader\n\
+             fanoutConfig.consumerArn = \
+             arn:aws:kinesis:us-east-1:123456789012:stream/orders/consumer/billing:1525898737\n"
+        ),
+        "billing"
+    );
+    for (arn, key) in [
+        (
+            "arn:aws:kinesis:us-east-1:1:stream/orders",
+            "fanoutConfig.consumerArn",
+        ),
+        ("billing", "fanoutConfig.consumerArn"),
+    ] {
+        let error = config(&format!("{MINIMAL}fanoutConfig.consumerArn = {arn}\n")).unwrap_err();
+        assert_eq!(error.key, key, "{error}");
+    }
+    let error = config(&format!("{MINIMAL}fanoutConfig.consumerName = a b\n")).unwrap_err();
+    assert_eq!(error.key, "fanoutConfig.consumerName", "{error}");
+}
