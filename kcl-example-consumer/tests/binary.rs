@@ -3,7 +3,8 @@
 #![allow(clippy::panic, clippy::print_stderr)]
 
 mod common;
-use common::{MEMORY_CONSUMER, http_get, serving_addr};
+use common::MEMORY_CONSUMER;
+use kcl_integration_tests::http::{http_get, http_post, serving_addr};
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -439,11 +440,8 @@ fn the_summary_job_prints_and_takes_authenticated_messages() {
     }
     let addr: std::net::SocketAddr = listen.parse().unwrap_or_else(|e| panic!("{e}"));
     let path = "/singletons/summary/messages";
-    assert_eq!(
-        common::http_post(addr, path, "wrong", "intruder"),
-        Some(401)
-    );
-    assert_eq!(common::http_post(addr, path, secret, "hello"), Some(204));
+    assert_eq!(http_post(addr, path, "wrong", "intruder"), Some(401));
+    assert_eq!(http_post(addr, path, secret, "hello"), Some(204));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let summary = summaries

@@ -6,7 +6,8 @@
 #![allow(clippy::panic, clippy::print_stderr)]
 
 mod common;
-use common::{MEMORY_CONSUMER, http_get, serving_addr};
+use common::MEMORY_CONSUMER;
+use kcl_integration_tests::http::{http_get, serving_addr};
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;

@@ -13,6 +13,7 @@
 #![allow(clippy::print_stderr)]
 
 pub mod fixture;
+pub mod http;
 pub mod journal;
 pub mod meter;
 pub mod process;

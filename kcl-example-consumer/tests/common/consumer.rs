@@ -57,7 +57,7 @@ impl Consumer {
     }
 
     pub(crate) fn get(&self, path: &str) -> Option<(u16, String)> {
-        super::http_get(self.addr, path)
+        kcl_integration_tests::http::http_get(self.addr, path)
     }
 
     fn terminate(&self) {

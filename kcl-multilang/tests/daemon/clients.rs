@@ -1,23 +1,14 @@
-//! The KCL client libraries, installed unchanged from their registries by `scripts/clients`,
-//! under the `kcl-multilang` binary against the emulators:
-//! - amazon_kclpy's own sample record processor (PyPI `kclpy-ext`): every record of a 4-shard
-//!   stream reaches a child and is checkpointed; after a SIGKILL of the daemon a new one
-//!   resumes from those checkpoints, delivering exactly what came after them; SIGTERM gives
-//!   each child `shutdownRequested` and leaves every lease unowned.
-//! - npm `aws-kcl` with a consumer laid out as its README lays one out, under two daemons on a
-//!   stream that splits a shard mid-run: every record delivered, in order per child, the
-//!   parent before its children, `shardEnded` at the parent's end.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+//! The KCL client libraries under the daemon.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use kcl_core::{Checkpoint, LeaseStore};
+use kcl_core::Checkpoint;
 use kcl_integration_tests::{Context, repo_root, wait_until, with_timeout};
-use tokio::process::{Child, Command};
+
+use super::{Daemon, Entry, checkpointed, journal, last_by_shard, properties, put, stream_order};
 
 /// What `scripts/clients` installs: from the environment (`scripts/test` sets it), else
 /// installed now.
@@ -71,149 +62,6 @@ fn clients() -> anyhow::Result<Clients> {
     })
 }
 
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(
-        ctx: &Context,
-        properties: &Path,
-        name: &str,
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Self> {
-        let log = ctx.path(&format!("{name}.log"));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_kcl-multilang"))
-            .arg("--properties-file")
-            .arg(properties)
-            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-            .envs(ctx.worker_env())
-            .env("KCL_LOG_FILTER", "info,aws=warn")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()?;
-        Ok(Self { child, log })
-    }
-
-    fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let pid = self.child.id().context("already exited")?;
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()?;
-        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
-        Ok(())
-    }
-
-    async fn wait(&mut self, limit: Duration) -> anyhow::Result<std::process::ExitStatus> {
-        tokio::time::timeout(limit, self.child.wait())
-            .await
-            .context("the daemon did not exit")?
-            .map_err(Into::into)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The sequence numbers the sample app logged (to stderr, which the daemon logs).
-    fn delivered(&self) -> BTreeSet<String> {
-        let log = self.log();
-        log.split("Sequence Number: ")
-            .skip(1)
-            .filter_map(|rest| {
-                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                (!digits.is_empty()).then_some(digits)
-            })
-            .collect()
-    }
-}
-
-/// A properties file for `worker` running `executable` (language: `language`).
-fn properties(
-    ctx: &Context,
-    executable: &str,
-    language: &str,
-    worker: &str,
-) -> anyhow::Result<PathBuf> {
-    let path = ctx.path(&format!("{worker}.properties"));
-    let text = format!(
-        "# The samples' own properties, pointed at the emulators.\n\
-         executableName = {executable}\n\
-         streamName = {stream}\n\
-         applicationName = {app}\n\
-         workerId = {worker}\n\
-         AwsCredentialsProvider = DefaultCredentialsProvider\n\
-         processingLanguage = {language}\n\
-         initialPositionInStream = TRIM_HORIZON\n\
-         regionName = us-east-1\n\
-         kinesisEndpoint = {kinesis}\n\
-         dynamoDBEndpoint = {dynamodb}\n\
-         retrievalMode = POLLING\n\
-         failoverTimeMillis = 5000\n\
-         idleTimeBetweenReadsInMillis = 250\n",
-        stream = ctx.stream,
-        app = ctx.table,
-        kinesis = ctx.endpoints.kinesis,
-        dynamodb = ctx.endpoints.dynamodb,
-    );
-    std::fs::write(&path, text)?;
-    Ok(path)
-}
-
-/// Where each shard's checkpoint should end up: `SHARD_END` for a closed shard, else its last
-/// record's sequence number (a shard without records is left out).
-async fn last_by_shard(ctx: &Context) -> anyhow::Result<BTreeMap<String, String>> {
-    let shards = ctx
-        .kinesis
-        .list_shards()
-        .stream_name(&ctx.stream)
-        .send()
-        .await?;
-    let mut last = BTreeMap::new();
-    for shard in shards.shards() {
-        let id = shard.shard_id().to_owned();
-        let closed = shard
-            .sequence_number_range()
-            .is_some_and(|r| r.ending_sequence_number().is_some());
-        if closed {
-            last.insert(id, Checkpoint::SHARD_END.to_owned());
-        } else if let Some((sequence, _)) = ctx.read_shard(&id).await?.pop() {
-            last.insert(id, sequence);
-        }
-    }
-    Ok(last)
-}
-
-/// Whether every shard's lease is checkpointed where [`last_by_shard`] says.
-async fn checkpointed(ctx: &Context, last: &BTreeMap<String, String>) -> anyhow::Result<bool> {
-    // The daemon creates the table: until then, nothing is checkpointed.
-    let Ok(leases) = ctx.store().list().await else {
-        return Ok(false);
-    };
-    Ok(last.iter().all(|(shard, want)| {
-        leases.iter().any(|l| {
-            l.key.as_str() == shard
-                && match &l.checkpoint {
-                    Checkpoint::Sequence(s) => s.sequence.as_str() == want,
-                    Checkpoint::ShardEnd => want == Checkpoint::SHARD_END,
-                    _ => false,
-                }
-        })
-    }))
-}
-
-async fn put(ctx: &Context, from: usize, count: usize) -> anyhow::Result<()> {
-    let records: Vec<(String, String)> = (from..from + count)
-        .map(|i| (format!("pk-{i}"), format!("record-{i}")))
-        .collect();
-    ctx.put(&records).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kclpy_sample_processes_resumes_after_a_kill_and_hands_back() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("kclpy").await? else {
@@ -221,7 +69,7 @@ async fn the_kclpy_sample_processes_resumes_after_a_kill_and_hands_back() -> any
     };
     let clients = clients()?;
     let sample = format!("{} {}", clients.python, clients.kclpy_sample);
-    let properties = |worker| properties(&ctx, &sample, "python/3", worker);
+    let properties = |worker| properties(&ctx, &sample, "python/3", worker, "");
     with_timeout(Duration::from_secs(240), async {
         ctx.create_stream(4).await?;
         put(&ctx, 0, 200).await?;
@@ -285,25 +133,14 @@ async fn the_kclpy_sample_processes_resumes_after_a_kill_and_hands_back() -> any
             }
         }
         assert_eq!(expected.len(), 100);
-        assert_eq!(two.delivered(), expected, "the second daemon's deliveries");
+        assert_eq!(
+            two.kclpy_delivered(),
+            expected,
+            "the second daemon's deliveries"
+        );
         Ok(())
     })
     .await
-}
-
-/// One line of the Node consumer's journal.
-#[derive(Debug, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Entry {
-    call: String,
-    shard_id: Option<String>,
-    pid: u32,
-    sequence_number: Option<String>,
-}
-
-/// Sequence numbers in stream order (decimal strings longer than a u128 holds).
-fn stream_order(sequence: &str) -> (usize, &str) {
-    (sequence.len(), sequence)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,11 +151,11 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
     let clients = clients()?;
     let consumer = repo_root().join("kcl-multilang/tests/children/readme_consumer.js");
     let executable = format!("node {}", consumer.display());
-    let journal = ctx.path("journal.jsonl");
-    let journal_path = journal.to_string_lossy().into_owned();
+    let journal_path = ctx.path("journal.jsonl");
+    let journal_text = journal_path.to_string_lossy().into_owned();
     let env = [
         ("NODE_PATH", clients.node_path.as_str()),
-        ("KCL_OUT", journal_path.as_str()),
+        ("KCL_OUT", journal_text.as_str()),
     ];
     with_timeout(Duration::from_secs(240), async {
         ctx.create_stream(2).await?;
@@ -326,7 +163,7 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
         let first = last_by_shard(&ctx).await?;
         let mut daemons = Vec::new();
         for worker in ["w-1", "w-2"] {
-            let properties = properties(&ctx, &executable, "nodejs", worker)?;
+            let properties = properties(&ctx, &executable, "nodejs", worker, "")?;
             daemons.push(Daemon::start(&ctx, &properties, worker, &env)?);
         }
         let logs = |daemons: &[Daemon]| daemons.iter().map(Daemon::log).collect::<String>();
@@ -338,6 +175,11 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
         )
         .await
         .with_context(|| logs(&daemons))?;
+
+        // Each daemon serves its probes and metrics, as the example binary does.
+        for daemon in &daemons {
+            daemon.check_http().await?;
+        }
 
         // The shard holding the low half of the key space split in two, then more records.
         let listed = ctx
@@ -403,11 +245,7 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
             "no child failed (the README's second status after shardEnded included): {logs}"
         );
 
-        let entries: Vec<Entry> = std::fs::read_to_string(&journal)?
-            .lines()
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()?;
-        check_journal(&ctx, &entries, &parent).await
+        check_journal(&ctx, &journal(&journal_path)?, &parent).await
     })
     .await
 }
