@@ -1,5 +1,6 @@
 """A child for the daemon's failure tests. Appends what it is given to the journal $KCL_OUT
-(one JSON object a line: call, shardId, pid, sequenceNumber), checkpoints each batch's last
+(one JSON object a line: call, shardId, pid, ppid, t in epoch seconds, sequenceNumber; also
+kcl-bench's child under both daemons), checkpoints each batch's last
 record, and fails once on the shards $KCL_FAIL names (`<shard>=<how>,…`; how: `crash` exits
 in the middle of a batch, `hang` never answers it, `wrong` answers another action). Whether
 a shard has failed already is a file in $KCL_FAIL_DIR, so its next child works."""
@@ -14,7 +15,8 @@ shard = None
 
 
 def note(call, **fields):
-    entry = {"call": call, "shardId": shard, "pid": os.getpid(), **fields}
+    entry = {"call": call, "shardId": shard, "pid": os.getpid(), "ppid": os.getppid(),
+             "t": time.time(), **fields}
     with open(journal, "a") as f:
         f.write(json.dumps(entry) + "\n")
 

@@ -4,8 +4,9 @@
 // the README's order: processRecords checkpoints the batch's last sequence number and completes
 // in the checkpoint's callback; shardEnded checkpoints with no sequence number and calls its
 // completeCallback both at once and again in that callback, so the daemon sees a second
-// `status` after the shard's end. Its only addition: each record, and each call, is appended
-// as one JSON line to the file $KCL_OUT names (stdout is the protocol's).
+// `status` after the shard's end. Its additions: each record, and each call, is appended as
+// one JSON line to the file $KCL_OUT names (stdout is the protocol's); and the library's
+// optional shutdownRequested hook, which checkpoints.
 var fs = require('fs');
 var kcl = require('aws-kcl');
 
@@ -66,5 +67,15 @@ kcl({
       completeCallback();
     });
     completeCallback();
+  },
+
+  shutdownRequested: function (shutdownRequestedInput, completeCallback) {
+    note({ call: 'shutdownRequested' });
+    shutdownRequestedInput.checkpointer.checkpoint(function (err) {
+      if (err) {
+        note({ call: 'checkpointFailed', error: String(err) });
+      }
+      completeCallback();
+    });
   }
 }).run();

@@ -144,7 +144,8 @@ async fn the_kclpy_sample_processes_resumes_after_a_kill_and_hands_back() -> any
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyhow::Result<()> {
+async fn the_aws_kcl_readme_consumer_resumes_after_a_kill_and_follows_a_split() -> anyhow::Result<()>
+{
     let Some(ctx) = Context::new("aws-kcl").await? else {
         return Ok(());
     };
@@ -157,29 +158,43 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
         ("NODE_PATH", clients.node_path.as_str()),
         ("KCL_OUT", journal_text.as_str()),
     ];
+    let start = |worker: &str, name: &str| {
+        let properties = properties(&ctx, &executable, "nodejs", worker, "")?;
+        Daemon::start(&ctx, &properties, name, &env)
+    };
+    let logs = |daemons: &[Daemon]| daemons.iter().map(Daemon::log).collect::<String>();
     with_timeout(Duration::from_secs(240), async {
-        ctx.create_stream(2).await?;
+        ctx.create_stream(4).await?;
         put(&ctx, 0, 100).await?;
         let first = last_by_shard(&ctx).await?;
-        let mut daemons = Vec::new();
-        for worker in ["w-1", "w-2"] {
-            let properties = properties(&ctx, &executable, "nodejs", worker, "")?;
-            daemons.push(Daemon::start(&ctx, &properties, worker, &env)?);
-        }
-        let logs = |daemons: &[Daemon]| daemons.iter().map(Daemon::log).collect::<String>();
+
+        // One daemon: every record checkpointed, its probes and metrics served; then SIGKILL.
+        let mut one = start("w-1", "w-1")?;
         wait_until(
-            "checkpoints at the end of both shards",
+            "checkpoints at the end of every shard",
             Duration::from_secs(90),
             Duration::from_millis(500),
             async || checkpointed(&ctx, &first).await,
         )
         .await
-        .with_context(|| logs(&daemons))?;
+        .with_context(|| one.log())?;
+        one.check_http().await?;
+        one.signal("-KILL")?;
+        one.wait(Duration::from_secs(10)).await?;
+        let before_kill = journal(&journal_path)?.len();
 
-        // Each daemon serves its probes and metrics, as the example binary does.
-        for daemon in &daemons {
-            daemon.check_http().await?;
-        }
+        // Two daemons take over from the checkpoints.
+        let mut daemons = vec![start("w-1", "w-1-again")?, start("w-2", "w-2")?];
+        put(&ctx, 100, 100).await?;
+        let resumed = last_by_shard(&ctx).await?;
+        wait_until(
+            "the new records checkpointed",
+            Duration::from_secs(90),
+            Duration::from_millis(500),
+            async || checkpointed(&ctx, &resumed).await,
+        )
+        .await
+        .with_context(|| logs(&daemons))?;
 
         // The shard holding the low half of the key space split in two, then more records.
         let listed = ctx
@@ -210,7 +225,7 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
             .send()
             .await?;
         ctx.wait_stream_active().await?;
-        put(&ctx, 100, 100).await?;
+        put(&ctx, 200, 100).await?;
         let second = last_by_shard(&ctx).await?;
         assert_eq!(
             second.get(&parent).map(String::as_str),
@@ -245,14 +260,34 @@ async fn the_aws_kcl_readme_consumer_follows_a_split_under_two_daemons() -> anyh
             "no child failed (the README's second status after shardEnded included): {logs}"
         );
 
-        check_journal(&ctx, &journal(&journal_path)?, &parent).await
+        let entries = journal(&journal_path)?;
+        // Each child alive at SIGTERM, one per open shard, was asked to checkpoint.
+        let open = second
+            .values()
+            .filter(|c| *c != Checkpoint::SHARD_END)
+            .count();
+        let asked = entries
+            .iter()
+            .filter(|e| e.call == "shutdownRequested")
+            .count();
+        assert_eq!(
+            asked, open,
+            "shutdownRequested for each of the {open} open shards"
+        );
+        check_journal(&ctx, &entries, before_kill, &parent).await
     })
     .await
 }
 
-/// Every record delivered; in order within each child process; the split parent's records
-/// all before any of its children's; `shardEnded` for the parent.
-async fn check_journal(ctx: &Context, entries: &[Entry], parent: &str) -> anyhow::Result<()> {
+/// Every record delivered, none checkpointed before the kill (`entries[..before_kill]`)
+/// delivered again; in order within each child process; the split parent's records all
+/// before any of its children's; `shardEnded` for the parent.
+async fn check_journal(
+    ctx: &Context,
+    entries: &[Entry],
+    before_kill: usize,
+    parent: &str,
+) -> anyhow::Result<()> {
     let listed = ctx
         .kinesis
         .list_shards()
@@ -269,7 +304,7 @@ async fn check_journal(ctx: &Context, entries: &[Entry], parent: &str) -> anyhow
             written.insert(sequence);
         }
     }
-    assert_eq!(written.len(), 200);
+    assert_eq!(written.len(), 300);
     assert_eq!(children.len(), 2, "a split makes two children");
 
     let records: Vec<(usize, &Entry, &str)> = entries
@@ -280,6 +315,21 @@ async fn check_journal(ctx: &Context, entries: &[Entry], parent: &str) -> anyhow
         .collect();
     let delivered: BTreeSet<String> = records.iter().map(|(_, _, s)| (*s).to_owned()).collect();
     assert_eq!(delivered, written, "every record reached a child");
+    let checkpointed_before: BTreeSet<&str> = records
+        .iter()
+        .filter(|(i, _, _)| *i < before_kill)
+        .map(|(_, _, s)| *s)
+        .collect();
+    assert_eq!(checkpointed_before.len(), 100, "the first daemon's records");
+    let again: Vec<&str> = records
+        .iter()
+        .filter(|(i, _, s)| *i >= before_kill && checkpointed_before.contains(s))
+        .map(|(_, _, s)| *s)
+        .collect();
+    assert!(
+        again.is_empty(),
+        "checkpointed, then delivered again: {again:?}"
+    );
     eprintln!(
         "aws-kcl: {} deliveries of {} records",
         records.len(),

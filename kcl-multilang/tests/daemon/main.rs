@@ -1,8 +1,8 @@
 //! The `kcl-multilang` binary on the emulators, as users run it:
 //! - `clients`: the KCL client libraries, installed unchanged from their registries by
 //!   `scripts/clients` — amazon_kclpy's own sample (PyPI `kclpy-ext`) through a SIGKILL and a
-//!   SIGTERM, and npm `aws-kcl` with a consumer laid out as its README lays one out, under two
-//!   daemons through a shard split;
+//!   SIGTERM, and npm `aws-kcl` with a consumer laid out as its README lays one out, through
+//!   a SIGKILL, two daemons resuming, a shard split and a SIGTERM;
 //! - `failures`: children that crash, hang or break the protocol cost their shard a restart,
 //!   not the daemon (or exit it, with `--exit-on-child-failure`); a bad properties file is an
 //!   exit status of 2 naming the key.

@@ -31,6 +31,15 @@
 //!   for another program (KCL Java: `dynamoDBEndpoint = http://127.0.0.1:P`), and prints the
 //!   bill of the `window` seconds (default 60) after the first `after` (default 180).
 //!
+//! - **MultiLangDaemon** (`--only multilang`, not in the default run; also needs `cargo build
+//!   --release -p kcl-multilang`, and `java` with kclpy-ext's jars for KCL Java's rows): the
+//!   `kcl-multilang` binary against KCL Java 3.1.3's daemon with the same Python child: start
+//!   → first record, drain rate, the daemon's and the children's memory, failover after a
+//!   SIGKILL.
+//! - **Migration** (`--only migration`, as `multilang` needs): a lease table from KCL Java's
+//!   daemon to `kcl-multilang` and back; fails if a record is lost or a checkpointed one
+//!   delivered again.
+//!
 //! Timing comes from the workers' journals (wall-clock milliseconds, one machine), CPU and
 //! memory from `/proc`.
 
@@ -40,6 +49,8 @@ mod bill;
 mod failover;
 mod footprint;
 mod latency;
+mod migration;
+mod multilang;
 
 use std::time::Duration;
 
@@ -86,10 +97,9 @@ fn options() -> anyhow::Result<Options> {
                     .context("--e2e-records N")?;
             }
             "--only" => {
-                options.only = Some(
-                    args.next()
-                        .context("--only failover|footprint|e2e|rss|latency|bill")?,
-                );
+                options.only = Some(args.next().context(
+                    "--only failover|footprint|e2e|rss|latency|bill|multilang|migration",
+                )?);
             }
             "--meter" => options.meter = Some(args.next().context("--meter http://host:port")?),
             "--meter-port" => {
@@ -103,7 +113,7 @@ fn options() -> anyhow::Result<Options> {
             }
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency|bill, --meter URL [--meter-port P] [--after S] [--window S])"
+                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency|bill|multilang|migration, --meter URL [--meter-port P] [--after S] [--window S])"
                 )
             }
         }
@@ -166,6 +176,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if options.only.as_deref() == Some("rss") {
         footprint::rss_table(&worker, options.runs).await?;
+    }
+    if options.only.as_deref() == Some("migration") {
+        migration::check().await?;
+    }
+    if options.only.as_deref() == Some("multilang") {
+        multilang::table(options.runs).await?;
     }
     if options.only.as_deref() == Some("bill") {
         bill::table(options.runs).await?;
