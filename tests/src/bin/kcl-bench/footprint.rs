@@ -189,12 +189,7 @@ async fn peak_rss(worker: &str, shards: usize) -> anyhow::Result<u64> {
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid()))?;
-    let hwm = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmHWM in /proc/PID/status")?;
+    let hwm = crate::memory(w.pid(), "VmHWM").context("no VmHWM in /proc/PID/status")?;
     w.terminate()?;
     Ok(hwm)
 }

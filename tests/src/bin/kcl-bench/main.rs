@@ -133,6 +133,15 @@ fn worker_binary() -> anyhow::Result<String> {
     Ok(worker.to_string_lossy().into_owned())
 }
 
+/// KiB of `field` (`VmHWM`, `VmRSS`) in `/proc/PID/status`.
+pub(crate) fn memory(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// The median of `values` (sorted in place).
 fn median(values: &mut [Duration]) -> Duration {
     values.sort();

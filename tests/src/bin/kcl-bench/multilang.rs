@@ -22,6 +22,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use kcl_integration_tests::{Context, Producer, repo_root, unique, wait_until};
+
+use crate::memory;
 use tokio::process::{Child, Command};
 
 /// Records in the stream each run drains.
@@ -65,7 +67,7 @@ pub(crate) fn sides() -> anyhow::Result<Vec<Side>> {
         args: Vec::new(),
     }];
     match java_jars() {
-        Some(jars) if which("java") => sides.push(Side {
+        Some(jars) if runs("java") => sides.push(Side {
             name: "KCL Java 3.1.3 MultiLangDaemon",
             program: "java".to_owned(),
             args: vec![
@@ -83,7 +85,8 @@ pub(crate) fn sides() -> anyhow::Result<Vec<Side>> {
     Ok(sides)
 }
 
-fn which(program: &str) -> bool {
+/// Whether `program -version` runs (Java's spelling of `--version`).
+fn runs(program: &str) -> bool {
     std::process::Command::new(program)
         .arg("-version")
         .stdout(Stdio::null())
@@ -255,15 +258,6 @@ fn write_properties(
     );
     std::fs::write(&path, text)?;
     Ok(path)
-}
-
-/// KiB of `field` (`VmHWM`, `VmRSS`) in `/proc/PID/status`.
-fn memory(pid: u32, field: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// One run's start, drain and memory figures.
