@@ -675,3 +675,41 @@ async fn renewals_of_leases_taken_together_are_spread_out() {
     w.shutdown.shutdown();
     w.task.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn children_of_a_shard_a_follower_ends_start_within_cycles_not_a_sync_interval() {
+    let (stream, store, seen) = world(2);
+    let b = Behaviour::default();
+    let a = start("a", config(), &stream, &store, &seen, &b);
+    let c = start("c", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(10), || held(&a) == 1 && held(&c) == 1)
+            .await
+            .is_some()
+    );
+    let leader = store
+        .leases()
+        .into_iter()
+        .find(|l| l.key.as_str() == "kcl-coordination/worker-leader")
+        .and_then(|l| l.owner)
+        .expect("a leader");
+    let follower = if leader.as_str() == "a" { &c } else { &a };
+    let parent = follower.status.borrow().held[0].clone();
+    // The leader synced at start; its next periodic sync is a shard_sync_interval away.
+    stream.split(&parent).unwrap();
+    let written = fill(&stream, 100);
+    let all = wait_until(Duration::from_secs(120), || {
+        common::undelivered(&seen, &written) == 0
+    })
+    .await;
+    let bound = config().taker_interval * 10;
+    assert!(
+        all.is_some_and(|t| t <= bound),
+        "children's records after {all:?}, bound {bound:?} (shard_sync_interval {:?})",
+        config().shard_sync_interval
+    );
+    for w in [a, c] {
+        w.shutdown.shutdown();
+        w.task.await.unwrap().unwrap();
+    }
+}

@@ -6,7 +6,7 @@
 //! table or the stream is gone, access is denied) ends the cycle with an error that stops the
 //! worker, anything else is logged and retried next cycle.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures_util::StreamExt as _;
@@ -49,6 +49,10 @@ pub(super) struct Coordinator {
     /// The leader's moves its view may not show yet.
     pub(super) moves: Moves,
     pub(super) next_sync: Instant,
+    /// Leases at `SHARD_END` in the last read that synced: one newly there (its shard's
+    /// worker may be a follower, which never syncs) makes a sync due at once, so the
+    /// children's leases exist a cycle later rather than a `shard_sync_interval` later.
+    ended: BTreeSet<ShardId>,
     /// The worker's role under `Coordination::Leader`.
     pub(super) roles: Roles,
     /// When this worker last read the whole table as a follower looking for work.
@@ -202,6 +206,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         };
         // Any worker syncs a table without leases: a new fleet then starts from the moment
         // its first worker does, with or without a leader.
+        if sync {
+            let ended: BTreeSet<ShardId> = leases
+                .iter()
+                .filter(|l| l.is_finished())
+                .map(|l| l.key.clone())
+                .collect();
+            if !ended.is_subset(&state.ended) {
+                state.next_sync = Instant::now();
+            }
+            state.ended = ended;
+        }
         if (sync || leases.is_empty()) && Instant::now() >= state.next_sync {
             match self.sync_shards(&leases, listed_at, &state.observer).await {
                 Ok((changed, complete)) => {
@@ -552,6 +567,7 @@ impl Coordinator {
             mirror: Mirror::default(),
             moves: Moves::default(),
             next_sync: Instant::now(),
+            ended: BTreeSet::new(),
             roles: Roles::none(),
             looked_for_work: None,
             owner_query_at: None,
