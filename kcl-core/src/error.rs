@@ -159,16 +159,6 @@ pub enum Error {
     /// The shard source failed in a way retrying cannot fix.
     #[error("shard source failed fatally")]
     Source(#[source] BackendError),
-    /// Reading one shard failed in a way retrying cannot fix (access denied, a disabled KMS
-    /// key, an invalid request): the worker stops rather than restart the shard forever.
-    #[error("reading shard {shard} failed fatally")]
-    Shard {
-        /// The shard.
-        shard: ShardId,
-        /// The source's error.
-        #[source]
-        source: BackendError,
-    },
 }
 
 /// `error` and its sources, each once, joined by `: ` (a source whose text the previous

@@ -120,4 +120,6 @@ pub use types::{
     Checkpoint, ConsumerId, ExtendedSequenceNumber, HashKeyRange, InitialPosition, Record,
     SequenceNumber, ShardId, StartingPosition, WorkerId,
 };
-pub use worker::{Phase, ShutdownHandle, Signals, Status, Worker, WorkerBuilder};
+pub use worker::{
+    Phase, Problem, ProblemKind, ShutdownHandle, Signals, Status, Worker, WorkerBuilder,
+};

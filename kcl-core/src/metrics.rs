@@ -37,6 +37,19 @@ pub const LEASES_LOST: &str = "kcl_leases_lost_total";
 pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
 /// Processor failures (error or panic) that restarted a shard (counter).
 pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
+/// Reads of a shard that failed and restarted its processor from the last checkpoint
+/// (counter): the stream's fault, not the processor's.
+pub const READ_FAILURES: &str = "kcl_read_failures_total";
+/// Lease-table rows the last whole-table read could not parse (gauge; see
+/// [`ProblemKind`](crate::ProblemKind)).
+pub const LEASE_ROWS_UNREADABLE: &str = "kcl_lease_rows_unreadable";
+/// Shards the stream lists that should have a lease and have none kcl can read (gauge, set
+/// by the worker that syncs shards).
+pub const SHARDS_UNLEASED: &str = "kcl_shards_unleased";
+/// Leases ready to be processed that no worker has room for (gauge, set by the leader).
+pub const SHARDS_UNOWNED: &str = "kcl_shards_unowned";
+/// Held shards whose reads fail in a way retrying cannot fix (gauge).
+pub const SHARD_READ_FAILING: &str = "kcl_shard_read_failing";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
 
@@ -55,7 +68,7 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 17] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 22] = [
     (
         RECORDS,
         Kind::Counter,
@@ -127,6 +140,36 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 17] = [
         Kind::Counter,
         Some(Unit::Count),
         "Processor failures (error or panic) that restarted a shard",
+    ),
+    (
+        READ_FAILURES,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Shard reads that failed and restarted the shard from its last checkpoint",
+    ),
+    (
+        LEASE_ROWS_UNREADABLE,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Lease-table rows the last whole-table read could not parse",
+    ),
+    (
+        SHARDS_UNLEASED,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Shards the stream lists without a lease kcl can read",
+    ),
+    (
+        SHARDS_UNOWNED,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Leases ready to be processed that no worker has room for (leader)",
+    ),
+    (
+        SHARD_READ_FAILING,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Held shards whose reads fail in a way retrying cannot fix",
     ),
     (
         AGGREGATES_DROPPED,
@@ -203,6 +246,7 @@ pub(crate) fn refresh_worker_series() {
         LEASES_LOST,
         CHECKPOINTS,
         PROCESSOR_FAILURES,
+        READ_FAILURES,
         AGGREGATES_DROPPED,
     ] {
         ::metrics::counter!(name).increment(0);

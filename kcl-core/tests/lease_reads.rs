@@ -302,6 +302,10 @@ macro_rules! delegate_writes {
         fn usage(&self) -> Option<Usage> {
             self.$to().usage()
         }
+
+        fn unreadable(&self) -> Vec<kcl_core::lease::UnreadableRow> {
+            self.$to().unreadable()
+        }
     };
 }
 

@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use aws_sdk_dynamodb::types::{AttributeValue, StreamViewType, TableDescription};
 use aws_sdk_dynamodbstreams::types::{
@@ -37,6 +37,7 @@ use kcl_core::lease::usage::{Operation, Usage};
 use kcl_core::{BackendError, ErrorKind, ShardId};
 
 use super::schema::{self, LEASE_KEY};
+use super::unreadable::Unreadable;
 use crate::error::backend_error;
 
 const OPERATION: &str = "read_changes";
@@ -61,15 +62,22 @@ pub(crate) struct StreamFeed {
     arn: Mutex<Option<String>>,
     /// The size of the table's rows at its last whole read.
     table_bytes: AtomicUsize,
+    /// The store's unreadable rows, kept up to date between whole reads.
+    unreadable: Arc<Unreadable>,
 }
 
 impl StreamFeed {
-    pub(crate) fn new(client: aws_sdk_dynamodbstreams::Client, table: &str) -> Self {
+    pub(crate) fn new(
+        client: aws_sdk_dynamodbstreams::Client,
+        table: &str,
+        unreadable: Arc<Unreadable>,
+    ) -> Self {
         Self {
             client,
             table: table.to_owned(),
             arn: Mutex::new(None),
             table_bytes: AtomicUsize::new(0),
+            unreadable,
         }
     }
 
@@ -266,14 +274,17 @@ impl StreamFeed {
         })
     }
 
-    /// A stream record as a change; a row that cannot be parsed is logged and skipped, as in
-    /// a scan.
+    /// A stream record as a change; a row that cannot be parsed is skipped and noted as
+    /// unreadable, as in a scan.
     fn change(&self, record: &Record) -> Option<Change> {
         let data = record.dynamodb()?;
         if record.event_name() == Some(&OperationType::Remove) {
             let key = data.keys()?.get(LEASE_KEY)?;
             return match key {
-                StreamValue::S(key) => Some(Change::Deleted(ShardId::new(key.clone()))),
+                StreamValue::S(key) => {
+                    self.unreadable.gone(key);
+                    Some(Change::Deleted(ShardId::new(key.clone())))
+                }
                 _ => None,
             };
         }
@@ -283,14 +294,14 @@ impl StreamFeed {
             .filter_map(|(name, value)| Some((name.clone(), convert(value)?)))
             .collect();
         match schema::from_item(&item) {
-            Ok(lease) => Some(Change::Written(lease)),
+            Ok(lease) => {
+                self.unreadable.gone(lease.key.as_str());
+                Some(Change::Written(lease))
+            }
             Err(error) => {
-                tracing::warn!(
-                    table = %self.table,
-                    lease_key = schema::key_of(&item).unwrap_or("<none>"),
-                    %error,
-                    "lease row in the stream cannot be parsed; skipped"
-                );
+                let key = schema::key_of(&item);
+                tracing::debug!(table = %self.table, lease_key = key.unwrap_or("<none>"), %error, "lease row in the stream cannot be parsed; skipped");
+                self.unreadable.found(key, error.to_string());
                 None
             }
         }

@@ -29,6 +29,7 @@ mod feed;
 mod index;
 pub mod schema;
 mod table;
+mod unreadable;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -100,6 +101,8 @@ pub struct DynamoDbLeaseStore {
     index: Arc<index::OwnerIndex>,
     /// The table's stream, read as the change feed; `None` without a DynamoDB Streams client.
     feed: Option<Arc<feed::StreamFeed>>,
+    /// Rows the last whole read (and the feed since) could not parse.
+    unreadable: Arc<unreadable::Unreadable>,
 }
 
 impl DynamoDbLeaseStore {
@@ -136,6 +139,7 @@ impl DynamoDbLeaseStore {
             usage: Usage::default(),
             index: Arc::default(),
             feed: None,
+            unreadable: Arc::default(),
         }
     }
 
@@ -145,7 +149,12 @@ impl DynamoDbLeaseStore {
     /// every interval (see the `feed` module docs).
     #[must_use]
     pub fn with_change_feed_client(mut self, client: aws_sdk_dynamodbstreams::Client) -> Self {
-        self.feed = Some(Arc::new(feed::StreamFeed::new(client, &self.table)));
+        let unreadable = self.unreadable.clone();
+        self.feed = Some(Arc::new(feed::StreamFeed::new(
+            client,
+            &self.table,
+            unreadable,
+        )));
         self
     }
 
@@ -301,6 +310,7 @@ impl DynamoDbLeaseStore {
     /// for `Snapshot`.
     async fn scan(&self, operation: Operation) -> Result<Vec<Lease>, BackendError> {
         let mut leases = Vec::new();
+        let mut unreadable = std::collections::BTreeMap::new();
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         loop {
             let result = self
@@ -315,18 +325,23 @@ impl DynamoDbLeaseStore {
             self.count(operation, &result, |o| (o.consumed_capacity(), o.count()));
             let what = format!("table {}", self.table);
             let out = result.map_err(|e| backend_error(operation.as_str(), what, e))?;
-            leases.extend(
-                out.items
-                    .iter()
-                    .flatten()
-                    .filter_map(|item| self.parse_or_skip(item)),
-            );
+            for item in out.items.iter().flatten() {
+                match schema::from_item(item) {
+                    Ok(lease) => leases.push(lease),
+                    Err(error) => {
+                        let key = schema::key_of(item);
+                        tracing::debug!(table = %self.table, lease_key = key.unwrap_or("<none>"), %error, "lease row cannot be parsed; skipped");
+                        unreadable.insert(key.map(str::to_owned), error.to_string());
+                    }
+                }
+            }
             match out.last_evaluated_key {
                 Some(key) if !key.is_empty() => start = Some(key),
                 _ => break,
             }
         }
         leases.sort_by(|a, b| a.key.cmp(&b.key));
+        self.unreadable.replace(unreadable);
         if let Some(feed) = &self.feed {
             feed.table_read(leases.iter().map(kcl_core::lease::usage::item_size).sum());
         }
@@ -335,22 +350,6 @@ impl DynamoDbLeaseStore {
 
     fn what(&self, key: &ShardId) -> String {
         format!("lease {key} in table {}", self.table)
-    }
-
-    /// Parses a row; logs and skips one that cannot be parsed.
-    fn parse_or_skip(&self, item: &HashMap<String, AttributeValue>) -> Option<Lease> {
-        match schema::from_item(item) {
-            Ok(lease) => Some(lease),
-            Err(error) => {
-                tracing::warn!(
-                    table = %self.table,
-                    lease_key = schema::key_of(item).unwrap_or("<none>"),
-                    %error,
-                    "lease row cannot be parsed; skipped"
-                );
-                None
-            }
-        }
     }
 }
 
@@ -506,6 +505,10 @@ impl LeaseStore for DynamoDbLeaseStore {
         Some(self.usage.clone())
     }
 
+    fn unreadable(&self) -> Vec<kcl_core::lease::UnreadableRow> {
+        self.unreadable.rows()
+    }
+
     async fn list(&self) -> Result<Vec<Lease>, BackendError> {
         self.scan(Operation::List).await
     }
@@ -536,7 +539,12 @@ impl LeaseStore for DynamoDbLeaseStore {
             (o.consumed_capacity(), i32::from(o.item.is_some()))
         });
         let out = result.map_err(|e| backend_error("get", self.what(key), e))?;
-        Ok(out.item.as_ref().and_then(|item| self.parse_or_skip(item)))
+        let parsed = out.item.as_ref().map(schema::from_item);
+        Ok(parsed.and_then(|lease| {
+            lease
+                .inspect_err(|error| tracing::debug!(table = %self.table, %key, %error, "lease row cannot be parsed"))
+                .ok()
+        }))
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {

@@ -37,6 +37,8 @@ pub struct Assignment {
     pub take: Vec<(ShardId, WorkerId)>,
     /// Owned leases whose owner is asked to hand them to a less loaded worker.
     pub request_handoff: Vec<(ShardId, WorkerId)>,
+    /// Available leases no worker has room for: read by nobody until one has.
+    pub unplaced: Vec<ShardId>,
 }
 
 /// Plans one round for the fleet, as seen by the leader `me`; `active` tells which workers
@@ -46,6 +48,19 @@ pub fn assign(
     leases: &[Candidate],
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
+) -> Assignment {
+    assign_within(me, leases, limits, active, |_| None)
+}
+
+/// As [`assign`], knowing the most leases some workers take: `cap` gives, for a worker that
+/// gave back a lease the leader wrote to it, how many it held then (its `max_leases`, which
+/// the leader cannot read). A worker is given nothing at or above its cap.
+pub fn assign_within(
+    me: &WorkerId,
+    leases: &[Candidate],
+    limits: Limits,
+    active: impl Fn(&WorkerId) -> bool,
+    cap: impl Fn(&WorkerId) -> Option<usize>,
 ) -> Assignment {
     let mut load: BTreeMap<&WorkerId, usize> = taker::workers(me, leases)
         .into_iter()
@@ -89,7 +104,7 @@ pub fn assign(
         if w == me {
             n < limits.max_leases
         } else {
-            active(w) && !suspects.contains(&w)
+            active(w) && !suspects.contains(&w) && cap(w).is_none_or(|cap| n < cap)
         }
     };
 
@@ -123,6 +138,8 @@ pub fn assign(
         if let Some(w) = least {
             assignment.take.push((c.key.clone(), w.clone()));
             *load.entry(w).or_default() += 1;
+        } else {
+            assignment.unplaced.push(c.key.clone());
         }
     }
 
@@ -169,15 +186,28 @@ pub fn assign(
 /// every interval on a view that does not show its last moves would make them again, or undo
 /// them (a lease it handed off still names it, so it looks like one to adopt). Each move is
 /// shown as under way until the view shows it done or the failover time has passed.
+///
+/// A worker given a lease while at its `max_leases` gives it back with its own name in the
+/// row's `handoffTo` (a refusal; see `led::adopt`). The leader remembers how many leases that
+/// worker held then, as its cap ([`cap`](Self::cap)), so it neither writes leases to it again
+/// and again nor counts a lease it cannot place as placed.
 #[derive(Debug, Default)]
 pub(crate) struct Moves {
     pending: BTreeMap<ShardId, (WorkerId, Instant)>,
+    /// Workers that refused a lease: how many leases they held, and when.
+    caps: BTreeMap<WorkerId, (usize, Instant)>,
 }
 
 impl Moves {
     /// Notes that `key` is on its way to `to` (assigned, handed off, or asked for).
     pub(crate) fn record(&mut self, key: &ShardId, to: &WorkerId, now: Instant) {
         self.pending.insert(key.clone(), (to.clone(), now));
+    }
+
+    /// The most leases `worker` takes, as learned from a refusal within `within` of `now`.
+    pub(crate) fn cap(&self, worker: &WorkerId, now: Instant, within: Duration) -> Option<usize> {
+        let (cap, at) = self.caps.get(worker)?;
+        (now.saturating_duration_since(*at) < within).then_some(*cap)
     }
 
     /// Forgets the moves `leases` show done (the row names the target, or is gone) or made
@@ -191,11 +221,20 @@ impl Moves {
         now: Instant,
         within: Duration,
     ) {
-        let owners: BTreeMap<&ShardId, Option<&WorkerId>> =
-            leases.iter().map(|l| (&l.key, l.owner.as_ref())).collect();
+        let rows: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
+        let caps = &mut self.caps;
         self.pending.retain(|key, (to, at)| {
+            let Some(row) = rows.get(key) else {
+                return false;
+            };
+            let refused = row.owner.is_none() && row.handoff_to.as_ref() == Some(&*to);
+            if refused {
+                let held = leases.iter().filter(|l| l.is_owned_by(to)).count();
+                caps.insert(to.clone(), (held, now));
+            }
             now.saturating_duration_since(*at) < within
-                && owners.get(key).is_some_and(|owner| *owner != Some(&*to))
+                && !refused
+                && row.owner.as_ref() != Some(&*to)
         });
         for c in candidates {
             let Some((to, _)) = self.pending.get(&c.key) else {

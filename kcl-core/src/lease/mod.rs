@@ -103,6 +103,27 @@ pub struct CheckpointUpdate {
     pub endpoint: Option<String>,
 }
 
+/// A row of the lease table that the last read could not parse: kcl neither processes nor
+/// writes it (see [`LeaseStore::unreadable`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub struct UnreadableRow {
+    /// The row's `leaseKey`, if it has one that is a string.
+    pub key: Option<String>,
+    /// Why it cannot be parsed (an attribute missing or of the wrong type).
+    pub reason: String,
+}
+
+impl UnreadableRow {
+    /// A row with `key` (if it has one) that cannot be parsed because of `reason`.
+    pub fn new(key: Option<String>, reason: impl Into<String>) -> Self {
+        Self {
+            key,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// What a worker's coordination uses of the lease table beyond its rows: asked for in
 /// [`LeaseStore::ensure_table`], which answers with those it serves.
 ///
@@ -191,7 +212,8 @@ pub trait LeaseStore: Send + Sync + 'static {
         wanted: TableFeatures,
     ) -> impl Future<Output = Result<TableFeatures, BackendError>> + Send;
 
-    /// Every lease, read consistently. Rows that cannot be parsed are logged and skipped.
+    /// Every lease, read consistently. Rows that cannot be parsed are skipped, and kept for
+    /// [`unreadable`](Self::unreadable).
     fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
 
     /// Every lease, read as cheaply as the store can (DynamoDB: an eventually consistent
@@ -272,6 +294,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn usage(&self) -> Option<usage::Usage> {
         None
     }
+
+    /// The rows the last whole-table read ([`list`](Self::list), [`snapshot`](Self::snapshot),
+    /// or the change feed since) found but could not parse. The worker reports them as
+    /// problems: a shard whose row nobody can read is a shard nobody processes. No default: a
+    /// wrapper that forgot to delegate would hide them.
+    fn unreadable(&self) -> Vec<UnreadableRow>;
 }
 
 /// The keys of the leases in `leases` whose owner is `owner`: `owned_by` for a store that
@@ -364,5 +392,9 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
 
     fn usage(&self) -> Option<usage::Usage> {
         (**self).usage()
+    }
+
+    fn unreadable(&self) -> Vec<UnreadableRow> {
+        (**self).unreadable()
     }
 }

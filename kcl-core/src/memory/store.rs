@@ -37,6 +37,8 @@ pub struct StoreEvent {
 struct Table {
     exists: bool,
     rows: BTreeMap<ShardId, Lease>,
+    /// Rows no reader can parse, with why (see [`MemoryLeaseStore::insert_unreadable`]).
+    unreadable: BTreeMap<ShardId, String>,
     journal: Vec<StoreEvent>,
     /// Every client's requests.
     usage: Usage,
@@ -142,6 +144,21 @@ impl MemoryLeaseStore {
         t.rows.insert(lease.key.clone(), lease);
     }
 
+    /// Puts a row that readers cannot parse (an attribute of the wrong type, a row with only
+    /// its key): reads skip it and report it in [`LeaseStore::unreadable`], and every
+    /// conditional write on its key fails, as DynamoDB's would on a row of another shape.
+    pub fn insert_unreadable(&self, key: ShardId, reason: &str) {
+        let mut t = self.lock();
+        t.exists = true;
+        t.rows.remove(&key);
+        t.unreadable.insert(key, reason.to_owned());
+    }
+
+    /// Whether the unreadable row `key` is still there, untouched.
+    pub fn has_unreadable(&self, key: &ShardId) -> bool {
+        self.lock().unreadable.contains_key(key)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -212,7 +229,7 @@ impl MemoryLeaseStore {
                 "lease table does not exist",
             ));
         }
-        if !condition(current) {
+        if t.unreadable.contains_key(key) || !condition(current) {
             let units = usage::write_units(current.map_or(0, usage::item_size));
             self.count(&t, operation, 0, 0.0, units);
             return Err(BackendError::new(
@@ -368,6 +385,13 @@ impl LeaseStore for MemoryLeaseStore {
 
     fn usage(&self) -> Option<Usage> {
         Some(self.usage.clone())
+    }
+
+    fn unreadable(&self) -> Vec<crate::lease::UnreadableRow> {
+        let t = self.lock();
+        let rows = t.unreadable.iter();
+        rows.map(|(key, why)| crate::lease::UnreadableRow::new(Some(key.to_string()), why.clone()))
+            .collect()
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {

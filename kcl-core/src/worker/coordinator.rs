@@ -16,6 +16,7 @@ use tracing::Instrument;
 
 use super::Worker;
 use super::liveness::Heartbeat;
+use super::problems::{ProblemKind, Problems};
 use super::roles::{Role, Roles};
 use super::shard_consumer::{self, Control, Exit, ShardContext};
 use crate::config::{Coordination, Liveness};
@@ -65,6 +66,8 @@ pub(super) struct Coordinator {
     pub(super) heartbeats: BTreeMap<WorkerId, Lease>,
     /// Whether each owner's leases may be taken, decided since the last read (see `fence`).
     pub(super) fenced: BTreeMap<WorkerId, bool>,
+    /// Shards read by nobody and rows nobody can read, as this worker last found them.
+    pub(super) problems: Problems,
     /// Leases whose shard task could not hand them back, to release again (under heartbeats
     /// nothing else would: their owner's heartbeat goes on).
     pub(super) unreleased: Vec<ShardId>,
@@ -217,19 +220,31 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
             state.ended = ended;
         }
+        if !sync && !leases.is_empty() {
+            // Only the worker that syncs compares the stream with the table.
+            state
+                .problems
+                .replace(ProblemKind::Unleased, BTreeMap::new());
+        }
         if (sync || leases.is_empty()) && Instant::now() >= state.next_sync {
             match self.sync_shards(&leases, listed_at, &state.observer).await {
-                Ok((changed, complete)) => {
+                Ok(synced) => {
                     // An interrupted sync resumes next cycle: a shard without a lease is a
                     // shard nobody reads, and at LATEST what it receives meanwhile is owed.
-                    let next = if complete {
+                    let next = if synced.complete {
                         self.config.shard_sync_interval
                     } else {
                         self.config.taker_interval
                     };
                     state.next_sync = Instant::now() + next;
-                    if changed && let Some(fresh) = self.list(state).await? {
+                    let refused = !synced.refused.is_empty();
+                    if (synced.changed || refused)
+                        && let Some(fresh) = self.list(state).await?
+                    {
                         leases = fresh;
+                    }
+                    if synced.complete {
+                        self.unleased(state, &leases, synced.refused);
                     }
                 }
                 Err(error) => {
@@ -266,6 +281,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             Ok(mut leases) => {
                 self.status.send_modify(|s| s.store_reachable = true);
                 self.solved();
+                let unreadable = self.store.unreadable().into_iter().map(|row| {
+                    let key = row.key.unwrap_or_else(|| "<no key>".to_owned());
+                    (key, row.reason)
+                });
+                state
+                    .problems
+                    .replace(ProblemKind::UnreadableRow, unreadable.collect());
                 let now = Instant::now();
                 if observing {
                     state.roles.saw(&leases, now);
@@ -505,7 +527,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         leases: &[Lease],
         listed_at: Instant,
         observer: &Observer,
-    ) -> Result<(bool, bool), Error> {
+    ) -> Result<Synced, Error> {
         let limit = self.config.call_timeout;
         let shards = bounded(limit, "list_shards", self.source.list_shards())
             .await
@@ -514,19 +536,22 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let initial = |key: &ShardId| self.source.initial_position(key).unwrap_or(configured);
         let plan = sync::plan_for(&shards, leases, &initial);
         let lineage = Lineage::new(leases);
-        let mut changed = false;
+        let mut synced = Synced::default();
         for lease in &plan.create {
             if listed_at.elapsed() > self.config.failover_time / 2 {
                 tracing::debug!("shard sync took too long; creating the rest next cycle");
-                return Ok((changed, false));
+                return Ok(synced);
             }
             // In order, stopping at the first failure: a child never exists without its parents.
             let created = bounded(limit, "create", self.store.create(lease)).await;
             if created.map_err(Error::Store)? {
                 tracing::info!(shard = %lease.key, checkpoint = %lease.checkpoint, "lease created");
-                changed = true;
+                synced.changed = true;
+            } else {
+                synced.refused.push(lease.key.clone());
             }
         }
+        let mut changed = synced.changed;
         let now = Instant::now();
         let due = plan.delete.iter().filter(|l| {
             lineage.is_stale(l) || observer.idle(l, now) >= self.config.lease_cleanup_delay
@@ -553,8 +578,46 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 }
             }
         }
-        Ok((changed, true))
+        synced.changed = changed;
+        synced.complete = true;
+        Ok(synced)
     }
+
+    /// Reports the shards whose lease the sync could not create (a row holds the key) and
+    /// that `leases`, read after the sync, does not show either.
+    fn unleased(&self, state: &mut Coordinator, leases: &[Lease], refused: Vec<ShardId>) {
+        let unreadable: BTreeSet<String> = self
+            .store
+            .unreadable()
+            .into_iter()
+            .filter_map(|row| row.key)
+            .collect();
+        let missing = refused
+            .into_iter()
+            .filter(|key| leases.iter().all(|l| &l.key != key))
+            .map(|key| {
+                let why = if unreadable.contains(key.as_str()) {
+                    "its lease row cannot be read, so nobody processes the shard"
+                } else {
+                    "a row holds its key but no lease shows for it"
+                };
+                (key.to_string(), why.to_owned())
+            });
+        state
+            .problems
+            .replace(ProblemKind::Unleased, missing.collect());
+    }
+}
+
+/// What a shard sync did.
+#[derive(Debug, Default)]
+struct Synced {
+    /// It created or deleted a lease.
+    changed: bool,
+    /// It got through every lease it meant to create.
+    complete: bool,
+    /// Leases it meant to create whose key a row already holds.
+    refused: Vec<ShardId>,
 }
 
 impl Coordinator {
@@ -568,6 +631,7 @@ impl Coordinator {
             moves: Moves::default(),
             next_sync: Instant::now(),
             ended: BTreeSet::new(),
+            problems: Problems::default(),
             roles: Roles::none(),
             looked_for_work: None,
             owner_query_at: None,

@@ -17,12 +17,14 @@
 //!   itself as under `EveryWorker` (without shard sync): that is how a new worker, or any
 //!   worker while no leader is known, finds work and makes itself known to the leader.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::Worker;
 use super::coordinator::Coordinator;
+use super::problems::ProblemKind;
 use super::roles::Role;
 use super::shard_consumer::ShardContext;
 use crate::coordination::is_coordination_key;
@@ -41,6 +43,9 @@ use crate::types::{ShardId, WorkerId};
 /// intervals.
 const LOOK_FOR_WORK_EVERY: u32 = 5;
 
+/// How long the leader keeps a worker's cap (see `Moves`), in failover times.
+const CAP_KEPT_FOR: u32 = 6;
+
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// One cycle under `Coordination::Leader`; see the module docs.
     pub(super) async fn led_cycle(
@@ -48,6 +53,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state: &mut Coordinator,
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
+        if state.roles.current() != Role::Leader {
+            // Only the leader sees the whole fleet's plan.
+            state
+                .problems
+                .replace(ProblemKind::Unowned, BTreeMap::new());
+        }
         match state.roles.current() {
             Role::Leader => self.lead(state, ctx).await?,
             // A standby that holds nothing plans for itself, as a follower looking for work
@@ -102,10 +113,25 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 state.observer.lapsed(owner);
             }
         }
-        let observer = &state.observer;
-        let plan = leader::assign(&self.id, &candidates, limits, |w| {
-            observer.is_active(w, now, failover) || mutation::on(Mutation::LeaderIgnoresActivity)
+        let (observer, moves) = (&state.observer, &state.moves);
+        let plan = leader::assign_within(
+            &self.id,
+            &candidates,
+            limits,
+            |w| {
+                observer.is_active(w, now, failover)
+                    || mutation::on(Mutation::LeaderIgnoresActivity)
+            },
+            // A cap is retried after a while: the worker may have finished shards since.
+            |w| moves.cap(w, now, failover * CAP_KEPT_FOR),
+        );
+        let unplaced = plan.unplaced.iter().map(|key| {
+            let why = "ready to be processed, but no worker has room for it (max_leases)";
+            (key.to_string(), why.to_owned())
         });
+        state
+            .problems
+            .replace(ProblemKind::Unowned, unplaced.collect());
         let mut mine = Vec::new();
         for (key, to) in &plan.take {
             let Some(observed) = by_key.get(key) else {
@@ -228,14 +254,30 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 }
             };
             if state.held.len() >= self.config.max_leases {
-                tracing::info!(shard = %key, "at max_leases: giving an assigned lease back");
-                let release = self.store.release(&row);
-                if let Err(error) = bounded(limit, "release", release).await {
-                    tracing::debug!(shard = %key, %error, "giving a lease back failed");
-                }
+                self.refuse(&row).await;
                 continue;
             }
             self.take(state, ctx, &row).await;
+        }
+    }
+
+    /// Gives back a lease assigned to this worker at its `max_leases`, and says why: its
+    /// name in the released row's `handoffTo` tells the leader this worker is full (see
+    /// `Moves`). The request is harmless on an unowned row, and the next take clears it.
+    async fn refuse(&self, row: &Lease) {
+        let (key, limit) = (&row.key, self.config.call_timeout);
+        tracing::info!(shard = %key, "at max_leases: giving an assigned lease back");
+        if let Err(error) = bounded(limit, "release", self.store.release(row)).await {
+            tracing::debug!(shard = %key, %error, "giving a lease back failed");
+            return;
+        }
+        let released = Lease {
+            owner: None,
+            ..row.clone()
+        };
+        let why = self.store.request_handoff(&released, Some(&self.id));
+        if let Err(error) = bounded(limit, "request_handoff", why).await {
+            tracing::debug!(shard = %key, %error, "marking a lease given back failed");
         }
     }
 

@@ -5,11 +5,13 @@ mod coordinator;
 mod led;
 mod liveness;
 mod prefetch;
+mod problems;
 mod roles;
 mod shard_consumer;
 mod shutdown;
 
 pub use self::builder::WorkerBuilder;
+pub use self::problems::{Problem, ProblemKind};
 pub use self::shutdown::{ShutdownHandle, Signals};
 
 use std::future::Future;
@@ -59,8 +61,16 @@ pub struct Status {
     /// Whether the last read of the lease table succeeded.
     pub store_reachable: bool,
     /// Why the worker cannot coordinate right now (the lease table or the stream failing,
-    /// with the cause and, for credentials or endpoints, a hint), until it can again.
+    /// with the cause and, for credentials or endpoints, a hint), until it can again; else a
+    /// summary of [`problems`](Self::problems), if there are any.
     pub problem: Option<String>,
+    /// Shards this worker knows to be read by nobody, and rows it cannot read: what an
+    /// operator must fix (see [`ProblemKind`]). Problems about the whole fleet (unleased and
+    /// unowned shards) are reported by the worker that finds them: the one that syncs shards,
+    /// the leader.
+    pub problems: Vec<Problem>,
+    /// The coordination part of `problem`.
+    coordination: Option<String>,
     /// When the coordinator loop last went round: at least once per `taker_interval` while it
     /// runs, even while a cycle waits on a slow backend. A liveness probe fails when this is
     /// old: the loop itself is stuck (a blocked thread, a bug), and a restart is the cure.
@@ -131,7 +141,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Runs until shut down. Returns an error only for failures retrying cannot fix: the
-    /// lease table or the stream is missing or unusable, or one shard cannot be read.
+    /// lease table or the stream is missing or unusable. (A shard that cannot be read is a
+    /// problem in [`Status::problems`], not an error: the other shards go on.)
     pub async fn run(self) -> Result<(), Error> {
         let span = tracing::info_span!("worker", worker.id = %self.id);
         let result = self.run_inner().instrument(span).await;
@@ -215,10 +226,6 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                         {
                             state.unreleased.push(shard);
                         }
-                        Some((shard, Exit::Fatal(source))) => {
-                            tracing::error!(%shard, error = %source, "stopping: a shard cannot be read");
-                            return Err(Error::Shard { shard, source });
-                        }
                         _ => {}
                     }
                 }
@@ -254,7 +261,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 joined = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
                     if let Some(joined) = joined {
                         state.on_exit(joined);
-                        self.publish(&state);
+                        self.publish(&mut state);
                     }
                 }
                 () = std::future::ready(()), if state.tasks.is_empty() && roles_stopped => break,
@@ -437,19 +444,23 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// without credentials says so once instead of every few seconds.
     fn problem(&self, what: &str, error: &(dyn std::error::Error + 'static)) {
         let text = format!("{what}: {}", crate::error::error_chain(error));
-        if self.status.borrow().problem.as_ref() == Some(&text) {
+        if self.status.borrow().coordination.as_ref() == Some(&text) {
             tracing::debug!(problem = %text, "still failing");
             return;
         }
         tracing::warn!(problem = %text, "retrying quietly while this lasts");
-        self.status.send_modify(|s| s.problem = Some(text));
+        self.status.send_modify(|s| {
+            s.coordination = Some(text);
+            s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
+        });
     }
 
     /// Calls to the lease table succeed again.
     fn solved(&self) {
         let mut solved = None;
         self.status.send_if_modified(|s| {
-            solved = s.problem.take();
+            solved = s.coordination.take();
+            s.problem = problems::summary(None, &s.problems);
             solved.is_some()
         });
         if let Some(problem) = solved {
@@ -468,13 +479,27 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         });
     }
 
-    fn publish(&self, state: &Coordinator) {
+    /// Publishes the held leases and the known problems (see `problems`) in [`Status`] and
+    /// their gauges.
+    fn publish(&self, state: &mut Coordinator) {
         #[allow(clippy::cast_precision_loss)]
         ::metrics::gauge!(crate::metrics::LEASES_HELD).set(state.held.len() as f64);
         let held: Vec<ShardId> = state.held.keys().cloned().collect();
+        let failing = state.held.iter().filter_map(|(key, held)| {
+            let why = held.control.read_failing()?;
+            Some((key.to_string(), why))
+        });
+        let failing = failing.collect();
+        state
+            .problems
+            .replace(problems::ProblemKind::ReadFailing, failing);
+        state.problems.refresh();
+        let problems = state.problems.list();
         self.status.send_if_modified(|s| {
-            let changed = s.held != held;
+            let changed = s.held != held || s.problems != problems;
             s.held = held;
+            s.problems = problems;
+            s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
             changed
         });
     }

@@ -61,7 +61,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     {
         Ok(stop) => stop,
         Err(Failure::Fatal(error)) => {
-            // The worker stops: let the processor checkpoint what it did, as on shutdown.
+            // The shard waits for a fix: let the processor checkpoint what it did first.
             let call = processor.shutdown_requested(&mut checkpointer);
             let _ = hook(tenure, "shutdown_requested", call).await;
             return Err(Failure::Fatal(error));
@@ -192,7 +192,10 @@ async fn process<S: ShardSource>(
         };
         quiet_at = quiet_after.map(|d| Instant::now() + d);
         let (batch, bytes) = match fetched {
-            Some(Fetched::Batch { batch, bytes, .. }) => (batch, bytes),
+            Some(Fetched::Batch { batch, bytes, .. }) => {
+                control.set_read_failing(None);
+                (batch, bytes)
+            }
             Some(Fetched::Failed(e)) if e.kind() == ErrorKind::NotFound => {
                 return gone(ctx, tenure, checkpointer, e).await;
             }
@@ -323,6 +326,20 @@ async fn gone<S: ShardSource>(
             );
             checkpointer.set_shard_end(Vec::new());
             Ok(Stop::ShardEnd)
+        }
+        Ok(shards) if !shards.is_empty() => {
+            // The stream has the shard: what it does not have is the position asked for.
+            let checkpoint = tenure.snapshot().await.checkpoint;
+            Err(Failure::Fatal(BackendError::new(
+                ErrorKind::Fatal,
+                "get_shard_iterator",
+                format!(
+                    "the stream has shard {} but not the position its checkpoint names \
+                     ({checkpoint}): a sequence number of another shard or stream, or a \
+                     checkpoint written by hand ({error})",
+                    tenure.shard()
+                ),
+            )))
         }
         Ok(_) => Err(Failure::Source(error)),
         Err(listing) if listing.kind().is_permanent() => Err(Failure::Fatal(listing)),

@@ -15,9 +15,14 @@
 //!   and the processor gets `lease_lost`: two processors never work on one shard at once,
 //!   unless one blocks its thread past that point (then only its checkpoints are refused).
 //! - **A processor that fails or panics is dropped**; after a backoff a new one starts from
-//!   the last checkpoint, while the lease stays held and renewed. A read that retrying cannot
-//!   fix (access denied, a disabled key) stops the worker with the error instead; a shard the
-//!   stream no longer has (aged out of retention) is treated as ended, so its children start.
+//!   the last checkpoint, while the lease stays held and renewed. A read that fails is
+//!   handled the same way, and counted as the stream's failure, not the processor's. A read
+//!   that retrying cannot fix (access denied, a disabled key, a checkpoint the stream does
+//!   not have) is retried too, at the backoff's pace, and reported as the shard's problem
+//!   ([`Control::read_failing`]): the lease stays here, so no other worker fails on it as
+//!   well, and a fix (`kcl-admin reset` moves the checkpoint, and takes the lease away) is
+//!   picked up. A shard the stream no longer has (aged out of retention) is treated as
+//!   ended, so its children start.
 
 mod attempt;
 mod position;
@@ -83,6 +88,8 @@ pub(crate) struct Control {
     /// Cancelled to stop gracefully (worker shutdown, or a handoff).
     graceful: CancellationToken,
     handoff_to: Mutex<Option<WorkerId>>,
+    /// Why reading the shard fails in a way retrying cannot fix, while it does.
+    read_failing: Mutex<Option<String>>,
 }
 
 impl Control {
@@ -90,6 +97,27 @@ impl Control {
         Self {
             graceful,
             handoff_to: Mutex::new(None),
+            read_failing: Mutex::new(None),
+        }
+    }
+
+    /// Why reading the shard fails in a way retrying cannot fix, if it does (see the module
+    /// docs).
+    pub(crate) fn read_failing(&self) -> Option<String> {
+        self.read_failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes why reading fails, or with `None` that a read succeeded.
+    fn set_read_failing(&self, why: Option<String>) {
+        let mut failing = self
+            .read_failing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if failing.is_some() || why.is_some() {
+            *failing = why;
         }
     }
 
@@ -125,8 +153,6 @@ pub(crate) enum Exit {
     Released,
     /// Stopped gracefully but the release failed; the lease will expire.
     ReleaseFailed,
-    /// Reading the shard failed in a way retrying cannot fix; the worker must stop.
-    Fatal(BackendError),
 }
 
 enum Stop {
@@ -153,9 +179,21 @@ enum Failure {
     Pin(#[source] BackendError),
     #[error("shard_ended returned without checkpointing SHARD_END")]
     ShardEndNotCheckpointed,
-    /// Not worth a restart: the worker stops.
+    /// Retrying cannot fix it: restarted at the backoff's pace, and reported.
     #[error("reading the shard failed; retrying cannot fix it")]
     Fatal(#[source] BackendError),
+}
+
+impl Failure {
+    /// The metric a restart for this failure counts in.
+    fn counted_in(&self) -> &'static str {
+        match self {
+            Self::Processor { .. } | Self::Panic { .. } | Self::ShardEndNotCheckpointed => {
+                metrics::PROCESSOR_FAILURES
+            }
+            Self::Source(_) | Self::Pin(_) | Self::Fatal(_) => metrics::READ_FAILURES,
+        }
+    }
 }
 
 /// Runs the shard until it stops; see the module docs.
@@ -191,15 +229,17 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
         let processor = ctx.factory.create(tenure.shard());
         match attempt::run(ctx, tenure, control, processor, seed).await {
             Ok(stop) => break stop,
-            Err(Failure::Fatal(error)) => {
-                tracing::error!(%error, "reading the shard failed; retrying cannot fix it");
-                let _ = tenure.release().await;
-                return Exit::Fatal(error);
-            }
             Err(failure) => {
-                ::metrics::counter!(metrics::PROCESSOR_FAILURES).increment(1);
+                ::metrics::counter!(failure.counted_in()).increment(1);
                 let delay = restarts.next().unwrap_or(ctx.config.max_backoff);
-                tracing::warn!(error = %crate::error::error_chain(&failure), ?delay, "shard failed; restarting from the last checkpoint");
+                let error = crate::error::error_chain(&failure);
+                if let Failure::Fatal(source) = &failure {
+                    // Logged once, as a problem, by the coordinator; then at debug level.
+                    control.set_read_failing(Some(source.to_string()));
+                    tracing::debug!(%error, ?delay, "reading the shard fails; retrying later");
+                } else {
+                    tracing::warn!(%error, ?delay, "shard failed; restarting from the last checkpoint");
+                }
                 tokio::select! {
                     biased;
                     () = tenure.lost_token().cancelled() => break Stop::Lost,
