@@ -274,6 +274,11 @@ async fn status_json(State(state): State<AppState>) -> Response {
         "ready": not_ready(&status, state.probes).is_none(),
         "store_reachable": status.store_reachable,
         "problem": status.problem,
+        "problems": status.problems.iter().map(|p| serde_json::json!({
+            "kind": p.kind.as_str(),
+            "key": p.key,
+            "detail": p.detail,
+        })).collect::<Vec<_>>(),
         "leases": status.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
     }))
     .into_response()

@@ -293,6 +293,9 @@ impl StreamFeed {
             .iter()
             .filter_map(|(name, value)| Some((name.clone(), convert(value)?)))
             .collect();
+        if schema::is_foreign_entity(&item) {
+            return None;
+        }
         match schema::from_item(&item) {
             Ok(lease) => {
                 self.unreadable.gone(lease.key.as_str());

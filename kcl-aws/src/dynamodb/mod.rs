@@ -325,7 +325,8 @@ impl DynamoDbLeaseStore {
             self.count(operation, &result, |o| (o.consumed_capacity(), o.count()));
             let what = format!("table {}", self.table);
             let out = result.map_err(|e| backend_error(operation.as_str(), what, e))?;
-            for item in out.items.iter().flatten() {
+            let rows = out.items.iter().flatten();
+            for item in rows.filter(|item| !schema::is_foreign_entity(item)) {
                 match schema::from_item(item) {
                     Ok(lease) => leases.push(lease),
                     Err(error) => {
@@ -539,7 +540,8 @@ impl LeaseStore for DynamoDbLeaseStore {
             (o.consumed_capacity(), i32::from(o.item.is_some()))
         });
         let out = result.map_err(|e| backend_error("get", self.what(key), e))?;
-        let parsed = out.item.as_ref().map(schema::from_item);
+        let lease = out.item.as_ref().filter(|i| !schema::is_foreign_entity(i));
+        let parsed = lease.map(schema::from_item);
         Ok(parsed.and_then(|lease| {
             lease
                 .inspect_err(|error| tracing::debug!(table = %self.table, %key, %error, "lease row cannot be parsed"))

@@ -48,6 +48,13 @@ pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
 /// KCL Java 3.x graceful-handoff marker (`S`). KCL Java's assignment removes it; so does
 /// [`take`](kcl_core::LeaseStore::take), so that a KCL Java worker could renew the lease again.
 pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
+/// KCL Java 3.5: what a row of the lease table holds (`S`): `LEASE`, or one of its other
+/// entities kept in the same table (`WORKER_METRIC_STATS` rows keyed by worker id, `LEADER`,
+/// `CLIENT_VERSION_MIGRATION`, `TABLE_MIGRATION`, `STREAM`). Leases written before 3.5 have
+/// none.
+pub const ENTITY_TYPE: &str = "entityType";
+/// The [`ENTITY_TYPE`] of a lease.
+pub const ENTITY_LEASE: &str = "LEASE";
 /// First hash key of the shard, decimal (`S`).
 pub const STARTING_HASH_KEY: &str = "startingHashKey";
 /// Last hash key of the shard, decimal (`S`).
@@ -227,6 +234,14 @@ pub(crate) fn key_of(item: &HashMap<String, AttributeValue>) -> Option<&str> {
     item.get(LEASE_KEY)
         .and_then(|v| v.as_s().ok())
         .map(String::as_str)
+}
+
+/// Whether `item` is a row of KCL Java 3.5 that is not a lease (an [`ENTITY_TYPE`] other than
+/// `LEASE`): kcl skips it without a word, and never writes it.
+pub fn is_foreign_entity(item: &HashMap<String, AttributeValue>) -> bool {
+    item.get(ENTITY_TYPE)
+        .and_then(|v| v.as_s().ok())
+        .is_some_and(|t| t != ENTITY_LEASE)
 }
 
 /// Parses a row. Attributes we do not know are ignored (and kept in the table by our writes).

@@ -330,16 +330,19 @@ async fn gone<S: ShardSource>(
         Ok(shards) if !shards.is_empty() => {
             // The stream has the shard: what it does not have is the position asked for.
             let checkpoint = tenure.snapshot().await.checkpoint;
-            Err(Failure::Fatal(BackendError::new(
-                ErrorKind::Fatal,
-                "get_shard_iterator",
-                format!(
-                    "the stream has shard {} but not the position its checkpoint names \
+            Err(Failure::Fatal(
+                BackendError::new(
+                    ErrorKind::Fatal,
+                    "get_shard_iterator",
+                    format!(
+                        "the stream has shard {} but not the position its checkpoint names \
                      ({checkpoint}): a sequence number of another shard or stream, or a \
-                     checkpoint written by hand ({error})",
-                    tenure.shard()
-                ),
-            )))
+                     checkpoint written by hand",
+                        tenure.shard()
+                    ),
+                )
+                .with_source(error),
+            ))
         }
         Ok(_) => Err(Failure::Source(error)),
         Err(listing) if listing.kind().is_permanent() => Err(Failure::Fatal(listing)),
