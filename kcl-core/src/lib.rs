@@ -88,6 +88,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 pub mod aggregation;
 mod checkpoint;
 mod config;

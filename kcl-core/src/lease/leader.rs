@@ -27,6 +27,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Lease;
+
+/// How long the leader remembers a refusal, in failover times (the `within` of
+/// [`Moves::overlay`]).
+const REFUSALS_KEPT_FOR: u32 = 6;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::types::{ShardId, WorkerId};
 
@@ -49,18 +53,18 @@ pub fn assign(
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
 ) -> Assignment {
-    assign_within(me, leases, limits, active, |_| None)
+    assign_within(me, leases, limits, active, |_, _| false)
 }
 
-/// As [`assign`], knowing the most leases some workers take: `cap` gives, for a worker that
-/// gave back a lease the leader wrote to it, how many it held then (its `max_leases`, which
-/// the leader cannot read). A worker is given nothing at or above its cap.
+/// As [`assign`], knowing which workers gave which leases back lately for want of room
+/// (`refused`, see [`Moves`]): such a lease is not written to that worker again, and a lease
+/// no worker can take is [`unplaced`](Assignment::unplaced).
 pub fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
-    cap: impl Fn(&WorkerId) -> Option<usize>,
+    refused: impl Fn(&ShardId, &WorkerId) -> bool,
 ) -> Assignment {
     let mut load: BTreeMap<&WorkerId, usize> = taker::workers(me, leases)
         .into_iter()
@@ -104,7 +108,7 @@ pub fn assign_within(
         if w == me {
             n < limits.max_leases
         } else {
-            active(w) && !suspects.contains(&w) && cap(w).is_none_or(|cap| n < cap)
+            active(w) && !suspects.contains(&w)
         }
     };
 
@@ -131,7 +135,7 @@ pub fn assign_within(
             Some(me)
         } else {
             load.iter()
-                .filter(|(w, n)| room(w, **n))
+                .filter(|(w, n)| room(w, **n) && !refused(&c.key, w))
                 .min_by_key(|(w, n)| (**n, spread(w, &c.key)))
                 .map(|(w, _)| *w)
         };
@@ -188,14 +192,14 @@ pub fn assign_within(
 /// shown as under way until the view shows it done or the failover time has passed.
 ///
 /// A worker given a lease while at its `max_leases` gives it back with its own name in the
-/// row's `handoffTo` (a refusal; see `led::adopt`). The leader remembers how many leases that
-/// worker held then, as its cap ([`cap`](Self::cap)), so it neither writes leases to it again
-/// and again nor counts a lease it cannot place as placed.
+/// row's `handoffTo` (a refusal; see `led::adopt`). The leader then does not write that lease
+/// to that worker again for a while ([`refused`](Self::refused)): writing it again would be
+/// refused again, and a lease only such workers could take is reported as unplaced.
 #[derive(Debug, Default)]
 pub(crate) struct Moves {
     pending: BTreeMap<ShardId, (WorkerId, Instant)>,
-    /// Workers that refused a lease: how many leases they held, and when.
-    caps: BTreeMap<WorkerId, (usize, Instant)>,
+    /// Leases given back for want of room, by whom, and when the leader saw it.
+    refusals: BTreeMap<(ShardId, WorkerId), Instant>,
 }
 
 impl Moves {
@@ -204,10 +208,10 @@ impl Moves {
         self.pending.insert(key.clone(), (to.clone(), now));
     }
 
-    /// The most leases `worker` takes, as learned from a refusal within `within` of `now`.
-    pub(crate) fn cap(&self, worker: &WorkerId, now: Instant, within: Duration) -> Option<usize> {
-        let (cap, at) = self.caps.get(worker)?;
-        (now.saturating_duration_since(*at) < within).then_some(*cap)
+    /// Whether `worker` gave `key` back for want of room lately (within
+    /// [`REFUSALS_KEPT_FOR`] failover times: it may have room again by then).
+    pub(crate) fn refused(&self, key: &ShardId, worker: &WorkerId) -> bool {
+        self.refusals.contains_key(&(key.clone(), worker.clone()))
     }
 
     /// Forgets the moves `leases` show done (the row names the target, or is gone) or made
@@ -222,20 +226,20 @@ impl Moves {
         within: Duration,
     ) {
         let rows: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
-        let caps = &mut self.caps;
+        let refusals = &mut self.refusals;
         self.pending.retain(|key, (to, at)| {
             let Some(row) = rows.get(key) else {
                 return false;
             };
             let refused = row.owner.is_none() && row.handoff_to.as_ref() == Some(&*to);
             if refused {
-                let held = leases.iter().filter(|l| l.is_owned_by(to)).count();
-                caps.insert(to.clone(), (held, now));
+                refusals.insert((key.clone(), to.clone()), now);
             }
             now.saturating_duration_since(*at) < within
                 && !refused
                 && row.owner.as_ref() != Some(&*to)
         });
+        refusals.retain(|_, at| now.saturating_duration_since(*at) < within * REFUSALS_KEPT_FOR);
         for c in candidates {
             let Some((to, _)) = self.pending.get(&c.key) else {
                 continue;

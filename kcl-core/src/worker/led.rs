@@ -43,9 +43,6 @@ use crate::types::{ShardId, WorkerId};
 /// intervals.
 const LOOK_FOR_WORK_EVERY: u32 = 5;
 
-/// How long the leader keeps a worker's cap (see `Moves`), in failover times.
-const CAP_KEPT_FOR: u32 = 6;
-
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// One cycle under `Coordination::Leader`; see the module docs.
     pub(super) async fn led_cycle(
@@ -122,8 +119,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 observer.is_active(w, now, failover)
                     || mutation::on(Mutation::LeaderIgnoresActivity)
             },
-            // A cap is retried after a while: the worker may have finished shards since.
-            |w| moves.cap(w, now, failover * CAP_KEPT_FOR),
+            |key, w| moves.refused(key, w),
         );
         let unplaced = plan.unplaced.iter().map(|key| {
             let why = "ready to be processed, but no worker has room for it (max_leases)";

@@ -90,6 +90,8 @@ pub struct Stats {
     pub merges: usize,
     pub aged_out: usize,
     pub aged_out_unread: usize,
+    /// Operator resets of a checkpoint (`kcl-admin reset`).
+    pub resets: usize,
     pub processors: usize,
     pub refused_checkpoints: usize,
     pub handoffs: usize,
@@ -137,6 +139,7 @@ impl std::ops::AddAssign for Stats {
         self.merges += o.merges;
         self.aged_out += o.aged_out;
         self.aged_out_unread += o.aged_out_unread;
+        self.resets += o.resets;
         self.processors += o.processors;
         self.refused_checkpoints += o.refused_checkpoints;
         self.handoffs += o.handoffs;

@@ -3,8 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kcl_core::admin::{self, RESET_OWNER, ResetTo};
+use kcl_core::coordination::is_coordination_key;
 use kcl_core::memory::{Faults, MemoryStream};
-use kcl_core::{Record, ShardId};
+use kcl_core::multi_stream::StreamId;
+use kcl_core::{Checkpoint, ExtendedSequenceNumber, Record, ShardId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, sleep};
@@ -108,6 +111,7 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
             56..62 => run.partition(now, &mut undo),
             62..66 => run.age_out(),
             66..83 => run.split(),
+            83..89 if !planned => run.reset().await,
             _ => run.merge(),
         }
     }
@@ -206,6 +210,50 @@ impl Run<'_> {
                 self.stats.aged_out += 1;
                 self.stats.aged_out_unread += usize::from(unread);
             }
+        }
+    }
+
+    /// An operator resets a shard's checkpoint back to a record already processed (replay
+    /// after a bug), while the fleet runs: `kcl-admin reset`'s own code, on the same table.
+    async fn reset(&mut self) {
+        // Back to a record of the stream's history only where that history is owed.
+        if self.fleet.config.initial_position != kcl_core::InitialPosition::TrimHorizon {
+            return;
+        }
+        let leases = self.fleet.store.leases();
+        let checkpointed: Vec<_> = leases
+            .iter()
+            .filter(|l| !is_coordination_key(&l.key))
+            .filter_map(|l| match &l.checkpoint {
+                Checkpoint::Sequence(s) => Some((l.key.clone(), s.sequence.clone())),
+                _ => None,
+            })
+            .collect();
+        if checkpointed.is_empty() {
+            return;
+        }
+        let (key, at) = &checkpointed[self.rng.random_range(0..checkpointed.len())];
+        let shard = StreamId::split_key(key).map_or_else(|| key.clone(), |(_, shard)| shard);
+        let earlier: Vec<_> = self
+            .fleet
+            .stream
+            .records(&shard)
+            .into_iter()
+            .filter(|r| &r.sequence_number <= at)
+            .collect();
+        if earlier.is_empty() {
+            return;
+        }
+        let to = &earlier[self.rng.random_range(0..earlier.len())];
+        let target = ResetTo {
+            checkpoint: Checkpoint::Sequence(ExtendedSequenceNumber::new(
+                to.sequence_number.clone(),
+            )),
+            pin: None,
+        };
+        let store = self.fleet.store.client(RESET_OWNER);
+        if admin::reset(&store, key, &target).await.is_ok() {
+            self.stats.resets += 1;
         }
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use kcl_core::admin::RESET_OWNER;
 use kcl_core::coordination::is_coordination_key;
 use kcl_core::memory::StoreEvent;
 use kcl_core::{Checkpoint, ShardId};
@@ -21,6 +22,9 @@ pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
     for ev in shard_checkpoints {
         let cp = &ev.lease.checkpoint;
         let prev = current.insert(&ev.lease.key, cp);
+        if ev.client == RESET_OWNER {
+            continue; // an operator's reset: the new baseline (see `reset`)
+        }
         if let Some(prev) = prev
             && prev.progress_cmp(cp).is_none_or(|o| o.is_gt())
         {
@@ -161,6 +165,7 @@ pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
         let key = &ev.lease.key;
         let owner = ev.lease.owner.as_ref().map(|o| o.as_str());
         if let Some((before, _, moved, _)) = last.get(key)
+            && ev.client != RESET_OWNER
             && (ev.operation == "take" && owner != *before
                 || matches!(ev.operation, "delete" | "release") && is_heartbeat(key))
             && before.is_some_and(|b| b != ev.client)
@@ -174,6 +179,7 @@ pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
             ));
         }
         if let Some((Some(before), _, _, since)) = last.get(key)
+            && ev.client != RESET_OWNER
             && !key.as_str().starts_with("kcl-coordination/")
             && ev.operation == "take"
             && owner != Some(*before)
@@ -274,9 +280,20 @@ pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
 }
 
 /// exclusive: records reach one worker at a time. At every delivery and at the end of every
-/// batch's work, the lease table names the worker doing it as the lease's owner.
+/// batch's work, the lease table names the worker doing it as the lease's owner (while an
+/// operator's reset holds a lease, the worker it was taken from: it may deliver until its
+/// validity runs out, and nobody else may meanwhile).
 pub(super) fn exclusive(e: &Evidence<'_>, v: &mut Vec<String>) {
-    let owners = owners(e.store);
+    let mut owners = owners(e.store);
+    for history in owners.values_mut() {
+        let mut before = None;
+        for (_, owner) in history.iter_mut() {
+            if *owner == Some(RESET_OWNER) {
+                *owner = before;
+            }
+            before = *owner;
+        }
+    }
     let deliveries = e
         .journal
         .deliveries
@@ -341,6 +358,54 @@ pub(super) fn singleton(e: &Evidence<'_>, v: &mut Vec<String>) {
                     a.worker, b.worker
                 ));
             }
+        }
+    }
+}
+
+/// reset: after an operator's reset of a shard's checkpoint (`kcl_core::admin::reset`), no
+/// processor instance from before it delivers anything more once a failover time has
+/// passed, and the first instance created after it starts right after the new checkpoint.
+/// (That no checkpoint from before it overwrites it is `fencing`: the reset changed the
+/// owner.)
+pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let resets = e
+        .store
+        .iter()
+        .filter(|ev| ev.client == RESET_OWNER && ev.operation == "checkpoint");
+    for r in resets {
+        let key = &r.lease.key;
+        let on_shard = e.journal.deliveries.iter().filter(|d| &d.shard == key);
+        let created = |instance: u64| e.journal.instances.get(&instance).map(|i| i.created_seq);
+        let (old, new): (Vec<_>, Vec<_>) = on_shard
+            .filter(|d| d.seq > r.seq)
+            .partition(|d| created(d.instance).is_some_and(|c| c < r.seq));
+        if let Some(late) = old.iter().find(|d| d.at > r.at + e.failover) {
+            v.push(format!(
+                "reset: {} delivered {} of {key} {:?} after its reset",
+                late.worker,
+                late.sequence,
+                late.at - r.at
+            ));
+        }
+        let next_reset = e
+            .store
+            .iter()
+            .find(|ev| ev.seq > r.seq && ev.client == RESET_OWNER && &ev.lease.key == key)
+            .map_or(u64::MAX, |ev| ev.seq);
+        let (Checkpoint::Sequence(at), Some(first), Some(records)) =
+            (&r.lease.checkpoint, new.first(), e.records.get(key))
+        else {
+            continue;
+        };
+        let after = records.iter().find(|rec| rec.sequence_number > at.sequence);
+        if first.seq < next_reset
+            && let Some(after) = after
+            && after.sequence_number != first.sequence
+        {
+            v.push(format!(
+                "reset: {key} reset to {at}, then first delivered {} instead of {}",
+                first.sequence, after.sequence_number
+            ));
         }
     }
 }

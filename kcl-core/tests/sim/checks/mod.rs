@@ -32,6 +32,7 @@ pub const INVARIANTS: &[&str] = &[
     "sends",
     "singleton-restart",
     "no-duplicates",
+    "reset",
 ];
 
 /// How the fleet started reading.
@@ -105,5 +106,6 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     if e.planned {
         records::no_duplicates(e, &mut v);
     }
+    leases::reset(e, &mut v);
     v
 }

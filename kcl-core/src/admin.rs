@@ -1,0 +1,120 @@
+//! Operator actions on a lease table, safe while the fleet runs (the `kcl-admin` CLI).
+//!
+//! Each is a conditional write through the lease protocol, never a blind overwrite.
+//!
+//! **Reset** moves a shard's checkpoint (replay after a bug, or skip ahead) in two writes,
+//! each conditional on the row's owner and counter as last seen:
+//! 1. a take for the placeholder owner [`RESET_OWNER`]: the holder's next renewal or
+//!    checkpoint fails its condition (the owner changed, so no reconciliation after an
+//!    uncertain write can mistake the row for its own): it loses the lease, its processor
+//!    gets `lease_lost`, and no checkpoint of it can overwrite the reset;
+//! 2. the new checkpoint, written as the placeholder owner (any pending one dropped).
+//!
+//! The placeholder never renews, so the lease expires a failover time later and a worker
+//! takes it from the new checkpoint, as after a crash: by then the old holder's validity has
+//! run out, so two workers never read the shard at once, and it delivers nothing more after
+//! [`RESET_SETTLES_AFTER`] failover times: the CLI waits that long before it returns, so no
+//! worker goes on from the old checkpoint after it did.
+//!
+//! Under `Liveness::Heartbeat` the holder renews its heartbeat row, not its leases, and its
+//! validity is its heartbeat's: it would go on reading past the placeholder's expiry. A
+//! lease held by a worker with a heartbeat row is refused (stop that worker first).
+//!
+//! A finished lease (`SHARD_END`) is refused: its children may have started, and lineage
+//! forbids a parent behind its children.
+
+use chrono::{DateTime, Utc};
+
+use crate::coordination::heartbeat_key;
+use crate::error::{BackendError, ErrorKind};
+use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
+use crate::types::{Checkpoint, ShardId, WorkerId};
+
+/// How many failover times after a reset its shard's old holder may still deliver records.
+pub const RESET_SETTLES_AFTER: u32 = 1;
+
+/// The owner a reset writes (see the module docs): no worker has this id.
+pub const RESET_OWNER: &str = "kcl-admin/reset";
+
+/// Attempts of a reset whose row moves between the read and the take (a renewal).
+const ATTEMPTS: usize = 5;
+
+/// Where a reset moves a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetTo {
+    /// The new checkpoint.
+    pub checkpoint: Checkpoint,
+    /// For `LATEST` and `AT_TIMESTAMP`: the moment reading starts at (the reset's own time
+    /// for `LATEST`), pinned in the row as a new lease's start is.
+    pub pin: Option<DateTime<Utc>>,
+}
+
+/// Moves the checkpoint of `key` to `to`, fenced through the lease (see the module docs).
+/// Returns the row as written.
+///
+/// # Errors
+/// `NotFound` if there is no such lease, `Fatal` for a finished one; the store's error if
+/// the write fails other than by the row moving meanwhile (then it reads again and retries).
+pub async fn reset<L: LeaseStore>(
+    store: &L,
+    key: &ShardId,
+    to: &ResetTo,
+) -> Result<Lease, BackendError> {
+    let placeholder = WorkerId::from(RESET_OWNER);
+    let mut taken = None;
+    for _ in 0..ATTEMPTS {
+        let observed = store.get(key).await?.ok_or_else(|| {
+            let text = format!("the lease table has no lease {key}");
+            BackendError::new(ErrorKind::NotFound, "reset", text)
+        })?;
+        if let Some(owner) = &observed.owner
+            && heartbeat_alive(store, owner).await?
+        {
+            let text = format!(
+                "{key} is held by {owner}, which runs with liveness=heartbeat: it would not see \
+                 the reset before its next checkpoint; stop it first (its leases move), or \
+                 reset while it holds none"
+            );
+            return Err(BackendError::new(ErrorKind::Fatal, "reset", text));
+        }
+        if observed.is_finished() {
+            let text = format!(
+                "{key} is finished (SHARD_END): its children may have started; reset them instead"
+            );
+            return Err(BackendError::new(ErrorKind::Fatal, "reset", text));
+        }
+        match store.take(&observed, &placeholder).await {
+            Ok(row) => {
+                taken = Some(row);
+                break;
+            }
+            Err(e) if e.kind() == ErrorKind::Conflict => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let taken = taken.ok_or_else(|| {
+        let text = format!("{key} kept changing; try again");
+        BackendError::new(ErrorKind::Conflict, "reset", text)
+    })?;
+
+    let update = CheckpointUpdate {
+        checkpoint: to.checkpoint.clone(),
+        pending: None,
+        child_shard_ids: Vec::new(),
+        start_timestamp: to.pin,
+        endpoint: None,
+    };
+    store.checkpoint(&taken, &update).await.map_err(|e| {
+        let text = format!(
+            "{key}: taken for the reset, but writing the checkpoint failed; the lease expires \
+             and is taken from its old checkpoint: run the reset again"
+        );
+        BackendError::new(e.kind(), "reset", text).with_source(e)
+    })
+}
+
+/// Whether `owner` has a heartbeat row naming it (`Liveness::Heartbeat`).
+async fn heartbeat_alive<L: LeaseStore>(store: &L, owner: &WorkerId) -> Result<bool, BackendError> {
+    let row = store.get(&heartbeat_key(owner)).await?;
+    Ok(row.is_some_and(|r| r.is_owned_by(owner)))
+}
