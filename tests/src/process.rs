@@ -164,3 +164,35 @@ impl Drop for WorkerProcess {
         }
     }
 }
+
+/// The test worker's binary, for tests of other packages (whose `CARGO_BIN_EXE_*` name only
+/// their own binaries): next to the running test's directory (`target/<profile>/`), built
+/// there first if `cargo test` did not build it (`cargo test -p <that package>`).
+pub fn test_worker_bin() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> → target/<profile>
+    let profile_dir = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .context("the test binary is not in target/<profile>/deps")?;
+    let bin = profile_dir.join("kcl-test-worker");
+    if !bin.exists() {
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "kcl-integration-tests",
+                "--bin",
+                "kcl-test-worker",
+            ])
+            .args(release.then_some("--release"))
+            .current_dir(crate::repo_root())
+            .status()
+            .context("running cargo build for kcl-test-worker")?;
+        anyhow::ensure!(status.success(), "building kcl-test-worker failed");
+    }
+    anyhow::ensure!(bin.exists(), "no {} after building it", bin.display());
+    Ok(bin)
+}

@@ -1,0 +1,72 @@
+//! `kcl-admin copy`: checkpoints to another application's lease table (an application
+//! rename, a blue/green move). The new rows are unowned, so the new fleet takes them as it
+//! would any lease; rows the target already has are left as they are, and named.
+
+use kcl_core::coordination::is_coordination_key;
+use kcl_core::{Lease, LeaseStore, TableFeatures};
+
+/// Arguments of `kcl-admin copy`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The application (lease table) to copy from. Stop its fleet first, or the copy is a
+    /// snapshot and the new fleet repeats what the old one did after it (at least once).
+    #[arg(long)]
+    from_application: String,
+    /// The application (lease table) to copy to; created if missing.
+    #[arg(long)]
+    to_application: String,
+}
+
+pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.from_application != args.to_application,
+        "--from-application and --to-application are the same table"
+    );
+    let from = crate::store(sdk, &args.from_application);
+    let to = kcl_aws::DynamoDbLeaseStore::new(sdk, args.to_application.clone());
+    let leases = from.list().await?;
+    to.ensure_table(TableFeatures::NONE).await?;
+    let (mut copied, mut kept) = (0, Vec::new());
+    for lease in leases.iter().filter(|l| !is_coordination_key(&l.key)) {
+        if to.create(&unowned(lease)).await? {
+            copied += 1;
+        } else {
+            kept.push(lease.key.to_string());
+        }
+    }
+    report(&format!(
+        "copied {copied} lease(s) from {} to {}",
+        args.from_application, args.to_application
+    ));
+    if !kept.is_empty() {
+        report(&format!(
+            "left as they were ({} already has them): {}",
+            args.to_application,
+            kept.join(", ")
+        ));
+    }
+    let unreadable = from.unreadable();
+    if !unreadable.is_empty() {
+        report(&format!(
+            "not copied: {} row(s) that cannot be read",
+            unreadable.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `lease`'s progress and lineage in a fresh, unowned row.
+fn unowned(lease: &Lease) -> Lease {
+    let mut row = Lease::new(lease.key.clone(), lease.checkpoint.clone());
+    row.pending_checkpoint.clone_from(&lease.pending_checkpoint);
+    row.parent_shard_ids.clone_from(&lease.parent_shard_ids);
+    row.child_shard_ids.clone_from(&lease.child_shard_ids);
+    row.hash_key_range.clone_from(&lease.hash_key_range);
+    row.start_timestamp = lease.start_timestamp;
+    row
+}
+
+#[allow(clippy::print_stdout)]
+fn report(line: &str) {
+    println!("{line}");
+}

@@ -1,0 +1,289 @@
+//! `kcl-admin leases`: the table an operator would otherwise piece together from the DynamoDB
+//! console and `aws kinesis list-shards`.
+//!
+//! A lease row holds no time, only a counter its owner bumps every few seconds: whether an
+//! owner is alive is seen by reading twice (`--observe`), as a worker judges expiry. How far
+//! behind a shard is comes from the stream itself: one `GetRecords` of one record from the
+//! checkpoint gives `MillisBehindLatest`, and the arrival time of the next record to process.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kcl_aws::KinesisShardSource;
+use kcl_core::coordination::is_coordination_key;
+use kcl_core::lease::UnreadableRow;
+use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
+use serde_json::json;
+
+/// Arguments of `kcl-admin leases`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// The application: the lease table's name.
+    #[arg(long, env = "KCL_APPLICATION_NAME")]
+    application_name: String,
+    /// The stream: adds shards without a lease, whether each is open, and how far behind.
+    #[arg(long, env = "KCL_STREAM")]
+    stream: Option<String>,
+    /// How long to watch the counters to tell a lease whose owner renews it from one that
+    /// stands still (0s: do not watch).
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    observe: Duration,
+    /// JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One line: a shard, its lease, and where it stands.
+#[derive(Debug, Default)]
+struct Line {
+    shard: String,
+    lease: Option<Lease>,
+    /// Whether the counter moved while watched; `None` if not watched.
+    moving: Option<bool>,
+    /// `Some(closed)` if the stream lists the shard; `None` if not asked or not listed.
+    closed: Option<bool>,
+    parents: Vec<ShardId>,
+    behind: Option<Behind>,
+}
+
+/// How far a checkpoint is behind its shard.
+#[derive(Debug)]
+struct Behind {
+    millis: Option<u64>,
+    /// When the next record to process arrived in the stream, if there is one.
+    next_arrival: Option<DateTime<Utc>>,
+}
+
+pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
+    let store = crate::store(sdk, &args.application_name);
+    let leases = store.list().await?;
+    let unreadable = store.unreadable();
+    let moving = watch(&store, &leases, args.observe).await?;
+    let mut lines: BTreeMap<String, Line> = leases
+        .into_iter()
+        .filter(|l| !is_coordination_key(&l.key))
+        .map(|l| {
+            let key = l.key.to_string();
+            let line = Line {
+                shard: key.clone(),
+                moving: moving.get(&l.key).copied(),
+                parents: l.parent_shard_ids.clone(),
+                lease: Some(l),
+                ..Line::default()
+            };
+            (key, line)
+        })
+        .collect();
+    if let Some(stream) = &args.stream {
+        let source = KinesisShardSource::new(sdk, stream.clone());
+        let shards = source.list_shards().await?;
+        for shard in &shards {
+            let line = lines.entry(shard.id.to_string()).or_insert_with(|| Line {
+                shard: shard.id.to_string(),
+                ..Line::default()
+            });
+            line.closed = Some(shard.closed);
+            line.parents.clone_from(&shard.parent_shard_ids);
+            line.behind = behind(&source, shard, line.lease.as_ref()).await;
+        }
+    }
+    let lines: Vec<Line> = lines.into_values().collect();
+    let out = if args.json {
+        json_out(&lines, &unreadable, args.stream.is_some())
+    } else {
+        table(&lines, &unreadable, args.stream.is_some())
+    };
+    print(&out);
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+fn print(text: &str) {
+    print!("{text}");
+}
+
+/// Reads the table again after `observe`: which counters moved.
+async fn watch(
+    store: &impl LeaseStore,
+    first: &[Lease],
+    observe: Duration,
+) -> anyhow::Result<BTreeMap<ShardId, bool>> {
+    if observe.is_zero() {
+        return Ok(BTreeMap::new());
+    }
+    tokio::time::sleep(observe).await;
+    let then: BTreeMap<&ShardId, u64> = first.iter().map(|l| (&l.key, l.counter)).collect();
+    let now = store.list().await?;
+    Ok(now
+        .into_iter()
+        .filter_map(|l| {
+            let before = then.get(&l.key)?;
+            Some((l.key.clone(), l.counter != *before))
+        })
+        .collect())
+}
+
+/// How far behind the stream `lease`'s checkpoint is: one record read from it.
+async fn behind(
+    source: &KinesisShardSource,
+    shard: &Shard,
+    lease: Option<&Lease>,
+) -> Option<Behind> {
+    let lease = lease?;
+    let position = match &lease.checkpoint {
+        Checkpoint::TrimHorizon => StartingPosition::TrimHorizon,
+        Checkpoint::Latest => match lease.start_timestamp {
+            Some(at) => StartingPosition::AtTimestamp(at),
+            None => StartingPosition::Latest,
+        },
+        Checkpoint::AtTimestamp => StartingPosition::AtTimestamp(lease.start_timestamp?),
+        Checkpoint::Sequence(s) => StartingPosition::AfterSequence(s.sequence.clone()),
+        Checkpoint::ShardEnd => return None,
+    };
+    let iterator = source.shard_iterator(&shard.id, &position).await.ok()?;
+    let batch = source.get_records(&iterator, 1).await.ok()?;
+    Some(Behind {
+        millis: batch.millis_behind_latest,
+        next_arrival: batch.records.first().map(|r| r.approximate_arrival),
+    })
+}
+
+fn owner(line: &Line) -> String {
+    match &line.lease {
+        None => "(no lease)".to_owned(),
+        Some(l) => l
+            .owner
+            .as_ref()
+            .map_or_else(|| "(none)".to_owned(), ToString::to_string),
+    }
+}
+
+fn moving_text(line: &Line) -> &'static str {
+    match line.moving {
+        None => "-",
+        Some(true) => "yes",
+        Some(false) => "no",
+    }
+}
+
+fn stream_text(line: &Line, asked: bool) -> &'static str {
+    match (asked, line.closed) {
+        (false, _) => "-",
+        (true, Some(false)) => "open",
+        (true, Some(true)) => "closed",
+        (true, None) => "gone",
+    }
+}
+
+fn behind_text(line: &Line) -> String {
+    let Some(b) = &line.behind else {
+        return "-".to_owned();
+    };
+    match (b.next_arrival, b.millis) {
+        (Some(at), _) => {
+            let waiting = (Utc::now() - at).to_std().unwrap_or_default();
+            let waiting = Duration::from_secs(waiting.as_secs());
+            format!("next record waits {}", humantime::format_duration(waiting))
+        }
+        (None, Some(0) | None) => "caught up".to_owned(),
+        (None, Some(ms)) => format!("{ms} ms"),
+    }
+}
+
+fn table(lines: &[Line], unreadable: &[UnreadableRow], asked: bool) -> String {
+    let header = [
+        "SHARD",
+        "OWNER",
+        "CHECKPOINT",
+        "COUNTER",
+        "MOVING",
+        "PARENTS",
+        "STREAM",
+        "BEHIND",
+    ];
+    let rows: Vec<[String; 8]> = lines
+        .iter()
+        .map(|l| {
+            [
+                l.shard.clone(),
+                owner(l),
+                l.lease
+                    .as_ref()
+                    .map_or("-".to_owned(), |x| x.checkpoint.to_string()),
+                l.lease
+                    .as_ref()
+                    .map_or("-".to_owned(), |x| x.counter.to_string()),
+                moving_text(l).to_owned(),
+                join(&l.parents),
+                stream_text(l, asked).to_owned(),
+                behind_text(l),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[String]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    };
+    line(&header.map(str::to_owned));
+    for row in &rows {
+        line(row);
+    }
+    for row in unreadable {
+        let key = row.key.as_deref().unwrap_or("<no key>");
+        let _ = writeln!(
+            out,
+            "unreadable row {key}: {} (kcl neither reads nor writes it)",
+            row.reason
+        );
+    }
+    out
+}
+
+fn join(ids: &[ShardId]) -> String {
+    if ids.is_empty() {
+        return "-".to_owned();
+    }
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn json_out(lines: &[Line], unreadable: &[UnreadableRow], asked: bool) -> String {
+    let shards: Vec<_> = lines
+        .iter()
+        .map(|l| {
+            json!({
+                "shard": l.shard,
+                "owner": l.lease.as_ref().and_then(|x| x.owner.as_ref().map(ToString::to_string)),
+                "leased": l.lease.is_some(),
+                "checkpoint": l.lease.as_ref().map(|x| x.checkpoint.to_string()),
+                "counter": l.lease.as_ref().map(|x| x.counter),
+                "counter_moving": l.moving,
+                "parents": l.parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "stream": asked.then(|| stream_text(l, asked)),
+                "millis_behind_latest": l.behind.as_ref().and_then(|b| b.millis),
+                "next_record_arrived": l.behind.as_ref().and_then(|b| b.next_arrival).map(|t| t.to_rfc3339()),
+            })
+        })
+        .collect();
+    let bad: Vec<_> = unreadable
+        .iter()
+        .map(|r| json!({"key": r.key, "reason": r.reason}))
+        .collect();
+    let doc = json!({"shards": shards, "unreadable_rows": bad});
+    format!("{doc:#}\n")
+}

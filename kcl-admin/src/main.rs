@@ -1,0 +1,84 @@
+//! `kcl-admin`: what an operator reaches for instead of the DynamoDB console, on the same AWS
+//! configuration and endpoints as the worker (the standard credential chain, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL_DYNAMODB`, …).
+//!
+//! - `leases`: every shard with its lease (owner, checkpoint, counter, whether it moves,
+//!   parents, open or closed) and how far its checkpoint is behind the stream;
+//! - `reset`: moves checkpoints, safe while the fleet runs (see [`kcl_core::admin`]);
+//! - `copy`: checkpoints to another application's table (a rename);
+//! - `remove-kcl-rows`: deletes kcl's own rows (leader, standby, heartbeats, singletons)
+//!   once the kcl fleet has stopped, before KCL Java takes the table back.
+//!
+//! Anchored on `kafka-consumer-groups --describe / --reset-offsets`, which users know.
+
+mod cleanup;
+mod copy;
+mod leases;
+mod reset;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Operator commands for a kcl (or KCL Java) lease table.
+#[derive(Debug, Parser)]
+#[command(name = "kcl-admin", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Every shard of the stream with its lease, and how far behind its checkpoint is.
+    Leases(leases::Args),
+    /// Moves the checkpoints of some shards (replay after a bug), safe while the fleet runs.
+    Reset(reset::Args),
+    /// Copies checkpoints to another application's lease table (an application rename).
+    Copy(copy::Args),
+    /// Deletes kcl's own rows from the lease table, once the kcl fleet has stopped (before
+    /// KCL Java takes the table back).
+    RemoveKclRows(cleanup::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln_error(&anyhow::Error::new(e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+        match cli.command {
+            Command::Leases(args) => leases::run(&sdk, args).await,
+            Command::Reset(args) => reset::run(&sdk, args).await,
+            Command::Copy(args) => copy::run(&sdk, args).await,
+            Command::RemoveKclRows(args) => cleanup::run(&sdk, args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln_error(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[allow(clippy::print_stderr)]
+fn eprintln_error(e: &anyhow::Error) {
+    eprintln!("kcl-admin: {e:#}");
+}
+
+/// The lease table of `application` (its name), changed by nobody but these commands.
+fn store(sdk: &aws_config::SdkConfig, application: &str) -> kcl_aws::DynamoDbLeaseStore {
+    kcl_aws::DynamoDbLeaseStore::new(sdk, application.to_owned())
+        .with_table_setup(kcl_aws::TableSetup::External)
+}

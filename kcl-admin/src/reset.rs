@@ -1,0 +1,151 @@
+//! `kcl-admin reset`: moves checkpoints while the fleet runs, through
+//! [`kcl_core::admin::reset`] (fenced through the lease), then waits until no worker can still
+//! be reading from the old checkpoints.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kcl_aws::KinesisShardSource;
+use kcl_core::admin::{self, RESET_SETTLES_AFTER, ResetTo};
+use kcl_core::coordination::is_coordination_key;
+use kcl_core::{
+    Checkpoint, ExtendedSequenceNumber, LeaseStore, SequenceNumber, ShardId, ShardSource,
+};
+
+/// Arguments of `kcl-admin reset`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["shard", "all"])))]
+pub(crate) struct Args {
+    /// The application: the lease table's name.
+    #[arg(long, env = "KCL_APPLICATION_NAME")]
+    application_name: String,
+    /// The stream the leases are of.
+    #[arg(long, env = "KCL_STREAM")]
+    stream: String,
+    /// A shard to reset (repeat for several).
+    #[arg(long, num_args = 1..)]
+    shard: Vec<String>,
+    /// Every shard with an unfinished lease.
+    #[arg(long)]
+    all: bool,
+    /// Where to: `TRIM_HORIZON`, `LATEST` (the moment of the reset), `AT_TIMESTAMP
+    /// <rfc3339>`, or a sequence number (processing resumes after that record, as from a
+    /// checkpoint at it).
+    #[arg(long, num_args = 1..=2, value_names = ["POSITION", "TIMESTAMP"], required = true)]
+    to: Vec<String>,
+    /// The fleet's failover time: how long the command waits after the writes, until no
+    /// worker can still be reading from the old checkpoints.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    failover_time: Duration,
+    /// Only show what would be reset.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// Where `to` points, at `now`.
+fn target(to: &[String], now: DateTime<Utc>) -> anyhow::Result<ResetTo> {
+    let at = |checkpoint, pin| ResetTo { checkpoint, pin };
+    match to {
+        [p] if p == Checkpoint::TRIM_HORIZON => Ok(at(Checkpoint::TrimHorizon, None)),
+        [p] if p == Checkpoint::LATEST => Ok(at(Checkpoint::Latest, Some(now))),
+        [p, t] if p == Checkpoint::AT_TIMESTAMP => {
+            let t = DateTime::parse_from_rfc3339(t).map_err(|e| {
+                anyhow::anyhow!(
+                    "invalid --to AT_TIMESTAMP {t}: {e} (want RFC 3339, e.g. 2026-11-25T10:00:00Z)"
+                )
+            })?;
+            Ok(at(Checkpoint::AtTimestamp, Some(t.with_timezone(&Utc))))
+        }
+        [s] => {
+            let seq = SequenceNumber::parse(s.clone()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "invalid --to {s}: want TRIM_HORIZON, LATEST, AT_TIMESTAMP <rfc3339> or a sequence number"
+                )
+            })?;
+            Ok(at(
+                Checkpoint::Sequence(ExtendedSequenceNumber::new(seq)),
+                None,
+            ))
+        }
+        _ => anyhow::bail!(
+            "invalid --to {}: AT_TIMESTAMP takes a timestamp, the others none",
+            to.join(" ")
+        ),
+    }
+}
+
+pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
+    let to = target(&args.to, Utc::now())?;
+    let store = crate::store(sdk, &args.application_name);
+    let listed = KinesisShardSource::new(sdk, args.stream.clone())
+        .list_shards()
+        .await?;
+    let shards: Vec<ShardId> = if args.all {
+        if matches!(to.checkpoint, Checkpoint::Sequence(_)) {
+            anyhow::bail!(
+                "--all with a sequence number: a sequence number belongs to one shard; name it with --shard"
+            );
+        }
+        let leases = store.list().await?;
+        leases
+            .into_iter()
+            .filter(|l| !is_coordination_key(&l.key) && !l.is_finished())
+            .map(|l| l.key)
+            .collect()
+    } else {
+        let known = |s: &String| listed.iter().any(|l| l.id.as_str() == s);
+        if let Some(unknown) = args.shard.iter().find(|s| !known(s)) {
+            anyhow::bail!(
+                "invalid --shard {unknown}: stream {} has no such shard",
+                args.stream
+            );
+        }
+        args.shard.iter().map(|s| ShardId::new(s.clone())).collect()
+    };
+    report(&format!(
+        "resetting {} shard(s) of {} to {}",
+        shards.len(),
+        args.application_name,
+        args.to.join(" ")
+    ));
+    if args.dry_run {
+        for shard in &shards {
+            report(&format!("  would reset {shard}"));
+        }
+        return Ok(());
+    }
+    let mut failed = 0;
+    for shard in &shards {
+        match admin::reset(&store, shard, &to).await {
+            Ok(row) => report(&format!(
+                "  {shard}: checkpoint {} (counter {})",
+                row.checkpoint, row.counter
+            )),
+            Err(e) => {
+                failed += 1;
+                report(&format!(
+                    "  {shard}: not reset: {}",
+                    kcl_core::error_chain(&e)
+                ));
+            }
+        }
+    }
+    let wait = args.failover_time * RESET_SETTLES_AFTER;
+    report(&format!(
+        "waiting {} (the failover time) until no worker can still be reading from the old checkpoints",
+        humantime::format_duration(wait)
+    ));
+    tokio::time::sleep(wait).await;
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} shard(s) not reset",
+        shards.len()
+    );
+    report("done: each shard is taken from its new checkpoint by a worker within a failover time");
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+fn report(line: &str) {
+    println!("{line}");
+}
