@@ -50,6 +50,13 @@ pub const SHARDS_UNLEASED: &str = "kcl_shards_unleased";
 pub const SHARDS_UNOWNED: &str = "kcl_shards_unowned";
 /// Held shards whose reads fail in a way retrying cannot fix (gauge).
 pub const SHARD_READ_FAILING: &str = "kcl_shard_read_failing";
+/// Held shards whose processor left delivered records without a checkpoint for
+/// [`stalled_after`](crate::WorkerConfig::stalled_after) (gauge).
+pub const SHARDS_STALLED: &str = "kcl_shards_stalled";
+/// Seconds since the oldest record delivered and not yet checkpointed was delivered; 0 when
+/// the checkpoint covers everything delivered (gauge, `shard`; set by the coordinator, so
+/// it grows while a processor hangs).
+pub const CHECKPOINT_AGE: &str = "kcl_checkpoint_age_seconds";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
 
@@ -68,7 +75,7 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 22] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 24] = [
     (
         RECORDS,
         Kind::Counter,
@@ -170,6 +177,18 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 22] = [
         Kind::Gauge,
         Some(Unit::Count),
         "Held shards whose reads fail in a way retrying cannot fix",
+    ),
+    (
+        SHARDS_STALLED,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Held shards with records delivered and not checkpointed for stalled_after",
+    ),
+    (
+        CHECKPOINT_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        "Since the oldest delivered record the checkpoint does not cover was delivered",
     ),
     (
         AGGREGATES_DROPPED,

@@ -188,3 +188,40 @@ impl kcl_core::ShardSource for Denied {
         self.inner.get_records(iterator, limit).await
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_processor_that_leaves_records_unchecked_is_reported_stalled() {
+    let (stream, store, seen) = world(2);
+    let quiet = Behaviour::default(); // checkpoints only when asked to stop
+    let diligent = Behaviour {
+        every_batch: true,
+        ..Behaviour::default()
+    };
+    let stalled_after = Duration::from_secs(30);
+    let config = || config().stalled_after(stalled_after);
+    let a = start("a", config(), &stream, &store, &seen, &quiet);
+    let b = start("b", config(), &stream, &store, &seen.clone(), &diligent);
+    let spread = wait_until(Duration::from_secs(20), || held(&a) == 1 && held(&b) == 1).await;
+    assert!(spread.is_some());
+    let a_shard = a.status.borrow().held[0].to_string();
+    fill(&stream, 100);
+    tokio::time::sleep(stalled_after / 2).await;
+    assert!(
+        reported(&a, ProblemKind::Stalled).is_empty(),
+        "not before stalled_after"
+    );
+    let found = wait_until(stalled_after, || {
+        reported(&a, ProblemKind::Stalled) == [a_shard.clone()]
+    })
+    .await;
+    assert!(found.is_some(), "{:?}", a.status.borrow());
+    assert!(
+        reported(&b, ProblemKind::Stalled).is_empty(),
+        "{:?}",
+        b.status.borrow()
+    );
+    for w in [a, b] {
+        w.shutdown.shutdown();
+        w.task.await.unwrap().unwrap();
+    }
+}

@@ -116,6 +116,13 @@ pub struct WorkerConfig {
     /// and reopens at `LATEST`, skipping what arrived in between).
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
+    /// How long a held shard's processor may leave delivered records without a checkpoint
+    /// before the shard is reported stalled ([`ProblemKind::Stalled`](crate::ProblemKind)):
+    /// its processor hangs, or never checkpoints. Default 10 min (kcl's own; KCL Java
+    /// reports nothing of the kind). The metric `kcl_checkpoint_age_seconds` shows the
+    /// same age at any moment.
+    #[serde(with = "humantime_serde")]
+    pub stalled_after: Duration,
     /// Who reads the whole lease table. Default [`Coordination::Leader`] (an elected leader
     /// and a standby follow it through its change feed; with
     /// [`Coordination::EveryWorker`] every worker reads it every taker interval).
@@ -188,6 +195,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(30),
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
+            stalled_after: Duration::from_secs(600),
             coordination: Coordination::Leader,
             liveness: Liveness::PerLease,
             retrieval: Retrieval::Polling,
@@ -278,6 +286,8 @@ impl WorkerConfig {
         call_timeout: Duration,
         /// Sets [`WorkerConfig::max_clock_skew`].
         max_clock_skew: Duration,
+        /// Sets [`WorkerConfig::stalled_after`].
+        stalled_after: Duration,
         /// Sets [`WorkerConfig::coordination`].
         coordination: Coordination,
         /// Sets [`WorkerConfig::retrieval`].
@@ -285,7 +295,7 @@ impl WorkerConfig {
     }
 
     /// Every duration field with its key.
-    fn durations(&self) -> [(&'static str, Duration); 12] {
+    fn durations(&self) -> [(&'static str, Duration); 13] {
         [
             ("failover_time", self.failover_time),
             ("renew_interval", self.renew_interval),
@@ -299,6 +309,7 @@ impl WorkerConfig {
             ("shutdown_timeout", self.shutdown_timeout),
             ("call_timeout", self.call_timeout),
             ("max_clock_skew", self.max_clock_skew),
+            ("stalled_after", self.stalled_after),
         ]
     }
 
@@ -318,6 +329,7 @@ impl WorkerConfig {
             ("parent_poll_interval", self.parent_poll_interval),
             ("min_backoff", self.min_backoff),
             ("call_timeout", self.call_timeout),
+            ("stalled_after", self.stalled_after),
         ] {
             if value.is_zero() {
                 return err(key, "must be above zero");

@@ -16,6 +16,7 @@ pub use self::shutdown::{ShutdownHandle, Signals};
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::future::BoxFuture;
@@ -493,6 +494,27 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state
             .problems
             .replace(problems::ProblemKind::ReadFailing, failing);
+        let mut stalled = std::collections::BTreeMap::new();
+        for (key, held) in &state.held {
+            let age = held
+                .control
+                .uncheckpointed_since()
+                .map_or(Duration::ZERO, |since| since.elapsed());
+            let shard = key.to_string();
+            ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
+                .set(age.as_secs_f64());
+            if age >= self.config.stalled_after {
+                let why = format!(
+                    "delivered records have waited over {:?} for a checkpoint (see \
+                     kcl_checkpoint_age_seconds)",
+                    self.config.stalled_after
+                );
+                stalled.insert(shard, why);
+            }
+        }
+        state
+            .problems
+            .replace(problems::ProblemKind::Stalled, stalled);
         state.problems.refresh();
         let problems = state.problems.list();
         self.status.send_if_modified(|s| {

@@ -10,6 +10,8 @@
 //!   kcl cannot read holds its key);
 //! - a lease ready to be processed that no worker has room for (`max_leases` across the
 //!   fleet is below the shard count);
+//! - a held shard whose processor left delivered records without a checkpoint for
+//!   `stalled_after` (it hangs, or never checkpoints);
 //! - a held shard whose reads fail in a way retrying cannot fix (a checkpoint the stream
 //!   does not have, access denied): the lease stays held and the read is retried at the
 //!   backoff's pace, so that nobody else fails on it too and a fix (`kcl-admin reset`) is
@@ -37,15 +39,19 @@ pub enum ProblemKind {
     Unowned,
     /// A held shard whose reads fail in a way retrying cannot fix.
     ReadFailing,
+    /// A held shard whose processor left delivered records without a checkpoint for
+    /// [`stalled_after`](crate::WorkerConfig::stalled_after).
+    Stalled,
 }
 
 impl ProblemKind {
     /// Every kind.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::UnreadableRow,
         Self::Unleased,
         Self::Unowned,
         Self::ReadFailing,
+        Self::Stalled,
     ];
 
     /// A short name, as in logs and `/status`.
@@ -55,6 +61,7 @@ impl ProblemKind {
             Self::Unleased => "unleased",
             Self::Unowned => "unowned",
             Self::ReadFailing => "read_failing",
+            Self::Stalled => "stalled",
         }
     }
 
@@ -65,6 +72,7 @@ impl ProblemKind {
             Self::Unleased => metrics::SHARDS_UNLEASED,
             Self::Unowned => metrics::SHARDS_UNOWNED,
             Self::ReadFailing => metrics::SHARD_READ_FAILING,
+            Self::Stalled => metrics::SHARDS_STALLED,
         }
     }
 
@@ -86,6 +94,10 @@ impl ProblemKind {
             Self::ReadFailing => {
                 "the shard stays held and the read is retried: fix the cause, or move the \
                  checkpoint with `kcl-admin reset`"
+            }
+            Self::Stalled => {
+                "its processor hangs or does not checkpoint: its records wait; a restart of \
+                 the worker moves the shard, and replays from the last checkpoint"
             }
         }
     }

@@ -15,6 +15,7 @@ use crate::mutation::{self, Mutation};
 use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
 use crate::source::{RecordBatch, ShardSource};
 use crate::task::bounded;
+use crate::types::Checkpoint;
 use crate::worker::prefetch::{Fetched, Prefetcher};
 
 /// Runs one processor instance; see the module docs of `shard_consumer`.
@@ -180,6 +181,7 @@ async fn process<S: ShardSource>(
             fetched = prefetch.recv() => fetched,
             _ = refresh.tick() => {
                 metrics.refresh();
+                control.set_covered(covers_delivered(tenure, checkpointer).await);
                 continue;
             }
             () = quiet => {
@@ -214,16 +216,32 @@ async fn process<S: ShardSource>(
         }
         let end = batch.next_iterator.is_none();
         let children: Vec<_> = batch.child_shards.iter().map(|s| s.id.clone()).collect();
+        if !batch.records.is_empty() {
+            control.set_covered(false);
+        }
         if let Hook::Expired =
             deliver(tenure, processor, checkpointer, &mut metrics, batch, bytes).await?
         {
             return Ok(Stop::Lost);
         }
+        control.set_covered(covers_delivered(tenure, checkpointer).await);
         if end {
             checkpointer.set_shard_end(children);
             return Ok(Stop::ShardEnd);
         }
     }
+}
+
+/// Whether the lease's checkpoint covers the last record delivered.
+async fn covers_delivered(tenure: &Tenure, checkpointer: &Checkpointer) -> bool {
+    let Some(last) = checkpointer.last_delivered() else {
+        return true;
+    };
+    let last = Checkpoint::Sequence(last.clone());
+    let committed = tenure.snapshot().await.checkpoint;
+    committed
+        .progress_cmp(&last)
+        .is_some_and(std::cmp::Ordering::is_ge)
 }
 
 /// Fencing in time: true (and the lease marked lost) once another worker could have taken

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -90,6 +90,8 @@ pub(crate) struct Control {
     handoff_to: Mutex<Option<WorkerId>>,
     /// Why reading the shard fails in a way retrying cannot fix, while it does.
     read_failing: Mutex<Option<String>>,
+    /// When the oldest delivered record the checkpoint does not cover was handed over.
+    uncheckpointed_since: Mutex<Option<Instant>>,
 }
 
 impl Control {
@@ -98,6 +100,30 @@ impl Control {
             graceful,
             handoff_to: Mutex::new(None),
             read_failing: Mutex::new(None),
+            uncheckpointed_since: Mutex::new(None),
+        }
+    }
+
+    /// Since when delivered records have waited for a checkpoint, if they have (see
+    /// `problems`: a shard stalled).
+    pub(crate) fn uncheckpointed_since(&self) -> Option<Instant> {
+        *self
+            .uncheckpointed_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes that records are handed over (`covered`: false) or that the checkpoint covers
+    /// everything delivered (true).
+    fn set_covered(&self, covered: bool) {
+        let mut since = self
+            .uncheckpointed_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if covered {
+            *since = None;
+        } else if since.is_none() {
+            *since = Some(Instant::now());
         }
     }
 
