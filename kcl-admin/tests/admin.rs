@@ -190,29 +190,41 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         ],
     )?;
     anyhow::ensure!(out.status.success(), "copy failed");
-    let copied: BTreeMap<_, _> =
-        kcl_aws::DynamoDbLeaseStore::from_client(ctx.dynamodb.clone(), renamed)
-            .list()
-            .await?
-            .into_iter()
-            .map(|l| (l.key.to_string(), (l.owner, l.parent_shard_ids)))
-            .collect();
-    anyhow::ensure!(
-        copied.len() == 2 && copied.values().all(|(o, _)| o.is_none()),
-        "{copied:?}"
-    );
+    let rows = |store: kcl_aws::DynamoDbLeaseStore| async move {
+        let leases = store.list().await?;
+        let shards = leases.into_iter().filter(|l| !is_coordination_key(&l.key));
+        anyhow::Ok(
+            shards
+                .map(|l| (l.key.to_string(), l))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    let copied = rows(kcl_aws::DynamoDbLeaseStore::from_client(
+        ctx.dynamodb.clone(),
+        renamed,
+    ))
+    .await?;
+    let source = rows(ctx.store()).await?;
+    anyhow::ensure!(copied.keys().eq(source.keys()), "{copied:?}");
+    for (key, row) in &copied {
+        // The fleet goes on checkpointing: the copy is at or behind the source.
+        let behind = row.checkpoint.progress_cmp(&source[key].checkpoint);
+        anyhow::ensure!(
+            row.owner.is_none() && behind.is_some_and(std::cmp::Ordering::is_le),
+            "{key}: copied {row:?}, source {:?}",
+            source[key]
+        );
+    }
 
     // remove-kcl-rows: refused while the fleet runs; done once it stopped.
-    let out = admin(
-        &ctx,
-        &[
-            "remove-kcl-rows",
-            "--application-name",
-            &ctx.table,
-            "--observe",
-            "3s",
-        ],
-    )?;
+    let remove = [
+        "remove-kcl-rows",
+        "--application-name",
+        &ctx.table,
+        "--observe",
+        "3s",
+    ];
+    let out = admin(&ctx, &remove)?;
     anyhow::ensure!(
         !out.status.success(),
         "removing kcl's rows while the fleet runs must fail"
@@ -223,16 +235,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         w.terminate()?;
         anyhow::ensure!(w.wait_exit(Duration::from_secs(30)).await?.success());
     }
-    let out = admin(
-        &ctx,
-        &[
-            "remove-kcl-rows",
-            "--application-name",
-            &ctx.table,
-            "--observe",
-            "3s",
-        ],
-    )?;
+    let out = admin(&ctx, &remove)?;
     anyhow::ensure!(out.status.success(), "remove-kcl-rows failed");
     let left = ctx.store().list().await?;
     anyhow::ensure!(

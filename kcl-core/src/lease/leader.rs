@@ -30,7 +30,7 @@ use super::Lease;
 
 /// How long the leader remembers a refusal, in failover times (the `within` of
 /// [`Moves::overlay`]).
-const REFUSALS_KEPT_FOR: u32 = 6;
+const REFUSALS_KEPT_FOR: u32 = 30;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::types::{ShardId, WorkerId};
 
