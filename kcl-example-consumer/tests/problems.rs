@@ -338,3 +338,44 @@ async fn java_rows(ctx: Context) -> anyhow::Result<()> {
     );
     c.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_capped_below_the_shard_count_reports_the_unowned_shards() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("problems-capped").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(150), Box::pin(capped(ctx))).await
+}
+
+async fn capped(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(6).await?;
+    let args = ["--stream", &ctx.stream, "--max-leases", "2"];
+    let mut a = Consumer::spawn_with(&ctx, "consumer-a", &args)?;
+    let mut b = Consumer::spawn_with(&ctx, "consumer-b", &args)?;
+    let unowned = |c: &Consumer| {
+        let (found, gauge) = reported(c, "kcl_shards_unowned");
+        let n = found.iter().filter(|(kind, _)| kind == "unowned").count();
+        (n, gauge)
+    };
+    wait_until(
+        "each consumer holding 2 leases and the leader reporting 2 shards unowned",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            let held = |c: &Consumer| {
+                c.get("/status")
+                    .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                    .and_then(|s| s["leases"].as_array().map(Vec::len))
+            };
+            let reports = [unowned(&a), unowned(&b)];
+            Ok(held(&a) == Some(2)
+                && held(&b) == Some(2)
+                && reports.contains(&(2, Some(2.0)))
+                && reports.contains(&(0, Some(0.0))))
+        },
+    )
+    .await
+    .map_err(|e| e.context(format!("{}\n{}", diagnose(&a), diagnose(&b))))?;
+    a.stop().await?;
+    b.stop().await
+}
