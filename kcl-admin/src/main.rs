@@ -5,6 +5,7 @@
 //! - `leases`: every shard with its lease (owner, checkpoint, counter, whether it moves,
 //!   parents, open or closed) and how far its checkpoint is behind the stream;
 //! - `reset`: moves checkpoints, safe while the fleet runs (see [`kcl_core::admin`]);
+//! - `release`: drains a worker before maintenance (see [`kcl_core::admin::release`]);
 //! - `copy`: checkpoints to another application's table (a rename);
 //! - `remove-kcl-rows`: deletes kcl's own rows (leader, standby, heartbeats, singletons)
 //!   once the kcl fleet has stopped, before KCL Java takes the table back.
@@ -14,6 +15,7 @@
 mod cleanup;
 mod copy;
 mod leases;
+mod release;
 mod reset;
 
 use std::process::ExitCode;
@@ -34,6 +36,9 @@ enum Command {
     Leases(leases::Args),
     /// Moves the checkpoints of some shards (replay after a bug), safe while the fleet runs.
     Reset(reset::Args),
+    /// Drains a worker before maintenance: it hands its leases to the others and takes no
+    /// more until it starts again.
+    Release(release::Args),
     /// Copies checkpoints to another application's lease table (an application rename).
     Copy(copy::Args),
     /// Deletes kcl's own rows from the lease table, once the kcl fleet has stopped (before
@@ -59,6 +64,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Leases(args) => leases::run(&sdk, args).await,
             Command::Reset(args) => reset::run(&sdk, args).await,
+            Command::Release(args) => release::run(&sdk, args).await,
             Command::Copy(args) => copy::run(&sdk, args).await,
             Command::RemoveKclRows(args) => cleanup::run(&sdk, args).await,
         }

@@ -1,6 +1,7 @@
 //! `kcl-admin` against the emulators while two worker processes consume: `leases` shows every
 //! shard, `reset` replays a shard from TRIM_HORIZON and no worker goes on from the old
-//! checkpoint after it returns, `copy` carries checkpoints to a new table, and
+//! checkpoint after it returns, `release` drains a worker, `copy` carries checkpoints to a
+//! new table, and
 //! `remove-kcl-rows` refuses while the fleet runs and removes kcl's rows once it stopped.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
@@ -176,6 +177,24 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
             }
         }
     }
+
+    // release: worker-a hands its shard to worker-b and takes nothing back while it runs.
+    let release = [
+        "release",
+        "--application-name",
+        &ctx.table,
+        "--worker",
+        "worker-a",
+    ];
+    let out = admin(&ctx, &release)?;
+    anyhow::ensure!(out.status.success(), "release failed");
+    let held_by_b = async || {
+        let owners = ctx.owners().await?;
+        anyhow::Ok(owners.values().all(|o| o.as_deref() == Some("worker-b")))
+    };
+    anyhow::ensure!(held_by_b().await?, "{:?}", ctx.owners().await?);
+    tokio::time::sleep(Duration::from_secs(6)).await; // two failover times
+    anyhow::ensure!(held_by_b().await?, "given back: {:?}", ctx.owners().await?);
 
     // copy: the checkpoints, unowned, in a new table.
     let renamed = format!("{}-renamed", ctx.table);

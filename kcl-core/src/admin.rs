@@ -22,10 +22,17 @@
 //!
 //! A finished lease (`SHARD_END`) is refused: its children may have started, and lineage
 //! forbids a parent behind its children.
+//!
+//! **Release** ([`release`]) drains a worker before maintenance, through the handoff
+//! protocol and a drain row the leader and the worker honour.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use crate::coordination::heartbeat_key;
+use crate::coordination::{
+    drain_key, heartbeat_key, heartbeat_of, is_coordination_key, is_worker_row,
+};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::types::{Checkpoint, ShardId, WorkerId};
@@ -117,4 +124,84 @@ pub async fn reset<L: LeaseStore>(
 async fn heartbeat_alive<L: LeaseStore>(store: &L, owner: &WorkerId) -> Result<bool, BackendError> {
     let row = store.get(&heartbeat_key(owner)).await?;
     Ok(row.is_some_and(|r| r.is_owned_by(owner)))
+}
+
+/// Asks `worker` to hand its leases over and take no more until it starts again (before
+/// maintenance; `kcl-admin release`): writes the row `kcl-coordination/drain/<worker>`,
+/// which the leader and the worker itself honour (it is given nothing and takes nothing), and
+/// asks the worker to hand each of its leases to the least loaded other worker, through the
+/// handoff protocol (its processors checkpoint at `shutdown_requested`, nothing is read
+/// twice). A worker that starts deletes its drain row. Returns the handoffs asked for.
+///
+/// # Errors
+/// `Fatal` if the worker holds leases and no other worker shows in the table (one holding
+/// leases, or with a heartbeat row): nobody would take them (stop the worker instead: a
+/// SIGTERM hands them back); the store's error otherwise.
+pub async fn release<L: LeaseStore>(
+    store: &L,
+    worker: &WorkerId,
+) -> Result<Vec<(ShardId, WorkerId)>, BackendError> {
+    let leases = store.list().await?;
+    let mine: Vec<&Lease> = leases
+        .iter()
+        .filter(|l| !is_coordination_key(&l.key) && l.is_owned_by(worker) && !l.is_finished())
+        .collect();
+    // The other workers: owners of shard leases (by load), and of the rows a worker holds
+    // whether or not it has leases: its heartbeat row, the leader's and the standby's rows.
+    let mut load: BTreeMap<WorkerId, usize> = BTreeMap::new();
+    for lease in &leases {
+        let Some(owner) = lease.owner.as_ref().filter(|o| *o != worker) else {
+            continue;
+        };
+        if !is_coordination_key(&lease.key) {
+            if owner.as_str() != RESET_OWNER {
+                *load.entry(owner.clone()).or_default() += 1;
+            }
+        } else if heartbeat_of(&lease.key).as_ref() == Some(owner) || is_worker_row(&lease.key) {
+            load.entry(owner.clone()).or_default();
+        }
+    }
+    if !mine.is_empty() && load.is_empty() {
+        let text = format!(
+            "no other worker shows in the table to take {worker}'s {} lease(s): start one \
+             first, or stop {worker} (a SIGTERM hands its leases back)",
+            mine.len()
+        );
+        return Err(BackendError::new(ErrorKind::Fatal, "release", text));
+    }
+    store
+        .create(&Lease::new(drain_key(worker), Checkpoint::TrimHorizon))
+        .await?;
+    let mut asked = Vec::new();
+    for lease in mine {
+        let Some(to) = load
+            .iter()
+            .min_by_key(|(w, n)| (**n, *w))
+            .map(|(w, _)| w.clone())
+        else {
+            break;
+        };
+        store.request_handoff(lease, Some(&to)).await?;
+        *load.entry(to.clone()).or_default() += 1;
+        asked.push((lease.key.clone(), to));
+    }
+    if let Some((_, to)) = asked.first() {
+        flag_heartbeat(store, worker, to).await?;
+    }
+    Ok(asked)
+}
+
+/// Raises the flag on `worker`'s heartbeat row, if it has one (`Liveness::Heartbeat`): such a
+/// worker reads its leases, and sees the handoff requests, only when it is flagged.
+async fn flag_heartbeat<L: LeaseStore>(
+    store: &L,
+    worker: &WorkerId,
+    to: &WorkerId,
+) -> Result<(), BackendError> {
+    match store.get(&heartbeat_key(worker)).await? {
+        Some(row) if row.is_owned_by(worker) && row.handoff_to.is_none() => {
+            store.request_handoff(&row, Some(to)).await
+        }
+        _ => Ok(()),
+    }
 }

@@ -87,6 +87,29 @@ pub(crate) fn heartbeat_key(worker: &WorkerId) -> ShardId {
     ShardId::new(format!("{COORDINATION_PREFIX}{HEARTBEAT_PREFIX}{worker}"))
 }
 
+/// Names under this prefix are drain requests: `kcl-admin release` asks a worker to hand its
+/// leases over and take no more until it starts again (see [`admin`](crate::admin)).
+pub(crate) const DRAIN_PREFIX: &str = "drain/";
+
+/// The key of the row asking `worker` to drain.
+pub(crate) fn drain_key(worker: &WorkerId) -> ShardId {
+    ShardId::new(format!("{COORDINATION_PREFIX}{DRAIN_PREFIX}{worker}"))
+}
+
+/// The worker that row `key` asks to drain, if it is such a row.
+pub(crate) fn drained_by(key: &ShardId) -> Option<WorkerId> {
+    let name = key.as_str().strip_prefix(COORDINATION_PREFIX)?;
+    name.strip_prefix(DRAIN_PREFIX).map(WorkerId::new)
+}
+
+/// True for the leader's and the standby's rows (`Coordination::Leader`): their owners are
+/// workers of the fleet.
+pub(crate) fn is_worker_row(key: &ShardId) -> bool {
+    key.as_str()
+        .strip_prefix(COORDINATION_PREFIX)
+        .is_some_and(|name| RESERVED.contains(&name))
+}
+
 /// The worker whose heartbeat row `key` is, if it is one.
 pub(crate) fn heartbeat_of(key: &ShardId) -> Option<WorkerId> {
     let name = key.as_str().strip_prefix(COORDINATION_PREFIX)?;
@@ -148,13 +171,16 @@ impl<L: LeaseStore> Singleton<L> {
                 reason: format!("{name:?} is the worker's own (Coordination::Leader)"),
             });
         }
-        if name.starts_with(HEARTBEAT_PREFIX) {
-            return Err(ConfigError {
-                key: "name",
-                reason: format!(
-                    "names starting with {HEARTBEAT_PREFIX:?} are the workers' heartbeat rows"
-                ),
-            });
+        for (prefix, rows) in [
+            (HEARTBEAT_PREFIX, "the workers' heartbeat rows"),
+            (DRAIN_PREFIX, "drain requests (`kcl-admin release`)"),
+        ] {
+            if name.starts_with(prefix) {
+                return Err(ConfigError {
+                    key: "name",
+                    reason: format!("names starting with {prefix:?} are {rows}"),
+                });
+            }
         }
         Self::named(name, me, store, config)
     }

@@ -195,7 +195,7 @@ async fn a_task_slow_to_stop_is_dropped_before_the_next_holder_starts() {
 #[test]
 fn the_workers_own_names_are_reserved() {
     let store = MemoryLeaseStore::new();
-    for name in RESERVED.into_iter().chain(["worker/w1"]) {
+    for name in RESERVED.into_iter().chain(["worker/w1", "drain/w1"]) {
         let refused = Singleton::new(name, "me", store.clone(), config());
         assert_eq!(refused.err().map(|e| e.key), Some("name"), "{name}");
     }

@@ -19,6 +19,11 @@
 //! worker that owns an expired lease gets nothing new either. Loads count pending handoffs at their target, so a request is not repeated while
 //! it is under way. A lease the leader misjudges costs a failed conditional write, never a
 //! second owner: leadership decides who should do the work, not who may.
+//!
+//! The leader cannot read other workers' `max_leases`. A worker given a lease it has no room
+//! for gives it back with its own name in the row's `handoffTo` (a refusal): the leader then
+//! does not write that lease to that worker again for a while, and reports a lease nobody
+//! can take as unplaced (the worker's `Status::problems`: unowned).
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -57,8 +62,8 @@ pub fn assign(
 }
 
 /// As [`assign`], knowing which workers gave which leases back lately for want of room
-/// (`refused`, see [`Moves`]): such a lease is not written to that worker again, and a lease
-/// no worker can take is [`unplaced`](Assignment::unplaced).
+/// (`refused`; see the module docs): such a lease is not written to that worker again, and a
+/// lease no worker can take is [`unplaced`](Assignment::unplaced).
 pub fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],

@@ -20,7 +20,7 @@ use super::problems::{ProblemKind, Problems};
 use super::roles::{Role, Roles};
 use super::shard_consumer::{self, Control, Exit, ShardContext};
 use crate::config::{Coordination, Liveness};
-use crate::coordination::{heartbeat_of, is_coordination_key};
+use crate::coordination::{drained_by, heartbeat_of, is_coordination_key};
 use crate::error::{BackendError, Error, ErrorKind};
 use crate::lease::feed::{FeedRead, Mirror};
 use crate::lease::leader::Moves;
@@ -68,6 +68,9 @@ pub(super) struct Coordinator {
     pub(super) fenced: BTreeMap<WorkerId, bool>,
     /// Shards read by nobody and rows nobody can read, as this worker last found them.
     pub(super) problems: Problems,
+    /// Workers asked to drain (`kcl-admin release`) in the last read of the whole table:
+    /// they are given nothing, and take nothing.
+    pub(super) drained: BTreeSet<WorkerId>,
     /// Leases whose shard task could not hand them back, to release again (under heartbeats
     /// nothing else would: their owner's heartbeat goes on).
     pub(super) unreleased: Vec<ShardId>,
@@ -110,10 +113,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let (by_key, candidates) = self.candidates(state, &leases);
         self.grant_handoffs(state, &candidates, &by_key).await;
 
-        let limits = Limits {
-            max_leases: self.config.max_leases,
-            max_steal: self.config.max_leases_to_steal,
-        };
+        let limits = self.limits(state);
         let plan = taker::plan(&self.id, &candidates, limits);
         let wanted: Vec<&Lease> = plan
             .take
@@ -166,6 +166,19 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 tracing::debug!(shard = %key, %error, "handoff request failed");
                 false
             }
+        }
+    }
+
+    /// The bounds of this worker's plan: none to take while it is asked to drain.
+    pub(super) fn limits(&self, state: &Coordinator) -> Limits {
+        let drained = state.drained.contains(&self.id);
+        Limits {
+            max_leases: if drained { 0 } else { self.config.max_leases },
+            max_steal: if drained {
+                0
+            } else {
+                self.config.max_leases_to_steal
+            },
         }
     }
 
@@ -288,6 +301,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 state
                     .problems
                     .replace(ProblemKind::UnreadableRow, unreadable.collect());
+                state.drained = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
                 let now = Instant::now();
                 if observing {
                     state.roles.saw(&leases, now);
@@ -488,7 +502,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             .values()
             .filter(|h| h.control.is_handing_off())
             .count();
-        let mut grant = taker::handoffs_to_grant(&self.id, candidates, in_progress);
+        // A worker asked to drain grants every request: it is to hold nothing.
+        let mut grant = if state.drained.contains(&self.id) {
+            usize::MAX
+        } else {
+            taker::handoffs_to_grant(&self.id, candidates, in_progress)
+        };
         for c in candidates {
             let (Holder::Me, Some(to)) = (&c.holder, &c.handoff_to) else {
                 continue;
@@ -632,6 +651,7 @@ impl Coordinator {
             next_sync: Instant::now(),
             ended: BTreeSet::new(),
             problems: Problems::default(),
+            drained: BTreeSet::new(),
             roles: Roles::none(),
             looked_for_work: None,
             owner_query_at: None,

@@ -30,7 +30,7 @@ use super::shard_consumer::ShardContext;
 use crate::coordination::is_coordination_key;
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader;
-use crate::lease::taker::{Holder, Limits};
+use crate::lease::taker::Holder;
 use crate::lease::{self, Lease, LeaseStore};
 use crate::metrics;
 use crate::mutation::{self, Mutation};
@@ -98,10 +98,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             return Ok(());
         };
         let (by_key, mut candidates) = self.candidates(state, &leases);
-        let limits = Limits {
-            max_leases: self.config.max_leases,
-            max_steal: self.config.max_leases_to_steal,
-        };
+        let limits = self.limits(state);
         let (now, failover) = (Instant::now(), self.config.failover_time);
         state.moves.overlay(&leases, &mut candidates, now, failover);
         state.observer.forget_inactive(now, failover * 10);
@@ -110,14 +107,16 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 state.observer.lapsed(owner);
             }
         }
-        let (observer, moves) = (&state.observer, &state.moves);
+        let (observer, moves, drained) = (&state.observer, &state.moves, &state.drained);
         let plan = leader::assign_within(
             &self.id,
             &candidates,
             limits,
+            // A worker asked to drain is given nothing and asked for nothing.
             |w| {
-                observer.is_active(w, now, failover)
-                    || mutation::on(Mutation::LeaderIgnoresActivity)
+                !drained.contains(w)
+                    && (observer.is_active(w, now, failover)
+                        || mutation::on(Mutation::LeaderIgnoresActivity))
             },
             |key, w| moves.refused(key, w),
         );
@@ -249,7 +248,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     continue;
                 }
             };
-            if state.held.len() >= self.config.max_leases {
+            if state.held.len() >= self.config.max_leases || state.drained.contains(&self.id) {
                 self.refuse(&row).await;
                 continue;
             }

@@ -171,6 +171,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         };
         self.status.send_modify(|s| s.phase = Phase::Running);
         self.log_start(table);
+        self.undrain().await;
         let ctx = Arc::new(ShardContext::new(
             self.source.clone(),
             self.factory.clone(),
@@ -478,6 +479,24 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 s.held.insert(at, key.clone());
             }
         });
+    }
+
+    /// A worker that starts takes work again: deletes the row that asked it to drain
+    /// (`kcl-admin release`, before maintenance), if there is one. Best effort: a row left
+    /// behind keeps this worker idle, and says so in the log.
+    async fn undrain(&self) {
+        let key = crate::coordination::drain_key(&self.id);
+        let limit = self.config.call_timeout;
+        let Ok(Some(row)) = bounded(limit, "get", self.store.get(&key)).await else {
+            return;
+        };
+        if let Err(error) = bounded(limit, "delete", self.store.delete(&row)).await {
+            let what = "this worker was asked to drain and the request could not be removed: \
+                        it takes no work until it is";
+            tracing::warn!(%error, row = %key, "{what}");
+            return;
+        }
+        tracing::info!("started again after a drain (kcl-admin release): taking work");
     }
 
     /// Publishes the held leases and the known problems (see `problems`) in [`Status`] and
