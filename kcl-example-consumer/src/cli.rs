@@ -278,6 +278,16 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) listen: String,
 
+    /// Also push the metrics over OTLP/HTTP (protobuf) to URL, a collector beside the
+    /// process, e.g. http://localhost:4318/v1/metrics (an AWS Distro for OpenTelemetry
+    /// sidecar whose awsemf exporter puts them in CloudWatch). Off unless set.
+    #[arg(long, env = "KCL_OTLP_ENDPOINT", value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
+
+    /// How often the metrics are pushed over OTLP (default 60s).
+    #[arg(long, env = "KCL_OTLP_INTERVAL", value_name = "DURATION")]
+    pub(crate) otlp_interval: Option<String>,
+
     /// Run the fleet's summary job, a singleton: every DURATION, on one worker of the fleet
     /// at a time, one JSON line on stdout with the lease table's state (and the messages sent
     /// to the job since the last one). Off unless set.

@@ -124,7 +124,9 @@ where
     F: ProcessorFactory,
 {
     let summary = summary::start(settings, &store)?;
-    let serving = http::Serving::start(settings.listen, &settings.worker).await?;
+    let serving =
+        http::Serving::start_with(settings.listen, &settings.worker, settings.otlp.as_ref())
+            .await?;
     let worker = Worker::new(
         settings.worker_id.clone(),
         settings.worker.clone(),

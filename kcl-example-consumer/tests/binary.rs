@@ -459,3 +459,85 @@ fn the_summary_job_prints_and_takes_authenticated_messages() {
         .status();
     let _ = child.wait();
 }
+
+/// `--otlp-endpoint`: the same metrics are pushed over OTLP/HTTP (protobuf) to a collector,
+/// every `--otlp-interval`, while `/metrics` still serves them.
+#[test]
+fn the_metrics_are_pushed_over_otlp_too() {
+    use std::io::Write;
+    let collector = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = format!(
+        "http://{}/v1/metrics",
+        collector.local_addr().unwrap_or_else(|e| panic!("{e}"))
+    );
+    let mut child = consumer()
+        .args(MEMORY_CONSUMER)
+        .args(["--otlp-endpoint", &endpoint, "--otlp-interval", "1s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // One request: its head, then its body (`Content-Length`), answered 200.
+    collector
+        .set_nonblocking(true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut conn = loop {
+        match collector.accept() {
+            Ok((conn, _)) => break conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                let _ = child.kill();
+                panic!("no push within 30s: {e}");
+            }
+        }
+    };
+    conn.set_nonblocking(false)
+        .unwrap_or_else(|e| panic!("{e}"));
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut reader = BufReader::new(conn.try_clone().unwrap_or_else(|e| panic!("{e}")));
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        reader
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("{e}"));
+        if line.trim().is_empty() {
+            break;
+        }
+        head.push(line.trim().to_owned());
+    }
+    let length: usize = head
+        .iter()
+        .find_map(|h| {
+            h.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse().ok())
+        })
+        .flatten()
+        .unwrap_or_else(|| panic!("no content-length: {head:?}"));
+    let mut body = vec![0; length];
+    reader
+        .read_exact(&mut body)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(head[0].starts_with("POST /v1/metrics "), "{head:?}");
+    assert!(
+        head.iter()
+            .any(|h| h.eq_ignore_ascii_case("content-type: application/x-protobuf")),
+        "{head:?}"
+    );
+    let body = String::from_utf8_lossy(&body);
+    for name in [
+        "kcl_leases_held",
+        "kcl_leases_taken_total",
+        "kcl-example-consumer",
+    ] {
+        assert!(body.contains(name), "{name} missing from the push");
+    }
+}

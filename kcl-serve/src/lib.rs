@@ -15,10 +15,14 @@
 //!
 //! The server itself is in [`server`]: hardened against clients that never finish a request.
 
+#[cfg(feature = "otlp")]
+mod otlp;
 mod run;
 pub mod server;
 mod signals;
 
+#[cfg(feature = "otlp")]
+pub use otlp::Otlp;
 pub use run::{Ended, Options, Serving};
 pub use server::ServeError;
 pub use signals::{LogFormat, init_logging, on_signals};
@@ -74,11 +78,15 @@ impl Probes {
     }
 }
 
-/// Installs the global Prometheus recorder, describes kcl's metrics and keeps histograms
-/// drained. Counters and gauges not refreshed for `stale_after` are dropped (see the module
-/// docs). Call once, inside the runtime.
-pub fn install_metrics(stale_after: Duration) -> Result<PrometheusHandle, ServeError> {
-    let handle = PrometheusBuilder::new()
+/// Installs the global recorder, describes kcl's metrics and keeps histograms drained: the
+/// Prometheus recorder behind `/metrics`, and with `otlp` (feature `otlp`) one pushing the
+/// same metrics over OTLP beside it. Counters and gauges not refreshed for `stale_after` are
+/// dropped from `/metrics` (see the module docs). Call once, inside the runtime.
+pub fn install_metrics(
+    stale_after: Duration,
+    otlp: Option<&OtlpSettings>,
+) -> Result<Metrics, ServeError> {
+    let prometheus = PrometheusBuilder::new()
         .set_buckets(&[
             0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ])?
@@ -86,18 +94,71 @@ pub fn install_metrics(stale_after: Duration) -> Result<PrometheusHandle, ServeE
             MetricKindMask::COUNTER | MetricKindMask::GAUGE,
             Some(stale_after),
         )
-        .install_recorder()?;
+        .build_recorder();
+    let handle = prometheus.handle();
+    #[cfg_attr(not(feature = "otlp"), allow(unused_mut))]
+    let mut metrics = Metrics {
+        prometheus: handle.clone(),
+        #[cfg(feature = "otlp")]
+        otlp: None,
+    };
+    let installed = match otlp {
+        None => ::metrics::set_global_recorder(prometheus).is_ok(),
+        #[cfg(feature = "otlp")]
+        Some(settings) => {
+            let (provider, recorder) = otlp::recorder(settings)?;
+            metrics.otlp = Some(provider);
+            let both = metrics_util::layers::FanoutBuilder::default()
+                .add_recorder(prometheus)
+                .add_recorder(recorder);
+            ::metrics::set_global_recorder(both.build()).is_ok()
+        }
+        #[cfg(not(feature = "otlp"))]
+        Some(never) => match *never {},
+    };
+    if !installed {
+        return Err(ServeError::RecorderInstalled);
+    }
     describe();
-    let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
-            upkeep.run_upkeep();
+            handle.run_upkeep();
         }
     });
-    Ok(handle)
+    Ok(metrics)
 }
+
+/// What [`install_metrics`] installed.
+#[derive(Debug)]
+pub struct Metrics {
+    /// What `/metrics` renders.
+    pub prometheus: PrometheusHandle,
+    /// The OTLP pushes, with `otlp`.
+    #[cfg(feature = "otlp")]
+    otlp: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
+}
+
+impl Metrics {
+    /// Pushes over OTLP one last time (at exit), if the metrics go there.
+    pub async fn last_push(self) {
+        #[cfg(feature = "otlp")]
+        if let Some(provider) = self.otlp {
+            let pushed = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+            if let Ok(Err(error)) = pushed {
+                tracing::warn!(%error, "the last OTLP push failed");
+            }
+        }
+    }
+}
+
+/// Where the metrics are pushed over OTLP: [`otlp::Otlp`] with feature `otlp`, nothing without.
+#[cfg(feature = "otlp")]
+pub type OtlpSettings = otlp::Otlp;
+/// Where the metrics are pushed over OTLP: nothing without feature `otlp`.
+#[cfg(not(feature = "otlp"))]
+pub type OtlpSettings = std::convert::Infallible;
 
 /// The process metrics (CPU seconds, resident memory, open file descriptors, threads, start
 /// time) are this binary's to describe; kcl's own describe themselves when the worker starts

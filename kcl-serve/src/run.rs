@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use axum::Router;
 use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker, WorkerConfig};
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Probes, ServeError, install_metrics, on_signals, router, server};
+use crate::{
+    Metrics, OtlpSettings, Probes, ServeError, install_metrics, on_signals, router, server,
+};
 
 /// How long a forced shutdown may take before the run ends regardless.
 const FORCE_GRACE: Duration = Duration::from_secs(3);
@@ -20,7 +21,7 @@ const FORCE_GRACE: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 pub struct Serving {
     listener: TcpListener,
-    metrics: PrometheusHandle,
+    metrics: Metrics,
     probes: Probes,
     shutdown_timeout: Duration,
 }
@@ -53,11 +54,20 @@ impl Serving {
     /// Raises the open file limit, installs the Prometheus recorder and binds `listen`, for a
     /// worker that will run with `config`.
     pub async fn start(listen: SocketAddr, config: &WorkerConfig) -> Result<Self, ServeError> {
+        Self::start_with(listen, config, None).await
+    }
+
+    /// As [`start`](Self::start), pushing the metrics over OTLP as well with `otlp`.
+    pub async fn start_with(
+        listen: SocketAddr,
+        config: &WorkerConfig,
+        otlp: Option<&OtlpSettings>,
+    ) -> Result<Self, ServeError> {
         server::raise_open_file_limit();
         // kcl-core refreshes its series every taker interval while they mean something.
         let stale_after = (config.taker_interval * 10).max(Duration::from_secs(10));
         Ok(Self {
-            metrics: install_metrics(stale_after)?,
+            metrics: install_metrics(stale_after, otlp)?,
             listener: server::bind(listen).await?,
             probes: Probes::for_worker(config),
             shutdown_timeout: config.shutdown_timeout,
@@ -76,7 +86,12 @@ impl Serving {
         L: LeaseStore,
         F: ProcessorFactory,
     {
-        let mut routes = router(worker_id, worker.status(), self.metrics, self.probes);
+        let mut routes = router(
+            worker_id,
+            worker.status(),
+            self.metrics.prometheus.clone(),
+            self.probes,
+        );
         if let Some(extra) = options.routes {
             routes = routes.merge(extra);
         }
@@ -128,6 +143,7 @@ impl Serving {
             }
             Ended::Exited | Ended::Failed(_) => {}
         }
+        self.metrics.last_push().await;
         ended
     }
 }

@@ -298,9 +298,15 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
-    /// The Prometheus recorder could not be installed (one is installed already).
-    #[error("cannot install the metrics recorder")]
+    /// The Prometheus recorder could not be built.
+    #[error("cannot build the metrics recorder")]
     Metrics(#[from] metrics_exporter_prometheus::BuildError),
+    /// A global metrics recorder is installed already.
+    #[error("cannot install the metrics recorder: one is installed already")]
+    RecorderInstalled,
+    /// The OTLP exporter could not be built (feature `otlp`).
+    #[error("invalid setting `otlp_endpoint`: {0}")]
+    Otlp(String),
 }
 
 #[cfg(test)]

@@ -51,6 +51,8 @@ pub(crate) const KEYS: &[&str] = &[
     "window",
     "top_keys",
     "listen",
+    "otlp_endpoint",
+    "otlp_interval",
     "summary_every",
     "messages_secret_file",
     "advertise",
@@ -161,6 +163,8 @@ pub(crate) struct Settings {
     pub(crate) top_keys: usize,
     /// HTTP listen address.
     pub(crate) listen: SocketAddr,
+    /// Where the metrics are also pushed over OTLP, if anywhere.
+    pub(crate) otlp: Option<kcl_serve::Otlp>,
     /// Log format.
     pub(crate) log_format: LogFormat,
     /// Log filter.
@@ -195,6 +199,38 @@ impl std::fmt::Debug for Secret {
 }
 
 /// The summary job's settings.
+/// Where the metrics are also pushed over OTLP/HTTP, and how often: to a collector beside
+/// the process (plain HTTP), e.g. an ADOT sidecar whose `awsemf` exporter writes them to
+/// CloudWatch.
+fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::Otlp>, SettingsError> {
+    let every = v.parsed("otlp_interval", parse_duration)?;
+    let Some(endpoint) = v.get("otlp_endpoint") else {
+        if every.is_some() {
+            return Err(v.fail("otlp_interval", "only used with otlp-endpoint".into()));
+        }
+        return Ok(None);
+    };
+    if !endpoint.starts_with("http://") {
+        return Err(v.fail(
+            "otlp_endpoint",
+            format!(
+                "{endpoint:?}: want http://HOST:PORT/v1/metrics, a collector beside the process \
+                 (this build speaks plain HTTP only)"
+            ),
+        ));
+    }
+    let every = every.unwrap_or(Duration::from_secs(60));
+    if every < Duration::from_secs(1) {
+        return Err(v.fail("otlp_interval", "must be at least 1s".into()));
+    }
+    Ok(Some(kcl_serve::Otlp {
+        endpoint: endpoint.to_owned(),
+        every,
+        service: "kcl-example-consumer".to_owned(),
+        instance: worker_id.to_owned(),
+    }))
+}
+
 fn summary(v: &Values) -> Result<Option<Summary>, SettingsError> {
     let Some(every) = v.parsed("summary_every", parse_duration)? else {
         if v.get("messages_secret_file").is_some() {
@@ -428,6 +464,7 @@ fn build(
                 .map_err(|e| format!("expected an address such as 0.0.0.0:8080, got {s:?} ({e})"))
         })?
         .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080)));
+    let otlp = otlp(&v, &worker_id)?;
     let log_format = v
         .parsed("log_format", LogFormat::parse)?
         .unwrap_or(LogFormat::Pretty);
@@ -451,6 +488,7 @@ fn build(
         window,
         top_keys,
         listen,
+        otlp,
         log_format,
         log_filter,
         backend,
