@@ -46,7 +46,8 @@ pub const LEASE_ROWS_UNREADABLE: &str = "kcl_lease_rows_unreadable";
 /// Shards the stream lists that should have a lease and have none kcl can read (gauge, set
 /// by the worker that syncs shards).
 pub const SHARDS_UNLEASED: &str = "kcl_shards_unleased";
-/// Leases ready to be processed that no worker has room for (gauge, set by the leader).
+/// Leases ready to be processed that no worker has room for (gauge, set by the leader; under
+/// `EveryWorker` by each worker at its `max_leases`).
 pub const SHARDS_UNOWNED: &str = "kcl_shards_unowned";
 /// Held shards whose reads fail in a way retrying cannot fix (gauge).
 pub const SHARD_READ_FAILING: &str = "kcl_shard_read_failing";
@@ -170,7 +171,7 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 24] = [
         SHARDS_UNOWNED,
         Kind::Gauge,
         Some(Unit::Count),
-        "Leases ready to be processed that no worker has room for (leader)",
+        "Leases ready to be processed that no worker has room for",
     ),
     (
         SHARD_READ_FAILING,

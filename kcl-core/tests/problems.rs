@@ -65,13 +65,31 @@ async fn rows_kcl_cannot_read_are_reported_left_alone_and_the_other_shards_proce
 
 #[tokio::test(start_paused = true)]
 async fn a_fleet_capped_below_the_shard_count_reports_the_shards_nobody_can_take() {
+    capped_fleet_reports_unowned(kcl_core::Coordination::Leader).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_coordinating_for_itself_capped_below_the_shard_count_reports_them_too() {
+    capped_fleet_reports_unowned(kcl_core::Coordination::EveryWorker).await;
+}
+
+/// Two workers capped at 2 leases on 6 shards: 2 shards reported unowned, steadily, by the
+/// leader (or, with every worker coordinating, by each full worker); a third worker takes them
+/// and the report goes.
+async fn capped_fleet_reports_unowned(mode: kcl_core::Coordination) {
     let (stream, store, seen) = world(6);
-    let capped = || config().max_leases(2);
+    let capped = || config().max_leases(2).coordination(mode);
     let a = start("a", capped(), &stream, &store, &seen, &Behaviour::default());
     let b = start("b", capped(), &stream, &store, &seen, &Behaviour::default());
     let unowned = |w: &Running| reported(w, ProblemKind::Unowned).len();
+    // Under a leader, the leader reports them; coordinating for itself, each full worker.
+    let reports = if mode == kcl_core::Coordination::Leader {
+        2
+    } else {
+        4
+    };
     let found = wait_until(Duration::from_secs(60), || {
-        held(&a) == 2 && held(&b) == 2 && unowned(&a) + unowned(&b) == 2
+        held(&a) == 2 && held(&b) == 2 && unowned(&a) + unowned(&b) == reports
     })
     .await;
     assert!(
@@ -80,11 +98,12 @@ async fn a_fleet_capped_below_the_shard_count_reports_the_shards_nobody_can_take
         a.status.borrow(),
         b.status.borrow()
     );
-    let bound = config().failover_time * 2;
+    let bound = config().failover_time * 4;
     assert!(found.is_some_and(|t| t < bound), "after {found:?}");
     // Steady: neither reported twice, nor lost while nothing changes.
     sleep_cycles(20).await;
-    assert_eq!((unowned(&a) + unowned(&b), held(&a), held(&b)), (2, 2, 2));
+    let steady = (unowned(&a) + unowned(&b), held(&a), held(&b));
+    assert_eq!(steady, (reports, 2, 2));
     // A third worker takes them, and the report goes.
     let c = start("c", capped(), &stream, &store, &seen, &Behaviour::default());
     let solved = wait_until(Duration::from_secs(120), || {

@@ -202,15 +202,17 @@ pub fn assign_within(
 /// refused again, and a lease only such workers could take is reported as unplaced.
 #[derive(Debug, Default)]
 pub(crate) struct Moves {
-    pending: BTreeMap<ShardId, (WorkerId, Instant)>,
+    /// Target, when, and the row's counter as the leader saw it when it made the move.
+    pending: BTreeMap<ShardId, (WorkerId, Instant, u64)>,
     /// Leases given back for want of room, by whom, and when the leader saw it.
     refusals: BTreeMap<(ShardId, WorkerId), Instant>,
 }
 
 impl Moves {
     /// Notes that `key` is on its way to `to` (assigned, handed off, or asked for).
-    pub(crate) fn record(&mut self, key: &ShardId, to: &WorkerId, now: Instant) {
-        self.pending.insert(key.clone(), (to.clone(), now));
+    pub(crate) fn record(&mut self, key: &ShardId, to: &WorkerId, seen: &Lease, now: Instant) {
+        self.pending
+            .insert(key.clone(), (to.clone(), now, seen.counter));
     }
 
     /// Whether `worker` gave `key` back for want of room lately (within
@@ -232,21 +234,23 @@ impl Moves {
     ) {
         let rows: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
         let refusals = &mut self.refusals;
-        self.pending.retain(|key, (to, at)| {
+        self.pending.retain(|key, (to, at, seen)| {
             let Some(row) = rows.get(key) else {
                 return false;
             };
-            let refused = row.owner.is_none() && row.handoff_to.as_ref() == Some(&*to);
-            if refused {
+            // Unowned and written since the move: the move is over (the target gave the
+            // lease back, or went away), whatever a lagging view showed before.
+            let let_go = row.owner.is_none() && row.counter > *seen;
+            if let_go && row.handoff_to.as_ref() == Some(&*to) {
                 refusals.insert((key.clone(), to.clone()), now);
             }
             now.saturating_duration_since(*at) < within
-                && !refused
+                && !let_go
                 && row.owner.as_ref() != Some(&*to)
         });
         refusals.retain(|_, at| now.saturating_duration_since(*at) < within * REFUSALS_KEPT_FOR);
         for c in candidates {
-            let Some((to, _)) = self.pending.get(&c.key) else {
+            let Some((to, _, _)) = self.pending.get(&c.key) else {
                 continue;
             };
             match c.holder {
@@ -291,6 +295,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_move_whose_target_let_the_lease_go_is_over_at_once() {
+        use crate::types::Checkpoint;
+        let (me, b) = (w("leader"), w("b"));
+        let before = Lease::new(ShardId::from("s0"), Checkpoint::TrimHorizon);
+        let mut moves = Moves::default();
+        let now = Instant::now();
+        moves.record(&before.key, &b, &before, now);
+        let within = Duration::from_secs(10);
+        // A view that does not show the assignment yet: still under way.
+        let mut seen = vec![lease("s0", Holder::Unowned)];
+        moves.overlay(std::slice::from_ref(&before), &mut seen, now, within);
+        assert_eq!(seen[0].holder, Holder::Other(b.clone()));
+        // Assigned (counter 1), then released by b as it shut down (counter 2): over.
+        let released = Lease {
+            counter: 2,
+            ..before.clone()
+        };
+        let mut seen = vec![lease("s0", Holder::Released)];
+        moves.overlay(std::slice::from_ref(&released), &mut seen, now, within);
+        assert_eq!(seen[0].holder, Holder::Released);
+        let plan = assign(&me, &seen, LIMITS, |_| true);
+        assert_eq!(plan.take, [(ShardId::from("s0"), me)], "taken at once");
+        assert!(
+            !moves.refused(&released.key, &b),
+            "a release is not a refusal"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn moves_not_in_view_yet_show_as_under_way_until_done_or_old() {
         use crate::types::Checkpoint;
         let (me, a, b) = (w("leader"), w("a"), w("b"));
@@ -307,9 +340,9 @@ mod tests {
         ];
         let mut moves = Moves::default();
         let now = Instant::now();
-        moves.record(&ShardId::from("s0"), &a, now);
-        moves.record(&ShardId::from("s1"), &a, now);
-        moves.record(&ShardId::from("s2"), &b, now);
+        moves.record(&ShardId::from("s0"), &a, &leases[0], now);
+        moves.record(&ShardId::from("s1"), &a, &leases[1], now);
+        moves.record(&ShardId::from("s2"), &b, &leases[2], now);
         let fresh = || {
             vec![
                 lease("s0", Holder::Adoptable),

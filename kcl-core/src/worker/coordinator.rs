@@ -121,6 +121,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             .filter_map(|k| by_key.get(k).copied())
             .collect();
         self.take_all(state, ctx, &wanted).await;
+        if self.config.coordination == Coordination::EveryWorker {
+            self.report_unowned(state, &candidates, &by_key);
+        }
         if self.config.liveness == Liveness::Heartbeat {
             // Leases naming this worker that it will not take would never expire while its
             // heartbeat goes on: give them back.
@@ -167,6 +170,35 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 false
             }
         }
+    }
+
+    /// Under `EveryWorker` (no leader plans for the fleet): a worker at its `max_leases`
+    /// reports the leases that stayed available for two failover times — any worker with
+    /// room would have taken them within a cycle, so nobody has room.
+    fn report_unowned(
+        &self,
+        state: &mut Coordinator,
+        candidates: &[Candidate],
+        by_key: &BTreeMap<&ShardId, &Lease>,
+    ) {
+        let full = state.held.len() >= self.config.max_leases;
+        let (now, long) = (Instant::now(), self.config.failover_time * 2);
+        let waiting = candidates.iter().filter(|c| {
+            let available = matches!(
+                c.holder,
+                Holder::Unowned | Holder::Released | Holder::Expired { .. }
+            );
+            available
+                && by_key
+                    .get(&c.key)
+                    .is_some_and(|l| state.observer.idle(l, now) >= long)
+        });
+        let unowned = waiting.filter(|_| full).map(|c| {
+            let why = "ready to be processed, but no worker took it (max_leases)";
+            (c.key.to_string(), why.to_owned())
+        });
+        let unowned = unowned.collect();
+        state.problems.replace(ProblemKind::Unowned, unowned);
     }
 
     /// The bounds of this worker's plan: none to take while it is asked to drain.

@@ -139,7 +139,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             {
                 continue;
             } else if self.assign(observed, to).await {
-                state.moves.record(key, to, Instant::now());
+                state.moves.record(key, to, observed, Instant::now());
             }
         }
         self.take_all(state, ctx, &mine).await;
@@ -148,14 +148,16 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Some(held) if !held.control.is_handing_off() => {
                     tracing::info!(shard = %key, %to, "handing off to balance the fleet");
                     held.control.hand_off(to.clone());
-                    state.moves.record(key, to, Instant::now());
+                    if let Some(observed) = by_key.get(key) {
+                        state.moves.record(key, to, observed, Instant::now());
+                    }
                 }
                 Some(_) => {}
                 None => {
                     if let Some(observed) = by_key.get(key) {
                         state.observer.requested_for(key, to);
                         if self.ask_handoff(state, observed, to).await {
-                            state.moves.record(key, to, Instant::now());
+                            state.moves.record(key, to, observed, Instant::now());
                         }
                     }
                 }

@@ -9,7 +9,8 @@
 //! - a shard the stream lists that has no lease kcl can read (its creation failed, or a row
 //!   kcl cannot read holds its key);
 //! - a lease ready to be processed that no worker has room for (`max_leases` across the
-//!   fleet is below the shard count);
+//!   fleet is below the shard count): the leader finds it in its plan; under `EveryWorker`
+//!   each worker at its `max_leases` sees it left available for two failover times;
 //! - a held shard whose processor left delivered records without a checkpoint for
 //!   `stalled_after` (it hangs, or never checkpoints);
 //! - a held shard whose reads fail in a way retrying cannot fix (a checkpoint the stream
