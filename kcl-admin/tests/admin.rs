@@ -53,42 +53,26 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     let (mut a, mut b, _) = balanced_pair(bin.to_str().unwrap(), &ctx, 2, 10, &extra).await?;
 
     // `leases`: both shards, their owners, open, caught up or close to it.
-    let out = admin(
-        &ctx,
-        &[
-            "leases",
-            "--application-name",
-            &ctx.table,
-            "--stream",
-            &ctx.stream,
-            "--observe",
-            "2s",
-        ],
-    )?;
+    let leases = [
+        "leases",
+        "--application-name",
+        &ctx.table,
+        "--stream",
+        &ctx.stream,
+    ];
+    let out = admin(&ctx, &[&leases[..], &["--observe", "2s"]].concat())?;
     anyhow::ensure!(out.status.success(), "leases failed");
     let table = String::from_utf8(out.stdout)?;
-    for needle in [
-        "SHARD",
-        SHARD,
-        "shardId-000000000001",
-        "worker-a",
-        "worker-b",
-        "open",
-    ] {
+    let owners = ["worker-a", "worker-b", "open"];
+    for needle in ["SHARD", SHARD, "shardId-000000000001"]
+        .iter()
+        .chain(&owners)
+    {
         anyhow::ensure!(table.contains(needle), "`{needle}` missing from:\n{table}");
     }
     let out = admin(
         &ctx,
-        &[
-            "leases",
-            "--application-name",
-            &ctx.table,
-            "--stream",
-            &ctx.stream,
-            "--observe",
-            "0s",
-            "--json",
-        ],
+        &[&leases[..], &["--observe", "0s", "--json"]].concat(),
     )?;
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     anyhow::ensure!(doc["shards"].as_array().map(Vec::len) == Some(2), "{doc}");
