@@ -7,7 +7,7 @@
 //! [`Limits::max_bytes`], and come while the process is under [`Limits::per_second`]
 //! messages a second. Answers: 204 taken; 404 the singleton does not run here; 503 its inbox
 //! is full; 401, 413, 429. The sending side maps them back to
-//! [`Refusal`](kcl_core::coordination::Refusal)s: a connection that could not be opened is
+//! [`Refusal`]s: a connection that could not be opened is
 //! "not here" (nothing was sent); one that broke after the request was sent is "unreachable"
 //! (it may have been taken), which `SingletonHandle::send` never retries.
 
