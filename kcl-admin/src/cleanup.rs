@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kcl_core::LeaseStore;
-use kcl_core::coordination::is_coordination_key;
+use kcl_core::singleton::is_coordination_key;
 
 /// Arguments of `kcl-admin remove-kcl-rows`.
 #[derive(Debug, clap::Args)]

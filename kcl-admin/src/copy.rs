@@ -2,7 +2,7 @@
 //! rename, a blue/green move). The new rows are unowned, so the new fleet takes them as it
 //! would any lease; rows the target already has are left as they are, and named.
 
-use kcl_core::coordination::is_coordination_key;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Lease, LeaseStore, TableFeatures};
 
 /// Arguments of `kcl-admin copy`.

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_aws::KinesisShardSource;
-use kcl_core::coordination::is_coordination_key;
 use kcl_core::lease::UnreadableRow;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
 use serde_json::json;
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use kcl_core::coordination::is_coordination_key;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{LeaseStore, WorkerId};
 
 /// Arguments of `kcl-admin release`.

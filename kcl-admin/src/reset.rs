@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use kcl_aws::KinesisShardSource;
 use kcl_core::admin::{self, RESET_SETTLES_AFTER, ResetTo};
-use kcl_core::coordination::is_coordination_key;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
     Checkpoint, ExtendedSequenceNumber, LeaseStore, SequenceNumber, ShardId, ShardSource,
 };

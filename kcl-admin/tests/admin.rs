@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use kcl_core::coordination::is_coordination_key;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Checkpoint, LeaseStore};
 use kcl_integration_tests::process::test_worker_bin;
 use kcl_integration_tests::{Context, Event, Producer, balanced_pair, wait_until, with_timeout};

@@ -28,6 +28,8 @@
 //! throttling is throttling, an expired iterator is reopened by the core, a missing stream or
 //! table is fatal and named in the message.
 //!
+//! [`producer::put_records`] writes records, for demos and tests.
+//!
 //! What the lease table will cost a fleet, by mode and next to KCL Java 3.x's bill, is in
 //! [`cost`].
 
@@ -35,6 +37,7 @@ pub mod cost;
 pub mod dynamodb;
 mod error;
 pub mod kinesis;
+pub mod producer;
 mod timeouts;
 
 pub use dynamodb::{DynamoDbLeaseStore, TableBilling, TableSetup};

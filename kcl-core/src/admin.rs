@@ -30,11 +30,11 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use crate::coordination::{
-    drain_key, heartbeat_key, heartbeat_of, is_coordination_key, is_worker_row,
-};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
+use crate::singleton::{
+    drain_key, heartbeat_key, heartbeat_of, is_coordination_key, is_worker_row,
+};
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
 /// How many failover times after a reset its shard's old holder may still deliver records.

@@ -48,43 +48,17 @@
 //!
 //! ## Coming from KCL Java
 //!
-//! The same concepts under Rust names (each of ours also answers to the Java name in the
-//! documentation's search):
-//!
-//! | KCL Java | kcl |
-//! |---|---|
-//! | `Scheduler` | `Worker` (`run_until_signal`, `run_until`, `ShutdownHandle`) |
-//! | `ConfigsBuilder`, `LeaseManagementConfig`, `CoordinatorConfig`, `RetrievalConfig` | `Worker::builder` (`WorkerBuilder`) and `WorkerConfig` |
-//! | `ShardRecordProcessor` (1.x: `IRecordProcessor`) | `RecordProcessor` |
-//! | `ShardRecordProcessorFactory` | `ProcessorFactory` (any `Fn(&ShardId) -> P`) |
-//! | `RecordProcessorCheckpointer` | `Checkpointer` |
-//! | `PreparedCheckpointer` | `PreparedCheckpoint` |
-//! | `InitializationInput`, `ProcessRecordsInput` | `InitializationInput`, `ProcessRecordsInput` |
-//! | `leaseLost(LeaseLostInput)`, `shardEnded(ShardEndedInput)`, `shutdownRequested(ShutdownRequestedInput)` | `lease_lost()`, `shard_ended(checkpointer)`, `shutdown_requested(checkpointer)` |
-//! | `KinesisClientRecord` | `Record` |
-//! | `ExtendedSequenceNumber` | `ExtendedSequenceNumber` |
-//! | `InitialPositionInStream`, `InitialPositionInStreamExtended` | `InitialPosition` |
-//! | `Lease`, `LeaseRefresher` (`DynamoDBLeaseRefresher`) | `Lease`, `LeaseStore` (`kcl_aws::DynamoDbLeaseStore`) |
-//! | `PollingConfig` / `KinesisDataFetcher` | `kcl_aws::KinesisShardSource` |
-//! | `FanOutConfig` / `FanOutRecordsPublisher` | `Retrieval::FanOut` (`WorkerConfig::retrieval`) |
-//! | `MultiStreamTracker`, `StreamConfig`, `StreamIdentifier` | `multi_stream::{StreamTracker, StreamConfig, StreamId}` (`Streams` for a list changed at run time) |
-//! | `FormerStreamsLeasesDeletionStrategy` | `MultiStreamSource::removal_grace` |
-//! | `WorkerStateChangeListener` | `Worker::status` (a `watch` of `Status`) |
-//! | `Scheduler.startGracefulShutdown()` | `ShutdownHandle::shutdown()` |
+//! The lease table is KCL Java's, and the API has the same concepts under Rust names: the main
+//! types answer to their Java names in this documentation's search (`Scheduler` finds
+//! `Worker`). The whole name mapping, what differs and how a fleet moves over:
+//! [docs/kcl-java.md](https://github.com/kcl-rs/kcl/blob/main/docs/kcl-java.md).
 //!
 //! ## Guarantees
-//! - At least once: a record is delivered again after a failover unless it was checkpointed.
-//!   A `LATEST` start is pinned in the lease at its first open, so nothing written after it is
-//!   skipped by a later reopen, whoever makes it; an `AT_TIMESTAMP` start is pinned likewise.
-//! - In order within a shard, to one processor at a time; a child shard starts only after
-//!   every parent was processed to its end (or aged out of the stream).
-//! - Every lease and checkpoint write is conditional on the lease counter; a worker that lost
-//!   a lease cannot checkpoint it, and delivers nothing once the lease could be expired: a
-//!   processor hook still running then is dropped at its next `.await`.
-//! - Renewals do not depend on the processor yielding; every backend call has a deadline, so
-//!   shutdown meets its own.
 //!
-//! The README's Guarantees section states each precisely; the fleet simulation checks them.
+//! At least once, in order within a shard, fenced checkpoints, failover within a taker cycle
+//! of the failover time, bounded calls and shutdown, singletons never run twice at once: each
+//! stated precisely, with how the fleet simulation checks it, in
+//! [docs/guarantees.md](https://github.com/kcl-rs/kcl/blob/main/docs/guarantees.md).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -92,13 +66,18 @@ pub mod admin;
 pub mod aggregation;
 mod checkpoint;
 mod config;
-pub mod coordination;
 mod error;
+mod every;
 pub mod lease;
 pub mod metrics;
-#[doc(hidden)]
 pub mod multi_stream;
+pub mod singleton;
+// Public only where the simulation turns deliberate bugs on: never part of the API.
+#[cfg(feature = "mutation-testing")]
 pub mod mutation;
+#[cfg(not(feature = "mutation-testing"))]
+#[allow(unreachable_pub, dead_code)]
+pub(crate) mod mutation;
 mod processor;
 mod source;
 mod task;
@@ -114,6 +93,7 @@ pub use config::{Coordination, Liveness, MAX_DURATION, Retrieval, WorkerConfig};
 pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
 };
+pub use every::EveryNOrT;
 pub use lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};

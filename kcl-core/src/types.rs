@@ -270,11 +270,15 @@ impl fmt::Display for Checkpoint {
 }
 
 /// Where a worker starts reading a shard that has no checkpoint yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(
-    rename_all = "SCREAMING_SNAKE_CASE",
-    tag = "type",
-    content = "timestamp"
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(
+        rename_all = "SCREAMING_SNAKE_CASE",
+        tag = "type",
+        content = "timestamp"
+    )
 )]
 #[doc(
     alias = "InitialPositionInStream",

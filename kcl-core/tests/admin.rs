@@ -63,7 +63,7 @@ async fn drained_worker_hands_over_and_stays_idle_until_it_starts_again(mode: Co
     assert_eq!((held(&a1), held(&c)), (0, 4));
     let offered = store.journal().into_iter().filter(|e| {
         e.at > drained_at
-            && !kcl_core::coordination::is_coordination_key(&e.lease.key)
+            && !kcl_core::singleton::is_coordination_key(&e.lease.key)
             && (e.lease.owner.as_ref().is_some_and(|o| o.as_str() == name)
                 || e.lease
                     .handoff_to

@@ -190,7 +190,7 @@ async fn streams_share_one_pool_and_keep_their_own_processors() {
         .unwrap()
         .into_iter()
         .map(|l| l.key.to_string())
-        .filter(|k| !kcl_core::coordination::is_coordination_key(&ShardId::new(k.as_str())))
+        .filter(|k| !kcl_core::singleton::is_coordination_key(&ShardId::new(k.as_str())))
         .collect();
     assert!(keys.contains(&"123456789012:clicks:1700000000:shardId-000000000002".to_owned()));
     assert_eq!(keys.len(), 5, "{keys:?}");

@@ -17,13 +17,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use kcl_core::ShardId;
-use kcl_core::coordination::{
-    COORDINATION_PREFIX, Clock, FencingToken, Messenger, Singleton, SingletonConfig,
-    SingletonHandle, TaskContext,
-};
 use kcl_core::lease::usage::Operation;
 use kcl_core::lease::{LeaseStore, TableFeatures};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork};
+use kcl_core::singleton::{
+    COORDINATION_PREFIX, Clock, FencingToken, Messenger, Singleton, SingletonConfig,
+    SingletonHandle, TaskContext,
+};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use kcl_core::coordination::is_coordination_key;
+use kcl_core::singleton::is_coordination_key;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -346,11 +346,11 @@ async fn a_singleton_on_the_workers_token_stops_when_the_worker_fails() {
     )
     .unwrap();
     let token = w.shutdown_handle().token();
-    let singleton = kcl_core::coordination::Singleton::new(
+    let singleton = kcl_core::singleton::Singleton::new(
         "summary",
         "a",
         store.client("a"),
-        kcl_core::coordination::SingletonConfig::default(),
+        kcl_core::singleton::SingletonConfig::default(),
     )
     .unwrap();
     let holder = singleton.holder();

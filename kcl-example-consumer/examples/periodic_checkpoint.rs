@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use kcl_core::EveryNOrT;
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::{BoxError, LeaseStore, ShardId, Signals, Worker, WorkerConfig};
-use kcl_example_consumer::EveryNOrT;
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {

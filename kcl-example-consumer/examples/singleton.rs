@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kcl_core::coordination::{Singleton, SingletonConfig};
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
+use kcl_core::singleton::{Singleton, SingletonConfig};
 use kcl_core::{
     BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShutdownHandle, Worker,
 };

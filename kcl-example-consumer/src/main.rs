@@ -8,7 +8,6 @@ mod cli;
 mod cost;
 mod demo;
 #[cfg(feature = "aws")]
-mod demo_aws;
 mod settings;
 mod summary;
 

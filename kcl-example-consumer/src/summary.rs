@@ -1,7 +1,7 @@
 //! The fleet's summary job (`--summary-every`): a periodic singleton on the lease table.
 //!
 //! Every worker of the fleet is a candidate; one at a time runs it, once per period, and a
-//! period never twice (see `kcl_core::coordination::periodic`). It prints one JSON line on
+//! period never twice (see `kcl_core::singleton::periodic`). It prints one JSON line on
 //! stdout — the lease table's state, and the messages sent to the job since its last run —
 //! and hands the job back at once on the first signal, as the worker hands its leases back.
 //! With `--messages-secret-file` any process can send to it (`POST
@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use kcl_core::LeaseStore;
-use kcl_core::coordination::{Period, Singleton, SingletonConfig, is_coordination_key};
-use kcl_example_consumer::HttpMessenger;
-use kcl_example_consumer::messenger::Limits;
+use kcl_core::singleton::{Period, Singleton, SingletonConfig, is_coordination_key};
+use kcl_serve::HttpMessenger;
+use kcl_serve::messenger::Limits;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -15,12 +15,14 @@
 //!
 //! The server itself is in [`server`]: hardened against clients that never finish a request.
 
+pub mod messenger;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod run;
 pub mod server;
 mod signals;
 
+pub use messenger::HttpMessenger;
 #[cfg(feature = "otlp")]
 pub use otlp::Otlp;
 pub use run::{Ended, Options, Serving};

@@ -29,7 +29,7 @@ use anyhow::{Context as _, bail, ensure};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
+use aws_sdk_kinesis::types::{ShardIteratorType, StreamStatus};
 use kcl_aws::DynamoDbLeaseStore;
 use kcl_core::LeaseStore;
 
@@ -288,46 +288,7 @@ impl Context {
 
     /// Writes records with PutRecords (batches of up to 500), retrying failed entries.
     pub async fn put(&self, records: &[(String, String)]) -> anyhow::Result<()> {
-        for chunk in records.chunks(500) {
-            let mut pending: Vec<&(String, String)> = chunk.iter().collect();
-            for _ in 0..10 {
-                if pending.is_empty() {
-                    break;
-                }
-                let entries = pending
-                    .iter()
-                    .map(|(pk, data)| {
-                        PutRecordsRequestEntry::builder()
-                            .partition_key(pk)
-                            .data(Blob::new(data.as_bytes()))
-                            .build()
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let out = self
-                    .kinesis
-                    .put_records()
-                    .stream_name(&self.stream)
-                    .set_records(Some(entries))
-                    .send()
-                    .await
-                    .context("PutRecords")?;
-                pending = pending
-                    .into_iter()
-                    .zip(out.records())
-                    .filter(|(_, r)| r.error_code().is_some())
-                    .map(|(p, _)| p)
-                    .collect();
-                if !pending.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-            ensure!(
-                pending.is_empty(),
-                "{} records could not be put",
-                pending.len()
-            );
-        }
-        Ok(())
+        Ok(kcl_aws::producer::put_records(&self.kinesis, &self.stream, records).await?)
     }
 
     /// Writes one record of arbitrary bytes (e.g. a KPL aggregate) with PutRecord; returns
@@ -404,7 +365,7 @@ impl Context {
             .list()
             .await?
             .into_iter()
-            .filter(|l| !kcl_core::coordination::is_coordination_key(&l.key))
+            .filter(|l| !kcl_core::singleton::is_coordination_key(&l.key))
             .map(|l| {
                 (
                     l.key.as_str().to_owned(),

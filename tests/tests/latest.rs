@@ -62,7 +62,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
                 return Ok(false);
             };
             // The leader and standby rows (coordination = leader) are not shard leases.
-            leases.retain(|l| !kcl_core::coordination::is_coordination_key(&l.key));
+            leases.retain(|l| !kcl_core::singleton::is_coordination_key(&l.key));
             Ok(leases.len() == 2
                 && leases.iter().all(|l| {
                     l.checkpoint == Checkpoint::Latest

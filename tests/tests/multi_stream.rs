@@ -145,7 +145,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     let leases = ctx.store().list().await?;
     let shards: Vec<_> = leases
         .iter()
-        .filter(|l| !kcl_core::coordination::is_coordination_key(&l.key))
+        .filter(|l| !kcl_core::singleton::is_coordination_key(&l.key))
         .collect();
     assert_eq!(shards.len(), 4, "2 + 1 + 1 shards: {shards:?}");
     let stream_c = id(&c).stream_id().await?;
@@ -218,7 +218,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     let left = ctx.store().list().await?;
     let left: Vec<_> = left
         .iter()
-        .filter(|l| !kcl_core::coordination::is_coordination_key(&l.key))
+        .filter(|l| !kcl_core::singleton::is_coordination_key(&l.key))
         .collect();
     assert_eq!(left.len(), 3, "streams a and c keep theirs: {left:?}");
     eprintln!(

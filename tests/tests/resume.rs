@@ -58,7 +58,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     let run1 = w1.events()?;
     let mut leases = ctx.store().list().await?;
     // The leader and standby rows (coordination = leader) are not shard leases.
-    leases.retain(|l| !kcl_core::coordination::is_coordination_key(&l.key));
+    leases.retain(|l| !kcl_core::singleton::is_coordination_key(&l.key));
     assert_eq!(leases.len(), 4, "one lease per shard");
     for lease in &leases {
         assert!(

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kcl_aws::DynamoDbLeaseStore;
-use kcl_core::coordination::SingletonHandle;
-use kcl_example_consumer::HttpMessenger;
-use kcl_example_consumer::messenger::Limits;
+use kcl_core::singleton::SingletonHandle;
+use kcl_serve::HttpMessenger;
+use kcl_serve::messenger::Limits;
 
 use kcl_integration_tests::journal::Event;
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};

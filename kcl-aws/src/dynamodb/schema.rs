@@ -276,31 +276,29 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         }),
         _ => None,
     };
-    Ok(Lease {
-        key,
-        owner: optional_s(item, LEASE_OWNER)?.map(WorkerId::new),
-        counter,
-        checkpoint,
-        pending_checkpoint,
-        owner_switches_since_checkpoint: optional_n(item, OWNER_SWITCHES_SINCE_CHECKPOINT)?
-            .unwrap_or(0),
-        parent_shard_ids,
-        child_shard_ids,
-        hash_key_range,
-        handoff_to: optional_s(item, HANDOFF_TO)?.map(WorkerId::new),
-        start_timestamp: optional_n(item, START_TIMESTAMP)?
-            .map(|ms| {
-                i64::try_from(ms)
-                    .ok()
-                    .and_then(DateTime::from_timestamp_millis)
-                    .ok_or(ParseError::Invalid {
-                        name: START_TIMESTAMP,
-                        value: ms.to_string(),
-                    })
-            })
-            .transpose()?,
-        endpoint: optional_s(item, ENDPOINT)?.map(str::to_owned),
-    })
+    let mut lease = Lease::new(key, checkpoint);
+    lease.owner = optional_s(item, LEASE_OWNER)?.map(WorkerId::new);
+    lease.counter = counter;
+    lease.pending_checkpoint = pending_checkpoint;
+    lease.owner_switches_since_checkpoint =
+        optional_n(item, OWNER_SWITCHES_SINCE_CHECKPOINT)?.unwrap_or(0);
+    lease.parent_shard_ids = parent_shard_ids;
+    lease.child_shard_ids = child_shard_ids;
+    lease.hash_key_range = hash_key_range;
+    lease.handoff_to = optional_s(item, HANDOFF_TO)?.map(WorkerId::new);
+    lease.start_timestamp = optional_n(item, START_TIMESTAMP)?
+        .map(|ms| {
+            i64::try_from(ms)
+                .ok()
+                .and_then(DateTime::from_timestamp_millis)
+                .ok_or(ParseError::Invalid {
+                    name: START_TIMESTAMP,
+                    value: ms.to_string(),
+                })
+        })
+        .transpose()?;
+    lease.endpoint = optional_s(item, ENDPOINT)?.map(str::to_owned);
+    Ok(lease)
 }
 
 type Item = HashMap<String, AttributeValue>;

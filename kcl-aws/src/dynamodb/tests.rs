@@ -73,13 +73,7 @@ async fn failed_condition_is_a_conflict_and_create_reports_false() {
     let err = store.renew(&held()).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
     assert_eq!(err.operation(), "renew");
-    let update_cp = CheckpointUpdate {
-        checkpoint: Checkpoint::ShardEnd,
-        pending: None,
-        child_shard_ids: Vec::new(),
-        start_timestamp: None,
-        endpoint: None,
-    };
+    let update_cp = CheckpointUpdate::new(Checkpoint::ShardEnd);
     let err = store.checkpoint(&held(), &update_cp).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict);
     assert!(!store.create(&held()).await.unwrap());

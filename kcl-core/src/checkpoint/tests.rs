@@ -4,6 +4,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 
 use super::*;
+use crate::lease::tenure::{Taken, Timing};
 use crate::lease::{Lease, LeaseStore, TableFeatures};
 use crate::memory::MemoryLeaseStore;
 use crate::types::{SequenceNumber, WorkerId};
@@ -43,14 +44,17 @@ async fn retake(store: &MemoryLeaseStore, worker: &str) -> Arc<Tenure> {
         .take(&observed, &w)
         .await
         .unwrap_or_else(|e| unreachable!("{e}"));
-    Arc::new(Tenure::new(
+    let taken = Taken {
         lease,
-        w,
-        Arc::new(store.client(worker)),
-        Duration::from_secs(10),
-        Duration::from_secs(10),
-        Instant::now(),
-    ))
+        worker: w,
+        store: Arc::new(store.client(worker)),
+        started: Instant::now(),
+    };
+    let timing = Timing {
+        failover_time: Duration::from_secs(10),
+        call_timeout: Duration::from_secs(10),
+    };
+    Arc::new(Tenure::new(taken, timing))
 }
 
 #[tokio::test(start_paused = true)]

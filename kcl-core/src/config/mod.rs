@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::ConfigError;
 use crate::types::InitialPosition;
 
@@ -19,8 +17,12 @@ pub use modes::{Coordination, Liveness, Retrieval};
 /// half a minute later. Under the default, [`Coordination::Leader`], only a leader and a
 /// standby read the whole table (through its change feed), so the reads do not grow with the
 /// number of workers; [`Coordination::EveryWorker`] has every worker read it every cycle.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+///
+/// With the feature `serde` it reads from a configuration file: durations as humantime
+/// strings (`"10s"`), unknown keys refused.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 #[non_exhaustive]
 #[doc(
     alias = "ConfigsBuilder",
@@ -31,25 +33,25 @@ pub use modes::{Coordination, Liveness, Retrieval};
 pub struct WorkerConfig {
     /// A lease whose counter has not moved for this long, as observed on the local monotonic
     /// clock, is expired and may be taken. Default 10 s (KCL Java `failoverTimeMillis`).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub failover_time: Duration,
     /// How often held leases are renewed, or under [`Liveness::Heartbeat`] the worker's
     /// heartbeat. Default: a third of `failover_time` (KCL Java); the
     /// [`liveness`](Self::liveness) setter makes it half for heartbeats.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub renew_interval: Duration,
     /// How often the lease table is read to take, balance and adopt leases. Default 1 s
     /// (KCL Java: 2 × failover time; see the module docs for why we scan more often).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub taker_interval: Duration,
     /// How often the stream's shards are listed to create leases for new shards. Default 60 s
     /// (KCL Java `shardSyncIntervalMillis`); a shard reaching its end triggers a sync at once.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub shard_sync_interval: Duration,
     /// How long a finished parent lease stays after its children started before it is deleted.
     /// Default 5 min (KCL Java's completed-lease cleanup interval). Keeping it well above the
     /// failover time means no worker with a stale view can bring it back.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub lease_cleanup_delay: Duration,
     /// Most leases one worker holds. Default unlimited (KCL Java `maxLeasesForWorker`).
     pub max_leases: usize,
@@ -63,18 +65,18 @@ pub struct WorkerConfig {
     pub max_records: u32,
     /// Pause after an empty read before polling again. Default 1 s (KCL Java
     /// `idleTimeBetweenReadsInMillis`; Kinesis allows 5 reads per shard per second).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub idle_time_between_reads: Duration,
     /// When set, a shard that has delivered nothing for this long gets a `process_records`
     /// call with an empty batch, and again every such interval while it stays quiet, so that
     /// a processor that checkpoints "every N records or T seconds" can checkpoint on a shard
     /// that went quiet. Default none: batches are never empty (KCL Java
     /// `callProcessRecordsEvenForEmptyRecordList`, there on every empty read).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub empty_batch_interval: Option<Duration>,
     /// How often a child shard checks whether its parents have finished. Default 1 s (KCL Java:
     /// 10 s `parentShardPollIntervalMillis`, which delays every resharding by that much).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub parent_poll_interval: Duration,
     /// Batches fetched ahead of the processor, per shard. Default 3 (KCL Java
     /// `maxPendingProcessRecordsInput`).
@@ -92,21 +94,21 @@ pub struct WorkerConfig {
     pub max_concurrent_reads: usize,
     /// First delay after a throttled or failed call; doubles up to `max_backoff`. Default
     /// 100 ms (AWS SDK standard retry base).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub min_backoff: Duration,
     /// Longest delay between retries. Default 10 s.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub max_backoff: Duration,
     /// Graceful shutdown deadline: processors get `shutdown_requested` and leases are released;
     /// after this, remaining shard tasks are stopped. Default 30 s (ECS `stopTimeout` default;
     /// KCL Java's graceful shutdown has no deadline by default).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub shutdown_timeout: Duration,
     /// The longest any one lease-table or stream call may take before the worker gives up on
     /// it and treats it as failed (the write may or may not have been applied). Default 15 s,
     /// above kcl-aws's SDK operation timeouts (10 s), so that the SDK's own error comes
     /// first; KCL Java sets none. Renewals are bounded tighter, by the lease's validity.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub call_timeout: Duration,
     /// How far this host's clock may run ahead of the stream's. A shard started at `LATEST`
     /// is pinned at the local time of its first open less this margin, so that a reopen before
@@ -114,14 +116,14 @@ pub struct WorkerConfig {
     /// after the first open; records that arrived within the margin before it may then be
     /// delivered too. Default 2 s (NTP keeps hosts within milliseconds; KCL Java has no pin
     /// and reopens at `LATEST`, skipping what arrived in between).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub max_clock_skew: Duration,
     /// How long a held shard's processor may leave delivered records without a checkpoint
     /// before the shard is reported stalled ([`ProblemKind::Stalled`](crate::ProblemKind)):
     /// its processor hangs, or never checkpoints. Default 10 min (kcl's own; KCL Java
     /// reports nothing of the kind). The metric `kcl_checkpoint_age_seconds` shows the
     /// same age at any moment.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub stalled_after: Duration,
     /// Who reads the whole lease table. Default [`Coordination::Leader`] (an elected leader
     /// and a standby follow it through its change feed; with

@@ -2,8 +2,6 @@
 //! proves a holder alive ([`Liveness`]) and how records are read ([`Retrieval`]). Each is a
 //! cost and latency choice; none changes what a lease or a checkpoint guarantees.
 
-use serde::{Deserialize, Serialize};
-
 use crate::lease::TableFeatures;
 
 /// What proves that the owner of a lease is alive, and so what holding leases costs.
@@ -13,8 +11,9 @@ use crate::lease::TableFeatures;
 /// the failover time. Workers of both kinds can share a table: a lease is expired only when
 /// its own counter *and* its owner's heartbeat row (if it has one) stood still for the
 /// failover time. See `docs/design/coordination.md`, "Heartbeats".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 #[non_exhaustive]
 pub enum Liveness {
     /// The default, as KCL Java: each held lease is renewed (its counter bumped) every
@@ -37,8 +36,9 @@ pub enum Liveness {
 /// Safety does not depend on the choice: every take, handoff and checkpoint is a conditional
 /// write whatever the mode, and workers of both modes can share a table (during a rolling
 /// change, for example). See `docs/design/coordination.md` for the design and its costs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 #[non_exhaustive]
 pub enum Coordination {
     /// Every worker reads the whole table each taker interval, takes available leases for
@@ -75,8 +75,9 @@ impl Coordination {
 
 /// How shard consumers read records. Leases, checkpoints and their guarantees do not depend
 /// on it, and workers of both modes can share a lease table.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "mode")]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case", tag = "mode"))]
 #[non_exhaustive]
 pub enum Retrieval {
     /// The default (KCL Java's before 2.0): `GetRecords` in a loop, pausing

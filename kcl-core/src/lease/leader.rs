@@ -41,18 +41,19 @@ use crate::types::{ShardId, WorkerId};
 
 /// What the leader does this round.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Assignment {
+pub(crate) struct Assignment {
     /// Available leases and who gets them (the leader itself, or another worker).
-    pub take: Vec<(ShardId, WorkerId)>,
+    pub(crate) take: Vec<(ShardId, WorkerId)>,
     /// Owned leases whose owner is asked to hand them to a less loaded worker.
-    pub request_handoff: Vec<(ShardId, WorkerId)>,
+    pub(crate) request_handoff: Vec<(ShardId, WorkerId)>,
     /// Available leases no worker has room for: read by nobody until one has.
-    pub unplaced: Vec<ShardId>,
+    pub(crate) unplaced: Vec<ShardId>,
 }
 
 /// Plans one round for the fleet, as seen by the leader `me`; `active` tells which workers
-/// were seen working lately (see the module docs). See the module docs.
-pub fn assign(
+/// were seen working lately (see the module docs).
+#[cfg(test)]
+pub(crate) fn assign(
     me: &WorkerId,
     leases: &[Candidate],
     limits: Limits,
@@ -61,22 +62,53 @@ pub fn assign(
     assign_within(me, leases, limits, active, |_, _| false)
 }
 
-/// As [`assign`], knowing which workers gave which leases back lately for want of room
+/// As `assign`, knowing which workers gave which leases back lately for want of room
 /// (`refused`; see the module docs): such a lease is not written to that worker again, and a
 /// lease no worker can take is [`unplaced`](Assignment::unplaced).
-pub fn assign_within(
+pub(crate) fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
     refused: impl Fn(&ShardId, &WorkerId) -> bool,
 ) -> Assignment {
-    let mut load: BTreeMap<&WorkerId, usize> = taker::workers(me, leases)
+    let mut assignment = Assignment::default();
+    let (mut load, movable) = loads(me, leases, &active, &mut assignment);
+    // A worker that let a lease expire is not given more: it may be gone, and a lease the
+    // leader writes to it would look alive again for a failover time.
+    let suspects: Vec<&WorkerId> = leases
+        .iter()
+        .filter_map(|c| match &c.holder {
+            Holder::Expired { owner, .. } => Some(owner),
+            _ => None,
+        })
+        .collect();
+    let room = |w: &WorkerId, n: usize| {
+        if w == me {
+            n < limits.max_leases
+        } else {
+            active(w) && !suspects.contains(&w)
+        }
+    };
+    place(me, leases, &mut load, &room, &refused, &mut assignment);
+    balance(&mut load, movable, &room, limits.max_steal, &mut assignment);
+    assignment
+}
+
+/// Each worker's load (leases held, a pending handoff counted at its target), the leases
+/// that may be moved to balance (those of `me` and of active workers), and, into
+/// `assignment`, the leases naming `me` that it does not hold yet.
+fn loads<'a>(
+    me: &'a WorkerId,
+    leases: &'a [Candidate],
+    active: &impl Fn(&WorkerId) -> bool,
+    assignment: &mut Assignment,
+) -> (Load<'a>, Vec<(&'a WorkerId, &'a ShardId)>) {
+    let mut load: Load<'a> = taker::workers(me, leases)
         .into_iter()
         .map(|w| (w, 0))
         .collect();
-    let mut assignment = Assignment::default();
-    let mut movable: Vec<(&WorkerId, &ShardId)> = Vec::new();
+    let mut movable = Vec::new();
     for c in leases {
         let holder = match &c.holder {
             Holder::Me => me,
@@ -100,23 +132,23 @@ pub fn assign_within(
             }
         }
     }
-    // A worker that let a lease expire is not given more: it may be gone, and a lease the
-    // leader writes to it would look alive again for a failover time.
-    let suspects: Vec<&WorkerId> = leases
-        .iter()
-        .filter_map(|c| match &c.holder {
-            Holder::Expired { owner, .. } => Some(owner),
-            _ => None,
-        })
-        .collect();
-    let room = |w: &WorkerId, n: usize| {
-        if w == me {
-            n < limits.max_leases
-        } else {
-            active(w) && !suspects.contains(&w)
-        }
-    };
+    (load, movable)
+}
 
+/// Leases by worker.
+type Load<'a> = BTreeMap<&'a WorkerId, usize>;
+
+/// Places the available leases: an orphan with the leader itself while it has room, the
+/// others with the least loaded worker with room that did not refuse them; what nobody can
+/// take is unplaced.
+fn place<'a>(
+    me: &'a WorkerId,
+    leases: &'a [Candidate],
+    load: &mut Load<'a>,
+    room: &impl Fn(&WorkerId, usize) -> bool,
+    refused: &impl Fn(&ShardId, &WorkerId) -> bool,
+    assignment: &mut Assignment,
+) {
     let mut available: Vec<&Candidate> = leases
         .iter()
         .filter(|c| {
@@ -151,7 +183,17 @@ pub fn assign_within(
             assignment.unplaced.push(c.key.clone());
         }
     }
+}
 
+/// Moves leases from the most to the least loaded worker with room (each receiving at most
+/// `max_steal`) until no two differ by more than one.
+fn balance<'a>(
+    load: &mut Load<'a>,
+    mut movable: Vec<(&'a WorkerId, &'a ShardId)>,
+    room: &impl Fn(&WorkerId, usize) -> bool,
+    max_steal: usize,
+    assignment: &mut Assignment,
+) {
     let mut received: BTreeMap<&WorkerId, usize> = BTreeMap::new();
     loop {
         let most = load
@@ -161,9 +203,7 @@ pub fn assign_within(
             .map(|(w, n)| (*w, *n));
         let least = load
             .iter()
-            .filter(|(w, n)| {
-                room(w, **n) && received.get(*w).copied().unwrap_or(0) < limits.max_steal
-            })
+            .filter(|(w, n)| room(w, **n) && received.get(*w).copied().unwrap_or(0) < max_steal)
             .min_by_key(|(w, n)| (**n, **w))
             .map(|(w, n)| (*w, *n));
         let (Some((from, high)), Some((to, low))) = (most, least) else {
@@ -187,7 +227,6 @@ pub fn assign_within(
         *load.entry(to).or_default() += 1;
         *received.entry(to).or_default() += 1;
     }
-    assignment
 }
 
 /// Moves the leader made that its view of the table may not show yet: its view comes from

@@ -7,13 +7,19 @@
 //! can migrate without losing checkpoints.
 
 pub mod feed;
-pub mod leader;
+pub(crate) mod leader;
 pub(crate) mod observer;
 pub(crate) mod renewer;
-pub mod sync;
-pub mod taker;
+pub(crate) mod sync;
+pub(crate) mod taker;
 pub(crate) mod tenure;
 pub mod usage;
+
+/// Which leases are ready to be processed (their parents done): what the simulation judges
+/// balance by.
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub use self::sync::Lineage;
 
 use std::future::Future;
 
@@ -23,7 +29,11 @@ use crate::error::BackendError;
 use crate::types::{Checkpoint, HashKeyRange, ShardId, WorkerId};
 
 /// One lease row.
+///
+/// Non-exhaustive: KCL Java's schema grows, and so does this. Make one with [`Lease::new`]
+/// and set the fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Lease {
     /// The lease key: the shard id (`leaseKey`).
     pub key: ShardId,
@@ -52,7 +62,7 @@ pub struct Lease {
     /// written after the first open is skipped.
     pub start_timestamp: Option<DateTime<Utc>>,
     /// Where the holder of a singleton row takes messages for it (kcl extension,
-    /// `kclEndpoint`; see [`coordination::messages`](crate::coordination::messages)).
+    /// `kclEndpoint`; see [`singleton::messages`](crate::singleton::messages)).
     pub endpoint: Option<String>,
 }
 
@@ -87,7 +97,10 @@ impl Lease {
 }
 
 /// The new checkpoint state written by [`LeaseStore::checkpoint`].
+///
+/// Non-exhaustive: make one with [`CheckpointUpdate::new`] and set the fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CheckpointUpdate {
     /// The committed checkpoint.
     pub checkpoint: Checkpoint,
@@ -101,6 +114,20 @@ pub struct CheckpointUpdate {
     /// Advertises where a singleton's holder takes messages ([`Lease::endpoint`]); `None`
     /// leaves the attribute as it is.
     pub endpoint: Option<String>,
+}
+
+impl CheckpointUpdate {
+    /// Commits `checkpoint`, removes any pending one, and leaves the other attributes as
+    /// they are.
+    pub fn new(checkpoint: Checkpoint) -> Self {
+        Self {
+            checkpoint,
+            pending: None,
+            child_shard_ids: Vec::new(),
+            start_timestamp: None,
+            endpoint: None,
+        }
+    }
 }
 
 /// A row of the lease table that the last read could not parse: kcl neither processes nor

@@ -31,21 +31,22 @@ use crate::types::{Checkpoint, InitialPosition, ShardId};
 
 /// What a shard sync should write.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct SyncPlan {
+pub(crate) struct SyncPlan {
     /// Leases to create, parents first.
-    pub create: Vec<Lease>,
+    pub(crate) create: Vec<Lease>,
     /// Finished leases whose children have all started, and stale ones (see [`Lineage`]).
-    pub delete: Vec<Lease>,
+    pub(crate) delete: Vec<Lease>,
 }
 
 /// What a shard sync should write, given the stream's shards and the lease table.
-pub fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> SyncPlan {
+#[cfg(test)]
+pub(crate) fn plan(shards: &[Shard], leases: &[Lease], initial: &InitialPosition) -> SyncPlan {
     plan_for(shards, leases, &|_| *initial)
 }
 
-/// As [`plan`], with each shard's new lease starting where `initial` says (the streams of a
+/// As `plan`, with each shard's new lease starting where `initial` says (the streams of a
 /// [`MultiStreamSource`](crate::multi_stream::MultiStreamSource) each have their own).
-pub fn plan_for(
+pub(crate) fn plan_for(
     shards: &[Shard],
     leases: &[Lease],
     initial: &dyn Fn(&ShardId) -> InitialPosition,
@@ -153,12 +154,15 @@ fn has_descendant_lease(
 
 /// The parent-child relations of a lease table snapshot.
 #[derive(Debug)]
+// Public for the simulation (re-exported as `lease::Lineage` with `test-util`).
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 pub struct Lineage<'a> {
     by_key: BTreeMap<&'a ShardId, &'a Lease>,
     /// Shards that are the parent of a lease that has made progress.
     parents_of_started: BTreeSet<&'a ShardId>,
 }
 
+#[cfg_attr(not(feature = "test-util"), allow(unreachable_pub))]
 impl<'a> Lineage<'a> {
     /// Indexes `leases`.
     pub fn new(leases: &'a [Lease]) -> Self {

@@ -17,7 +17,7 @@ use crate::types::{ShardId, WorkerId};
 
 /// How one lease looks to the worker planning.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Holder {
+pub(crate) enum Holder {
     /// This worker holds it (a running shard consumer).
     Me,
     /// The row names this worker but it is not held here (a handoff to us, or a restart):
@@ -42,39 +42,39 @@ pub enum Holder {
 
 /// One lease that is ready to be processed (not finished, parents done).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// The lease key.
-    pub key: ShardId,
+    pub(crate) key: ShardId,
     /// Who has it.
-    pub holder: Holder,
+    pub(crate) holder: Holder,
     /// A worker that asked for it, if any.
-    pub handoff_to: Option<WorkerId>,
+    pub(crate) handoff_to: Option<WorkerId>,
 }
 
 /// Bounds on one planning round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Most leases this worker may hold.
-    pub max_leases: usize,
+    pub(crate) max_leases: usize,
     /// Most handoffs requested in one round.
-    pub max_steal: usize,
+    pub(crate) max_steal: usize,
 }
 
 /// What to do this round.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Leases to take now (conditional on the observed counter).
-    pub take: Vec<ShardId>,
+    pub(crate) take: Vec<ShardId>,
     /// Leases whose owners are asked to hand them over.
-    pub request_handoff: Vec<ShardId>,
+    pub(crate) request_handoff: Vec<ShardId>,
     /// The number of leases this worker aims to hold.
-    pub target: usize,
+    pub(crate) target: usize,
 }
 
 /// The workers known from `leases`, including `me`: owners of live leases, and workers that
 /// asked for a live lease. A request left on an expired lease is stale (its requester may be
 /// gone too) and does not count.
-pub fn workers<'a>(me: &'a WorkerId, leases: &'a [Candidate]) -> BTreeSet<&'a WorkerId> {
+pub(crate) fn workers<'a>(me: &'a WorkerId, leases: &'a [Candidate]) -> BTreeSet<&'a WorkerId> {
     let mut set = BTreeSet::from([me]);
     for c in leases {
         let live = match &c.holder {
@@ -93,7 +93,7 @@ pub fn workers<'a>(me: &'a WorkerId, leases: &'a [Candidate]) -> BTreeSet<&'a Wo
 }
 
 /// The fair share for `me`: `ceil(leases / workers)`, at most `max_leases`.
-pub fn target(me: &WorkerId, leases: &[Candidate], max_leases: usize) -> usize {
+pub(crate) fn target(me: &WorkerId, leases: &[Candidate], max_leases: usize) -> usize {
     leases
         .len()
         .div_ceil(workers(me, leases).len())
@@ -101,7 +101,7 @@ pub fn target(me: &WorkerId, leases: &[Candidate], max_leases: usize) -> usize {
 }
 
 /// Plans one round for `me`. See the module docs.
-pub fn plan(me: &WorkerId, leases: &[Candidate], limits: Limits) -> Plan {
+pub(crate) fn plan(me: &WorkerId, leases: &[Candidate], limits: Limits) -> Plan {
     let target = target(me, leases, limits.max_leases);
     let mine = leases.iter().filter(|c| c.holder == Holder::Me).count();
     let mut load: BTreeMap<&WorkerId, usize> = BTreeMap::new();
@@ -174,7 +174,7 @@ pub fn plan(me: &WorkerId, leases: &[Candidate], limits: Limits) -> Plan {
 
 /// How many of the handoff requests on `me`'s leases to grant now: as many as keep `me` at or
 /// above the lower fair share `floor(leases / workers)`, counting handoffs already under way.
-pub fn handoffs_to_grant(me: &WorkerId, leases: &[Candidate], in_progress: usize) -> usize {
+pub(crate) fn handoffs_to_grant(me: &WorkerId, leases: &[Candidate], in_progress: usize) -> usize {
     let floor = leases.len() / workers(me, leases).len();
     let mine = leases.iter().filter(|c| c.holder == Holder::Me).count();
     mine.saturating_sub(in_progress).saturating_sub(floor)

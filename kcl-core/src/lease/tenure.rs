@@ -131,17 +131,37 @@ impl std::fmt::Debug for Tenure {
     }
 }
 
+/// A lease just taken: what a [`Tenure`] starts from.
+pub(crate) struct Taken {
+    /// The lease as the successful take returned it.
+    pub(crate) lease: Lease,
+    /// Who took it.
+    pub(crate) worker: WorkerId,
+    /// Where its writes go.
+    pub(crate) store: Arc<dyn HeldLeaseStore>,
+    /// When the take was sent: validity counts from there, not from its answer.
+    pub(crate) started: Instant,
+}
+
+/// How long a tenure lasts and how long each of its writes may take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    /// The fleet's failover time: a lease whose counter stood still this long may be taken.
+    pub(crate) failover_time: Duration,
+    /// After this, a write is given up (and its outcome is uncertain).
+    pub(crate) call_timeout: Duration,
+}
+
 impl Tenure {
-    /// Starts a tenure from the lease as returned by a successful take, which started at
-    /// `started`. Each write is given up after `call_timeout`.
-    pub(crate) fn new(
-        lease: Lease,
-        worker: WorkerId,
-        store: Arc<dyn HeldLeaseStore>,
-        failover_time: Duration,
-        call_timeout: Duration,
-        started: Instant,
-    ) -> Self {
+    /// Starts a tenure from a lease just taken.
+    pub(crate) fn new(taken: Taken, timing: Timing) -> Self {
+        let Taken {
+            lease,
+            worker,
+            store,
+            started,
+        } = taken;
+        let failover_time = timing.failover_time;
         // A tenth of the failover time absorbs clock-rate differences between machines.
         let validity = failover_time - failover_time / 10;
         Self {
@@ -154,7 +174,7 @@ impl Tenure {
             }),
             valid_until: SyncMutex::new(started + validity),
             validity,
-            call_timeout,
+            call_timeout: timing.call_timeout,
             lost: CancellationToken::new(),
             heartbeat: None,
         }
@@ -162,22 +182,14 @@ impl Tenure {
 
     /// As [`new`](Self::new), deriving validity from `heartbeat`: this tenure is valid while
     /// the heartbeat is, and lost when it is lost.
-    pub(crate) fn derived(
-        lease: Lease,
-        worker: WorkerId,
-        store: Arc<dyn HeldLeaseStore>,
-        heartbeat: Arc<Tenure>,
-        call_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn derived(taken: Taken, heartbeat: Arc<Tenure>, call_timeout: Duration) -> Self {
         let lost = heartbeat.lost.child_token();
-        let mut tenure = Self::new(
-            lease,
-            worker,
-            store,
-            Duration::ZERO,
+        // Its own validity is nothing: the heartbeat's is what counts.
+        let timing = Timing {
+            failover_time: Duration::ZERO,
             call_timeout,
-            Instant::now(),
-        );
+        };
+        let mut tenure = Self::new(taken, timing);
         tenure.lost = lost;
         tenure.heartbeat = Some(heartbeat);
         tenure

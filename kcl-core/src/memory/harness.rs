@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::MemoryLeaseStore;
 use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, BoxError};
-use crate::lease::tenure::Tenure;
+use crate::lease::tenure::{Taken, Tenure, Timing};
 use crate::lease::{Lease, LeaseStore, TableFeatures};
 use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
 use crate::types::{Checkpoint, Record, ShardId, WorkerId};
@@ -66,14 +66,17 @@ impl ProcessorHarness {
             .await?
             .unwrap_or_else(|| Lease::new(shard.clone(), Checkpoint::TrimHorizon));
         let lease = store.take(&observed, &worker).await?;
-        let tenure = Arc::new(Tenure::new(
+        let taken = Taken {
             lease,
-            worker.clone(),
-            Arc::new(store.client(worker.as_str())),
-            Duration::from_secs(3600),
-            Duration::from_secs(60),
-            Instant::now(),
-        ));
+            worker: worker.clone(),
+            store: Arc::new(store.client(worker.as_str())),
+            started: Instant::now(),
+        };
+        let timing = Timing {
+            failover_time: Duration::from_secs(3600),
+            call_timeout: Duration::from_secs(60),
+        };
+        let tenure = Arc::new(Tenure::new(taken, timing));
         Ok(Self {
             store: store.clone(),
             shard,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
 use super::faults::{Fate, Faults};
-use crate::coordination::{Inboxes, Messenger, Refusal};
+use crate::singleton::{Inboxes, Messenger, Refusal};
 
 /// Called with (address, singleton, message) for every message put in an inbox.
 pub type DeliveryHook = Arc<dyn Fn(&str, &str, &Bytes) + Send + Sync>;

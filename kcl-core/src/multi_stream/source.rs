@@ -302,7 +302,7 @@ where
 
     /// A lease of a stream the tracker stopped naming, or did not name when this source
     /// first looked at the table (left out of the configuration across a restart: KCL Java
-    /// finds those at start-up too; see [`Scan`]), once the grace period has passed since.
+    /// finds those at start-up too), once the grace period has passed since.
     fn is_retired(&self, key: &ShardId) -> bool {
         let Some((stream, _)) = StreamId::split_key(key) else {
             return false;

@@ -38,31 +38,54 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use super::Worker;
-use super::coordinator::Coordinator;
-use crate::Liveness;
-use crate::coordination::heartbeat_key;
+use super::cycle::Coordinator;
+use super::view::View;
 use crate::error::ErrorKind;
-use crate::lease::tenure::Tenure;
+use crate::lease::tenure::{Taken, Tenure};
 use crate::lease::{Lease, LeaseStore, renewer};
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
+use crate::singleton::heartbeat_key;
 use crate::source::ShardSource;
 use crate::task::bounded;
-use crate::types::{Checkpoint, WorkerId};
+use crate::types::{Checkpoint, ShardId, WorkerId};
+
+/// This worker's own liveness state: its heartbeat (under heartbeats), and the leases its
+/// shard tasks could not hand back.
+#[derive(Default)]
+pub(super) struct Liveness {
+    heartbeat: Option<Heartbeat>,
+    /// Leases whose shard task could not hand them back, to release again (under heartbeats
+    /// nothing else would: their owner's heartbeat goes on).
+    unreleased: Vec<ShardId>,
+}
 
 /// This worker's heartbeat: the row's tenure and its renewer.
-pub(super) struct Heartbeat {
-    pub(super) tenure: Arc<Tenure>,
+struct Heartbeat {
+    tenure: Arc<Tenure>,
     _renewer: AbortOnDropHandle<()>,
     /// The heartbeat counter whose handoff flag was last acted on.
     flag_seen: Option<u64>,
 }
 
+impl Liveness {
+    /// The heartbeat's tenure, which a lease's validity derives from under heartbeats.
+    pub(super) fn tenure(&self) -> Option<&Arc<Tenure>> {
+        self.heartbeat.as_ref().map(|h| &h.tenure)
+    }
+
+    /// Releases `leases` at the next cycle, if they still name this worker and it has not
+    /// taken them again.
+    pub(super) fn release_later(&mut self, leases: impl IntoIterator<Item = ShardId>) {
+        self.unreleased.extend(leases);
+    }
+}
+
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Under heartbeats, makes sure this worker has a live heartbeat, taking its row (again)
     /// if it has none. True if leases may be taken: always under per-lease renewals.
-    pub(super) async fn ensure_heartbeat(&self, state: &mut Coordinator) -> bool {
-        if self.config.liveness != Liveness::Heartbeat {
+    pub(super) async fn ensure_heartbeat(&self, state: &mut Liveness) -> bool {
+        if self.config.liveness != crate::Liveness::Heartbeat {
             return true;
         }
         if state
@@ -105,14 +128,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 return false;
             }
         };
-        let tenure = Arc::new(Tenure::new(
+        let taken = Taken {
             lease,
-            self.id.clone(),
-            self.store.clone(),
-            self.config.failover_time,
-            limit,
+            worker: self.id.clone(),
+            store: self.store.clone(),
             started,
-        ));
+        };
+        let tenure = Arc::new(Tenure::new(taken, self.timing()));
         let renew = renewer::run(tenure.clone(), self.config.renew_interval)
             .instrument(tracing::info_span!("heartbeat"));
         tracing::debug!("heartbeat started");
@@ -127,7 +149,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Whether a lease of `owner` (not this worker) may be taken now that it looks expired:
     /// after releasing `owner`'s heartbeat row, if it has one (see the module docs). Decided
     /// once per owner per read of the table.
-    pub(super) async fn fence(&self, state: &mut Coordinator, owner: &WorkerId) -> bool {
+    pub(super) async fn fence(&self, state: &mut View, owner: &WorkerId) -> bool {
         if let Some(&decided) = state.fenced.get(owner) {
             return decided;
         }
@@ -162,7 +184,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// After a handoff request for a lease of `owner`: flags `owner`'s heartbeat row, if it
     /// has one not flagged yet, so that it looks (see the module docs).
-    pub(super) async fn flag_handoff(&self, state: &Coordinator, owner: &WorkerId) {
+    pub(super) async fn flag_handoff(&self, state: &View, owner: &WorkerId) {
         let Some(row) = state.heartbeats.get(owner) else {
             return;
         };
@@ -178,7 +200,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Flags the heartbeat rows of owners with handoff requests pending in `leases`, where
     /// the flag is not up: a request whose flag was lost (a write that timed out, a flag
     /// cleared just before it) would otherwise never reach an owner that renews no lease.
-    pub(super) async fn flag_pending(&self, state: &Coordinator, leases: &[Lease]) {
+    pub(super) async fn flag_pending(&self, state: &View, leases: &[Lease]) {
         let mut owners: Vec<&WorkerId> = leases
             .iter()
             .filter(|l| l.handoff_to.is_some() && l.handoff_to != l.owner)
@@ -195,7 +217,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Acts on a handoff flag on this worker's heartbeat row: clears it, then reads each held
     /// lease and hands over those asked for.
     pub(super) async fn follow_flag(&self, state: &mut Coordinator) {
-        let Some(heartbeat) = state.heartbeat.as_mut() else {
+        let Some(heartbeat) = state.liveness.heartbeat.as_mut() else {
             return;
         };
         if heartbeat.tenure.handoff_requested().is_none() {
@@ -211,7 +233,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         if let Err(error) = bounded(limit, "request_handoff", clear).await {
             tracing::debug!(%error, "clearing the handoff flag failed");
         }
-        for (key, held) in &state.held {
+        for (key, held) in state.shards.iter() {
             if held.control.is_handing_off() {
                 continue;
             }
@@ -231,7 +253,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Cleans up heartbeat rows that stood still for `lease_cleanup_delay`: releases those
     /// still naming a worker (one that died holding nothing anyone took), deletes released
     /// ones. The leader's, or every worker's under `EveryWorker`.
-    pub(super) async fn clean_heartbeats(&self, state: &Coordinator) {
+    pub(super) async fn clean_heartbeats(&self, state: &View) {
         let now = Instant::now();
         let stale = state
             .heartbeats
@@ -256,8 +278,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// this worker and it has not taken them again; keeps those it could not release.
     pub(super) async fn release_left(&self, state: &mut Coordinator) {
         let limit = self.config.call_timeout;
-        for key in std::mem::take(&mut state.unreleased) {
-            if state.held.contains_key(&key) {
+        let unreleased = &mut state.liveness.unreleased;
+        for key in std::mem::take(&mut *unreleased) {
+            if state.shards.holds(&key) {
                 continue;
             }
             let row = match bounded(limit, "get", self.store.get(&key)).await {
@@ -265,7 +288,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Ok(_) => continue,
                 Err(error) => {
                     tracing::debug!(shard = %key, %error, "reading a lease to release failed");
-                    state.unreleased.push(key);
+                    unreleased.push(key);
                     continue;
                 }
             };
@@ -274,7 +297,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Err(error) if error.kind() == ErrorKind::Conflict => {}
                 Err(error) => {
                     tracing::debug!(shard = %key, %error, "releasing a lease failed");
-                    state.unreleased.push(key);
+                    unreleased.push(key);
                 }
             }
         }
@@ -282,7 +305,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// On shutdown, once the leases are handed back: stops the heartbeat and releases its
     /// row (leases a shutdown cut short left behind then expire by their own counters).
-    pub(super) async fn end_heartbeat(&self, state: &mut Coordinator) {
+    pub(super) async fn end_heartbeat(&self, state: &mut Liveness) {
         let Some(Heartbeat {
             tenure, _renewer, ..
         }) = state.heartbeat.take()

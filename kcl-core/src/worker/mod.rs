@@ -1,14 +1,25 @@
 //! The worker: one coordinator loop plus one task per held lease.
+//!
+//! - this file: [`Worker`], its [`Status`], the loop and shutdown;
+//! - `startup`: the lease table and stream consumer made usable;
+//! - `cycle`: one taker cycle, by coordination mode and role, over the state the loop owns
+//!   (`shards`: the shard tasks; `view`: the last read of the table; `liveness`: heartbeats;
+//!   `problems`; `roles`: leader and standby);
+//! - `report`: what the worker publishes in [`Status`] and metrics;
+//! - `shard_consumer` and `prefetch`: one shard's task, from reads to processor to checkpoints.
 
 mod builder;
-mod coordinator;
-mod led;
+mod cycle;
 mod liveness;
 mod prefetch;
 mod problems;
+mod report;
 mod roles;
 mod shard_consumer;
+mod shards;
 mod shutdown;
+mod startup;
+mod view;
 
 pub use self::builder::WorkerBuilder;
 pub use self::problems::{Problem, ProblemKind};
@@ -16,24 +27,22 @@ pub use self::shutdown::{ShutdownHandle, Signals};
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
-use futures_util::future::BoxFuture;
 use tokio::sync::watch;
-use tokio::time::{Instant, Interval, MissedTickBehavior, sleep, sleep_until};
+use tokio::time::{Instant, Interval, MissedTickBehavior, sleep_until};
 use tracing::Instrument;
 
-use self::coordinator::Coordinator;
+use self::cycle::{Coordinator, Mode};
 use self::shard_consumer::{Exit, ShardContext};
 use crate::config::WorkerConfig;
-use crate::coordination::is_coordination_key;
-use crate::error::{BackendError, ConfigError, Error};
-use crate::lease::{LeaseStore, TableFeatures};
+use crate::error::{ConfigError, Error};
+use crate::lease::LeaseStore;
+use crate::lease::tenure::Timing;
 use crate::processor::ProcessorFactory;
+use crate::singleton::is_coordination_key;
 use crate::source::ShardSource;
 use crate::task::bounded;
-use crate::types::{ConsumerId, ShardId, WorkerId};
+use crate::types::{ShardId, WorkerId};
 
 /// Where a worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,11 +94,11 @@ pub struct Status {
 ///
 /// Every `taker_interval` the coordinator reads the lease table once and, from that one read,
 /// syncs shards to leases when due, grants handoffs other workers asked for, adopts leases
-/// handed to it, takes available ones and asks loaded workers for more (see `coordinator`).
+/// handed to it, takes available ones and asks loaded workers for more (see `cycle`).
 /// It owns all of that state; shard tasks own their processors and their leases' writes.
 /// Under [`Coordination::Leader`](crate::Coordination::Leader) only the leader and the
-/// standby read the whole table; what each worker does then depends on its role (see `led`
-/// and `roles`); under [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) the worker's
+/// standby read the whole table; what each worker does then depends on its role (see
+/// `cycle` and `roles`); under [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) the worker's
 /// leases live on one heartbeat row (see `liveness`).
 ///
 /// Nothing the backends do can hang the worker: every call has a deadline
@@ -178,19 +187,28 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             self.config.clone(),
             consumer,
         ));
-        let mut state = Coordinator::new();
-        if self.config.coordination == crate::Coordination::Leader {
-            state.roles = roles::Roles::start(&self.id, self.store.clone(), &self.config);
-        }
-        let outcome = self.coordinate(&mut state, &ctx, &mut beat).await;
-        self.stop(state, &mut beat).await;
+        let mut state = Coordinator::default();
+        let mut mode = Mode::start(&self.id, self.store.clone(), &self.config);
+        let outcome = self
+            .coordinate(&mut state, &mut mode, &ctx, &mut beat)
+            .await;
+        self.stop(state, mode, &mut beat).await;
         outcome
+    }
+
+    /// The timing of every lease this worker takes.
+    fn timing(&self) -> Timing {
+        Timing {
+            failover_time: self.config.failover_time,
+            call_timeout: self.config.call_timeout,
+        }
     }
 
     /// The coordinator loop, until shutdown or a failure retrying cannot fix.
     async fn coordinate(
         &self,
         state: &mut Coordinator,
+        mode: &mut Mode,
         ctx: &Arc<ShardContext<S, F>>,
         beat: &mut Interval,
     ) -> Result<(), Error> {
@@ -199,7 +217,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             if Instant::now() >= next_cycle {
                 // Boxed: a cycle's backend calls make a large future, allocated once a cycle.
                 match self
-                    .interruptible(beat, Box::pin(self.cycle(state, ctx)))
+                    .interruptible(beat, Box::pin(self.cycle(state, mode, ctx)))
                     .await
                 {
                     None => return Ok(()),
@@ -214,25 +232,24 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             tokio::select! {
                 biased;
                 () = self.handle.graceful.cancelled() => return Ok(()),
-                Some(joined) = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
-                    let exited = state.on_exit(joined);
+                Some((shard, exit)) = state.shards.next_exit(), if state.shards.has_tasks() => {
                     self.publish(state);
-                    match exited {
-                        Some((_, Exit::ShardEnd)) => {
+                    match exit {
+                        Some(Exit::ShardEnd) => {
                             // Children may be ready: sync and plan now rather than a cycle later.
-                            state.next_sync = Instant::now();
+                            state.sync.now();
                             next_cycle = Instant::now();
                         }
-                        Some((shard, Exit::ReleaseFailed))
+                        Some(Exit::ReleaseFailed)
                             if self.config.liveness == crate::Liveness::Heartbeat =>
                         {
-                            state.unreleased.push(shard);
+                            state.liveness.release_later([shard]);
                         }
                         _ => {}
                     }
                 }
                 _ = beat.tick() => self.beat(),
-                () = state.roles.promoted() => next_cycle = Instant::now(),
+                () = mode.promoted() => next_cycle = Instant::now(),
                 () = sleep_until(next_cycle) => {}
             }
         }
@@ -240,18 +257,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Hands leases back: waits for shard tasks until `shutdown_timeout` (or `force`), stops
     /// what is left, then releases leases handed to this worker after its last cycle.
-    async fn stop(&self, mut state: Coordinator, beat: &mut Interval) {
+    async fn stop(&self, mut state: Coordinator, mode: Mode, beat: &mut Interval) {
         self.handle.graceful.cancel();
         self.status.send_modify(|s| s.phase = Phase::ShuttingDown);
         tracing::info!(
-            leases = state.held.len(),
+            leases = state.shards.len(),
             "shutting down: handing leases back"
         );
         let deadline = Instant::now() + self.config.shutdown_timeout;
         // The coordination rows go back while the shards stop, so that a successor leads
         // while this worker hands its leases back; within the same deadline.
-        let roles = std::mem::replace(&mut state.roles, roles::Roles::none());
-        let give_back = roles.stop(self.config.call_timeout.min(self.config.shutdown_timeout));
+        let give_back = mode.stop(self.config.call_timeout.min(self.config.shutdown_timeout));
         tokio::pin!(give_back);
         let mut roles_stopped = false;
         loop {
@@ -260,30 +276,24 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 () = self.handle.force.cancelled() => break,
                 () = sleep_until(deadline) => break,
                 () = &mut give_back, if !roles_stopped => roles_stopped = true,
-                joined = state.tasks.join_next_with_id(), if !state.tasks.is_empty() => {
-                    if let Some(joined) = joined {
-                        state.on_exit(joined);
-                        self.publish(&mut state);
-                    }
+                _ = state.shards.next_exit(), if state.shards.has_tasks() => {
+                    self.publish(&mut state);
                 }
-                () = std::future::ready(()), if state.tasks.is_empty() && roles_stopped => break,
+                () = std::future::ready(()), if !state.shards.has_tasks() && roles_stopped => break,
                 _ = beat.tick() => self.beat(),
             }
         }
-        if !state.tasks.is_empty() {
+        if state.shards.has_tasks() {
             let why = if self.handle.force.is_cancelled() {
                 "shutdown forced"
             } else {
                 "shutdown deadline reached"
             };
             tracing::warn!(
-                shards = state.tasks.len(),
+                shards = state.shards.tasks(),
                 "{why}: stopping remaining shards without releasing their leases"
             );
-            // Aborted tasks stop at their next `.await`; a processor blocking its thread
-            // would only then, so nobody waits for them.
-            state.tasks.abort_all();
-            state.tasks.detach_all();
+            state.shards.abandon();
         } else if !self.handle.force.is_cancelled() {
             tokio::select! {
                 biased;
@@ -295,7 +305,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         // Last: the heartbeat keeps the leases valid until they are handed back.
-        self.end_heartbeat(&mut state).await;
+        self.end_heartbeat(&mut state.liveness).await;
         tracing::info!("worker stopped");
     }
 
@@ -343,205 +353,5 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 Err(error) => tracing::debug!(shard = %lease.key, %error, "release failed"),
             }
         }
-    }
-
-    /// Creates the lease table with what the coordination uses of it, retrying transient
-    /// failures. Returns the features the table serves; `None` if shut down meanwhile.
-    async fn ensure_table(&self, beat: &mut Interval) -> Result<Option<TableFeatures>, Error> {
-        let wanted = self.config.coordination.table_features();
-        // Not bounded by the call timeout: a new table may take minutes to become usable.
-        let ready = self.until_ready(beat, "the lease table is not usable yet", || {
-            Box::pin(self.store.ensure_table(wanted))
-        });
-        ready.await.map_err(Error::Store)
-    }
-
-    /// Says once how this worker runs, and what it costs more than it should when the table
-    /// lacks a feature the coordination uses.
-    fn log_start(&self, table: TableFeatures) {
-        let config = &self.config;
-        tracing::info!(
-            coordination = ?config.coordination,
-            liveness = ?config.liveness,
-            retrieval = ?config.retrieval,
-            failover_time = ?config.failover_time,
-            table.features = %table,
-            "worker started"
-        );
-        let wanted = config.coordination.table_features();
-        if wanted.owner_index && !table.owner_index {
-            tracing::warn!(
-                "the lease table has no owner index: this worker reads the whole table to find \
-                 its leases (every half failover time while it follows), which costs read units \
-                 per lease; let the store add the index, or add it where the table is managed"
-            );
-        }
-        if wanted.change_feed && !table.change_feed {
-            tracing::warn!(
-                "the lease table has no change feed: as leader or standby this worker reads the \
-                 whole table every taker interval; let the store enable the table's stream, or \
-                 enable it where the table is managed"
-            );
-        }
-    }
-
-    /// Under [`Retrieval::FanOut`](crate::Retrieval::FanOut), registers the stream consumer
-    /// (or finds it) and waits until it can subscribe, retrying transient failures. `Ok(None)`
-    /// if shut down meanwhile; `Ok(Some(None))` when polling.
-    async fn ensure_consumer(
-        &self,
-        beat: &mut Interval,
-    ) -> Result<Option<Option<ConsumerId>>, Error> {
-        let crate::Retrieval::FanOut { consumer_name } = &self.config.retrieval else {
-            return Ok(Some(None));
-        };
-        // Not bounded by the call timeout either: registering takes seconds on Kinesis.
-        let ready = self.until_ready(beat, "the stream consumer is not usable yet", || {
-            Box::pin(self.source.register_consumer(consumer_name))
-        });
-        let consumer = ready.await.map_err(Error::Source)?;
-        if let Some(id) = &consumer {
-            tracing::info!(consumer = %id, "reading with enhanced fan-out");
-        }
-        Ok(consumer.map(Some))
-    }
-
-    /// Calls `op` until it succeeds or fails for good, with backoff between transient
-    /// failures (kept in [`Status::problem`] meanwhile). `Ok(None)` if shut down meanwhile.
-    async fn until_ready<'a, T>(
-        &'a self,
-        beat: &mut Interval,
-        what: &str,
-        mut op: impl FnMut() -> BoxFuture<'a, Result<T, BackendError>>,
-    ) -> Result<Option<T>, BackendError> {
-        let mut delays = self.backoff().build();
-        loop {
-            match self.interruptible(beat, op()).await {
-                None => return Ok(None),
-                Some(Ok(value)) => {
-                    self.solved();
-                    return Ok(Some(value));
-                }
-                Some(Err(e)) if e.kind().is_transient() => self.problem(what, &e),
-                Some(Err(e)) => return Err(e),
-            }
-            let pause = sleep(delays.next().unwrap_or(self.config.max_backoff));
-            if self.interruptible(beat, pause).await.is_none() {
-                return Ok(None);
-            }
-        }
-    }
-
-    fn backoff(&self) -> ExponentialBuilder {
-        ExponentialBuilder::default()
-            .with_min_delay(self.config.min_backoff)
-            .with_max_delay(self.config.max_backoff)
-            .with_jitter()
-            .with_jitter_seed(crate::types::stable_hash(&self.id))
-            .without_max_times()
-    }
-
-    /// A failure that retrying may fix. The first of a kind is logged at WARN, and it is kept
-    /// in [`Status::problem`]; repeats of the same are logged at DEBUG only, so that a worker
-    /// without credentials says so once instead of every few seconds.
-    fn problem(&self, what: &str, error: &(dyn std::error::Error + 'static)) {
-        let text = format!("{what}: {}", crate::error::error_chain(error));
-        if self.status.borrow().coordination.as_ref() == Some(&text) {
-            tracing::debug!(problem = %text, "still failing");
-            return;
-        }
-        tracing::warn!(problem = %text, "retrying quietly while this lasts");
-        self.status.send_modify(|s| {
-            s.coordination = Some(text);
-            s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
-        });
-    }
-
-    /// Calls to the lease table succeed again.
-    fn solved(&self) {
-        let mut solved = None;
-        self.status.send_if_modified(|s| {
-            solved = s.coordination.take();
-            s.problem = problems::summary(None, &s.problems);
-            solved.is_some()
-        });
-        if let Some(problem) = solved {
-            tracing::info!(%problem, "recovered");
-        }
-    }
-
-    /// A shard task started: `Status.held` says so at once, not at the end of the cycle.
-    fn publish_taken(&self, key: &ShardId, held: usize) {
-        #[allow(clippy::cast_precision_loss)]
-        ::metrics::gauge!(crate::metrics::LEASES_HELD).set(held as f64);
-        self.status.send_modify(|s| {
-            if let Err(at) = s.held.binary_search(key) {
-                s.held.insert(at, key.clone());
-            }
-        });
-    }
-
-    /// A worker that starts takes work again: deletes the row that asked it to drain
-    /// (`kcl-admin release`, before maintenance), if there is one. Best effort: a row left
-    /// behind keeps this worker idle, and says so in the log.
-    async fn undrain(&self) {
-        let key = crate::coordination::drain_key(&self.id);
-        let limit = self.config.call_timeout;
-        let Ok(Some(row)) = bounded(limit, "get", self.store.get(&key)).await else {
-            return;
-        };
-        if let Err(error) = bounded(limit, "delete", self.store.delete(&row)).await {
-            let what = "this worker was asked to drain and the request could not be removed: \
-                        it takes no work until it is";
-            tracing::warn!(%error, row = %key, "{what}");
-            return;
-        }
-        tracing::info!("started again after a drain (kcl-admin release): taking work");
-    }
-
-    /// Publishes the held leases and the known problems (see `problems`) in [`Status`] and
-    /// their gauges.
-    fn publish(&self, state: &mut Coordinator) {
-        #[allow(clippy::cast_precision_loss)]
-        ::metrics::gauge!(crate::metrics::LEASES_HELD).set(state.held.len() as f64);
-        let held: Vec<ShardId> = state.held.keys().cloned().collect();
-        let failing = state.held.iter().filter_map(|(key, held)| {
-            let why = held.control.read_failing()?;
-            Some((key.to_string(), why))
-        });
-        let failing = failing.collect();
-        state
-            .problems
-            .replace(problems::ProblemKind::ReadFailing, failing);
-        let mut stalled = std::collections::BTreeMap::new();
-        for (key, held) in &state.held {
-            let age = held
-                .control
-                .uncheckpointed_since()
-                .map_or(Duration::ZERO, |since| since.elapsed());
-            let shard = key.to_string();
-            ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
-                .set(age.as_secs_f64());
-            if age >= self.config.stalled_after {
-                let why = format!(
-                    "delivered records have waited over {:?} for a checkpoint (see \
-                     kcl_checkpoint_age_seconds)",
-                    self.config.stalled_after
-                );
-                stalled.insert(shard, why);
-            }
-        }
-        state
-            .problems
-            .replace(problems::ProblemKind::Stalled, stalled);
-        state.problems.refresh();
-        let problems = state.problems.list();
-        self.status.send_if_modified(|s| {
-            let changed = s.held != held || s.problems != problems;
-            s.held = held;
-            s.problems = problems;
-            s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
-            changed
-        });
     }
 }

@@ -17,6 +17,7 @@
 //! lost, or the worker shuts down (and the row is then released, so a successor takes over at
 //! once).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::WorkerConfig;
-use crate::coordination::{COORDINATION_PREFIX, RESERVED, Sighting, Singleton, SingletonConfig};
 use crate::lease::{Lease, LeaseStore};
+use crate::singleton::{COORDINATION_PREFIX, RESERVED, Sighting, Singleton, SingletonConfig};
 use crate::types::WorkerId;
 
 /// What this worker does in the fleet's coordination.
@@ -70,8 +71,8 @@ impl Drop for Flag {
 }
 
 impl Roles {
-    /// No roles: every worker coordinates for itself.
-    pub(super) fn none() -> Self {
+    /// No roles: a worker that cannot compete follows only.
+    fn none() -> Self {
         Self {
             leader: watch::Sender::new(false).subscribe(),
             standby: watch::Sender::new(false).subscribe(),
@@ -87,22 +88,11 @@ impl Roles {
         store: Arc<L>,
         config: &WorkerConfig,
     ) -> Self {
-        let mut singleton_config = SingletonConfig::default()
-            .failover_time(config.failover_time)
-            .poll_interval(config.failover_time * 2)
-            // The roles stand in line themselves (below).
-            .standbys(0);
-        // Renewed every half failover time, as heartbeats are (four attempts, a failed one
-        // retried every eighth, before the row's validity runs out): a third fewer writes for
-        // two rows every fleet pays for, whatever its size.
-        singleton_config.renew_interval = config.failover_time / 2;
-        let fast = config.taker_interval;
-        let slow = config.failover_time * 6;
         let (leader_tx, leader) = watch::channel(false);
         let (standby_tx, standby) = watch::channel(false);
         let stop = CancellationToken::new();
-        let mut tasks = Vec::new();
         let leader_row = Arc::new(Sighting::default());
+        let singleton_config = role_config(config);
         let candidates = (
             Singleton::named(
                 RESERVED[0],
@@ -121,52 +111,28 @@ impl Roles {
                 return Self::none();
             }
         };
-        // The leader candidate polls fast only while this worker is the standby.
-        let mut is_standby = standby.clone();
-        let poll = lead.clone();
-        let stopped = stop.clone();
-        tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
-            loop {
-                let interval = if *is_standby.borrow_and_update() {
-                    fast
-                } else {
-                    slow
-                };
-                poll.set_poll_interval(interval);
-                tokio::select! {
-                    biased;
-                    () = stopped.cancelled() => return,
-                    changed = is_standby.changed() => if changed.is_err() { return },
-                }
-            }
-        })));
-        let (stopped, tx) = (stop.clone(), leader_tx);
-        let leader_holder = lead.holder();
-        let leading = lead;
-        tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
-            let result = leading
-                .run(stopped, |lost| {
-                    let flag = Flag::raise(&tx);
-                    async move {
-                        tracing::info!("leading the fleet's coordination");
-                        lost.cancelled().await;
-                        drop(flag);
-                    }
-                })
-                .await;
-            if let Err(error) = result {
-                tracing::error!(%error, "competing for the leader failed");
-            }
-        })));
+        let pace = Pace {
+            fast: config.taker_interval,
+            slow: config.failover_time * 6,
+        };
+        let settled = settle(lead.holder(), config.failover_time);
         let (stopped, leading) = (stop.clone(), leader.clone());
-        let settled = settle(leader_holder, config.failover_time);
-        tasks.push(AbortOnDropHandle::new(crate::task::spawn(async move {
-            // Not before the leader row is settled: a worker that is about to lead would
-            // otherwise take the standby row first and give it back a moment later, and the
-            // others would find it free only at their next (slow) poll.
-            settled.await;
-            stand_by_loop(stand_by, leading, stopped, standby_tx).await;
-        })));
+        let tasks = vec![
+            spawn(pace_leader_candidate(
+                lead.clone(),
+                standby.clone(),
+                pace,
+                stop.clone(),
+            )),
+            spawn(lead_loop(lead, stop.clone(), leader_tx)),
+            spawn(async move {
+                // Not before the leader row is settled: a worker that is about to lead would
+                // otherwise take the standby row first and give it back a moment later, and
+                // the others would find it free only at their next (slow) poll.
+                settled.await;
+                stand_by_loop(stand_by, leading, stopped, standby_tx).await;
+            }),
+        ];
         Self {
             leader,
             standby,
@@ -222,6 +188,75 @@ impl Roles {
         if tokio::time::timeout(limit, tasks).await.is_err() {
             tracing::debug!("giving the coordination rows back took too long");
         }
+    }
+}
+
+/// How often the leader candidate reads the leader row: `fast` while this worker stands by
+/// (it takes over within a taker interval), `slow` otherwise.
+#[derive(Clone, Copy)]
+struct Pace {
+    fast: Duration,
+    slow: Duration,
+}
+
+/// The singleton settings of the two role rows.
+fn role_config(config: &WorkerConfig) -> SingletonConfig {
+    let mut singleton_config = SingletonConfig::default()
+        .failover_time(config.failover_time)
+        .poll_interval(config.failover_time * 2)
+        // The roles stand in line themselves (see `stand_by_loop`).
+        .standbys(0);
+    // Renewed every half failover time, as heartbeats are (four attempts, a failed one
+    // retried every eighth, before the row's validity runs out): a third fewer writes for
+    // two rows every fleet pays for, whatever its size.
+    singleton_config.renew_interval = config.failover_time / 2;
+    singleton_config
+}
+
+fn spawn(task: impl Future<Output = ()> + Send + 'static) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(crate::task::spawn(task))
+}
+
+/// Keeps the leader candidate's poll fast only while this worker is the standby.
+async fn pace_leader_candidate<L: LeaseStore>(
+    lead: Arc<Singleton<L>>,
+    mut is_standby: watch::Receiver<bool>,
+    pace: Pace,
+    stopped: CancellationToken,
+) {
+    loop {
+        let interval = if *is_standby.borrow_and_update() {
+            pace.fast
+        } else {
+            pace.slow
+        };
+        lead.set_poll_interval(interval);
+        tokio::select! {
+            biased;
+            () = stopped.cancelled() => return,
+            changed = is_standby.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Competes for the leader row; the flag is up while this worker leads.
+async fn lead_loop<L: LeaseStore>(
+    lead: Arc<Singleton<L>>,
+    stopped: CancellationToken,
+    tx: watch::Sender<bool>,
+) {
+    let result = lead
+        .run(stopped, |lost| {
+            let flag = Flag::raise(&tx);
+            async move {
+                tracing::info!("leading the fleet's coordination");
+                lost.cancelled().await;
+                drop(flag);
+            }
+        })
+        .await;
+    if let Err(error) = result {
+        tracing::error!(%error, "competing for the leader failed");
     }
 }
 

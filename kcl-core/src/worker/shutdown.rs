@@ -52,14 +52,14 @@ impl ShutdownHandle {
     /// A token cancelled when the worker shuts down, whatever the cause: a signal under
     /// [`Worker::run_until_signal`], [`shutdown`](Self::shutdown), or `run` returning with an
     /// error. Hand it to what must stop with the worker, such as
-    /// [`Singleton::run`](crate::coordination::Singleton::run), so that a process whose worker
+    /// [`Singleton::run`](crate::singleton::Singleton::run), so that a process whose worker
     /// stopped does not stay on as a singleton candidate. Cancelling the token itself does
     /// not stop the worker (it is a child token).
     ///
     /// ```no_run
     /// # async fn demo<S: kcl_core::ShardSource, L: kcl_core::LeaseStore, F: kcl_core::ProcessorFactory>(
     /// #     worker: kcl_core::Worker<S, L, F>,
-    /// #     summary: kcl_core::coordination::Singleton<L>,
+    /// #     summary: kcl_core::singleton::Singleton<L>,
     /// # ) -> Result<(), kcl_core::Error> {
     /// let stop = worker.shutdown_handle().token();
     /// let job = summary.run(stop, |lost| async move { lost.cancelled().await });

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use kcl_core::coordination::{Messenger, Singleton, SingletonConfig, SingletonHandle, TaskContext};
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId, Streams};
+use kcl_core::singleton::{Messenger, Singleton, SingletonConfig, SingletonHandle, TaskContext};
 use kcl_core::{
     Liveness, ProcessorFactory, Shard, ShardId, ShardSource, ShutdownHandle, Status, Worker,
     WorkerConfig,

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use kcl_core::coordination::is_coordination_key;
-use kcl_core::lease::sync::Lineage;
+use kcl_core::lease::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
     Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard,
     ShardId, ShardSource, WorkerConfig,

@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kcl_core::admin::{self, RESET_OWNER, ResetTo};
-use kcl_core::coordination::is_coordination_key;
 use kcl_core::memory::{Faults, MemoryStream};
 use kcl_core::multi_stream::StreamId;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Checkpoint, ExtendedSequenceNumber, Record, ShardId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -1,4 +1,4 @@
-//! What the demo runs on: the in-memory backends here, Kinesis and DynamoDB in `demo_aws`.
+//! What the demo runs on: the in-memory backends here, Kinesis and DynamoDB in `aws`.
 
 use std::collections::BTreeMap;
 use std::future::Future;

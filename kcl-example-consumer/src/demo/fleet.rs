@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcl_core::coordination::{Singleton, SingletonConfig, is_coordination_key};
+use kcl_core::singleton::{Singleton, SingletonConfig, is_coordination_key};
 use kcl_core::{Lease, ShardId, ShutdownHandle, Worker, WorkerConfig};
 use kcl_example_consumer::WindowCounter;
 use tokio::task::JoinHandle;

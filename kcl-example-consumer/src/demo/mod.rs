@@ -10,7 +10,7 @@
 //! same lease table: it runs on one worker at a time and moves when its holder stops (at
 //! once) or crashes (after the failover time), never running a period twice.
 //! `--endpoints` runs the same script on Kinesis and DynamoDB or their emulators
-//! (`src/demo_aws.rs`).
+//! (`aws.rs`).
 
 #![allow(clippy::print_stdout)]
 
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
 
+mod aws;
 mod backend;
 mod fleet;
 mod ledger;
@@ -66,7 +67,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 
 #[cfg(feature = "aws")]
 async fn endpoints(args: DemoArgs) -> anyhow::Result<ExitCode> {
-    let backend = Arc::new(crate::demo_aws::Endpoints::create(args.shards).await?);
+    let backend = Arc::new(aws::Endpoints::create(args.shards).await?);
     let result = run_on(args, backend.clone()).await;
     for problem in backend.delete().await {
         println!("cleanup: {problem}");

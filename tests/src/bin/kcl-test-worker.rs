@@ -21,16 +21,16 @@ use std::time::Duration;
 
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
-use kcl_core::coordination::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
+use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
     InitializationInput, LeaseStore, Liveness, ProcessRecordsInput, ProcessorFactory,
     RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
 };
-use kcl_example_consumer::HttpMessenger;
-use kcl_example_consumer::messenger::Limits;
 use kcl_integration_tests::tracker::FileTracker;
+use kcl_serve::HttpMessenger;
+use kcl_serve::messenger::Limits;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use kcl_core::admin::RESET_OWNER;
-use kcl_core::coordination::is_coordination_key;
 use kcl_core::memory::StoreEvent;
+use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Checkpoint, ShardId};
 
 use super::Evidence;

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
-use kcl_core::coordination::{Inboxes, Messenger, Refusal};
+use kcl_core::singleton::{Inboxes, Messenger, Refusal};
 
 /// What the receiving side takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

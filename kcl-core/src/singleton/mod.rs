@@ -28,7 +28,7 @@
 //! ```
 //! # #[cfg(feature = "test-util")]
 //! # async fn demo() -> Result<(), kcl_core::Error> {
-//! use kcl_core::coordination::{Singleton, SingletonConfig};
+//! use kcl_core::singleton::{Singleton, SingletonConfig};
 //! use kcl_core::memory::MemoryLeaseStore;
 //! use tokio_util::sync::CancellationToken;
 //!

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use aws_config::{BehaviorVersion, SdkConfig};
-use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, StreamStatus};
+use aws_sdk_kinesis::types::StreamStatus;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{Lease, LeaseStore, ShardId, ShardSource};
 use tokio::time::{Instant, sleep};
@@ -134,30 +133,7 @@ impl Backend for Endpoints {
     }
 
     async fn put(&self, records: Vec<(String, String)>) -> anyhow::Result<()> {
-        for chunk in records.chunks(500) {
-            let entries = chunk
-                .iter()
-                .map(|(key, data)| {
-                    PutRecordsRequestEntry::builder()
-                        .partition_key(key)
-                        .data(Blob::new(data.as_bytes()))
-                        .build()
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let out = self
-                .kinesis
-                .put_records()
-                .stream_name(&self.stream)
-                .set_records(Some(entries))
-                .send()
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!("{}", aws_sdk_kinesis::error::DisplayErrorContext(e))
-                })?;
-            let failed = out.failed_record_count().unwrap_or(0);
-            anyhow::ensure!(failed == 0, "{failed} records of {} failed", chunk.len());
-        }
-        Ok(())
+        Ok(kcl_aws::producer::put_records(&self.kinesis, &self.stream, &records).await?)
     }
 
     async fn split(&self) -> anyhow::Result<(ShardId, Vec<ShardId>)> {

@@ -1,17 +1,31 @@
-//! Checkpointing every N records or every T, whichever comes first — on a quiet shard too.
-//!
-//! A processor that checkpoints only inside `process_records` cannot act on time alone if no
-//! batch arrives: set [`WorkerConfig::empty_batch_interval`](kcl_core::WorkerConfig) and the
-//! worker calls it with an empty batch while the shard is quiet. `shutdown_requested`
-//! checkpoints what was delivered, so a graceful shutdown or a handoff repeats nothing.
+//! A ready-made processor: a record handler, checkpointed every N records or every T.
 
 use std::time::Duration;
 
-use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};
 use tokio::time::Instant;
 
+use crate::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};
+
 /// Wraps a record handler `F` and checkpoints after `every` records or `within` time since
-/// the first record not yet checkpointed.
+/// the first record not yet checkpointed, whichever comes first — on a quiet shard too.
+///
+/// A processor that checkpoints only inside `process_records` cannot act on time alone if no
+/// batch arrives: set [`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval)
+/// and the worker calls it with an empty batch while the shard is quiet.
+/// `shutdown_requested` checkpoints what was delivered, so a graceful shutdown or a handoff
+/// repeats nothing.
+///
+/// ```
+/// use std::time::Duration;
+/// use kcl_core::{EveryNOrT, ShardId};
+///
+/// let factory = |_: &ShardId| {
+///     EveryNOrT::new(1000, Duration::from_secs(5), |record: &kcl_core::Record| {
+///         println!("{}", String::from_utf8_lossy(&record.data));
+///     })
+/// };
+/// # let _ = factory;
+/// ```
 #[derive(Debug)]
 pub struct EveryNOrT<F> {
     handle: F,
@@ -22,7 +36,7 @@ pub struct EveryNOrT<F> {
     since: Option<Instant>,
 }
 
-impl<F: FnMut(&kcl_core::Record) + Send + 'static> EveryNOrT<F> {
+impl<F: FnMut(&crate::Record) + Send + 'static> EveryNOrT<F> {
     /// Checkpoints after `every` records or `within` time, calling `handle` on each record.
     pub fn new(every: usize, within: Duration, handle: F) -> Self {
         Self {
@@ -35,7 +49,7 @@ impl<F: FnMut(&kcl_core::Record) + Send + 'static> EveryNOrT<F> {
     }
 }
 
-impl<F: FnMut(&kcl_core::Record) + Send + 'static> RecordProcessor for EveryNOrT<F> {
+impl<F: FnMut(&crate::Record) + Send + 'static> RecordProcessor for EveryNOrT<F> {
     async fn process_records(
         &mut self,
         input: ProcessRecordsInput,
@@ -67,11 +81,11 @@ impl<F: FnMut(&kcl_core::Record) + Send + 'static> RecordProcessor for EveryNOrT
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "test-util"))]
 #[allow(clippy::unwrap_used, clippy::panic)]
 mod tests {
-    use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
-    use kcl_core::{Checkpoint, LeaseStore, ShardId, Worker, WorkerConfig};
+    use crate::memory::{MemoryLeaseStore, MemoryStream};
+    use crate::{Checkpoint, LeaseStore, ShardId, Worker, WorkerConfig};
 
     use super::*;
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::context::{FencingToken, TaskContext};
 use super::messages::Registration;
 use crate::lease::renewer;
-use crate::lease::tenure::Tenure;
+use crate::lease::tenure::{Taken, Tenure, Timing};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
 
@@ -71,14 +71,19 @@ impl<L: LeaseStore> Singleton<L> {
         } else {
             FencingToken(lease.counter)
         };
-        let tenure = Arc::new(Tenure::new(
+        let taken = Taken {
             lease,
-            self.me.clone(),
-            self.store.clone(),
-            self.config.failover_time,
-            self.config.failover_time,
+            worker: self.me.clone(),
+            store: self.store.clone(),
             started,
-        ));
+        };
+        let timing = Timing {
+            failover_time: self.config.failover_time,
+            // Singletons have no call timeout of their own: a write may take as long as the
+            // row could stay valid, and is given up then.
+            call_timeout: self.config.failover_time,
+        };
+        let tenure = Arc::new(Tenure::new(taken, timing));
         self.holder.send_replace(Some(self.me.clone()));
         tracing::info!(singleton = %self.key, %fence, me = %self.me, "singleton acquired");
         let outcome = {

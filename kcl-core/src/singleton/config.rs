@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::check_lease_timing;
 use crate::error::ConfigError;
 
@@ -11,26 +9,27 @@ use crate::error::ConfigError;
 pub const MAX_STANDBYS: u8 = 3;
 
 /// Timing of a [`Singleton`](super::Singleton).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 #[non_exhaustive]
 pub struct SingletonConfig {
     /// As [`WorkerConfig::failover_time`](crate::WorkerConfig::failover_time). Default 10 s.
     /// Each call to the lease table is also given up after this long.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub failover_time: Duration,
     /// How often the holder renews. Default: a third of the failover time.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub renew_interval: Duration,
     /// How often candidates read the row. Default 1 s.
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub poll_interval: Duration,
     /// How long a task has to return once its token is cancelled (on shutdown, or when its
     /// lease is at risk: renewals kept failing and less than this is left of its validity)
     /// before it is dropped at its next `.await`. It is dropped at the latest when the
     /// validity runs out, before any other candidate may take the row, so two instances never
     /// run at once. Default: a quarter of the failover time (2.5 s).
-    #[serde(with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub stop_timeout: Duration,
     /// Health mode: when set, a task that does not call
     /// [`TaskContext::heartbeat`](super::TaskContext::heartbeat) within this long (from its
@@ -38,7 +37,7 @@ pub struct SingletonConfig {
     /// released, so that another candidate starts it; this candidate then leaves it to the
     /// others for the failover time, doubling with each unhealthy run in a row up to 16×.
     /// Default: none (a task is trusted while it runs).
-    #[serde(default, with = "humantime_serde")]
+    #[cfg_attr(feature = "serde", serde(default, with = "humantime_serde"))]
     pub health_timeout: Option<Duration>,
     /// How many candidates stand in line behind the holder (at most [`MAX_STANDBYS`]). The
     /// first, the standby, reads the row every `poll_interval`; each next one reads the

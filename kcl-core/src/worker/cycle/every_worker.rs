@@ -1,0 +1,115 @@
+//! The cycle of a worker that plans for itself: the whole cycle under
+//! [`Coordination::EveryWorker`](crate::Coordination::EveryWorker), and under a leader what a
+//! follower or standby holding nothing does to find work and make itself known.
+//!
+//! Read the whole table, sync shards when due (under `EveryWorker`), grant handoffs asked
+//! of this worker, take what its fair share allows, ask loaded workers for the rest.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::Coordinator;
+use crate::config::Liveness;
+use crate::error::Error;
+use crate::lease::taker::{self, Candidate, Holder};
+use crate::lease::{Lease, LeaseStore};
+use crate::mutation::{self, Mutation};
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::types::ShardId;
+use crate::worker::Worker;
+use crate::worker::problems::ProblemKind;
+use crate::worker::shard_consumer::ShardContext;
+use crate::worker::view::Read;
+
+/// Whom a worker that plans for itself also works for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    /// A worker of an `EveryWorker` fleet: it also syncs shards and reports unowned ones.
+    Fleet,
+    /// A follower or standby looking for work: nothing beyond its own plan.
+    Itself,
+}
+
+impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+    /// One cycle of planning for itself; see the module docs.
+    pub(super) async fn plan_for_myself(
+        &self,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        how: Read<'_>,
+        scope: Scope,
+    ) -> Result<(), Error> {
+        let sync = scope == Scope::Fleet;
+        let Some(leases) = self.list_and_sync(state, how, sync).await? else {
+            return Ok(());
+        };
+        let (by_key, candidates) = self.candidates(&state.view, &state.shards, &leases);
+        self.grant_handoffs(state, &candidates, &by_key).await;
+
+        let plan = taker::plan(&self.id, &candidates, self.limits(&state.view));
+        let wanted: Vec<&Lease> = plan
+            .take
+            .iter()
+            .filter_map(|k| by_key.get(k).copied())
+            .collect();
+        self.take_all(state, ctx, &wanted).await;
+        if scope == Scope::Fleet {
+            self.report_unowned(state, &candidates, &by_key);
+        }
+        if self.config.liveness == Liveness::Heartbeat {
+            // Leases naming this worker that it will not take would never expire while its
+            // heartbeat goes on: give them back.
+            let unwanted = candidates
+                .iter()
+                .filter(|c| c.holder == Holder::Adoptable && !plan.take.contains(&c.key));
+            state
+                .liveness
+                .release_later(unwanted.map(|c| c.key.clone()));
+        }
+        for key in &plan.request_handoff {
+            let Some(observed) = by_key.get(key) else {
+                continue;
+            };
+            if mutation::on(Mutation::StealWithoutHandoff) {
+                self.take(state, ctx, observed).await;
+                continue;
+            }
+            self.ask_handoff(&state.view, observed, &self.id).await;
+        }
+        self.cycle_done();
+        Ok(())
+    }
+
+    /// Under `EveryWorker` (no leader plans for the fleet): a worker at its `max_leases`
+    /// reports the leases that stayed available for two failover times — any worker with
+    /// room would have taken them within a cycle, so nobody has room.
+    fn report_unowned(
+        &self,
+        state: &mut Coordinator,
+        candidates: &[Candidate],
+        by_key: &BTreeMap<&ShardId, &Lease>,
+    ) {
+        let full = state.shards.len() >= self.config.max_leases;
+        let (now, long) = (Instant::now(), self.config.failover_time * 2);
+        let observer = &state.view.observer;
+        let waiting = candidates.iter().filter(|c| {
+            let available = matches!(
+                c.holder,
+                Holder::Unowned | Holder::Released | Holder::Expired { .. }
+            );
+            available
+                && by_key
+                    .get(&c.key)
+                    .is_some_and(|l| observer.idle(l, now) >= long)
+        });
+        let unowned = waiting.filter(|_| full).map(|c| {
+            let why = "ready to be processed, but no worker took it (max_leases)";
+            (c.key.to_string(), why.to_owned())
+        });
+        let unowned = unowned.collect();
+        state.problems.replace(ProblemKind::Unowned, unowned);
+    }
+}

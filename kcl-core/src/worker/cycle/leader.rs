@@ -1,0 +1,181 @@
+//! The leader's cycle under [`Coordination::Leader`](crate::Coordination::Leader): it follows
+//! the whole table (through the change feed, see [`lease::feed`](crate::lease::feed)), syncs
+//! shards, and plans for the fleet (`lease::leader`): it takes leases that lost their owner
+//! itself, writes new ones to the least loaded active worker (who adopts them, see
+//! `follower`), and asks loaded owners for handoffs.
+//!
+//! Its view lags its own writes (the feed shows them a moment later), so it remembers the
+//! moves it made ([`Moves`]) and plans as if they had landed, until the table shows them or
+//! they are over.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::Coordinator;
+use crate::error::{Error, ErrorKind};
+use crate::lease::leader::{self, Assignment, Moves};
+use crate::lease::taker::{Candidate, Holder};
+use crate::lease::{Lease, LeaseStore};
+use crate::metrics;
+use crate::mutation::{self, Mutation};
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::task::bounded;
+use crate::types::{ShardId, WorkerId};
+use crate::worker::Worker;
+use crate::worker::problems::ProblemKind;
+use crate::worker::roles::Roles;
+use crate::worker::shard_consumer::ShardContext;
+use crate::worker::view::Read;
+
+/// What only the leader keeps: the moves its view may not show yet.
+#[derive(Default)]
+pub(super) struct Leading {
+    moves: Moves,
+}
+
+impl Leading {
+    /// One cycle as the leader: read, sync, plan for the fleet, act.
+    pub(super) async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        state: &mut Coordinator,
+        roles: &Roles,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        let Some(leases) = worker.list_and_sync(state, Read::Feed(roles), true).await? else {
+            return Ok(());
+        };
+        let (by_key, mut candidates) = worker.candidates(&state.view, &state.shards, &leases);
+        let plan = self.plan(worker, state, &leases, &mut candidates);
+        let unplaced = plan.unplaced.iter().map(|key| {
+            let why = "ready to be processed, but no worker has room for it (max_leases)";
+            (key.to_string(), why.to_owned())
+        });
+        state
+            .problems
+            .replace(ProblemKind::Unowned, unplaced.collect());
+        self.place(worker, state, ctx, &plan, &by_key).await;
+        self.balance(worker, state, &plan, &by_key).await;
+        state.shards.hand_over_listed(&worker.id, &leases);
+        state.shards.hand_over_requested(&worker.id);
+        worker.flag_pending(&state.view, &leases).await;
+        worker.cycle_done();
+        Ok(())
+    }
+
+    /// The fleet's plan from this read, with the moves it may not show yet laid over it.
+    fn plan<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        state: &mut Coordinator,
+        leases: &[Lease],
+        candidates: &mut [Candidate],
+    ) -> Assignment {
+        let (now, failover) = (Instant::now(), worker.config.failover_time);
+        self.moves.overlay(leases, candidates, now, failover);
+        let observer = &mut state.view.observer;
+        observer.forget_inactive(now, failover * 10);
+        for c in candidates.iter() {
+            if let Holder::Expired { owner, .. } = &c.holder {
+                observer.lapsed(owner);
+            }
+        }
+        let (view, moves) = (&state.view, &self.moves);
+        leader::assign_within(
+            &worker.id,
+            candidates,
+            worker.limits(view),
+            // A worker asked to drain is given nothing and asked for nothing.
+            |w| {
+                !view.is_drained(w)
+                    && (view.observer.is_active(w, now, failover)
+                        || mutation::on(Mutation::LeaderIgnoresActivity))
+            },
+            |key, w| moves.refused(key, w),
+        )
+    }
+
+    /// Takes what the plan gives the leader itself, and writes the rest to their workers.
+    async fn place<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+        plan: &Assignment,
+        by_key: &BTreeMap<&ShardId, &Lease>,
+    ) {
+        let mut mine = Vec::new();
+        for (key, to) in &plan.take {
+            let Some(observed) = by_key.get(key) else {
+                continue;
+            };
+            if to == &worker.id {
+                mine.push(*observed);
+            } else if let Some(owner) = observed.owner.as_ref().filter(|o| *o != &worker.id)
+                && !worker.fence(&mut state.view, owner).await
+            {
+                continue;
+            } else if worker.assign(observed, to).await {
+                self.moves.record(key, to, observed, Instant::now());
+            }
+        }
+        worker.take_all(state, ctx, &mine).await;
+    }
+
+    /// Hands over what the plan moves away from the leader, and asks other owners for the
+    /// rest.
+    async fn balance<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        state: &mut Coordinator,
+        plan: &Assignment,
+        by_key: &BTreeMap<&ShardId, &Lease>,
+    ) {
+        for (key, to) in &plan.request_handoff {
+            let observed = by_key.get(key);
+            match state.shards.get(key) {
+                Some(held) if !held.control.is_handing_off() => {
+                    tracing::info!(shard = %key, %to, "handing off to balance the fleet");
+                    held.control.hand_off(to.clone());
+                    if let Some(observed) = observed {
+                        self.moves.record(key, to, observed, Instant::now());
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    let Some(observed) = observed else {
+                        continue;
+                    };
+                    state.view.observer.requested_for(key, to);
+                    if worker.ask_handoff(&state.view, observed, to).await {
+                        self.moves.record(key, to, observed, Instant::now());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+    /// Writes `to` as the owner of an available lease; `to` adopts it when it next looks.
+    /// Returns whether the write succeeded.
+    async fn assign(&self, observed: &Lease, to: &WorkerId) -> bool {
+        let key = &observed.key;
+        let take = self.store.take(observed, to);
+        match bounded(self.config.call_timeout, "take", take).await {
+            Ok(_) => {
+                tracing::info!(shard = %key, from = %super::take::owner_name(observed), %to, "lease assigned");
+                ::metrics::counter!(metrics::LEASES_ASSIGNED).increment(1);
+                return true;
+            }
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                tracing::debug!(shard = %key, "lease moved before it could be assigned");
+            }
+            Err(error) => tracing::warn!(shard = %key, %error, "assigning lease failed"),
+        }
+        false
+    }
+}

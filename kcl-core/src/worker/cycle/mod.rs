@@ -1,0 +1,149 @@
+//! One taker cycle, as the coordination mode and this worker's role want it.
+//!
+//! What the coordinator loop owns between cycles is a [`Coordinator`]: the parts every mode
+//! works on, each a type that owns its state ([`Shards`], [`View`], [`ShardSync`],
+//! [`Liveness`], [`Problems`]). What only one mode or role needs lives in that mode's type
+//! ([`Mode`]): under [`Coordination::EveryWorker`] every worker plans for itself
+//! (`every_worker`); under [`Coordination::Leader`] the worker's role, which two singletons
+//! decide (see `roles`), picks the cycle: the leader's (`leader`), the standby's or a
+//! follower's (`follower`).
+//!
+//! Every backend call here is bounded by the call timeout; a failure retrying cannot fix (the
+//! table or the stream is gone, access is denied) ends the cycle with an error that stops the
+//! worker, anything else is logged and retried next cycle.
+
+mod every_worker;
+mod follower;
+mod leader;
+mod sync;
+mod take;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use self::every_worker::Scope;
+use self::follower::Following;
+use self::leader::Leading;
+pub(super) use self::sync::ShardSync;
+use super::Worker;
+use super::liveness::Liveness;
+use super::problems::{ProblemKind, Problems};
+use super::roles::{Role, Roles};
+use super::shard_consumer::ShardContext;
+use super::shards::Shards;
+use super::view::{Read, View};
+use crate::config::{Coordination, WorkerConfig};
+use crate::error::Error;
+use crate::lease::LeaseStore;
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::types::WorkerId;
+
+/// What the coordinator loop owns, whatever the mode.
+#[derive(Default)]
+pub(super) struct Coordinator {
+    /// The shard tasks this worker runs.
+    pub(super) shards: Shards,
+    /// What the last read of the lease table showed.
+    pub(super) view: View,
+    /// When shards are next synced.
+    pub(super) sync: ShardSync,
+    /// This worker's heartbeat, and leases to release again.
+    pub(super) liveness: Liveness,
+    /// Shards read by nobody and rows nobody can read, as this worker last found them.
+    pub(super) problems: Problems,
+}
+
+/// The coordination mode, with what only it keeps.
+pub(super) enum Mode {
+    /// Every worker reads the whole table and plans for itself.
+    EveryWorker,
+    /// A leader plans for the fleet; see [`Led`].
+    Led(Led),
+}
+
+/// A worker under `Coordination::Leader`: its role, and what each role keeps.
+pub(super) struct Led {
+    roles: Roles,
+    leading: Leading,
+    following: Following,
+}
+
+impl Mode {
+    /// The mode `config` asks for; under a leader, starts competing for the roles.
+    pub(super) fn start<L: LeaseStore>(
+        me: &WorkerId,
+        store: Arc<L>,
+        config: &WorkerConfig,
+    ) -> Self {
+        match config.coordination {
+            Coordination::EveryWorker => Self::EveryWorker,
+            Coordination::Leader => Self::Led(Led {
+                roles: Roles::start(me, store, config),
+                leading: Leading::default(),
+                following: Following::default(),
+            }),
+        }
+    }
+
+    /// Completes when this worker has just become the leader or the standby (never under
+    /// `EveryWorker`): its next cycle is due at once.
+    pub(super) async fn promoted(&mut self) {
+        match self {
+            Self::Led(led) => led.roles.promoted().await,
+            Self::EveryWorker => std::future::pending().await,
+        }
+    }
+
+    /// Gives up the roles, if any (within `limit`): a successor leads at once.
+    pub(super) async fn stop(self, limit: std::time::Duration) {
+        if let Self::Led(led) = self {
+            led.roles.stop(limit).await;
+        }
+    }
+}
+
+impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+    /// One taker cycle, as the coordination mode and this worker's role want it.
+    pub(super) async fn cycle(
+        &self,
+        state: &mut Coordinator,
+        mode: &mut Mode,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        self.ensure_heartbeat(&mut state.liveness).await;
+        self.release_left(state).await;
+        match mode {
+            Mode::EveryWorker => {
+                self.plan_for_myself(state, ctx, Read::Whole, Scope::Fleet)
+                    .await?;
+            }
+            Mode::Led(led) => led.cycle(self, state, ctx).await?,
+        }
+        self.publish(state);
+        Ok(())
+    }
+}
+
+impl Led {
+    /// One cycle in this worker's current role.
+    async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        state: &mut Coordinator,
+        ctx: &Arc<ShardContext<S, F>>,
+    ) -> Result<(), Error> {
+        let role = self.roles.current();
+        if role != Role::Leader {
+            // Only the leader sees the whole fleet's plan.
+            state
+                .problems
+                .replace(ProblemKind::Unowned, BTreeMap::new());
+        }
+        match role {
+            Role::Leader => self.leading.cycle(worker, state, &self.roles, ctx).await,
+            Role::Standby => follower::stand_by(worker, state, &self.roles, ctx).await,
+            Role::Follower => self.following.cycle(worker, state, ctx).await,
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The shard tasks a worker runs: one per held lease, each with the lease's writer
+//! ([`Tenure`]) and a [`Control`] to steer it (hand off, stop).
+//!
+//! The coordinator loop owns this; shard tasks own their processors and their leases' writes.
+//! Handing a lease over is asking its task to: the task lets its processor checkpoint
+//! (`shutdown_requested`), then passes the lease on itself.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::Worker;
+use super::shard_consumer::{self, Control, Exit, ShardContext};
+use crate::lease::Lease;
+use crate::lease::tenure::{Taken, Tenure};
+use crate::processor::ProcessorFactory;
+use crate::source::ShardSource;
+use crate::types::{ShardId, WorkerId};
+
+/// The shard tasks this worker runs, by shard.
+#[derive(Default)]
+pub(super) struct Shards {
+    held: BTreeMap<ShardId, Held>,
+    tasks: JoinSet<Exit>,
+    task_keys: BTreeMap<tokio::task::Id, ShardId>,
+}
+
+/// One held lease: its writer, and how to steer its task.
+pub(super) struct Held {
+    pub(super) tenure: Arc<Tenure>,
+    pub(super) control: Arc<Control>,
+}
+
+impl Shards {
+    /// How many leases this worker holds.
+    pub(super) fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// True if this worker holds no lease.
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// True if this worker holds `key`.
+    pub(super) fn holds(&self, key: &ShardId) -> bool {
+        self.held.contains_key(key)
+    }
+
+    /// The lease of `key`, if this worker holds it.
+    pub(super) fn get(&self, key: &ShardId) -> Option<&Held> {
+        self.held.get(key)
+    }
+
+    /// Every held lease, by shard.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&ShardId, &Held)> {
+        self.held.iter()
+    }
+
+    /// How many held leases are being handed over.
+    pub(super) fn handing_off(&self) -> usize {
+        self.held
+            .values()
+            .filter(|h| h.control.is_handing_off())
+            .count()
+    }
+
+    /// Whether any shard task is still running.
+    pub(super) fn has_tasks(&self) -> bool {
+        !self.tasks.is_empty()
+    }
+
+    /// How many shard tasks are still running.
+    pub(super) fn tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// The next shard task to end, with why; `None` once none is left.
+    pub(super) async fn next_exit(&mut self) -> Option<(ShardId, Option<Exit>)> {
+        loop {
+            let joined = self.tasks.join_next_with_id().await?;
+            if let Some(exit) = self.on_exit(joined) {
+                return Some(exit);
+            }
+        }
+    }
+
+    /// Stops every shard task at its next `.await`, without waiting for any: a processor
+    /// blocking its thread would only stop then.
+    pub(super) fn abandon(&mut self) {
+        self.tasks.abort_all();
+        self.tasks.detach_all();
+    }
+
+    /// Starts the shard task of `lease`, just taken by `worker` (the take sent at
+    /// `started`). Under heartbeats the lease's validity is the heartbeat's.
+    pub(super) fn spawn<S: ShardSource, L: crate::lease::LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        worker: &Worker<S, L, F>,
+        ctx: &Arc<ShardContext<S, F>>,
+        lease: Lease,
+        started: Instant,
+        heartbeat: Option<&Arc<Tenure>>,
+    ) {
+        let key = lease.key.clone();
+        let taken = Taken {
+            lease,
+            worker: worker.id.clone(),
+            store: worker.store.clone(),
+            started,
+        };
+        let tenure = match heartbeat {
+            Some(heartbeat) => {
+                Tenure::derived(taken, heartbeat.clone(), worker.config.call_timeout)
+            }
+            None => Tenure::new(taken, worker.timing()),
+        };
+        let tenure = Arc::new(tenure);
+        let control = Arc::new(Control::new(worker.handle.graceful.child_token()));
+        let task = shard_consumer::run(ctx.clone(), tenure.clone(), control.clone())
+            .instrument(shard_consumer::span(&key, &worker.id));
+        let handle = crate::task::spawn_in(&mut self.tasks, task);
+        self.task_keys.insert(handle.id(), key.clone());
+        worker.publish_taken(&key, self.held.len() + 1);
+        self.held.insert(key, Held { tenure, control });
+    }
+
+    /// Forgets a finished shard task; returns its shard and why it ended (`None` if it did
+    /// not end on its own), or `None` for a task it did not know.
+    fn on_exit(
+        &mut self,
+        joined: Result<(tokio::task::Id, Exit), tokio::task::JoinError>,
+    ) -> Option<(ShardId, Option<Exit>)> {
+        let (id, exit) = match joined {
+            Ok((id, exit)) => (id, Some(exit)),
+            Err(error) => {
+                // Shard tasks catch processor panics: this is an abort, or a bug of ours.
+                tracing::error!(%error, "shard task failed");
+                (error.id(), None)
+            }
+        };
+        let key = self.task_keys.remove(&id)?;
+        tracing::debug!(shard = %key, ?exit, "shard task ended");
+        if let Some(held) = self.held.remove(&key) {
+            held.tenure.mark_lost();
+        }
+        Some((key, exit))
+    }
+
+    /// Hands over held leases whose row in `leases` (this worker's read of the table) shows a
+    /// handoff request to another worker than `me`: the leader and the standby see requests
+    /// in their reads, before (or, under heartbeats, instead of) their renewals.
+    pub(super) fn hand_over_listed(&self, me: &WorkerId, leases: &[Lease]) {
+        for lease in leases {
+            if let Some(to) = lease.handoff_to.as_ref().filter(|to| *to != me)
+                && let Some(held) = self.held.get(&lease.key)
+                && !held.control.is_handing_off()
+            {
+                tracing::info!(shard = %lease.key, %to, "handing off as asked");
+                held.control.hand_off(to.clone());
+            }
+        }
+    }
+
+    /// Hands over held leases whose last write showed a handoff request to another worker
+    /// than `me`.
+    pub(super) fn hand_over_requested(&self, me: &WorkerId) {
+        for (key, held) in &self.held {
+            if held.control.is_handing_off() {
+                continue;
+            }
+            if let Some(to) = held.tenure.handoff_requested().filter(|to| to != me) {
+                tracing::info!(shard = %key, %to, "handing off as asked");
+                held.control.hand_off(to);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
+    use crate::types::Checkpoint;
+
+    /// `Status.held` names a shard the moment its task starts, not at the end of the cycle
+    /// that took it: a follower adopting leases one by one on a slow table would otherwise
+    /// report none while it already delivers records.
+    #[tokio::test(start_paused = true)]
+    async fn status_names_a_shard_as_soon_as_its_task_starts() {
+        let worker = Worker::builder(MemoryStream::new(1), MemoryLeaseStore::new())
+            .id("w")
+            .build(|_| IdleProcessor)
+            .unwrap();
+        let status = worker.status();
+        let ctx = Arc::new(ShardContext::new(
+            worker.source.clone(),
+            worker.factory.clone(),
+            worker.config.clone(),
+            None,
+        ));
+        let mut shards = Shards::default();
+        let shard = ShardId::new("shardId-000000000000");
+        let mut lease = Lease::new(shard.clone(), Checkpoint::TrimHorizon);
+        lease.owner = Some(worker.id.clone());
+        shards.spawn(&worker, &ctx, lease, Instant::now(), None);
+        assert_eq!(status.borrow().held, vec![shard]);
+        shards.abandon();
+    }
+}
