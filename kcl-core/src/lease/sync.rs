@@ -60,29 +60,9 @@ pub(crate) fn plan_for(
         }
     }
 
-    // Topological order: a shard comes after every listed parent.
-    let mut ordered: Vec<&Shard> = Vec::with_capacity(shards.len());
-    let mut placed: BTreeSet<&ShardId> = BTreeSet::new();
-    while ordered.len() < shards.len() {
-        let before = ordered.len();
-        for s in shards {
-            if !placed.contains(&s.id)
-                && s.parent_shard_ids
-                    .iter()
-                    .all(|p| placed.contains(p) || !listed.contains_key(p))
-            {
-                placed.insert(&s.id);
-                ordered.push(s);
-            }
-        }
-        if ordered.len() == before {
-            break; // a parent cycle cannot happen in Kinesis; never loop on bad input
-        }
-    }
-
     let mut create = Vec::new();
     let mut will_exist: BTreeSet<&ShardId> = by_key.keys().copied().collect();
-    for s in ordered {
+    for s in parents_first(shards, &listed) {
         if by_key.contains_key(&s.id) {
             continue;
         }
@@ -113,8 +93,42 @@ pub(crate) fn plan_for(
         create.push(lease);
     }
 
+    let delete = to_delete(leases, &by_key, &listed);
+    SyncPlan { create, delete }
+}
+
+/// `shards` in topological order: a shard comes after every listed parent.
+fn parents_first<'a>(shards: &'a [Shard], listed: &BTreeMap<&ShardId, &Shard>) -> Vec<&'a Shard> {
+    let mut ordered: Vec<&Shard> = Vec::with_capacity(shards.len());
+    let mut placed: BTreeSet<&ShardId> = BTreeSet::new();
+    while ordered.len() < shards.len() {
+        let before = ordered.len();
+        for s in shards {
+            if !placed.contains(&s.id)
+                && s.parent_shard_ids
+                    .iter()
+                    .all(|p| placed.contains(p) || !listed.contains_key(p))
+            {
+                placed.insert(&s.id);
+                ordered.push(s);
+            }
+        }
+        if ordered.len() == before {
+            break; // a parent cycle cannot happen in Kinesis; never loop on bad input
+        }
+    }
+    ordered
+}
+
+/// Leases whose shard is done with: finished with every child started, finished and gone
+/// from the stream, or stale (see [`Lineage::is_stale`]).
+fn to_delete(
+    leases: &[Lease],
+    by_key: &BTreeMap<&ShardId, &Lease>,
+    listed: &BTreeMap<&ShardId, &Shard>,
+) -> Vec<Lease> {
     let lineage = Lineage::new(leases);
-    let delete = leases
+    leases
         .iter()
         .filter(|l| {
             let done = l.is_finished()
@@ -128,8 +142,7 @@ pub(crate) fn plan_for(
             done || vanished || lineage.is_stale(l)
         })
         .cloned()
-        .collect();
-    SyncPlan { create, delete }
+        .collect()
 }
 
 /// True if any shard descending from `shard` has a lease: then `shard` was processed to its

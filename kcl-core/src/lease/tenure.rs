@@ -304,71 +304,27 @@ impl Tenure {
             if let Write::Checkpoint(update) = op {
                 // Checked under the lock against the latest row this worker knows, so that a
                 // retry after an uncertain write can never move a checkpoint back.
-                let current = &held.lease.checkpoint;
-                if update
-                    .checkpoint
-                    .progress_cmp(current)
-                    .is_none_or(std::cmp::Ordering::is_lt)
-                    && update.checkpoint != *current
-                {
-                    return Err(TenureError::Behind(current.clone()));
-                }
+                behind(update, &held.lease.checkpoint)?;
             }
             // Uncertain until the store answers: if this future is dropped mid-call (a timeout,
             // a cancelled task), the write may have applied and the next one must reconcile.
             let was_uncertain = std::mem::replace(&mut held.uncertain, true);
-            let store = &*self.store;
-            let lease = held.lease.clone();
-            let limit = self.call_timeout;
-            let result = match op {
-                Write::Renew => bounded(limit, "renew", store.renew(&lease)).await,
-                Write::Checkpoint(update) => {
-                    bounded(limit, "checkpoint", store.checkpoint(&lease, update)).await
-                }
-                Write::HandOff(to) => bounded(limit, "take", store.take(&lease, to)).await,
-                Write::Release => bounded(limit, "release", store.release(&lease))
-                    .await
-                    .map(|()| lease),
-            };
-            match result {
-                Ok(lease) if self.heartbeat.is_some() => {
-                    // A write of a lease proves nothing about it under heartbeats.
-                    held.lease = lease;
-                    held.uncertain = false;
-                    return Ok(held.lease.clone());
-                }
+            match self.send(op, held.lease.clone()).await {
                 Ok(lease) => {
                     held.lease = lease;
                     held.uncertain = false;
-                    *self
-                        .valid_until
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                        started + self.validity;
+                    // A write of a lease proves nothing about it under heartbeats.
+                    if self.heartbeat.is_none() {
+                        *self
+                            .valid_until
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            started + self.validity;
+                    }
                     return Ok(held.lease.clone());
                 }
                 Err(e) if e.kind() == ErrorKind::Conflict && was_uncertain => {
-                    // Our own writes keep us as owner and move the counter by exactly one, and
-                    // at most one of them can apply from the counter we hold (each is
-                    // conditional on it). Anyone else who writes us as owner (a leader
-                    // assigning the lease back to us, an owner granting a handoff) does so
-                    // from a row that already moved on: the counter is further along. So a
-                    // row naming us exactly one further was advanced by our uncertain write.
-                    match bounded(limit, "get", self.store.get(&self.shard)).await {
-                        Ok(Some(row))
-                            if (row.is_owned_by(&self.worker)
-                                && row.counter == held.lease.counter + 1)
-                                || mutation::on(Mutation::ReconcileAnyRow) =>
-                        {
-                            held.lease = row;
-                            held.uncertain = false;
-                        }
-                        Ok(_) => {
-                            self.mark_lost();
-                            return Err(TenureError::Lost);
-                        }
-                        Err(read) => return Err(TenureError::Store(read)),
-                    }
+                    self.reconcile(&mut held).await?;
                 }
                 Err(e) if e.kind() == ErrorKind::Conflict => {
                     held.uncertain = false;
@@ -383,4 +339,59 @@ impl Tenure {
         }
         Err(TenureError::Lost)
     }
+
+    /// One write to the store, conditional on `lease` (the row as this worker knows it).
+    async fn send(&self, op: Write<'_>, lease: Lease) -> Result<Lease, BackendError> {
+        let store = &*self.store;
+        let limit = self.call_timeout;
+        match op {
+            Write::Renew => bounded(limit, "renew", store.renew(&lease)).await,
+            Write::Checkpoint(update) => {
+                bounded(limit, "checkpoint", store.checkpoint(&lease, update)).await
+            }
+            Write::HandOff(to) => bounded(limit, "take", store.take(&lease, to)).await,
+            Write::Release => bounded(limit, "release", store.release(&lease))
+                .await
+                .map(|()| lease),
+        }
+    }
+
+    /// After a conflict that followed an uncertain write: finds out whether that write
+    /// applied. Our own writes keep us as owner and move the counter by exactly one, and at
+    /// most one of them can apply from the counter we hold (each is conditional on it).
+    /// Anyone else who writes us as owner (a leader assigning the lease back to us, an owner
+    /// granting a handoff) does so from a row that already moved on: the counter is further
+    /// along. So a row naming us exactly one further was advanced by our uncertain write, and
+    /// the write is retried from it; anything else means the lease is lost.
+    async fn reconcile(&self, held: &mut Held) -> Result<(), TenureError> {
+        let read = bounded(self.call_timeout, "get", self.store.get(&self.shard)).await;
+        match read {
+            Ok(Some(row))
+                if (row.is_owned_by(&self.worker) && row.counter == held.lease.counter + 1)
+                    || mutation::on(Mutation::ReconcileAnyRow) =>
+            {
+                held.lease = row;
+                held.uncertain = false;
+                Ok(())
+            }
+            Ok(_) => {
+                self.mark_lost();
+                Err(TenureError::Lost)
+            }
+            Err(read) => Err(TenureError::Store(read)),
+        }
+    }
+}
+
+/// Refuses a checkpoint behind `current`, the checkpoint of the row as this worker knows it
+/// (the same one again is allowed: a write that changes nothing).
+fn behind(update: &CheckpointUpdate, current: &Checkpoint) -> Result<(), TenureError> {
+    let back = update
+        .checkpoint
+        .progress_cmp(current)
+        .is_none_or(std::cmp::Ordering::is_lt);
+    if back && update.checkpoint != *current {
+        return Err(TenureError::Behind(current.clone()));
+    }
+    Ok(())
 }
