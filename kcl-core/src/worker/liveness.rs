@@ -53,8 +53,8 @@ use crate::types::{Checkpoint, ShardId, WorkerId};
 /// This worker's own liveness state: its heartbeat (under heartbeats), and the leases its
 /// shard tasks could not hand back.
 #[derive(Default)]
-pub(super) struct Liveness {
-    heartbeat: Option<Heartbeat>,
+pub(super) struct HeartbeatState {
+    current: Option<Heartbeat>,
     /// Leases whose shard task could not hand them back, to release again (under heartbeats
     /// nothing else would: their owner's heartbeat goes on).
     unreleased: Vec<ShardId>,
@@ -68,10 +68,10 @@ struct Heartbeat {
     flag_seen: Option<u64>,
 }
 
-impl Liveness {
+impl HeartbeatState {
     /// The heartbeat's tenure, which a lease's validity derives from under heartbeats.
     pub(super) fn tenure(&self) -> Option<&Arc<Tenure>> {
-        self.heartbeat.as_ref().map(|h| &h.tenure)
+        self.current.as_ref().map(|h| &h.tenure)
     }
 
     /// Releases `leases` at the next cycle, if they still name this worker and it has not
@@ -84,18 +84,14 @@ impl Liveness {
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Under heartbeats, makes sure this worker has a live heartbeat, taking its row (again)
     /// if it has none. True if leases may be taken: always under per-lease renewals.
-    pub(super) async fn ensure_heartbeat(&self, state: &mut Liveness) -> bool {
+    pub(super) async fn ensure_heartbeat(&self, state: &mut HeartbeatState) -> bool {
         if self.config.liveness != crate::Liveness::Heartbeat {
             return true;
         }
-        if state
-            .heartbeat
-            .as_ref()
-            .is_some_and(|h| h.tenure.is_valid())
-        {
+        if state.current.as_ref().is_some_and(|h| h.tenure.is_valid()) {
             return true;
         }
-        if let Some(old) = state.heartbeat.take() {
+        if let Some(old) = state.current.take() {
             // Ends every lease tenure derived from it, wherever its task is waiting.
             old.tenure.mark_lost();
             tracing::warn!("heartbeat lost: every lease went with it; taking them back");
@@ -138,7 +134,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let renew = renewer::run(tenure.clone(), self.config.renew_interval)
             .instrument(tracing::info_span!("heartbeat"));
         tracing::debug!("heartbeat started");
-        state.heartbeat = Some(Heartbeat {
+        state.current = Some(Heartbeat {
             tenure,
             _renewer: AbortOnDropHandle::new(crate::task::spawn(renew)),
             flag_seen: None,
@@ -217,7 +213,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Acts on a handoff flag on this worker's heartbeat row: clears it, then reads each held
     /// lease and hands over those asked for.
     pub(super) async fn follow_flag(&self, state: &mut Coordinator) {
-        let Some(heartbeat) = state.liveness.heartbeat.as_mut() else {
+        let Some(heartbeat) = state.heartbeat.current.as_mut() else {
             return;
         };
         if heartbeat.tenure.handoff_requested().is_none() {
@@ -278,7 +274,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// this worker and it has not taken them again; keeps those it could not release.
     pub(super) async fn release_left(&self, state: &mut Coordinator) {
         let limit = self.config.call_timeout;
-        let unreleased = &mut state.liveness.unreleased;
+        let unreleased = &mut state.heartbeat.unreleased;
         for key in std::mem::take(&mut *unreleased) {
             if state.shards.holds(&key) {
                 continue;
@@ -305,10 +301,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// On shutdown, once the leases are handed back: stops the heartbeat and releases its
     /// row (leases a shutdown cut short left behind then expire by their own counters).
-    pub(super) async fn end_heartbeat(&self, state: &mut Liveness) {
+    pub(super) async fn end_heartbeat(&self, state: &mut HeartbeatState) {
         let Some(Heartbeat {
             tenure, _renewer, ..
-        }) = state.heartbeat.take()
+        }) = state.current.take()
         else {
             return;
         };

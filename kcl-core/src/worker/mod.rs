@@ -243,7 +243,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                         Some(Exit::ReleaseFailed)
                             if self.config.liveness == crate::Liveness::Heartbeat =>
                         {
-                            state.liveness.release_later([shard]);
+                            state.heartbeat.release_later([shard]);
                         }
                         _ => {}
                     }
@@ -305,7 +305,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         // Last: the heartbeat keeps the leases valid until they are handed back.
-        self.end_heartbeat(&mut state.liveness).await;
+        self.end_heartbeat(&mut state.heartbeat).await;
         tracing::info!("worker stopped");
     }
 

@@ -66,7 +66,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 .iter()
                 .filter(|c| c.holder == Holder::Adoptable && !plan.take.contains(&c.key));
             state
-                .liveness
+                .heartbeat
                 .release_later(unwanted.map(|c| c.key.clone()));
         }
         for key in &plan.request_handoff {

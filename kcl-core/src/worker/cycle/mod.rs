@@ -2,7 +2,7 @@
 //!
 //! What the coordinator loop owns between cycles is a [`Coordinator`]: the parts every mode
 //! works on, each a type that owns its state ([`Shards`], [`View`], [`ShardSync`],
-//! [`Liveness`], [`Problems`]). What only one mode or role needs lives in that mode's type
+//! [`HeartbeatState`], [`Problems`]). What only one mode or role needs lives in that mode's type
 //! ([`Mode`]): under [`Coordination::EveryWorker`] every worker plans for itself
 //! (`every_worker`); under [`Coordination::Leader`] the worker's role, which two singletons
 //! decide (see `roles`), picks the cycle: the leader's (`leader`), the standby's or a
@@ -26,7 +26,7 @@ use self::follower::Following;
 use self::leader::Leading;
 pub(super) use self::sync::ShardSync;
 use super::Worker;
-use super::liveness::Liveness;
+use super::liveness::HeartbeatState;
 use super::problems::{ProblemKind, Problems};
 use super::roles::{Role, Roles};
 use super::shard_consumer::ShardContext;
@@ -49,7 +49,7 @@ pub(super) struct Coordinator {
     /// When shards are next synced.
     pub(super) sync: ShardSync,
     /// This worker's heartbeat, and leases to release again.
-    pub(super) liveness: Liveness,
+    pub(super) heartbeat: HeartbeatState,
     /// Shards read by nobody and rows nobody can read, as this worker last found them.
     pub(super) problems: Problems,
 }
@@ -111,7 +111,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         mode: &mut Mode,
         ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
-        self.ensure_heartbeat(&mut state.liveness).await;
+        self.ensure_heartbeat(&mut state.heartbeat).await;
         self.release_left(state).await;
         match mode {
             Mode::EveryWorker => {

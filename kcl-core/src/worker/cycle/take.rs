@@ -57,7 +57,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         if ready.is_empty() {
             return;
         }
-        if !self.ensure_heartbeat(&mut state.liveness).await {
+        if !self.ensure_heartbeat(&mut state.heartbeat).await {
             tracing::debug!(leases = ready.len(), "no heartbeat: not taking");
             return;
         }
@@ -110,7 +110,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     Some(o) => tracing::info!(shard = %key, from = %o, "lease taken (expired)"),
                 }
                 ::metrics::counter!(metrics::LEASES_TAKEN, "from" => from).increment(1);
-                let heartbeat = state.liveness.tenure();
+                let heartbeat = state.heartbeat.tenure();
                 state.shards.spawn(self, ctx, lease, started, heartbeat);
             }
             Err(e) if e.kind() == ErrorKind::Conflict => {
