@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::ack::Watermark;
 use crate::error::CheckpointError;
 use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{Tenure, TenureError};
+use crate::mutation::{self, Mutation};
 use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
 
 /// Records a processor's progress in its shard's lease.
@@ -28,6 +30,10 @@ use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
 ///   shutdown or a planned handoff repeats nothing.
 /// - A checkpoint is only as good as the lease: the write is conditional on this worker's
 ///   ownership and the lease counter, so a worker that lost the lease cannot move it.
+/// - Records taken with [`ProcessRecordsInput::acknowledge_later`](crate::ProcessRecordsInput::acknowledge_later)
+///   hold every checkpoint back until they are acknowledged: `checkpoint` writes the
+///   watermark (see [`ack`](crate::ack)), and a position past an unfinished record is refused
+///   ([`CheckpointError::Unfinished`]).
 /// - [`prepare_checkpoint`](Self::prepare_checkpoint) writes a pending checkpoint that the next owner sees in
 ///   [`InitializationInput::pending_checkpoint`](crate::InitializationInput), for side effects
 ///   that must not be repeated blindly.
@@ -37,6 +43,7 @@ pub struct Checkpointer {
     tenure: Arc<Tenure>,
     last_delivered: Option<ExtendedSequenceNumber>,
     shard_end: Option<Vec<ShardId>>,
+    watermark: Arc<Watermark>,
 }
 
 /// A checkpoint written as pending by [`Checkpointer::prepare_checkpoint`], to be committed
@@ -61,6 +68,36 @@ impl Checkpointer {
             tenure,
             last_delivered: None,
             shard_end: None,
+            watermark: Arc::default(),
+        }
+    }
+
+    /// This processor instance's watermark.
+    pub(crate) fn watermark(&self) -> &Arc<Watermark> {
+        &self.watermark
+    }
+
+    /// The furthest position a checkpoint may go to now: the last delivered record, or the
+    /// watermark while records are unacknowledged.
+    pub fn finished(&self) -> Option<ExtendedSequenceNumber> {
+        self.watermark.position(self.last_delivered.as_ref())
+    }
+
+    /// Checkpoints the watermark if it moved past the stored checkpoint (the worker's own
+    /// checkpoints of acknowledged records).
+    pub(crate) async fn checkpoint_finished(&mut self) -> Result<(), CheckpointError> {
+        let Some(position) = self.finished() else {
+            return Ok(());
+        };
+        let ahead = match self.tenure.snapshot().await.checkpoint {
+            Checkpoint::Sequence(current) => position > current,
+            Checkpoint::ShardEnd => false,
+            _ => true,
+        };
+        if ahead {
+            self.checkpoint_at(position).await
+        } else {
+            Ok(())
         }
     }
 
@@ -82,12 +119,21 @@ impl Checkpointer {
         self.last_delivered.as_ref()
     }
 
-    /// Checkpoints everything delivered so far. Inside
+    /// Checkpoints everything delivered so far ([`finished`](Self::finished) so far, when
+    /// records are acknowledged later). Inside
     /// [`shard_ended`](crate::RecordProcessor::shard_ended) this writes `SHARD_END`, which
     /// lets the shard's children start. Without any delivery it checks the lease is still held
     /// and writes nothing.
     pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
         if let Some(children) = &self.shard_end {
+            if self.watermark.outstanding() > 0 && !mutation::on(Mutation::CheckpointPastUnfinished)
+            {
+                return Err(CheckpointError::Unfinished {
+                    shard: self.shard_id().clone(),
+                    requested: Checkpoint::ShardEnd.to_string(),
+                    watermark: self.finished(),
+                });
+            }
             let update = CheckpointUpdate {
                 checkpoint: Checkpoint::ShardEnd,
                 pending: None,
@@ -97,7 +143,7 @@ impl Checkpointer {
             };
             return self.write(&update).await;
         }
-        match self.last_delivered.clone() {
+        match self.finished() {
             Some(position) => self.checkpoint_at(position).await,
             None if self.tenure.is_lost() => Err(self.lease_lost()),
             None => Ok(()),
@@ -135,7 +181,7 @@ impl Checkpointer {
         &mut self,
         position: Option<ExtendedSequenceNumber>,
     ) -> Result<PreparedCheckpoint, CheckpointError> {
-        let Some(position) = position.or_else(|| self.last_delivered.clone()) else {
+        let Some(position) = position.or_else(|| self.finished()) else {
             return Err(CheckpointError::NothingDelivered {
                 shard: self.shard_id().clone(),
             });
@@ -180,6 +226,14 @@ impl Checkpointer {
                 shard: self.shard_id().clone(),
                 requested: position.clone(),
                 last_delivered: self.last_delivered.clone(),
+            });
+        }
+        let finished = self.finished();
+        if finished.as_ref().is_none_or(|finished| position > finished) {
+            return Err(CheckpointError::Unfinished {
+                shard: self.shard_id().clone(),
+                requested: position.to_string(),
+                watermark: finished,
             });
         }
         let current = self.tenure.snapshot().await.checkpoint;

@@ -109,6 +109,20 @@ pub enum CheckpointError {
         /// The last record delivered, if any.
         last_delivered: Option<ExtendedSequenceNumber>,
     },
+    /// The position is past a record that was handed out with
+    /// [`ProcessRecordsInput::acknowledge_later`](crate::ProcessRecordsInput::acknowledge_later)
+    /// and is not acknowledged yet (see [`ack`](crate::ack)).
+    #[error(
+        "checkpoint {requested} on shard {shard} is past an unfinished record (the watermark is {watermark:?})"
+    )]
+    Unfinished {
+        /// The shard.
+        shard: ShardId,
+        /// What was asked for.
+        requested: String,
+        /// The furthest position a checkpoint may go to now.
+        watermark: Option<ExtendedSequenceNumber>,
+    },
     /// No position was given and nothing has been delivered yet.
     #[error("nothing delivered on shard {shard} yet: no position to checkpoint")]
     NothingDelivered {

@@ -62,6 +62,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod ack;
 pub mod admin;
 pub mod aggregation;
 mod checkpoint;
@@ -71,6 +72,7 @@ mod every;
 pub mod lease;
 pub mod metrics;
 pub mod multi_stream;
+pub mod parallel;
 pub mod singleton;
 // Public only where the simulation turns deliberate bugs on: never part of the API.
 #[cfg(feature = "mutation-testing")]
@@ -95,6 +97,7 @@ pub use error::{
 };
 pub use every::EveryNOrT;
 pub use lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
+pub use parallel::{Parallel, RecordHandler};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 pub use types::{

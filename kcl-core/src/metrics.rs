@@ -23,6 +23,15 @@ pub const DELIVERY_DELAY: &str = "kcl_delivery_delay_seconds";
 /// How far behind the newest record a shard's last batch was, seconds (gauge, `shard`):
 /// Kinesis' `MillisBehindLatest`, in the unit Prometheus conventions ask for.
 pub const BEHIND_LATEST: &str = "kcl_behind_latest_seconds";
+/// Records handed out with `acknowledge_later` and not acknowledged yet (gauge, `shard`; only
+/// for shards whose processor acknowledges later, e.g. [`Parallel`](crate::Parallel)).
+pub const IN_FLIGHT: &str = "kcl_records_in_flight";
+/// Records handed out after the checkpoint watermark: delivered, and waiting for an older
+/// record to finish (gauge, `shard`; see [`ack`](crate::ack)).
+pub const WATERMARK_LAG_RECORDS: &str = "kcl_watermark_lag_records";
+/// Seconds since the oldest unfinished record was delivered, 0 when none is (gauge,
+/// `shard`): how long the watermark has been held back.
+pub const WATERMARK_LAG: &str = "kcl_watermark_lag_seconds";
 /// Leases held by this worker (gauge).
 pub const LEASES_HELD: &str = "kcl_leases_held";
 /// Leases taken (counter, `from`: `unowned`, `expired` or `handoff`).
@@ -324,6 +333,17 @@ impl ShardMetrics {
         let seconds = millis as f64 / 1000.0;
         self.behind = Some(seconds);
         ::metrics::gauge!(BEHIND_LATEST, "shard" => self.shard.clone()).set(seconds);
+    }
+
+    /// Where the shard's checkpoint watermark stands (see [`ack`](crate::ack)).
+    pub(crate) fn watermark(&self, in_flight: usize, lag_records: usize, lag: std::time::Duration) {
+        #[allow(clippy::cast_precision_loss)]
+        {
+            ::metrics::gauge!(IN_FLIGHT, "shard" => self.shard.clone()).set(in_flight as f64);
+            ::metrics::gauge!(WATERMARK_LAG_RECORDS, "shard" => self.shard.clone())
+                .set(lag_records as f64);
+        }
+        ::metrics::gauge!(WATERMARK_LAG, "shard" => self.shard.clone()).set(lag.as_secs_f64());
     }
 
     /// One batch delivered.

@@ -51,6 +51,11 @@ pub enum Mutation {
     FenceConstant,
     /// A singleton instance's inbox takes messages whether or not its lease is valid.
     InboxIgnoresLease,
+    /// The checkpoint watermark ignores unfinished records: checkpoints go to the last
+    /// delivered record.
+    CheckpointPastUnfinished,
+    /// [`Parallel`](crate::Parallel) runs records of one key at the same time.
+    KeysOverlap,
 }
 
 impl Mutation {
@@ -76,6 +81,8 @@ impl Mutation {
         Self::PeriodNotRecorded,
         Self::FenceConstant,
         Self::InboxIgnoresLease,
+        Self::CheckpointPastUnfinished,
+        Self::KeysOverlap,
     ];
 }
 

@@ -2,9 +2,12 @@
 
 use std::future::Future;
 
+use std::sync::Arc;
+
+use crate::ack::{Ack, Watermark};
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
-use crate::types::{Checkpoint, Record, ShardId};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, Record, ShardId};
 
 /// What [`RecordProcessor::initialize`] is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +32,9 @@ pub struct ProcessRecordsInput {
     pub records: Vec<Record>,
     /// How far behind the newest record of the shard this batch is, if known.
     pub millis_behind_latest: Option<u64>,
+    /// Where acknowledgements of this batch go: the shard task's watermark, and the record
+    /// delivered before this batch.
+    watermark: Option<(Arc<Watermark>, Option<ExtendedSequenceNumber>)>,
 }
 
 impl ProcessRecordsInput {
@@ -37,7 +43,40 @@ impl ProcessRecordsInput {
         Self {
             records,
             millis_behind_latest,
+            watermark: None,
         }
+    }
+
+    /// A batch the worker delivers, acknowledged through `watermark`.
+    pub(crate) fn delivered(
+        records: Vec<Record>,
+        millis_behind_latest: Option<u64>,
+        watermark: Arc<Watermark>,
+        previous: Option<ExtendedSequenceNumber>,
+    ) -> Self {
+        Self {
+            records,
+            millis_behind_latest,
+            watermark: Some((watermark, previous)),
+        }
+    }
+
+    /// Takes the records to finish later, each with its [`Ack`]: they count as processed
+    /// only once acknowledged, from whichever task finishes them, after this call returns or
+    /// in a later batch. Until then no checkpoint passes them, and reading pauses while
+    /// [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged) records wait; see
+    /// [`ack`](crate::ack) for what the worker does with them.
+    ///
+    /// On a batch built with [`new`](Self::new) (a test's), the acknowledgements go nowhere.
+    pub fn acknowledge_later(self) -> Vec<(Record, Ack)> {
+        let acks = match self.watermark {
+            Some((watermark, previous)) => {
+                watermark.register(previous, self.records.iter().map(Record::position))
+            }
+            None => Arc::new(Watermark::default())
+                .register(None, self.records.iter().map(Record::position)),
+        };
+        self.records.into_iter().zip(acks).collect()
     }
 }
 

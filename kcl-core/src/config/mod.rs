@@ -125,6 +125,19 @@ pub struct WorkerConfig {
     /// same age at any moment.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub stalled_after: Duration,
+    /// Records a shard may have handed out with
+    /// [`ProcessRecordsInput::acknowledge_later`](crate::ProcessRecordsInput::acknowledge_later)
+    /// and not yet acknowledged: at this many, reading the shard pauses (a batch already read
+    /// is still delivered, so up to one batch more may wait). Default 1,000 (kcl's own; KCL
+    /// Java has no asynchronous acknowledgement).
+    pub max_unacknowledged: usize,
+    /// The worker checkpoints acknowledged records (the watermark, see [`ack`](crate::ack))
+    /// once this many have finished since its last checkpoint. Default 1,000.
+    pub ack_checkpoint_every: u64,
+    /// ... or once this long has passed since the first of them finished. Default 5 s (kcl's
+    /// own, as `ack_checkpoint_every`: at most one lease write per shard per interval).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub ack_checkpoint_interval: Duration,
     /// Who reads the whole lease table. Default [`Coordination::Leader`] (an elected leader
     /// and a standby follow it through its change feed; with
     /// [`Coordination::EveryWorker`] every worker reads it every taker interval).
@@ -198,6 +211,9 @@ impl Default for WorkerConfig {
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
             stalled_after: Duration::from_secs(600),
+            max_unacknowledged: 1_000,
+            ack_checkpoint_every: 1_000,
+            ack_checkpoint_interval: Duration::from_secs(5),
             coordination: Coordination::Leader,
             liveness: Liveness::PerLease,
             retrieval: Retrieval::Polling,
@@ -290,6 +306,12 @@ impl WorkerConfig {
         max_clock_skew: Duration,
         /// Sets [`WorkerConfig::stalled_after`].
         stalled_after: Duration,
+        /// Sets [`WorkerConfig::max_unacknowledged`].
+        max_unacknowledged: usize,
+        /// Sets [`WorkerConfig::ack_checkpoint_every`].
+        ack_checkpoint_every: u64,
+        /// Sets [`WorkerConfig::ack_checkpoint_interval`].
+        ack_checkpoint_interval: Duration,
         /// Sets [`WorkerConfig::coordination`].
         coordination: Coordination,
         /// Sets [`WorkerConfig::retrieval`].
@@ -297,7 +319,7 @@ impl WorkerConfig {
     }
 
     /// Every duration field with its key.
-    fn durations(&self) -> [(&'static str, Duration); 13] {
+    fn durations(&self) -> [(&'static str, Duration); 14] {
         [
             ("failover_time", self.failover_time),
             ("renew_interval", self.renew_interval),
@@ -312,6 +334,7 @@ impl WorkerConfig {
             ("call_timeout", self.call_timeout),
             ("max_clock_skew", self.max_clock_skew),
             ("stalled_after", self.stalled_after),
+            ("ack_checkpoint_interval", self.ack_checkpoint_interval),
         ]
     }
 
@@ -332,6 +355,7 @@ impl WorkerConfig {
             ("min_backoff", self.min_backoff),
             ("call_timeout", self.call_timeout),
             ("stalled_after", self.stalled_after),
+            ("ack_checkpoint_interval", self.ack_checkpoint_interval),
         ] {
             if value.is_zero() {
                 return err(key, "must be above zero");
@@ -370,10 +394,14 @@ impl WorkerConfig {
             ("max_prefetch_batches", self.max_prefetch_batches),
             ("max_prefetch_bytes", self.max_prefetch_bytes),
             ("max_concurrent_reads", self.max_concurrent_reads),
+            ("max_unacknowledged", self.max_unacknowledged),
         ] {
             if value == 0 {
                 return err(key, "must be at least 1");
             }
+        }
+        if self.ack_checkpoint_every == 0 {
+            return err("ack_checkpoint_every", "must be at least 1");
         }
         Ok(())
     }

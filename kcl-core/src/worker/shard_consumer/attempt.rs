@@ -5,6 +5,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use tokio::time::{Instant, sleep, sleep_until};
 
+use super::acks::Acks;
 use super::position::{self, Opened};
 use super::{Control, Failure, Hook, ShardContext, Stop, hook};
 use crate::checkpoint::Checkpointer;
@@ -164,23 +165,42 @@ async fn process<S: ShardSource>(
     mut prefetch: Prefetcher,
 ) -> Result<Stop, Failure> {
     let mut metrics = ShardMetrics::new(tenure.shard());
+    let mut acks = Acks::new(&ctx.config, checkpointer);
     let mut refresh = tokio::time::interval(ctx.config.taker_interval);
     let quiet_after = ctx.config.empty_batch_interval;
     let mut quiet_at = quiet_after.map(|d| Instant::now() + d);
+    // The shard's last batch was delivered: it ends once every record finished.
+    let mut ending = None;
     loop {
+        if let Some(children) = ending.take_if(|_| acks.all_finished()) {
+            checkpointer.set_shard_end(children);
+            return Ok(Stop::ShardEnd);
+        }
         let quiet = async {
             match quiet_at {
                 Some(at) => sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
+        let reading = ending.is_none() && acks.room();
         let fetched = tokio::select! {
             biased;
             () = tenure.lost_token().cancelled() => return Ok(Stop::Lost),
-            () = control.graceful.cancelled() => return Ok(Stop::Graceful),
-            fetched = prefetch.recv() => fetched,
+            () = control.graceful.cancelled() => {
+                let within = ctx.config.shutdown_timeout / 2;
+                return Ok(acks.drain(tenure, checkpointer, within).await);
+            }
+            () = acks.changed() => {
+                if let Some(stop) = acks.settle(checkpointer).await? {
+                    return Ok(stop);
+                }
+                control.set_covered(covers_delivered(tenure, checkpointer).await);
+                continue;
+            }
+            fetched = prefetch.recv(), if reading => fetched,
             _ = refresh.tick() => {
                 metrics.refresh();
+                acks.report(&metrics);
                 control.set_covered(covers_delivered(tenure, checkpointer).await);
                 continue;
             }
@@ -193,42 +213,53 @@ async fn process<S: ShardSource>(
             }
         };
         quiet_at = quiet_after.map(|d| Instant::now() + d);
-        let (batch, bytes) = match fetched {
-            Some(Fetched::Batch { batch, bytes, .. }) => {
-                control.set_read_failing(None);
-                (batch, bytes)
-            }
-            Some(Fetched::Failed(e)) if e.kind() == ErrorKind::NotFound => {
-                return gone(ctx, tenure, checkpointer, e).await;
-            }
-            Some(Fetched::Failed(e)) if e.kind().is_permanent() => return Err(Failure::Fatal(e)),
-            Some(Fetched::Failed(e)) => return Err(Failure::Source(e)),
-            None => {
-                return Err(Failure::Source(BackendError::new(
-                    ErrorKind::Retryable,
-                    "get_records",
-                    "fetch task stopped",
-                )));
-            }
+        let batch = match received(ctx, tenure, control, checkpointer, fetched).await? {
+            Ok(batch) => batch,
+            Err(stop) => return Ok(stop),
         };
         if past_validity(tenure) {
             return Ok(Stop::Lost);
         }
-        let end = batch.next_iterator.is_none();
-        let children: Vec<_> = batch.child_shards.iter().map(|s| s.id.clone()).collect();
-        if !batch.records.is_empty() {
+        let end = batch.0.next_iterator.is_none();
+        let children: Vec<_> = batch.0.child_shards.iter().map(|s| s.id.clone()).collect();
+        if !batch.0.records.is_empty() {
             control.set_covered(false);
         }
-        if let Hook::Expired =
-            deliver(tenure, processor, checkpointer, &mut metrics, batch, bytes).await?
+        if let Hook::Expired = deliver(tenure, processor, checkpointer, &mut metrics, batch).await?
         {
             return Ok(Stop::Lost);
         }
         control.set_covered(covers_delivered(tenure, checkpointer).await);
         if end {
-            checkpointer.set_shard_end(children);
-            return Ok(Stop::ShardEnd);
+            ending = Some(children);
         }
+    }
+}
+
+/// What the fetch loop handed over: a batch and its size, or why the shard stops (`Err`
+/// inside), or a failure.
+async fn received<S: ShardSource>(
+    ctx: &ShardContext<S, impl Sized>,
+    tenure: &Tenure,
+    control: &Control,
+    checkpointer: &mut Checkpointer,
+    fetched: Option<Fetched>,
+) -> Result<Result<(RecordBatch, usize), Stop>, Failure> {
+    match fetched {
+        Some(Fetched::Batch { batch, bytes, .. }) => {
+            control.set_read_failing(None);
+            Ok(Ok((batch, bytes)))
+        }
+        Some(Fetched::Failed(e)) if e.kind() == ErrorKind::NotFound => {
+            gone(ctx, tenure, checkpointer, e).await.map(Err)
+        }
+        Some(Fetched::Failed(e)) if e.kind().is_permanent() => Err(Failure::Fatal(e)),
+        Some(Fetched::Failed(e)) => Err(Failure::Source(e)),
+        None => Err(Failure::Source(BackendError::new(
+            ErrorKind::Retryable,
+            "get_records",
+            "fetch task stopped",
+        ))),
     }
 }
 
@@ -279,8 +310,7 @@ async fn deliver(
     processor: &mut impl RecordProcessor,
     checkpointer: &mut Checkpointer,
     metrics: &mut ShardMetrics,
-    batch: RecordBatch,
-    bytes: usize,
+    (batch, bytes): (RecordBatch, usize),
 ) -> Result<Hook, Failure> {
     if let Some(millis) = batch.millis_behind_latest {
         metrics.behind_latest(millis);
@@ -288,16 +318,19 @@ async fn deliver(
     let (Some(first), Some(last)) = (batch.records.first(), batch.records.last()) else {
         return Ok(Hook::Done);
     };
+    let previous = checkpointer.last_delivered().cloned();
     checkpointer.set_last_delivered(last.position());
     let count = batch.records.len();
     let delay = (Utc::now() - first.approximate_arrival)
         .to_std()
         .unwrap_or_default();
     let started = Instant::now();
-    let input = ProcessRecordsInput {
-        records: batch.records,
-        millis_behind_latest: batch.millis_behind_latest,
-    };
+    let input = ProcessRecordsInput::delivered(
+        batch.records,
+        batch.millis_behind_latest,
+        checkpointer.watermark().clone(),
+        previous,
+    );
     let outcome = hook(
         tenure,
         "process_records",

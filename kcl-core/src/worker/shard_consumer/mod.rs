@@ -24,6 +24,7 @@
 //!   picked up. A shard the stream no longer has (aged out of retention) is treated as
 //!   ended, so its children start.
 
+mod acks;
 mod attempt;
 mod position;
 
