@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::BoxError;
+use crate::lease::tenure::Tenure;
 use crate::mutation::{self, Mutation};
 use crate::types::ExtendedSequenceNumber;
 
@@ -67,6 +68,24 @@ impl Ack {
     }
 }
 
+impl Ack {
+    /// Resolves once the lease the record was delivered under may be held elsewhere (see
+    /// [`RecordProcessor`](crate::RecordProcessor)'s fencing in time): work on the record
+    /// must stop, as a hook's does.
+    pub(crate) async fn expired(&self) {
+        let tenure = self.watermark.upgrade().and_then(|w| w.tenure.clone());
+        match tenure {
+            Some(tenure)
+                if !mutation::on(Mutation::HooksOutliveLease)
+                    && !mutation::on(Mutation::SkipValidityCheck) =>
+            {
+                tenure.expired().await;
+            }
+            _ => std::future::pending().await,
+        }
+    }
+}
+
 impl Drop for Ack {
     fn drop(&mut self) {
         if !self.settled
@@ -85,6 +104,8 @@ impl Drop for Ack {
 pub(crate) struct Watermark {
     state: Mutex<State>,
     progress: Notify,
+    /// The tenure the records were delivered under: work on them ends with its validity.
+    tenure: Option<Arc<Tenure>>,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +133,14 @@ struct Entry {
 }
 
 impl Watermark {
+    /// The watermark of records delivered under `tenure`.
+    pub(crate) fn new(tenure: Arc<Tenure>) -> Self {
+        Self {
+            tenure: Some(tenure),
+            ..Self::default()
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -230,7 +259,7 @@ mod tests {
     use crate::types::SequenceNumber;
 
     fn at(n: u64) -> ExtendedSequenceNumber {
-        ExtendedSequenceNumber::new(SequenceNumber::new(format!("{n:03}")))
+        ExtendedSequenceNumber::new(SequenceNumber::from(u128::from(n)))
     }
 
     #[test]

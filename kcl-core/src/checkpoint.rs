@@ -65,10 +65,10 @@ impl PreparedCheckpoint {
 impl Checkpointer {
     pub(crate) fn new(tenure: Arc<Tenure>) -> Self {
         Self {
+            watermark: Arc::new(Watermark::new(tenure.clone())),
             tenure,
             last_delivered: None,
             shard_end: None,
-            watermark: Arc::default(),
         }
     }
 

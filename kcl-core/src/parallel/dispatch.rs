@@ -38,9 +38,13 @@ pub(super) async fn run<H: RecordHandler>(
             };
             let handler = handler.clone();
             let work = async move {
-                let outcome = AssertUnwindSafe(handler.handle(record))
-                    .catch_unwind()
-                    .await;
+                let handle = AssertUnwindSafe(handler.handle(record)).catch_unwind();
+                let outcome = tokio::select! {
+                    biased;
+                    // Fencing in time, as for hooks: dropped at the lease's validity.
+                    () = ack.expired() => return (key, false),
+                    outcome = handle => outcome,
+                };
                 match outcome {
                     Ok(Ok(())) => {
                         ack.done();

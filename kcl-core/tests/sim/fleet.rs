@@ -53,6 +53,8 @@ pub struct Fleet {
     pub standbys: u8,
     /// The singletons' messages travel here; every acceptance goes to the log.
     pub network: MemoryNetwork,
+    /// Records in flight per shard under `Parallel`; `None`: the plain processor.
+    pub parallel: Option<usize>,
 }
 
 /// Sends a message to the fleet's singleton every few hundred milliseconds until `stop`,
@@ -147,6 +149,7 @@ impl Fleet {
             seed: self.seed,
             instances: self.instances.clone(),
             failure_rate: self.failure_rate,
+            parallel: self.parallel,
         };
         // Its own client name, so that a partition can cut a worker off from the lease table
         // alone, or from the stream alone.

@@ -14,6 +14,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+use super::handler::{AnyProcessor, SimHandler, parallel};
+
 /// One record handed to a processor.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -23,6 +25,8 @@ pub struct Delivery {
     pub instance: u64,
     pub shard: ShardId,
     pub sequence: SequenceNumber,
+    /// Handled under `Parallel`: logged when its handler finished, in order per key only.
+    pub keyed: bool,
 }
 
 /// A batch's work completed (its side effects happened), after every `.await` inside it.
@@ -98,6 +102,8 @@ pub struct Journal {
     /// While some fault was on (a freeze, store faults, a partition): from, until.
     pub disturbed: Vec<(Instant, Instant)>,
     pub deliveries: Vec<Delivery>,
+    /// Handler runs under `Parallel`.
+    pub runs: Vec<super::handler::HandlerRun>,
     pub effects: Vec<Effect>,
     pub attempts: Vec<Attempt>,
     pub instances: BTreeMap<u64, Instance>,
@@ -158,10 +164,12 @@ pub struct Factory {
     pub seed: u64,
     pub instances: Arc<AtomicU64>,
     pub failure_rate: f64,
+    /// Records in flight per shard under `Parallel`; `None`: the plain processor.
+    pub parallel: Option<usize>,
 }
 
 impl Factory {
-    pub fn create(&self, shard: &ShardId) -> SimProcessor {
+    pub fn create(&self, shard: &ShardId) -> AnyProcessor {
         let instance = self.instances.fetch_add(1, Ordering::Relaxed);
         self.log.lock().instances.insert(
             instance,
@@ -169,6 +177,18 @@ impl Factory {
                 created_seq: next_event_seq(),
             },
         );
+        if let Some(n) = self.parallel {
+            let handler = SimHandler {
+                worker: self.worker.clone(),
+                instance,
+                shard: shard.clone(),
+                log: self.log.clone(),
+                seed: self.seed,
+                // Per record rather than per batch.
+                failure_rate: self.failure_rate / 10.0,
+            };
+            return parallel(handler, n, shard);
+        }
         let mut rng =
             StdRng::seed_from_u64(self.seed ^ instance.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let style = match rng.random_range(0..4) {
@@ -177,7 +197,7 @@ impl Factory {
             2 => Style::TwoPhase,
             _ => Style::OnlyWhenStopping,
         };
-        SimProcessor {
+        AnyProcessor::Plain(SimProcessor {
             worker: self.worker.clone(),
             instance,
             shard: shard.clone(),
@@ -186,7 +206,7 @@ impl Factory {
             style,
             batches: 0,
             failure_rate: self.failure_rate,
-        }
+        })
     }
 }
 
@@ -245,6 +265,7 @@ impl RecordProcessor for SimProcessor {
                     instance: self.instance,
                     shard: self.shard.clone(),
                     sequence: r.sequence_number.clone(),
+                    keyed: false,
                 });
             }
         }

@@ -70,6 +70,11 @@ pub struct Stats {
     pub multi_stream: usize,
     /// Seeds whose singletons run in health mode (some runs hang).
     pub health: usize,
+    /// Seeds processed with `Parallel` (per-key parallelism, acknowledged later).
+    pub parallel: usize,
+    /// Handler runs under `Parallel`, and how many were cut short (crash, lease lost).
+    pub handler_runs: usize,
+    pub handler_runs_cut: usize,
     /// Seeds by how many standbys their singletons have (0 to 3).
     pub standbys: [usize; 4],
     /// Runs of the periodic job.
@@ -120,6 +125,9 @@ impl std::ops::AddAssign for Stats {
         self.fan_out += o.fan_out;
         self.multi_stream += o.multi_stream;
         self.health += o.health;
+        self.parallel += o.parallel;
+        self.handler_runs += o.handler_runs;
+        self.handler_runs_cut += o.handler_runs_cut;
         for (mine, theirs) in self.standbys.iter_mut().zip(o.standbys) {
             *mine += theirs;
         }
@@ -209,6 +217,11 @@ pub async fn simulate(seed: u64) -> Outcome {
     // A quarter of the seeds without standbys (every candidate polls), the rest with lines
     // of one to three.
     let standbys: u8 = singletons.random_range(0..4);
+    // A third of the seeds process with `Parallel`, 1 to 12 records of a shard in flight.
+    let mut processing = StdRng::seed_from_u64(seed ^ 0x9a7a_11e1);
+    let parallel = processing
+        .random_ratio(1, 3)
+        .then(|| processing.random_range(1..=12usize));
     // Every message an instance's inbox takes goes to the log, with where and when.
     let log = Log::default();
     let network = {
@@ -231,6 +244,7 @@ pub async fn simulate(seed: u64) -> Outcome {
             by
         },
         multi_stream: usize::from(keys.0.is_some()),
+        parallel: usize::from(parallel.is_some()),
         led: usize::from(led),
         heartbeat: usize::from(heartbeat),
         mixed: usize::from(mixed),
@@ -287,6 +301,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         health,
         standbys,
         network: network.clone(),
+        parallel,
     };
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();
@@ -374,6 +389,8 @@ fn judge(
     stats.refused_checkpoints = journal.attempts.iter().filter(|a| !a.ok).count();
     stats.processors = journal.instances.len();
     stats.deliveries = journal.deliveries.len();
+    stats.handler_runs = journal.runs.len();
+    stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
     stats.singleton_runs = journal.singleton_runs.len();
     stats.periodic_runs = journal.periodic_runs.len();
     stats.sends = journal.sends.len();
@@ -406,6 +423,7 @@ fn judge(
         failover,
         validity: failover - failover / 10,
         planned,
+        parallel: fleet.parallel.is_some(),
         quiet,
         // The holder and every standby may be gone when the faults stop: a slow candidate
         // then takes the last standby row within 4 failover times (two of its polls), and

@@ -186,6 +186,11 @@ async fn process<S: ShardSource>(
         let fetched = tokio::select! {
             biased;
             () = tenure.lost_token().cancelled() => return Ok(Stop::Lost),
+            // Records still run between hooks: they end with the lease's validity, as hooks do.
+            () = tenure.expired(), if !acks.all_finished() && !mutation::on(Mutation::SkipValidityCheck) => {
+                tenure.mark_lost();
+                return Ok(Stop::Lost);
+            }
             () = control.graceful.cancelled() => {
                 let within = ctx.config.shutdown_timeout / 2;
                 return Ok(acks.drain(tenure, checkpointer, within).await);

@@ -398,13 +398,23 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
             continue;
         };
         let after = records.iter().find(|rec| rec.sequence_number > at.sequence);
+        // Under `Parallel` records finish out of order: the instance's first run counts.
+        let first_sequence = if first.keyed {
+            let runs = e.journal.runs.iter().filter(|run| run.instance == first.instance);
+            match runs.min_by_key(|run| run.start_seq) {
+                Some(run) => &run.position.sequence,
+                None => continue,
+            }
+        } else {
+            &first.sequence
+        };
         if first.seq < next_reset
             && let Some(after) = after
-            && after.sequence_number != first.sequence
+            && &after.sequence_number != first_sequence
         {
             v.push(format!(
-                "reset: {key} reset to {at}, then first delivered {} instead of {}",
-                first.sequence, after.sequence_number
+                "reset: {key} reset to {at}, then first delivered {first_sequence} instead of {}",
+                after.sequence_number
             ));
         }
     }

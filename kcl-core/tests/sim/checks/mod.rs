@@ -1,6 +1,7 @@
 //! The invariants every simulated run must keep, each named in the summary line.
 
 mod leases;
+mod parallel;
 mod records;
 mod singletons;
 
@@ -33,6 +34,8 @@ pub const INVARIANTS: &[&str] = &[
     "singleton-restart",
     "no-duplicates",
     "reset",
+    "key-order",
+    "watermark",
 ];
 
 /// How the fleet started reading.
@@ -67,6 +70,8 @@ pub struct Evidence<'a> {
     pub validity: Duration,
     /// Only planned changes happened (no crashes, pauses, faults or failing processors).
     pub planned: bool,
+    /// The fleet processed with `Parallel`.
+    pub parallel: bool,
     /// From when every fault had stopped, until the fleet was stopped.
     pub quiet: (tokio::time::Instant, tokio::time::Instant),
     /// How soon after the faults stop a singleton must be held again.
@@ -107,5 +112,9 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         records::no_duplicates(e, &mut v);
     }
     leases::reset(e, &mut v);
+    if e.parallel {
+        parallel::key_order(e, &mut v);
+        parallel::watermark(e, &mut v);
+    }
     v
 }

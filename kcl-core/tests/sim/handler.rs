@@ -1,0 +1,153 @@
+//! The simulated application under `Parallel`: a record handler that takes a random time,
+//! sometimes fails or panics, and records every run; and the processor type the fleet's
+//! factories hand out, plain or parallel.
+
+use std::time::Duration;
+
+use kcl_core::memory::next_event_seq;
+use kcl_core::parallel::ParallelProcessor;
+use kcl_core::{
+    BoxError, Checkpointer, ExtendedSequenceNumber, InitializationInput, Parallel,
+    ProcessRecordsInput, ProcessorFactory, Record, RecordHandler, RecordProcessor, ShardId,
+};
+use tokio::time::sleep;
+
+use super::processor::{Delivery, INJECTED_PANIC, Log, SimProcessor};
+
+/// One run of the handler on one record.
+#[derive(Debug, Clone)]
+pub struct HandlerRun {
+    pub instance: u64,
+    pub worker: String,
+    pub shard: ShardId,
+    pub key: String,
+    pub position: ExtendedSequenceNumber,
+    pub start_seq: u64,
+    /// When it returned, and whether with `Ok`; `None`: cancelled (or still running).
+    pub end: Option<(u64, bool)>,
+}
+
+/// The handler of one processor instance.
+#[derive(Debug)]
+pub struct SimHandler {
+    pub worker: String,
+    pub instance: u64,
+    pub shard: ShardId,
+    pub log: Log,
+    pub seed: u64,
+    pub failure_rate: f64,
+}
+
+impl SimHandler {
+    /// A draw in [0, 1) that is the same whenever this instance handles this record.
+    fn draw(&self, position: &ExtendedSequenceNumber, salt: u64) -> f64 {
+        let h = super::hash(&format!("{}/{}/{position}/{salt}", self.seed, self.instance));
+        #[allow(clippy::cast_precision_loss)]
+        let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
+        unit
+    }
+}
+
+impl RecordHandler for SimHandler {
+    async fn handle(&self, record: Record) -> Result<(), BoxError> {
+        let position = record.position();
+        let index = {
+            let mut log = self.log.lock();
+            log.runs.push(HandlerRun {
+                instance: self.instance,
+                worker: self.worker.clone(),
+                shard: self.shard.clone(),
+                key: record.partition_key.clone(),
+                position: position.clone(),
+                start_seq: next_event_seq(),
+                end: None,
+            });
+            log.runs.len() - 1
+        };
+        // From instant to slow, so that keys overtake each other and crashes cut runs short.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let millis = (self.draw(&position, 1).powi(3) * 400.0) as u64;
+        sleep(Duration::from_millis(millis)).await;
+        let fails = self.draw(&position, 2) < self.failure_rate;
+        {
+            let mut log = self.log.lock();
+            log.runs[index].end = Some((next_event_seq(), !fails));
+            if !fails {
+                log.deliveries.push(Delivery {
+                    seq: next_event_seq(),
+                    at: tokio::time::Instant::now(),
+                    worker: self.worker.clone(),
+                    instance: self.instance,
+                    shard: self.shard.clone(),
+                    sequence: record.sequence_number.clone(),
+                    keyed: true,
+                });
+            }
+        }
+        if fails {
+            if self.draw(&position, 3) < 0.5 {
+                panic!("{INJECTED_PANIC}");
+            }
+            return Err("injected handler error".into());
+        }
+        Ok(())
+    }
+}
+
+/// A parallel processor for one instance: `Parallel` with its own handler, so that the
+/// handler knows the instance it runs for.
+pub fn parallel(handler: SimHandler, max_in_flight: usize, shard: &ShardId) -> AnyProcessor {
+    let factory = Parallel::new(handler).max_in_flight(max_in_flight);
+    AnyProcessor::Parallel(factory.create(shard))
+}
+
+/// What the fleet's factories hand out.
+#[derive(Debug)]
+pub enum AnyProcessor {
+    Plain(SimProcessor),
+    Parallel(ParallelProcessor<SimHandler>),
+}
+
+impl RecordProcessor for AnyProcessor {
+    async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
+        match self {
+            Self::Plain(p) => p.initialize(input).await,
+            Self::Parallel(p) => p.initialize(input).await,
+        }
+    }
+
+    async fn process_records(
+        &mut self,
+        input: ProcessRecordsInput,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        match self {
+            Self::Plain(p) => p.process_records(input, checkpointer).await,
+            Self::Parallel(p) => p.process_records(input, checkpointer).await,
+        }
+    }
+
+    async fn lease_lost(&mut self) {
+        match self {
+            Self::Plain(p) => p.lease_lost().await,
+            Self::Parallel(p) => p.lease_lost().await,
+        }
+    }
+
+    async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
+        match self {
+            Self::Plain(p) => p.shard_ended(checkpointer).await,
+            Self::Parallel(p) => p.shard_ended(checkpointer).await,
+        }
+    }
+
+    async fn shutdown_requested(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        match self {
+            Self::Plain(p) => p.shutdown_requested(checkpointer).await,
+            Self::Parallel(p) => p.shutdown_requested(checkpointer).await,
+        }
+    }
+}
