@@ -181,6 +181,15 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.multi_stream,
         INVARIANTS.join(", ")
     );
+    let parallel_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.parallel > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
+    println!(
+        "parallel simulation: {} seeds processed with Parallel ({} handler runs, {} cut short by a crash, a lost lease or a restart), {parallel_violations} violations in them, of every invariant with [key-order, watermark]",
+        stats.parallel, stats.handler_runs, stats.handler_runs_cut
+    );
     let singleton_violations = results
         .iter()
         .flat_map(|(_, o)| &o.violations)
