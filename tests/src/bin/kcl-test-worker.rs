@@ -25,9 +25,10 @@ use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
-    InitializationInput, LeaseStore, Liveness, ProcessRecordsInput, ProcessorFactory,
-    RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
+    InitializationInput, LeaseStore, Liveness, Parallel, ProcessRecordsInput, ProcessorFactory,
+    RecordHandler, RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
 };
+use kcl_core::parallel::ParallelProcessor;
 use kcl_integration_tests::tracker::FileTracker;
 use kcl_serve::HttpMessenger;
 use kcl_serve::messenger::Limits;
@@ -120,6 +121,12 @@ struct Args {
     /// instead of a line per record: for measuring the worker's own cost.
     #[arg(long)]
     journal_batches: bool,
+    /// Process with `kcl_core::Parallel`, this many records of a shard at once, in order per
+    /// partition key: a `record_start` line when a record's handler starts, its `record` line
+    /// when it finishes, after a pause of up to twice `--record-delay-ms` (drawn from the
+    /// record's sequence number).
+    #[arg(long)]
+    parallel: Option<usize>,
 }
 
 /// Appends JSON lines; shared by every processor of the process.
@@ -169,6 +176,40 @@ struct Recorder {
     /// Records of this shard delivered to this processor.
     seen: u64,
     journal_batches: bool,
+    /// Under `--parallel`: the processor records are handed to.
+    parallel: Option<ParallelProcessor<Handler>>,
+}
+
+/// The record handler under `--parallel`.
+struct Handler {
+    shard: ShardId,
+    journal: Journal,
+    delay: Duration,
+}
+
+impl RecordHandler for Handler {
+    async fn handle(&self, record: kcl_core::Record) -> Result<(), BoxError> {
+        let line = |event: &str| {
+            self.journal.write(
+                event,
+                json!({
+                    "shard": self.shard.as_str(),
+                    "seq": record.sequence_number.as_str(),
+                    "sub": record.sub_sequence_number,
+                    "pk": record.partition_key,
+                    "data": String::from_utf8_lossy(&record.data),
+                }),
+            );
+        };
+        line("record_start");
+        // Up to twice the delay, drawn from the sequence number: keys overtake each other.
+        let draw = record.sequence_number.as_str().bytes().fold(7u64, |h, b| {
+            h.wrapping_mul(31).wrapping_add(u64::from(b))
+        });
+        tokio::time::sleep(self.delay.mul_f64(f64::from(u32::try_from(draw % 200).unwrap_or(0)) / 100.0)).await;
+        line("record");
+        Ok(())
+    }
 }
 
 impl Recorder {
@@ -218,6 +259,9 @@ impl RecordProcessor for Recorder {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        if let Some(parallel) = &mut self.parallel {
+            return parallel.process_records(input, checkpointer).await;
+        }
         if self.journal_batches {
             let first = input
                 .records
@@ -258,6 +302,7 @@ impl RecordProcessor for Recorder {
     }
 
     async fn lease_lost(&mut self) {
+        self.parallel = None; // cancels what is in flight
         self.journal
             .write("lease_lost", json!({"shard": self.shard.as_str()}));
     }
@@ -344,7 +389,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let record_delay = Duration::from_millis(args.record_delay_ms);
         let checkpoint_every = args.checkpoint_every;
         let journal_batches = args.journal_batches;
+        let parallel = args.parallel;
         move |shard: ShardId| Recorder {
+            parallel: parallel.map(|n| {
+                let handler = Handler {
+                    shard: shard.clone(),
+                    journal: journal.clone(),
+                    delay: record_delay,
+                };
+                Parallel::new(handler).max_in_flight(n).create(&shard)
+            }),
             shard,
             journal: journal.clone(),
             batch_checkpoint,
