@@ -123,10 +123,16 @@ struct Args {
     journal_batches: bool,
     /// Process with `kcl_core::Parallel`, this many records of a shard at once, in order per
     /// partition key: a `record_start` line when a record's handler starts, its `record` line
-    /// when it finishes, after a pause of up to twice `--record-delay-ms` (drawn from the
-    /// record's sequence number).
+    /// when it finishes, after a pause of up to twice `--record-delay-ms`, or for one record in
+    /// ten, ten times it (drawn from the record's sequence number).
     #[arg(long)]
     parallel: Option<usize>,
+    /// Checkpoint acknowledged records after this many (`ack_checkpoint_every`).
+    #[arg(long, default_value_t = 1000)]
+    ack_checkpoint_every: u64,
+    /// ... or this long, in milliseconds (`ack_checkpoint_interval`).
+    #[arg(long, default_value_t = 5000)]
+    ack_checkpoint_ms: u64,
 }
 
 /// Appends JSON lines; shared by every processor of the process.
@@ -202,11 +208,15 @@ impl RecordHandler for Handler {
             );
         };
         line("record_start");
-        // Up to twice the delay, drawn from the sequence number: keys overtake each other.
-        let draw = record.sequence_number.as_str().bytes().fold(7u64, |h, b| {
-            h.wrapping_mul(31).wrapping_add(u64::from(b))
-        });
-        tokio::time::sleep(self.delay.mul_f64(f64::from(u32::try_from(draw % 200).unwrap_or(0)) / 100.0)).await;
+        // Drawn from the sequence number: up to twice the delay, and one record in ten ten
+        // times as long, so that keys overtake each other and slow records hold the watermark.
+        let draw = record
+            .sequence_number
+            .as_str()
+            .bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        let factor = if draw % 10 == 0 { 10.0 } else { (draw % 200) as f64 / 100.0 };
+        tokio::time::sleep(self.delay.mul_f64(factor)).await;
         line("record");
         Ok(())
     }
@@ -377,6 +387,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .liveness(liveness)
         .retrieval(retrieval)
         .call_timeout(Duration::from_millis(args.call_timeout_ms))
+        .ack_checkpoint_every(args.ack_checkpoint_every)
+        .ack_checkpoint_interval(Duration::from_millis(args.ack_checkpoint_ms))
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,
