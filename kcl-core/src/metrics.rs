@@ -85,7 +85,7 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 24] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 27] = [
     (
         RECORDS,
         Kind::Counter,
@@ -199,6 +199,24 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 24] = [
         Kind::Gauge,
         Some(Unit::Seconds),
         "Since the oldest delivered record the checkpoint does not cover was delivered",
+    ),
+    (
+        IN_FLIGHT,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Records handed out to be acknowledged later and not acknowledged yet",
+    ),
+    (
+        WATERMARK_LAG_RECORDS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Records delivered after the checkpoint watermark (an older record is unfinished)",
+    ),
+    (
+        WATERMARK_LAG,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        "Since the oldest unfinished record was delivered (0 when none is)",
     ),
     (
         AGGREGATES_DROPPED,
