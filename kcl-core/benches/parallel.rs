@@ -113,7 +113,10 @@ fn main() {
         return;
     }
     let sequential = measure(1, Keys::Spread);
-    println!("one shard, {} ms a record; N records in flight; median of {RUNS} runs", LATENCY.as_millis());
+    println!(
+        "one shard, {} ms a record; N records in flight; median of {RUNS} runs",
+        LATENCY.as_millis()
+    );
     println!();
     println!("| keys | N | records/s | N × sequential | ratio | peak RSS so far |");
     println!("|---|---:|---:|---:|---:|---:|");

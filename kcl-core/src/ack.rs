@@ -254,6 +254,7 @@ impl Watermark {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::types::SequenceNumber;

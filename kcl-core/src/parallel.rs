@@ -113,7 +113,7 @@ impl<H: RecordHandler> Parallel<H> {
     /// ordered together, which costs parallelism, never order.)
     #[must_use]
     pub fn key_by<K: Hash>(mut self, key: impl Fn(&Record) -> K + Send + Sync + 'static) -> Self {
-        self.key = Arc::new(move |record: &Record| stable_hash(&key(record)));
+        self.key = Arc::new(move |record: &Record| stable_hash(key(record)));
         self
     }
 }
@@ -132,13 +132,16 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
     }
 }
 
+/// The dispatcher task of one processor, and where records go to it.
+type Dispatcher = (mpsc::UnboundedSender<(Record, Ack)>, AbortOnDropHandle<()>);
+
 /// One shard's processor under [`Parallel`]: hands each record to a dispatcher task that
 /// runs the handler. Dropping it (lease lost, a restart) cancels what is in flight.
 pub struct ParallelProcessor<H> {
     handler: Arc<H>,
     max_in_flight: usize,
     key: KeyFn,
-    dispatcher: Option<(mpsc::UnboundedSender<(Record, Ack)>, AbortOnDropHandle<()>)>,
+    dispatcher: Option<Dispatcher>,
 }
 
 impl<H> std::fmt::Debug for ParallelProcessor<H> {

@@ -137,12 +137,7 @@ async fn records_of_a_key_run_one_at_a_time_in_order_and_keys_overlap() {
             == 300
     });
     assert!(done.await.is_some(), "every record handled");
-    let r = runs.lock().unwrap();
-    assert_key_order(&r);
-    assert_eq!(r.most, 8, "up to max_in_flight at once, never more");
-    let per_key: HashSet<_> = r.runs.iter().map(|r| (&r.0, &r.1)).collect();
-    assert_eq!(per_key.len(), 300, "each record once");
-    drop(r);
+    each_once_in_key_order(&runs.lock().unwrap());
     w.shutdown.shutdown();
     w.task.await.unwrap().unwrap();
     let last = stream
@@ -225,27 +220,7 @@ async fn a_failed_record_restarts_the_shard_from_the_watermark_and_holds_its_key
     });
     assert!(all.await.is_some(), "every record finished at last");
     assert_eq!(failures.load(Ordering::SeqCst), 3);
-    let r = runs.lock().unwrap();
-    // Record 50 (key-0): no later record of key-0 finished before it did.
-    let fifty = &stream.records(&ShardId::new(SHARD))[50].position();
-    let fifty_done = r
-        .runs
-        .iter()
-        .filter(|x| &x.1 == fifty)
-        .find_map(|x| x.3)
-        .unwrap();
-    for (key, position, _, end) in &r.runs {
-        if key == "key-0"
-            && position > fifty
-            && let Some(end) = end
-        {
-            assert!(
-                *end > fifty_done,
-                "{position} of key-0 finished before record 50"
-            );
-        }
-    }
-    drop(r);
+    record_50_held_its_key(&runs.lock().unwrap(), &stream);
     w.shutdown.shutdown();
     w.task.await.unwrap().unwrap();
 }
@@ -386,4 +361,34 @@ async fn shard_end_is_written_only_once_every_record_finished() {
     assert_eq!(parent_lease(&store), Checkpoint::ShardEnd);
     w.shutdown.shutdown();
     w.task.await.unwrap().unwrap();
+}
+
+/// Every record ran once, at most 8 at once, in order per key.
+fn each_once_in_key_order(r: &Runs) {
+    assert_key_order(r);
+    assert_eq!(r.most, 8, "up to max_in_flight at once, never more");
+    let per_key: HashSet<_> = r.runs.iter().map(|r| (&r.0, &r.1)).collect();
+    assert_eq!(per_key.len(), 300, "each record once");
+}
+
+/// Record 50 (key-0), which failed twice: no later record of key-0 finished before it did.
+fn record_50_held_its_key(r: &Runs, stream: &MemoryStream) {
+    let fifty = &stream.records(&ShardId::new(SHARD))[50].position();
+    let fifty_done = r
+        .runs
+        .iter()
+        .filter(|x| &x.1 == fifty)
+        .find_map(|x| x.3)
+        .unwrap();
+    for (key, position, _, end) in &r.runs {
+        if key == "key-0"
+            && position > fifty
+            && let Some(end) = end
+        {
+            assert!(
+                *end > fifty_done,
+                "{position} of key-0 finished before record 50"
+            );
+        }
+    }
 }

@@ -28,7 +28,10 @@ fn the_parallel_example_handles_every_record_in_order_per_key() -> anyhow::Resul
         }
         count += 1;
     }
-    ensure!(count == 200, "200 records handled once each, not {count}:\n{stdout}");
+    ensure!(
+        count == 200,
+        "200 records handled once each, not {count}:\n{stdout}"
+    );
     stdout
         .lines()
         .find(|l| l.starts_with("200 records handled in "))

@@ -101,7 +101,10 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     }
     let most = journals.iter().map(|j| most_at_once(j)).max().unwrap_or(0);
     eprintln!("at most {most} records of a shard in flight at once");
-    assert!((2..=10).contains(&most), "parallel, within the limit: {most}");
+    assert!(
+        (2..=10).contains(&most),
+        "parallel, within the limit: {most}"
+    );
     nothing_unfinished_below_starts(&ctx, &journals).await?;
     survivor.terminate()?;
     assert!(survivor.wait_exit(Duration::from_secs(20)).await?.success());
@@ -171,8 +174,16 @@ fn key_order(events: &[Event]) {
             "record_start" => {
                 let seq = seq.expect("a sequence number");
                 if let Some((previous, finished)) = last.get(&(shard, key)) {
-                    assert!(*previous < seq, "{} {shard} {key}: {seq} after {previous}", e.worker);
-                    assert!(*finished, "{} {shard} {key}: {seq} overlapped {previous}", e.worker);
+                    assert!(
+                        *previous < seq,
+                        "{} {shard} {key}: {seq} after {previous}",
+                        e.worker
+                    );
+                    assert!(
+                        *finished,
+                        "{} {shard} {key}: {seq} overlapped {previous}",
+                        e.worker
+                    );
                 }
                 last.insert((shard, key), (seq, false));
             }
@@ -224,7 +235,10 @@ async fn nothing_unfinished_below_starts(
             }
         }
     }
-    eprintln!("{} records below a new owner's starting checkpoint, each finished before it", checked.len());
+    eprintln!(
+        "{} records below a new owner's starting checkpoint, each finished before it",
+        checked.len()
+    );
     assert!(!checked.is_empty(), "some tenure started at a checkpoint");
     Ok(())
 }

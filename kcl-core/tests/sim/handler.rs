@@ -41,7 +41,10 @@ pub struct SimHandler {
 impl SimHandler {
     /// A draw in [0, 1) that is the same whenever this instance handles this record.
     fn draw(&self, position: &ExtendedSequenceNumber, salt: u64) -> f64 {
-        let h = super::hash(&format!("{}/{}/{position}/{salt}", self.seed, self.instance));
+        let h = super::hash(&format!(
+            "{}/{}/{position}/{salt}",
+            self.seed, self.instance
+        ));
         #[allow(clippy::cast_precision_loss)]
         let unit = (h >> 11) as f64 / (1u64 << 53) as f64;
         unit
@@ -104,7 +107,7 @@ pub fn parallel(handler: SimHandler, max_in_flight: usize, shard: &ShardId) -> A
 /// What the fleet's factories hand out.
 #[derive(Debug)]
 pub enum AnyProcessor {
-    Plain(SimProcessor),
+    Plain(Box<SimProcessor>),
     Parallel(ParallelProcessor<SimHandler>),
 }
 

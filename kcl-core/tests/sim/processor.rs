@@ -197,7 +197,7 @@ impl Factory {
             2 => Style::TwoPhase,
             _ => Style::OnlyWhenStopping,
         };
-        AnyProcessor::Plain(SimProcessor {
+        AnyProcessor::Plain(Box::new(SimProcessor {
             worker: self.worker.clone(),
             instance,
             shard: shard.clone(),
@@ -206,7 +206,7 @@ impl Factory {
             style,
             batches: 0,
             failure_rate: self.failure_rate,
-        })
+        }))
     }
 }
 

@@ -22,13 +22,13 @@ use std::time::Duration;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
+use kcl_core::parallel::ParallelProcessor;
 use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
     InitializationInput, LeaseStore, Liveness, Parallel, ProcessRecordsInput, ProcessorFactory,
     RecordHandler, RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
 };
-use kcl_core::parallel::ParallelProcessor;
 use kcl_integration_tests::tracker::FileTracker;
 use kcl_serve::HttpMessenger;
 use kcl_serve::messenger::Limits;
@@ -215,7 +215,11 @@ impl RecordHandler for Handler {
             .as_str()
             .bytes()
             .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-        let factor = if draw % 10 == 0 { 10.0 } else { (draw % 200) as f64 / 100.0 };
+        let factor = if draw % 10 == 0 {
+            10.0
+        } else {
+            (draw % 200) as f64 / 100.0
+        };
         tokio::time::sleep(self.delay.mul_f64(factor)).await;
         line("record");
         Ok(())

@@ -400,7 +400,11 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
         let after = records.iter().find(|rec| rec.sequence_number > at.sequence);
         // Under `Parallel` records finish out of order: the instance's first run counts.
         let first_sequence = if first.keyed {
-            let runs = e.journal.runs.iter().filter(|run| run.instance == first.instance);
+            let runs = e
+                .journal
+                .runs
+                .iter()
+                .filter(|run| run.instance == first.instance);
             match runs.min_by_key(|run| run.start_seq) {
                 Some(run) => &run.position.sequence,
                 None => continue,

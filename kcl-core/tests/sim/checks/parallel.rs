@@ -82,15 +82,19 @@ pub(super) fn watermark(e: &Evidence<'_>, v: &mut Vec<String>) {
             .filter(|r| &r.shard == shard && r.start_seq < ev.seq)
             .map(|r| &r.position)
             .min();
-        let unfinished = records.into_iter().flatten().map(|r| r.position()).find(|p| {
-            let after_low = match &low {
-                Some(low) => p > low,
-                None => first_handled.is_some_and(|f| p >= f),
-            };
-            after_low
-                && high.is_none_or(|h| p <= h)
-                && finished.get(&(shard, p)).is_none_or(|end| *end > ev.seq)
-        });
+        let unfinished = records
+            .into_iter()
+            .flatten()
+            .map(|r| r.position())
+            .find(|p| {
+                let after_low = match &low {
+                    Some(low) => p > low,
+                    None => first_handled.is_some_and(|f| p >= f),
+                };
+                after_low
+                    && high.is_none_or(|h| p <= h)
+                    && finished.get(&(shard, p)).is_none_or(|end| *end > ev.seq)
+            });
         if let Some(p) = unfinished {
             v.push(format!(
                 "watermark: {} by {} checkpointed {cp} while {p} was unfinished",
