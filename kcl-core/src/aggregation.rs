@@ -61,6 +61,42 @@ pub fn is_aggregated(data: &[u8]) -> bool {
     data.starts_with(&MAGIC)
 }
 
+/// Packs user records — `(partition key, explicit hash key, data)` — into one aggregated
+/// record, as the KPL does: the tables in order of first use, then the digest. For tests and
+/// simulations (feature `test-util`); the fixture's aggregates, made by the reference
+/// library, come out byte for byte.
+#[cfg(feature = "test-util")]
+pub fn aggregate(records: &[(String, Option<String>, Bytes)]) -> Bytes {
+    fn index(table: &mut Vec<String>, key: &str) -> u64 {
+        let i = table.iter().position(|k| k == key).unwrap_or_else(|| {
+            table.push(key.to_owned());
+            table.len() - 1
+        });
+        u64::try_from(i).unwrap_or(u64::MAX)
+    }
+    let mut aggregate = AggregatedRecord {
+        partition_key_table: Vec::new(),
+        explicit_hash_key_table: Vec::new(),
+        records: Vec::with_capacity(records.len()),
+    };
+    for (partition_key, hash_key, data) in records {
+        let user = UserRecord {
+            partition_key_index: index(&mut aggregate.partition_key_table, partition_key),
+            explicit_hash_key_index: hash_key
+                .as_deref()
+                .map(|k| index(&mut aggregate.explicit_hash_key_table, k)),
+            data: data.clone(),
+        };
+        aggregate.records.push(user);
+    }
+    let body = aggregate.encode_to_vec();
+    let mut out = Vec::with_capacity(MAGIC.len() + body.len() + DIGEST_LEN);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&Md5::digest(&body));
+    Bytes::from(out)
+}
+
 /// The user records in `record`, in order; `record` itself if it is not a valid aggregate.
 /// No hash-key range is checked (see [`deaggregate_for_shard`]).
 ///

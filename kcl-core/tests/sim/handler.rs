@@ -82,7 +82,7 @@ impl RecordHandler for SimHandler {
                     worker: self.worker.clone(),
                     instance: self.instance,
                     shard: self.shard.clone(),
-                    sequence: record.sequence_number.clone(),
+                    position: position.clone(),
                     keyed: true,
                 });
             }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use kcl_core::memory::next_event_seq;
 use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, ProcessRecordsInput, RecordProcessor, SequenceNumber,
-    ShardId,
+    BoxError, CheckpointError, Checkpointer, ExtendedSequenceNumber, ProcessRecordsInput,
+    RecordProcessor, SequenceNumber, ShardId,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -24,7 +24,8 @@ pub struct Delivery {
     pub worker: String,
     pub instance: u64,
     pub shard: ShardId,
-    pub sequence: SequenceNumber,
+    /// The user record's position (a KPL aggregate's user records share a sequence number).
+    pub position: ExtendedSequenceNumber,
     /// Handled under `Parallel`: logged when its handler finished, in order per key only.
     pub keyed: bool,
 }
@@ -106,6 +107,10 @@ pub struct Journal {
     pub runs: Vec<super::handler::HandlerRun>,
     pub effects: Vec<Effect>,
     pub attempts: Vec<Attempt>,
+    /// Checkpoints past the last delivered record that were accepted (each a violation).
+    pub accepted_beyond: Vec<String>,
+    /// Checkpoints past the last delivered record tried.
+    pub beyond_tried: usize,
     pub instances: BTreeMap<u64, Instance>,
 }
 
@@ -152,6 +157,9 @@ enum Style {
     TwoPhase,
     /// Only in `shutdown_requested` and `shard_ended`.
     OnlyWhenStopping,
+    /// At a record of the batch drawn at random (inside a KPL aggregate too), after trying,
+    /// one batch in three, a position past what was delivered, which must be refused.
+    Explicit,
 }
 
 pub const INJECTED_PANIC: &str = "injected processor panic";
@@ -191,10 +199,11 @@ impl Factory {
         }
         let mut rng =
             StdRng::seed_from_u64(self.seed ^ instance.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let style = match rng.random_range(0..4) {
+        let style = match rng.random_range(0..5) {
             0 => Style::EveryBatch,
             1 => Style::EveryNth(rng.random_range(2..5)),
             2 => Style::TwoPhase,
+            3 => Style::Explicit,
             _ => Style::OnlyWhenStopping,
         };
         AnyProcessor::Plain(Box::new(SimProcessor {
@@ -223,13 +232,49 @@ pub struct SimProcessor {
 }
 
 impl SimProcessor {
+    /// `Style::Explicit`: first, now and then, a position past the last delivered record
+    /// (the next user record of its aggregate, or the next sequence number), which must be
+    /// refused; then a delivered position drawn at random.
+    async fn explicit(
+        &mut self,
+        checkpointer: &mut Checkpointer,
+        positions: &[ExtendedSequenceNumber],
+    ) -> Result<(), CheckpointError> {
+        let Some(last) = positions.last() else {
+            return Ok(());
+        };
+        if self.rng.random_ratio(1, 3) {
+            let beyond = if self.rng.random_bool(0.5) {
+                ExtendedSequenceNumber {
+                    sequence: last.sequence.clone(),
+                    sub_sequence: last.sub_sequence + 1,
+                }
+            } else {
+                let next = last.sequence.as_str().parse::<u128>().unwrap_or(0) + 1;
+                ExtendedSequenceNumber::new(SequenceNumber::from(next))
+            };
+            self.log.lock().beyond_tried += 1;
+            if checkpointer.checkpoint_at(beyond.clone()).await.is_ok() {
+                self.log.lock().accepted_beyond.push(format!(
+                    "checkpoints: {} on {} accepted {beyond} past the last delivered {last}",
+                    self.worker, self.shard
+                ));
+            }
+        }
+        let at = positions[self.rng.random_range(0..positions.len())].clone();
+        self.checkpoint(checkpointer, false, Some(at)).await
+    }
+
     async fn checkpoint(
         &mut self,
         checkpointer: &mut Checkpointer,
         two_phase: bool,
+        at: Option<ExtendedSequenceNumber>,
     ) -> Result<(), CheckpointError> {
         let start_seq = next_event_seq();
-        let result = if two_phase {
+        let result = if let Some(position) = at {
+            checkpointer.checkpoint_at(position).await
+        } else if two_phase {
             match checkpointer.prepare_checkpoint(None).await {
                 Ok(prepared) => checkpointer.commit(prepared).await,
                 Err(CheckpointError::NothingDelivered { .. }) => checkpointer.checkpoint().await,
@@ -255,6 +300,7 @@ impl RecordProcessor for SimProcessor {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        let positions: Vec<_> = input.records.iter().map(kcl_core::Record::position).collect();
         {
             let mut log = self.log.lock();
             for r in &input.records {
@@ -264,7 +310,7 @@ impl RecordProcessor for SimProcessor {
                     worker: self.worker.clone(),
                     instance: self.instance,
                     shard: self.shard.clone(),
-                    sequence: r.sequence_number.clone(),
+                    position: r.position(),
                     keyed: false,
                 });
             }
@@ -280,12 +326,13 @@ impl RecordProcessor for SimProcessor {
             return Err("injected processor error".into());
         }
         match self.style {
-            Style::EveryBatch => self.checkpoint(checkpointer, false).await?,
+            Style::EveryBatch => self.checkpoint(checkpointer, false, None).await?,
             Style::EveryNth(n) if self.batches.is_multiple_of(n) => {
-                self.checkpoint(checkpointer, false).await?;
+                self.checkpoint(checkpointer, false, None).await?;
             }
             Style::EveryNth(_) | Style::OnlyWhenStopping => {}
-            Style::TwoPhase => self.checkpoint(checkpointer, true).await?,
+            Style::TwoPhase => self.checkpoint(checkpointer, true, None).await?,
+            Style::Explicit => self.explicit(checkpointer, &positions).await?,
         }
         self.log.lock().effects.push(Effect {
             seq: next_event_seq(),
@@ -296,7 +343,7 @@ impl RecordProcessor for SimProcessor {
     }
 
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
-        self.checkpoint(checkpointer, false).await?;
+        self.checkpoint(checkpointer, false, None).await?;
         Ok(())
     }
 
@@ -304,7 +351,7 @@ impl RecordProcessor for SimProcessor {
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        self.checkpoint(checkpointer, false).await?;
+        self.checkpoint(checkpointer, false, None).await?;
         Ok(())
     }
 }

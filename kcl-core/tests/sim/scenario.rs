@@ -75,6 +75,11 @@ pub struct Stats {
     /// Handler runs under `Parallel`, and how many were cut short (crash, lease lost).
     pub handler_runs: usize,
     pub handler_runs_cut: usize,
+    /// User records that came in KPL aggregates, and checkpoints written inside one.
+    pub aggregated: usize,
+    pub mid_aggregate_checkpoints: usize,
+    /// Checkpoints past the last delivered record tried (each must be refused).
+    pub beyond_tried: usize,
     /// Seeds by how many standbys their singletons have (0 to 3).
     pub standbys: [usize; 4],
     /// Runs of the periodic job.
@@ -128,6 +133,9 @@ impl std::ops::AddAssign for Stats {
         self.parallel += o.parallel;
         self.handler_runs += o.handler_runs;
         self.handler_runs_cut += o.handler_runs_cut;
+        self.aggregated += o.aggregated;
+        self.mid_aggregate_checkpoints += o.mid_aggregate_checkpoints;
+        self.beyond_tried += o.beyond_tried;
         for (mine, theirs) in self.standbys.iter_mut().zip(o.standbys) {
             *mine += theirs;
         }
@@ -391,6 +399,17 @@ fn judge(
     stats.deliveries = journal.deliveries.len();
     stats.handler_runs = journal.runs.len();
     stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
+    stats.beyond_tried = journal.beyond_tried;
+    stats.aggregated = records
+        .values()
+        .flatten()
+        .filter(|r| kcl_core::aggregation::is_aggregated(&r.data) || r.sub_sequence_number > 0)
+        .count();
+    stats.mid_aggregate_checkpoints = store_events
+        .iter()
+        .filter(|e| e.operation == "checkpoint")
+        .filter(|e| matches!(&e.lease.checkpoint, Checkpoint::Sequence(s) if s.sub_sequence > 0))
+        .count();
     stats.singleton_runs = journal.singleton_runs.len();
     stats.periodic_runs = journal.periodic_runs.len();
     stats.sends = journal.sends.len();
@@ -480,7 +499,7 @@ fn records(stream: &MemoryStream) -> BTreeMap<ShardId, Vec<Record>> {
         .shards()
         .into_iter()
         .map(|s| {
-            let records = stream.records(&s.id);
+            let records = super::user_records(stream, &s.id);
             (s.id, records)
         })
         .collect()

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kcl_core::admin::{self, RESET_OWNER, ResetTo};
+use kcl_core::aggregation;
 use kcl_core::memory::{Faults, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::is_coordination_key;
@@ -16,17 +17,25 @@ use tokio_util::sync::CancellationToken;
 use super::fleet::{Fleet, stream_client};
 use super::scenario::{MAX_SHARDS, MAX_WORKERS, Stats, config};
 
-/// The producer: writes until told to stop.
+/// The producer: writes until told to stop. In a third of the seeds, one record in three is
+/// a KPL aggregate of 2 to 6 user records of one partition key (so that they go to one
+/// shard, as the KPL's do), which processors see one by one at sub-sequence numbers.
 pub async fn produce(stream: MemoryStream, seed: u64, stop: CancellationToken) {
     let mut rng = StdRng::seed_from_u64(seed ^ 0xfeed);
+    let aggregates = StdRng::seed_from_u64(seed ^ 0x0a66_0e6a).random_ratio(1, 3);
     let mut n = 0u64;
     while !stop.is_cancelled() {
         sleep(Duration::from_millis(rng.random_range(20..200))).await;
         for _ in 0..rng.random_range(1..=3) {
-            stream.put(
-                &format!("pk-{}", rng.random_range(0..40)),
-                format!("record-{n}"),
-            );
+            let key = format!("pk-{}", rng.random_range(0..40));
+            if aggregates && rng.random_ratio(1, 3) {
+                let users: Vec<_> = (0..rng.random_range(2..=6))
+                    .map(|i| (key.clone(), None, bytes::Bytes::from(format!("record-{n}.{i}"))))
+                    .collect();
+                stream.put(&key, aggregation::aggregate(&users));
+            } else {
+                stream.put(&key, format!("record-{n}"));
+            }
             n += 1;
         }
     }
@@ -205,7 +214,7 @@ impl Run<'_> {
     fn age_out(&mut self) {
         if let Some((shard, unread)) = oldest_closed(self.fleet, self.rng) {
             self.aged_out
-                .insert(shard.clone(), self.fleet.stream.records(&shard));
+                .insert(shard.clone(), super::user_records(&self.fleet.stream, &shard));
             if self.fleet.stream.age_out(&shard).is_ok() {
                 self.stats.aged_out += 1;
                 self.stats.aged_out_unread += usize::from(unread);

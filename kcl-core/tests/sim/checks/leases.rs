@@ -6,14 +6,16 @@ use std::collections::BTreeMap;
 use kcl_core::admin::RESET_OWNER;
 use kcl_core::memory::StoreEvent;
 use kcl_core::singleton::is_coordination_key;
-use kcl_core::{Checkpoint, ShardId};
+use kcl_core::{Checkpoint, Record, ShardId};
 
 use super::Evidence;
 
-/// checkpoints: never move backwards and never pass a record the writer had not delivered.
+/// checkpoints: never move backwards, never pass a record the writer had not delivered, and
+/// a position past the last delivered record (mid-aggregate too) is refused.
 /// (A singleton's row is not a shard's: the periodic job records its periods there, which
 /// the `periodic` check judges.)
 pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
+    v.extend(e.journal.accepted_beyond.iter().cloned());
     let mut current: BTreeMap<&ShardId, &Checkpoint> = BTreeMap::new();
     let shard_checkpoints = e
         .store
@@ -43,7 +45,7 @@ pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
                 d.seq < ev.seq
                     && d.worker == ev.client
                     && d.shard == ev.lease.key
-                    && d.sequence == s.sequence
+                    && d.position == *s
             });
             if !delivered {
                 v.push(format!(
@@ -267,7 +269,7 @@ pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
             Some(w) => v.push(format!(
                 "validity: {} delivered {} of {} {:?} after the start of its last successful write",
                 d.worker,
-                d.sequence,
+                d.position,
                 d.shard,
                 d.at.saturating_duration_since(w.started)
             )),
@@ -383,7 +385,7 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
             v.push(format!(
                 "reset: {} delivered {} of {key} {:?} after its reset",
                 late.worker,
-                late.sequence,
+                late.position,
                 late.at - r.at
             ));
         }
@@ -397,7 +399,7 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
         else {
             continue;
         };
-        let after = records.iter().find(|rec| rec.sequence_number > at.sequence);
+        let after = records.iter().map(Record::position).find(|p| p > at);
         // Under `Parallel` records finish out of order: the instance's first run counts.
         let first_sequence = if first.keyed {
             let runs = e
@@ -406,19 +408,18 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
                 .iter()
                 .filter(|run| run.instance == first.instance);
             match runs.min_by_key(|run| run.start_seq) {
-                Some(run) => &run.position.sequence,
+                Some(run) => &run.position,
                 None => continue,
             }
         } else {
-            &first.sequence
+            &first.position
         };
         if first.seq < next_reset
             && let Some(after) = after
-            && &after.sequence_number != first_sequence
+            && &after != first_sequence
         {
             v.push(format!(
-                "reset: {key} reset to {at}, then first delivered {first_sequence} instead of {}",
-                after.sequence_number
+                "reset: {key} reset to {at}, then first delivered {first_sequence} instead of {after}",
             ));
         }
     }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use kcl_core::{InitialPosition, Record, SequenceNumber, ShardId};
+use kcl_core::{ExtendedSequenceNumber, InitialPosition, Record, ShardId};
 
 use super::{Evidence, Start};
 use crate::sim::processor::Journal;
@@ -53,11 +53,11 @@ pub fn undelivered<'a>(
     records: &'a BTreeMap<ShardId, Vec<Record>>,
     openings: &Openings,
     start: &Start,
-) -> Vec<(&'a ShardId, Vec<&'a SequenceNumber>, usize)> {
-    let delivered: BTreeSet<(&ShardId, &SequenceNumber)> = journal
+) -> Vec<(&'a ShardId, Vec<ExtendedSequenceNumber>, usize)> {
+    let delivered: BTreeSet<(&ShardId, &ExtendedSequenceNumber)> = journal
         .deliveries
         .iter()
-        .map(|d| (&d.shard, &d.sequence))
+        .map(|d| (&d.shard, &d.position))
         .collect();
     records
         .iter()
@@ -65,8 +65,8 @@ pub fn undelivered<'a>(
             let owed = &records[owed_from(start, openings, shard, records)..];
             let lost = owed
                 .iter()
-                .map(|r| &r.sequence_number)
-                .filter(|s| !delivered.contains(&(shard, *s)))
+                .map(Record::position)
+                .filter(|p| !delivered.contains(&(shard, p)))
                 .collect();
             (shard, lost, owed.len())
         })
@@ -98,14 +98,14 @@ pub(super) fn no_history(e: &Evidence<'_>, v: &mut Vec<String>) {
             e.start.at - TimeDelta::from_std(e.start.skew).unwrap_or(TimeDelta::zero())
         }
     };
-    let arrival: BTreeMap<(&ShardId, &SequenceNumber), DateTime<Utc>> = e
+    let arrival: BTreeMap<(&ShardId, ExtendedSequenceNumber), DateTime<Utc>> = e
         .records
         .iter()
         .chain(e.aged_out)
         .flat_map(|(shard, records)| {
             records
                 .iter()
-                .map(move |r| ((shard, &r.sequence_number), r.approximate_arrival))
+                .map(move |r| ((shard, r.position()), r.approximate_arrival))
         })
         .collect();
     let old: Vec<_> = e
@@ -114,7 +114,7 @@ pub(super) fn no_history(e: &Evidence<'_>, v: &mut Vec<String>) {
         .iter()
         .filter(|d| {
             arrival
-                .get(&(&d.shard, &d.sequence))
+                .get(&(&d.shard, d.position.clone()))
                 .is_some_and(|t| *t < floor)
         })
         .collect();
@@ -122,7 +122,7 @@ pub(super) fn no_history(e: &Evidence<'_>, v: &mut Vec<String>) {
         v.push(format!(
             "no-history: {} deliveries of records from before the start ({floor}), first {} of {}",
             old.len(),
-            first.sequence,
+            first.position,
             first.shard
         ));
     }
@@ -131,14 +131,14 @@ pub(super) fn no_history(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// order: within one processor instance, deliveries are in strictly increasing order (under
 /// `Parallel`, per key: see `key-order`).
 pub(super) fn order(e: &Evidence<'_>, v: &mut Vec<String>) {
-    let mut last: BTreeMap<u64, &SequenceNumber> = BTreeMap::new();
+    let mut last: BTreeMap<u64, &ExtendedSequenceNumber> = BTreeMap::new();
     for d in e.journal.deliveries.iter().filter(|d| !d.keyed) {
-        if let Some(prev) = last.insert(d.instance, &d.sequence)
-            && prev >= &d.sequence
+        if let Some(prev) = last.insert(d.instance, &d.position)
+            && prev >= &d.position
         {
             v.push(format!(
                 "order: instance {} on {} got {} after {prev}",
-                d.instance, d.shard, d.sequence
+                d.instance, d.shard, d.position
             ));
         }
     }
@@ -146,10 +146,10 @@ pub(super) fn order(e: &Evidence<'_>, v: &mut Vec<String>) {
 
 /// no-duplicates (planned changes only): no record is delivered twice.
 pub(super) fn no_duplicates(e: &Evidence<'_>, v: &mut Vec<String>) {
-    let mut seen: BTreeMap<(&ShardId, &SequenceNumber), &str> = BTreeMap::new();
+    let mut seen: BTreeMap<(&ShardId, &ExtendedSequenceNumber), &str> = BTreeMap::new();
     let mut repeats = Vec::new();
     for d in &e.journal.deliveries {
-        if let Some(first) = seen.insert((&d.shard, &d.sequence), &d.worker) {
+        if let Some(first) = seen.insert((&d.shard, &d.position), &d.worker) {
             repeats.push((first, d));
         }
     }
@@ -157,7 +157,7 @@ pub(super) fn no_duplicates(e: &Evidence<'_>, v: &mut Vec<String>) {
         v.push(format!(
             "no-duplicates: {} records delivered twice with only planned changes, first {} of {} (to {first}, then {})",
             repeats.len(),
-            d.sequence,
+            d.position,
             d.shard,
             d.worker
         ));
