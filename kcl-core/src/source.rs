@@ -137,11 +137,12 @@ pub trait ShardSource: Send + Sync + 'static {
         false
     }
 
-    /// The time on the clock that stamps records' `approximate_arrival`, as near as this host
-    /// can tell. The worker pins `LATEST` starts with it (see
+    /// The time on the clock that stamps the `approximate_arrival` of `shard`'s records, as
+    /// near as this host can tell. The worker pins `LATEST` starts with it (see
     /// [`WorkerConfig::max_clock_skew`](crate::WorkerConfig::max_clock_skew)). Default: this
     /// host's clock, which is right for Kinesis on an NTP-synchronised host.
-    fn now(&self) -> DateTime<Utc> {
+    fn now(&self, shard: &ShardId) -> DateTime<Utc> {
+        let _ = shard;
         Utc::now()
     }
 }

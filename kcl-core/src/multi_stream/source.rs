@@ -323,8 +323,13 @@ where
             .is_some_and(|since| since.elapsed() >= self.grace)
     }
 
-    fn now(&self) -> DateTime<Utc> {
-        let any = self.lock().sources.values().next().cloned();
-        any.map_or_else(Utc::now, |s| s.now())
+    /// The clock of `key`'s stream. (It used to be any stream's, or this host's before one
+    /// was read: a worker that had read none pinned its first `LATEST` start on its own
+    /// clock, which the simulation's stream clock showed wrong.)
+    fn now(&self, key: &ShardId) -> DateTime<Utc> {
+        match self.route(key, "now") {
+            Ok(route) => route.source.now(&route.shard),
+            Err(_) => Utc::now(),
+        }
     }
 }

@@ -12,7 +12,7 @@ use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
     Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard,
-    ShardId, ShardSource, WorkerConfig,
+    ShardId, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -80,6 +80,13 @@ pub struct Stats {
     pub mid_aggregate_checkpoints: usize,
     /// Checkpoints past the last delivered record tried (each must be refused).
     pub beyond_tried: usize,
+    /// Seeds whose fleet started under store faults, and of those, with closed shards (a
+    /// resharded past) for the first sync to create leases of.
+    pub early_store_faults: usize,
+    pub early_faults_resharded: usize,
+    /// Leases created late under `LATEST`: a shard whose create failed and that closed
+    /// before the next sync, leased from the fleet's beginning.
+    pub late_leases: usize,
     /// Seeds by how many standbys their singletons have (0 to 3).
     pub standbys: [usize; 4],
     /// Runs of the periodic job.
@@ -136,6 +143,9 @@ impl std::ops::AddAssign for Stats {
         self.aggregated += o.aggregated;
         self.mid_aggregate_checkpoints += o.mid_aggregate_checkpoints;
         self.beyond_tried += o.beyond_tried;
+        self.early_store_faults += o.early_store_faults;
+        self.early_faults_resharded += o.early_faults_resharded;
+        self.late_leases += o.late_leases;
         for (mine, theirs) in self.standbys.iter_mut().zip(o.standbys) {
             *mine += theirs;
         }
@@ -311,6 +321,15 @@ pub async fn simulate(seed: u64) -> Outcome {
         network: network.clone(),
         parallel,
     };
+    // A quarter of the disturbed seeds start under store faults, so that the first shard
+    // sync's lease creates (of a resharded past, often) fail and are retried.
+    let early = StdRng::seed_from_u64(seed ^ 0x0ea7_1e55);
+    let early_faults = !planned && { early }.random_ratio(1, 4);
+    if early_faults {
+        early_store_faults(&fleet, seed);
+        stats.early_store_faults = 1;
+        stats.early_faults_resharded = usize::from(start.shards.values().any(|closed| *closed));
+    }
     for _ in 0..rng.random_range(1..=MAX_WORKERS) {
         fleet.join();
     }
@@ -364,6 +383,22 @@ pub async fn simulate(seed: u64) -> Outcome {
     }
 }
 
+/// Store errors and lost responses from the fleet's first instant, for 2 to 6 s.
+fn early_store_faults(fleet: &Fleet, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0ea7_1e56);
+    let faults = fleet.faults.clone();
+    faults.set_error_rate(rng.random_range(0.1..0.4));
+    faults.set_ambiguous_rate(rng.random_range(0.0..0.1));
+    let now = Instant::now();
+    let until = now + Duration::from_millis(rng.random_range(2_000..6_000));
+    fleet.log.lock().disturbed.push((now, until));
+    tokio::spawn(async move {
+        tokio::time::sleep_until(until).await;
+        faults.set_error_rate(0.0);
+        faults.set_ambiguous_rate(0.0);
+    });
+}
+
 /// Waits (at most two minutes) until everything owed was delivered.
 async fn drain(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) {
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -400,6 +435,12 @@ fn judge(
     stats.handler_runs = journal.runs.len();
     stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
     stats.beyond_tried = journal.beyond_tried;
+    if start.position == InitialPosition::Latest {
+        stats.late_leases = store_events
+            .iter()
+            .filter(|e| e.operation == "create" && e.lease.checkpoint == Checkpoint::AtTimestamp)
+            .count();
+    }
     stats.aggregated = records
         .values()
         .flatten()
@@ -508,14 +549,22 @@ fn records(stream: &MemoryStream) -> BTreeMap<ShardId, Vec<Record>> {
 /// By lease key: where the first iterator on each shard pointed, how and when each was first
 /// leased, and which were born of a leased parent.
 fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) -> Openings {
+    // The stream counts Kinesis records; the checks, user records (aggregates split).
     let first_open = records
-        .keys()
-        .filter_map(|k| {
+        .iter()
+        .filter_map(|(k, users)| {
             let shard = fleet.keys.shard_of(k);
-            fleet.stream.first_open(&shard).map(|i| (k.clone(), i))
+            let kinesis = fleet.stream.records(&shard);
+            let i = fleet.stream.first_open(&shard)?;
+            let user = match kinesis.get(i) {
+                Some(at) => users.partition_point(|u| u.sequence_number < at.sequence_number),
+                None => users.len(),
+            };
+            Some((k.clone(), user))
         })
         .collect();
     let mut first_lease = BTreeMap::new();
+    let mut late = BTreeMap::new();
     for event in fleet
         .store
         .journal()
@@ -523,9 +572,16 @@ fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Sta
         .filter(|e| e.operation == "create")
     {
         let created = start.at + (event.at - start.instant);
+        let lease = &event.lease;
+        if !first_lease.contains_key(&lease.key)
+            && lease.checkpoint == Checkpoint::AtTimestamp
+            && let Some(pin) = lease.start_timestamp
+        {
+            late.insert(lease.key.clone(), pin);
+        }
         first_lease
-            .entry(event.lease.key.clone())
-            .or_insert((event.lease.checkpoint == Checkpoint::Latest, created));
+            .entry(lease.key.clone())
+            .or_insert((lease.checkpoint == Checkpoint::Latest, created));
     }
     let tracked = fleet
         .stream
@@ -542,6 +598,7 @@ fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Sta
     Openings {
         first_open,
         first_lease,
+        late,
         tracked,
     }
 }

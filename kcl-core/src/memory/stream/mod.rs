@@ -366,6 +366,12 @@ impl MemoryStream {
         self.lock().subscription_lifetime = lifetime;
     }
 
+    /// The stream's own clock: what stamps `approximate_arrival` (see
+    /// [`set_wall_clock`](Self::set_wall_clock)).
+    pub fn now(&self) -> DateTime<Utc> {
+        self.lock().now()
+    }
+
     /// Sets the stream's wall clock to read `now` at this instant (by default it starts at
     /// the system's time): a simulation that numbers periods or dates records on it then
     /// replays the same way whenever it runs.
@@ -480,7 +486,7 @@ impl ShardSource for MemoryStream {
 
     /// The stream's own clock (it stamps `approximate_arrival`): tokio time, so that it
     /// follows paused time in tests.
-    fn now(&self) -> DateTime<Utc> {
+    fn now(&self, _shard: &ShardId) -> DateTime<Utc> {
         self.lock().now()
     }
 }

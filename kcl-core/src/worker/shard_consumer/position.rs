@@ -80,7 +80,7 @@ pub(super) async fn open<S: ShardSource>(
         }
         (Checkpoint::Latest, None) => {
             let skew = TimeDelta::from_std(ctx.config.max_clock_skew).unwrap_or(TimeDelta::MAX);
-            let now = ctx.source.now();
+            let now = ctx.source.now(&lease.key);
             let pin = now.checked_sub_signed(skew).unwrap_or(now);
             if !write_pin(tenure, lease, pin).await? {
                 return Ok(Opened::Lost);
