@@ -15,12 +15,7 @@
 //!   `LATEST`. Any other *closed* shard gets no lease at all: everything in it was written
 //!   before the consumer started, and its children then count as untracked and start at
 //!   `LATEST` too — so a consumer started at `LATEST` on a resharded stream delivers nothing
-//!   written before it started. That holds on a table without leases of the stream: once the
-//!   fleet has begun reading it, a closed shard with no lease and no descendant lease was open
-//!   when the fleet began (its lease's create failed, and it closed before the next sync), so
-//!   it and its children start at the fleet's beginning: `AT_TIMESTAMP` at the earliest pin
-//!   among the stream's leases (decided at a later sync while none is pinned yet). Skipping it
-//!   would lose what was written to it since.
+//!   written before it started.
 //!
 //! That check runs on a snapshot, and a worker that stalls between reading the table and
 //! creating a lease can still bring a cleaned-up parent back. [`Lineage`] catches such a
@@ -29,10 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::{DateTime, Utc};
-
 use super::Lease;
-use crate::singleton::is_coordination_key;
 use crate::mutation::{self, Mutation};
 use crate::source::Shard;
 use crate::types::{Checkpoint, InitialPosition, ShardId};
@@ -68,13 +60,8 @@ pub(crate) fn plan_for(
         }
     }
 
-    let began = began(leases);
     let mut create = Vec::new();
     let mut will_exist: BTreeSet<&ShardId> = by_key.keys().copied().collect();
-    // Shards leased late (see the module docs), and where they start.
-    let mut late: BTreeMap<&ShardId, DateTime<Utc>> = BTreeMap::new();
-    // Such shards while the stream has no pin yet, and their descendants: decided later.
-    let mut deferred: BTreeSet<&ShardId> = BTreeSet::new();
     for s in parents_first(shards, &listed) {
         if by_key.contains_key(&s.id) {
             continue;
@@ -82,19 +69,10 @@ pub(crate) fn plan_for(
         if has_descendant_lease(&s.id, &children, &by_key) {
             continue;
         }
-        if s.parent_shard_ids.iter().any(|p| deferred.contains(p)) {
-            deferred.insert(&s.id);
-            continue;
-        }
         let tracked_parent = s.parent_shard_ids.iter().any(|p| will_exist.contains(p));
-        let late_parent = s.parent_shard_ids.iter().find_map(|p| late.get(p)).copied();
         let (checkpoint, start_timestamp) = match initial(&s.id) {
             InitialPosition::TrimHorizon => (Checkpoint::TrimHorizon, None),
             InitialPosition::AtTimestamp(t) => (Checkpoint::AtTimestamp, Some(t)),
-            InitialPosition::Latest if let Some(t) = late_parent => {
-                late.insert(&s.id, t);
-                (Checkpoint::AtTimestamp, Some(t))
-            }
             InitialPosition::Latest
                 if tracked_parent && !mutation::on(Mutation::ChildrenAtLatest) =>
             {
@@ -103,17 +81,7 @@ pub(crate) fn plan_for(
             InitialPosition::Latest
                 if s.closed && !mutation::on(Mutation::ClosedShardsLeasedAtLatest) =>
             {
-                match began.get(stream_of(&s.id)) {
-                    Some(Some(t)) => {
-                        late.insert(&s.id, *t);
-                        (Checkpoint::AtTimestamp, Some(*t))
-                    }
-                    Some(None) => {
-                        deferred.insert(&s.id);
-                        continue;
-                    }
-                    None => continue,
-                }
+                continue;
             }
             InitialPosition::Latest => (Checkpoint::Latest, None),
         };
@@ -127,25 +95,6 @@ pub(crate) fn plan_for(
 
     let delete = to_delete(leases, &by_key, &listed);
     SyncPlan { create, delete }
-}
-
-/// The stream a lease key belongs to: a multi-stream key without its shard id, or "" for a
-/// single stream's.
-fn stream_of(key: &ShardId) -> &str {
-    key.as_str().rsplit_once(':').map_or("", |(stream, _)| stream)
-}
-
-/// For each stream the table has shard leases of: when the fleet began reading it, as the
-/// earliest pin (`start_timestamp`) among them, if one is pinned yet.
-fn began(leases: &[Lease]) -> BTreeMap<&str, Option<DateTime<Utc>>> {
-    let mut began: BTreeMap<&str, Option<DateTime<Utc>>> = BTreeMap::new();
-    for lease in leases.iter().filter(|l| !is_coordination_key(&l.key)) {
-        let earliest = began.entry(stream_of(&lease.key)).or_default();
-        if let Some(t) = lease.start_timestamp {
-            *earliest = Some(earliest.map_or(t, |e| e.min(t)));
-        }
-    }
-    began
 }
 
 /// `shards` in topological order: a shard comes after every listed parent.
@@ -398,38 +347,6 @@ mod tests {
         assert!(
             again.create.is_empty(),
             "skipped parents are never created later"
-        );
-    }
-
-    #[test]
-    fn latest_a_shard_whose_create_failed_and_that_closed_since_starts_at_the_fleets_beginning() {
-        // The first sync leased a (pinned since) but failed to create b; b split into c and d
-        // before the next sync. Skipping b as history would lose what was written to it since.
-        let shards = [
-            shard("a", &[]),
-            closed("b", &[]),
-            shard("c", &["b"]),
-            shard("d", &["b"]),
-        ];
-        let began = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap_or_default();
-        let mut a = Lease::new(ShardId::new("a"), Checkpoint::Latest);
-        let unpinned = plan(&shards, std::slice::from_ref(&a), &InitialPosition::Latest);
-        assert!(
-            unpinned.create.is_empty(),
-            "decided once the stream has a pin, not as history meanwhile"
-        );
-        a.start_timestamp = Some(began);
-        let pinned = plan(&shards, &[a], &InitialPosition::Latest);
-        let created: Vec<_> = pinned
-            .create
-            .iter()
-            .map(|l| (l.key.as_str(), &l.checkpoint, l.start_timestamp))
-            .collect();
-        let at = (&Checkpoint::AtTimestamp, Some(began));
-        assert_eq!(
-            created,
-            [("b", at.0, at.1), ("c", at.0, at.1), ("d", at.0, at.1)],
-            "b and its children from the fleet's beginning, no earlier"
         );
     }
 

@@ -84,9 +84,9 @@ pub struct Stats {
     /// resharded past) for the first sync to create leases of.
     pub early_store_faults: usize,
     pub early_faults_resharded: usize,
-    /// Leases created late under `LATEST`: a shard whose create failed and that closed
-    /// before the next sync, leased from the fleet's beginning.
-    pub late_leases: usize,
+    /// Shards open at a `LATEST` start, never leased and closed since (their creates failed
+    /// until they closed): never opened, nothing owed.
+    pub never_opened: usize,
     /// Seeds by how many standbys their singletons have (0 to 3).
     pub standbys: [usize; 4],
     /// Runs of the periodic job.
@@ -145,7 +145,7 @@ impl std::ops::AddAssign for Stats {
         self.beyond_tried += o.beyond_tried;
         self.early_store_faults += o.early_store_faults;
         self.early_faults_resharded += o.early_faults_resharded;
-        self.late_leases += o.late_leases;
+        self.never_opened += o.never_opened;
         for (mine, theirs) in self.standbys.iter_mut().zip(o.standbys) {
             *mine += theirs;
         }
@@ -436,9 +436,15 @@ fn judge(
     stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
     stats.beyond_tried = journal.beyond_tried;
     if start.position == InitialPosition::Latest {
-        stats.late_leases = store_events
+        let openings = openings(fleet, records, start);
+        stats.never_opened = start
+            .shards
             .iter()
-            .filter(|e| e.operation == "create" && e.lease.checkpoint == Checkpoint::AtTimestamp)
+            .filter(|(key, closed)| {
+                !**closed
+                    && openings.closed.contains(*key)
+                    && !openings.first_lease.contains_key(*key)
+            })
             .count();
     }
     stats.aggregated = records
@@ -564,7 +570,6 @@ fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Sta
         })
         .collect();
     let mut first_lease = BTreeMap::new();
-    let mut late = BTreeMap::new();
     for event in fleet
         .store
         .journal()
@@ -573,12 +578,6 @@ fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Sta
     {
         let created = start.at + (event.at - start.instant);
         let lease = &event.lease;
-        if !first_lease.contains_key(&lease.key)
-            && lease.checkpoint == Checkpoint::AtTimestamp
-            && let Some(pin) = lease.start_timestamp
-        {
-            late.insert(lease.key.clone(), pin);
-        }
         first_lease
             .entry(lease.key.clone())
             .or_insert((lease.checkpoint == Checkpoint::Latest, created));
@@ -595,10 +594,17 @@ fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Sta
         })
         .map(|s| s.id)
         .collect();
+    let closed = fleet
+        .stream
+        .shards()
+        .iter()
+        .filter(|s| s.closed)
+        .map(|s| fleet.keys.of(&s.id))
+        .collect();
     Openings {
         first_open,
         first_lease,
-        late,
+        closed,
         tracked,
     }
 }

@@ -365,8 +365,9 @@ pub(super) fn singleton(e: &Evidence<'_>, v: &mut Vec<String>) {
 }
 
 /// reset: after an operator's reset of a shard's checkpoint (`kcl_core::admin::reset`), no
-/// processor instance from before it delivers anything more once a failover time has
-/// passed, and the first instance created after it starts right after the new checkpoint.
+/// processor of a tenure from before it delivers anything more once a failover time has
+/// passed, and the first processor of a tenure begun after it starts right after the new
+/// checkpoint.
 /// (That no checkpoint from before it overwrites it is `fencing`: the reset changed the
 /// owner.)
 pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
@@ -378,9 +379,22 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
         let key = &r.lease.key;
         let on_shard = e.journal.deliveries.iter().filter(|d| &d.shard == key);
         let created = |instance: u64| e.journal.instances.get(&instance).map(|i| i.created_seq);
+        // New: processors of a tenure that began after the reset (a lease taken since). A
+        // processor restarted inside the old tenure after the reset still reads from that
+        // tenure's view: old, and fenced.
+        let retaken = e
+            .store
+            .iter()
+            .find(|ev| {
+                ev.seq > r.seq
+                    && &ev.lease.key == key
+                    && ev.operation == "take"
+                    && ev.client != RESET_OWNER
+            })
+            .map_or(u64::MAX, |ev| ev.seq);
         let (old, new): (Vec<_>, Vec<_>) = on_shard
             .filter(|d| d.seq > r.seq)
-            .partition(|d| created(d.instance).is_some_and(|c| c < r.seq));
+            .partition(|d| created(d.instance).is_some_and(|c| c < retaken));
         if let Some(late) = old.iter().find(|d| d.at > r.at + e.failover) {
             v.push(format!(
                 "reset: {} delivered {} of {key} {:?} after its reset",

@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, TimeDelta, Utc};
-use kcl_core::singleton::is_coordination_key;
 use kcl_core::{ExtendedSequenceNumber, InitialPosition, Record, ShardId};
 
 use super::{Evidence, Start};
@@ -17,29 +16,15 @@ pub struct Openings {
     pub first_open: BTreeMap<ShardId, usize>,
     /// Per shard, whether its first lease was created at `LATEST`, and when (stream clock).
     pub first_lease: BTreeMap<ShardId, (bool, DateTime<Utc>)>,
-    /// Shards first leased at `AT_TIMESTAMP` under a `LATEST` start, and from when: leased
-    /// late (a create failed, then the shard closed), from the fleet's beginning.
-    pub late: BTreeMap<ShardId, DateTime<Utc>>,
+    /// Shards closed at the end of the run.
+    pub closed: BTreeSet<ShardId>,
     /// Shards with a parent that had a lease: the fleet tracked them from their birth.
     pub tracked: BTreeSet<ShardId>,
 }
 
-/// When the fleet's first shard sync created leases (stream clock), if it did.
-fn first_sync(openings: &Openings) -> DateTime<Utc> {
-    openings
-        .first_lease
-        .iter()
-        .filter(|(key, _)| !is_coordination_key(key))
-        .map(|(_, (_, created))| *created)
-        .min()
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
 /// From which index on the records of `shard` are owed to the application.
 ///
-/// At `LATEST`, as README states it: everything after the fleet's beginning in a shard leased
-/// late (see `kcl_core::lease` sync: a create failed, the shard closed); everything in a child
-/// of a shard the fleet tracked;
+/// At `LATEST`, as README states it: everything in a child of a shard the fleet tracked;
 /// everything written after the fleet first opened a shard it leased at `LATEST` (never
 /// opened: after the lease's creation; records written between a lease's creation and its
 /// first open are not owed); nothing in a shard closed before the start; everything after
@@ -49,7 +34,6 @@ fn owed_from(start: &Start, openings: &Openings, shard: &ShardId, records: &[Rec
     let owed = match &start.position {
         InitialPosition::TrimHorizon => 0,
         InitialPosition::AtTimestamp(t) => after(*t),
-        InitialPosition::Latest if let Some(t) = openings.late.get(shard) => after(*t),
         InitialPosition::Latest if openings.tracked.contains(shard) => 0,
         InitialPosition::Latest => match openings.first_lease.get(shard) {
             Some((true, created)) => openings
@@ -59,9 +43,11 @@ fn owed_from(start: &Start, openings: &Openings, shard: &ShardId, records: &[Rec
                 .unwrap_or_else(|| after(*created)),
             Some((false, _)) => 0,
             None if start.shards.get(shard) == Some(&true) => records.len(),
-            // Never leased: the shard closed before the fleet's first shard sync, which (under
-            // store faults from the start) may come well after the start. LATEST begins there.
-            None => after(first_sync(openings).max(start.at)),
+            // Never leased, so never opened, and closed since: its lease could not be created
+            // (the table failing) before it closed. LATEST owes nothing before the first open.
+            None if openings.closed.contains(shard) => records.len(),
+            // Still open and never leased: the sync skipped it. Owed.
+            None => after(start.at),
         },
     };
     owed.min(records.len())
