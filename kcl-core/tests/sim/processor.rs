@@ -102,6 +102,10 @@ pub struct Journal {
     pub leaves: Vec<(String, Instant)>,
     /// While some fault was on (a freeze, store faults, a partition): from, until.
     pub disturbed: Vec<(Instant, Instant)>,
+    /// Of those, what befell one worker (a freeze, a partition): who, from, until.
+    pub worker_disturbed: Vec<(String, Instant, Instant)>,
+    /// Of those, the store's faults (everyone's calls): from, until.
+    pub store_faulted: Vec<(Instant, Instant)>,
     pub deliveries: Vec<Delivery>,
     /// Handler runs under `Parallel`.
     pub runs: Vec<super::handler::HandlerRun>,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kcl_core::lease::Lineage;
 use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
-use kcl_core::singleton::is_coordination_key;
+use kcl_core::singleton::{COORDINATION_PREFIX, is_coordination_key};
 use kcl_core::{
     Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard,
     ShardId, WorkerConfig,
@@ -391,7 +391,10 @@ fn early_store_faults(fleet: &Fleet, seed: u64) {
     faults.set_ambiguous_rate(rng.random_range(0.0..0.1));
     let now = Instant::now();
     let until = now + Duration::from_millis(rng.random_range(2_000..6_000));
-    fleet.log.lock().disturbed.push((now, until));
+    let mut log = fleet.log.lock();
+    log.disturbed.push((now, until));
+    log.store_faulted.push((now, until));
+    drop(log);
     tokio::spawn(async move {
         tokio::time::sleep_until(until).await;
         faults.set_error_rate(0.0);
@@ -509,6 +512,9 @@ fn judge(
         } else {
             failover * 6
         },
+        standby_row: (fleet.standbys > 0)
+            .then(|| ShardId::new(format!("{COORDINATION_PREFIX}sim/standby"))),
+        poll: config().taker_interval,
     })
 }
 

@@ -146,7 +146,9 @@ impl Run<'_> {
             let length =
                 config().failover_time + Duration::from_millis(self.rng.random_range(100..4000));
             self.stats.freezes += 1;
-            self.fleet.log.lock().disturbed.push((now, now + length));
+            let mut log = self.fleet.log.lock();
+            log.disturbed.push((now, now + length));
+            log.worker_disturbed.push((id.clone(), now, now + length));
             undo.0.push((now + length, Some(id)));
         }
     }
@@ -180,11 +182,10 @@ impl Run<'_> {
         faults.set_stragglers(rng.random_range(0.0..0.05), straggle);
         let until = now + Duration::from_millis(rng.random_range(500..5000));
         // Writes may land a straggle later: disturbed until then.
-        self.fleet
-            .log
-            .lock()
-            .disturbed
-            .push((now, until + straggle));
+        let mut log = self.fleet.log.lock();
+        log.disturbed.push((now, until + straggle));
+        log.store_faulted.push((now, until + straggle));
+        drop(log);
         undo.0.push((until, None));
         self.stats.store_faults += 1;
     }
@@ -195,7 +196,10 @@ impl Run<'_> {
             return;
         };
         let until = now + Duration::from_millis(self.rng.random_range(500..6000));
-        self.fleet.log.lock().disturbed.push((now, until));
+        let mut log = self.fleet.log.lock();
+        log.disturbed.push((now, until));
+        log.worker_disturbed.push((id.clone(), now, until));
+        drop(log);
         let stream = stream_client(&id);
         let cut = match self.rng.random_range(0..3) {
             0 => vec![id],

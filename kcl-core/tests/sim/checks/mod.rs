@@ -36,6 +36,7 @@ pub const INVARIANTS: &[&str] = &[
     "reset",
     "key-order",
     "watermark",
+    "standby-takeover",
 ];
 
 /// How the fleet started reading.
@@ -82,6 +83,10 @@ pub struct Evidence<'a> {
     /// How long before such a crash no other worker may have crashed or left for the bound
     /// to hold (the line of standbys was whole).
     pub line_settle: Duration,
+    /// The singleton's first standby row, when it has standbys.
+    pub standby_row: Option<ShardId>,
+    /// How often candidates holding a row read the row ahead (the taker interval here).
+    pub poll: Duration,
 }
 
 impl Evidence<'_> {
@@ -108,6 +113,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     singletons::periodic(e, &mut v);
     singletons::sends(e, &mut v);
     singletons::restarts(e, &mut v);
+    singletons::standby_takeovers(e, &mut v);
     if e.planned {
         records::no_duplicates(e, &mut v);
     }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use super::Evidence;
 use crate::sim::fleet::PERIOD;
+use kcl_core::ShardId;
+use tokio::time::Instant;
 
 /// fencing-token: every run of the singleton task carried a larger fencing token than every
 /// run that started before it.
@@ -116,6 +118,69 @@ pub(super) fn sends(e: &Evidence<'_>, v: &mut Vec<String>) {
             Some(_) => {}
         }
     }
+}
+
+/// standby-takeover: when the singleton's holder crashed while a standby held the first
+/// standby row, and neither that standby nor the store was disturbed from a failover time
+/// before until the bound, the next run started within the restart bound plus a poll (the
+/// standby may have moved up within the last poll), whatever else happened in the fleet.
+pub(super) fn standby_takeovers(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let (Some(bound), Some(row)) = (e.restart_bound, e.standby_row.as_ref()) else {
+        return;
+    };
+    let bound = bound + e.poll;
+    let runs = &e.journal.singleton_runs;
+    for (worker, at) in &e.journal.crashes {
+        let held = runs
+            .iter()
+            .filter(|r| r.start <= *at)
+            .max_by_key(|r| r.start)
+            .is_some_and(|r| &r.worker == worker);
+        if !held || *at + bound > e.quiet.1 {
+            continue;
+        }
+        let Some(standby) = standby_at(e, row, *at) else {
+            continue;
+        };
+        let (from, until) = (at.checked_sub(e.failover).unwrap_or(*at), *at + bound);
+        let overlaps = |a: &Instant, b: &Instant| *a <= until && from <= *b;
+        let disturbed = e
+            .journal
+            .worker_disturbed
+            .iter()
+            .any(|(w, a, b)| w == standby && overlaps(a, b))
+            || e.journal.store_faulted.iter().any(|(a, b)| overlaps(a, b))
+            || e
+                .journal
+                .crashes
+                .iter()
+                .chain(&e.journal.leaves)
+                .any(|(w, when)| w == standby && overlaps(when, when));
+        if disturbed || standby == worker {
+            continue;
+        }
+        let next = runs.iter().filter(|r| r.start > *at).map(|r| r.start).min();
+        if next.is_none_or(|n| n > *at + bound) {
+            v.push(format!(
+                "standby-takeover: {worker} crashed holding it while {standby} held the standby row; the next instance started {:?} later (bound {bound:?})",
+                next.map(|n| n - *at)
+            ));
+        }
+    }
+}
+
+/// Who held `row` at `at`: its last write before then, if it named an owner and was recent
+/// enough (within the lease's validity) for the row to be held.
+fn standby_at<'a>(e: &'a Evidence<'_>, row: &ShardId, at: Instant) -> Option<&'a str> {
+    let last = e
+        .store
+        .iter()
+        .filter(|ev| &ev.lease.key == row && ev.at <= at)
+        .max_by_key(|ev| ev.seq)?;
+    if last.operation == "delete" || last.operation == "release" || at - last.at > e.validity {
+        return None;
+    }
+    last.lease.owner.as_ref().map(|o| o.as_str())
 }
 
 /// singleton-restart: when the singleton's holder crashed and nothing else was disturbed for
