@@ -56,6 +56,8 @@ pub enum Mutation {
     CheckpointPastUnfinished,
     /// [`Parallel`](crate::Parallel) runs records of one key at the same time.
     KeysOverlap,
+    /// A singleton's standby reads its own row fast instead of the row ahead of it.
+    StandbyWatchesItsOwnRow,
 }
 
 impl Mutation {
@@ -83,6 +85,7 @@ impl Mutation {
         Self::InboxIgnoresLease,
         Self::CheckpointPastUnfinished,
         Self::KeysOverlap,
+        Self::StandbyWatchesItsOwnRow,
     ];
 }
 

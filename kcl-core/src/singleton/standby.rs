@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Singleton, TaskContext};
 use crate::error::{ConfigError, Error};
 use crate::lease::LeaseStore;
+use crate::mutation::{self, Mutation};
 use crate::types::WorkerId;
 
 /// The slow candidates' pace: rows ahead of the last standby row every this many failover
@@ -133,8 +134,13 @@ impl<L: LeaseStore> Singleton<L> {
         stop: &'a CancellationToken,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
+            let watched = if mutation::on(Mutation::StandbyWatchesItsOwnRow) {
+                self
+            } else {
+                ahead
+            };
             let mut task = |ctx: TaskContext| async move {
-                let _fast = Fast::on(ahead);
+                let _fast = Fast::on(watched);
                 ctx.cancelled().cancelled().await;
             };
             // `contend`, not `run`: the table exists.
