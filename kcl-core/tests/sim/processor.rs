@@ -304,7 +304,11 @@ impl RecordProcessor for SimProcessor {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        let positions: Vec<_> = input.records.iter().map(kcl_core::Record::position).collect();
+        let positions: Vec<_> = input
+            .records
+            .iter()
+            .map(kcl_core::Record::position)
+            .collect();
         {
             let mut log = self.log.lock();
             for r in &input.records {

@@ -30,7 +30,13 @@ pub async fn produce(stream: MemoryStream, seed: u64, stop: CancellationToken) {
             let key = format!("pk-{}", rng.random_range(0..40));
             if aggregates && rng.random_ratio(1, 3) {
                 let users: Vec<_> = (0..rng.random_range(2..=6))
-                    .map(|i| (key.clone(), None, bytes::Bytes::from(format!("record-{n}.{i}"))))
+                    .map(|i| {
+                        (
+                            key.clone(),
+                            None,
+                            bytes::Bytes::from(format!("record-{n}.{i}")),
+                        )
+                    })
                     .collect();
                 stream.put(&key, aggregation::aggregate(&users));
             } else {
@@ -217,8 +223,10 @@ impl Run<'_> {
     /// its end (the fleet was slow, or down).
     fn age_out(&mut self) {
         if let Some((shard, unread)) = oldest_closed(self.fleet, self.rng) {
-            self.aged_out
-                .insert(shard.clone(), super::user_records(&self.fleet.stream, &shard));
+            self.aged_out.insert(
+                shard.clone(),
+                super::user_records(&self.fleet.stream, &shard),
+            );
             if self.fleet.stream.age_out(&shard).is_ok() {
                 self.stats.aged_out += 1;
                 self.stats.aged_out_unread += usize::from(unread);

@@ -150,8 +150,7 @@ pub(super) fn standby_takeovers(e: &Evidence<'_>, v: &mut Vec<String>) {
             .iter()
             .any(|(w, a, b)| w == standby && overlaps(a, b))
             || e.journal.store_faulted.iter().any(|(a, b)| overlaps(a, b))
-            || e
-                .journal
+            || e.journal
                 .crashes
                 .iter()
                 .chain(&e.journal.leaves)
