@@ -298,6 +298,18 @@ impl MemoryStream {
         Ok([a, b])
     }
 
+    /// Closes an open shard and opens one child over the same range, as DynamoDB Streams
+    /// rolls its shards over every few hours (a shard with one parent and one child).
+    pub fn roll_over(&self, id: &ShardId) -> Result<ShardId, String> {
+        let mut s = self.lock();
+        let range = s.open(id)?.shard.hash_key_range;
+        let child = s.add_shard(vec![id.clone()], range);
+        s.close(id, std::slice::from_ref(&child));
+        drop(s);
+        self.arrivals.notify_waiters();
+        Ok(child)
+    }
+
     /// Merges two open shards with adjacent ranges into one child.
     pub fn merge(&self, a: &ShardId, b: &ShardId) -> Result<ShardId, String> {
         let mut s = self.lock();
