@@ -105,6 +105,8 @@ pub struct Stats {
     pub partitions: usize,
     pub splits: usize,
     pub merges: usize,
+    /// A shard closed with one child (DynamoDB Streams' rollover).
+    pub roll_overs: usize,
     pub aged_out: usize,
     pub aged_out_unread: usize,
     /// Operator resets of a checkpoint (`kcl-admin reset`).
@@ -163,6 +165,7 @@ impl std::ops::AddAssign for Stats {
         self.partitions += o.partitions;
         self.splits += o.splits;
         self.merges += o.merges;
+        self.roll_overs += o.roll_overs;
         self.aged_out += o.aged_out;
         self.aged_out_unread += o.aged_out_unread;
         self.resets += o.resets;

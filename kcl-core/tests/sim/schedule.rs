@@ -127,6 +127,7 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
             62..66 => run.age_out(),
             66..83 => run.split(),
             83..89 if !planned => run.reset().await,
+            95..100 => run.roll_over(),
             _ => run.merge(),
         }
     }
@@ -289,6 +290,21 @@ impl Run<'_> {
                 .is_ok()
         {
             self.stats.splits += 1;
+        }
+    }
+
+    /// A shard closes and one child carries on, as DynamoDB Streams' shards do every few
+    /// hours.
+    fn roll_over(&mut self) {
+        let open = self.fleet.stream.open_shards();
+        if !open.is_empty()
+            && self
+                .fleet
+                .stream
+                .roll_over(&open[self.rng.random_range(0..open.len())])
+                .is_ok()
+        {
+            self.stats.roll_overs += 1;
         }
     }
 
