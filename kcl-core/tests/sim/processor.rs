@@ -42,6 +42,8 @@ pub struct Effect {
 #[derive(Debug, Clone)]
 pub struct Attempt {
     pub start_seq: u64,
+    /// When it returned.
+    pub end_seq: u64,
     pub worker: String,
     pub instance: u64,
     pub shard: ShardId,
@@ -289,6 +291,7 @@ impl SimProcessor {
         };
         self.log.lock().attempts.push(Attempt {
             start_seq,
+            end_seq: next_event_seq(),
             worker: self.worker.clone(),
             instance: self.instance,
             shard: self.shard.clone(),

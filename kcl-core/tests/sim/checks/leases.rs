@@ -107,7 +107,18 @@ pub(super) fn fencing(e: &Evidence<'_>, v: &mut Vec<String>) {
             ));
         }
     }
-    for a in e.journal.attempts.iter().filter(|a| a.ok) {
+    // A checkpoint at the position the tenure last wrote is a no-op that writes nothing: it
+    // may succeed after the lease was taken (an operator's reset) before the tenure learns
+    // of it, and fences nothing. Only attempts that wrote are judged.
+    let wrote = |a: &&crate::sim::processor::Attempt| {
+        e.store.iter().any(|ev| {
+            ev.operation == "checkpoint"
+                && ev.client == a.worker
+                && ev.lease.key == a.shard
+                && (a.start_seq..a.end_seq).contains(&ev.seq)
+        })
+    };
+    for a in e.journal.attempts.iter().filter(|a| a.ok).filter(wrote) {
         let Some(history) = owners.get(&a.shard) else {
             continue;
         };
