@@ -13,8 +13,6 @@ use common::{Behaviour, Seen, start, undelivered_after_waiting, world};
 use kcl_core::{SequenceNumber, ShardId, WorkerConfig};
 use tokio::time::sleep;
 
-const HOUR: Duration = Duration::from_secs(3600);
-
 fn config() -> WorkerConfig {
     WorkerConfig::default()
         .failover_time(Duration::from_secs(30))

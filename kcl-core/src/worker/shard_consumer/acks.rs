@@ -22,6 +22,8 @@ pub(super) struct Acks {
     max: usize,
     every: u64,
     interval: Duration,
+    /// How long a graceful stop waits for records in flight: half the shutdown timeout.
+    drain_within: Duration,
     /// Records the watermark passed since the last checkpoint of it, and since when.
     finished: u64,
     since: Option<Instant>,
@@ -34,6 +36,7 @@ impl Acks {
             max: config.max_unacknowledged,
             every: config.ack_checkpoint_every,
             interval: config.ack_checkpoint_interval,
+            drain_within: config.shutdown_timeout / 2,
             finished: 0,
             since: None,
         }
@@ -114,13 +117,8 @@ impl Acks {
     /// A graceful stop: waits for the records in flight until every one finished, one failed,
     /// half the shutdown timeout passed or the lease's validity ran out, then checkpoints the
     /// watermark. What is still in flight then is cancelled with the processor.
-    pub(super) async fn drain(
-        &mut self,
-        tenure: &Tenure,
-        checkpointer: &mut Checkpointer,
-        within: Duration,
-    ) -> Stop {
-        let deadline = sleep(within);
+    pub(super) async fn drain(&mut self, tenure: &Tenure, checkpointer: &mut Checkpointer) -> Stop {
+        let deadline = sleep(self.drain_within);
         tokio::pin!(deadline);
         while !self.all_finished() {
             tokio::select! {

@@ -16,7 +16,7 @@ use crate::mutation::{self, Mutation};
 use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
 use crate::source::{RecordBatch, ShardSource};
 use crate::task::bounded;
-use crate::types::Checkpoint;
+use crate::types::{Checkpoint, ShardId};
 use crate::worker::prefetch::{Fetched, Prefetcher};
 
 /// Runs one processor instance; see the module docs of `shard_consumer`.
@@ -191,10 +191,7 @@ async fn process<S: ShardSource>(
                 tenure.mark_lost();
                 return Ok(Stop::Lost);
             }
-            () = control.graceful.cancelled() => {
-                let within = ctx.config.shutdown_timeout / 2;
-                return Ok(acks.drain(tenure, checkpointer, within).await);
-            }
+            () = control.graceful.cancelled() => return Ok(acks.drain(tenure, checkpointer).await),
             () = acks.changed() => {
                 if let Some(stop) = acks.settle(checkpointer).await? {
                     return Ok(stop);
@@ -218,27 +215,62 @@ async fn process<S: ShardSource>(
             }
         };
         quiet_at = quiet_after.map(|d| Instant::now() + d);
-        let batch = match received(ctx, tenure, control, checkpointer, fetched).await? {
-            Ok(batch) => batch,
+        let fetched = match received(ctx, tenure, control, checkpointer, fetched).await? {
+            Ok(fetched) => fetched,
             Err(stop) => return Ok(stop),
         };
-        if past_validity(tenure) {
-            return Ok(Stop::Lost);
-        }
-        let end = batch.0.next_iterator.is_none();
-        let children: Vec<_> = batch.0.child_shards.iter().map(|s| s.id.clone()).collect();
-        if !batch.0.records.is_empty() {
-            control.set_covered(false);
-        }
-        if let Hook::Expired = deliver(tenure, processor, checkpointer, &mut metrics, batch).await?
-        {
-            return Ok(Stop::Lost);
-        }
-        control.set_covered(covers_delivered(tenure, checkpointer).await);
-        if end {
-            ending = Some(children);
+        let handed = hand_over(
+            tenure,
+            control,
+            processor,
+            checkpointer,
+            &mut metrics,
+            fetched,
+        );
+        match handed.await? {
+            Handed::Lost => return Ok(Stop::Lost),
+            Handed::Last(children) => ending = Some(children),
+            Handed::Batch => {}
         }
     }
+}
+
+/// How handing a batch over ended.
+enum Handed {
+    Batch,
+    /// The shard's last batch, and its children.
+    Last(Vec<ShardId>),
+    /// The lease's validity ran out first.
+    Lost,
+}
+
+/// Hands one fetched batch to the processor, unless the lease's validity ran out.
+async fn hand_over(
+    tenure: &Tenure,
+    control: &Control,
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    metrics: &mut ShardMetrics,
+    (batch, bytes): (RecordBatch, usize),
+) -> Result<Handed, Failure> {
+    if past_validity(tenure) {
+        return Ok(Handed::Lost);
+    }
+    let end = batch.next_iterator.is_none();
+    let children: Vec<_> = batch.child_shards.iter().map(|s| s.id.clone()).collect();
+    if !batch.records.is_empty() {
+        control.set_covered(false);
+    }
+    if let Hook::Expired = deliver(tenure, processor, checkpointer, metrics, (batch, bytes)).await?
+    {
+        return Ok(Handed::Lost);
+    }
+    control.set_covered(covers_delivered(tenure, checkpointer).await);
+    Ok(if end {
+        Handed::Last(children)
+    } else {
+        Handed::Batch
+    })
 }
 
 /// What the fetch loop handed over: a batch and its size, or why the shard stops (`Err`
