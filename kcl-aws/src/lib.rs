@@ -38,7 +38,9 @@ pub mod dynamodb;
 mod error;
 pub mod kinesis;
 pub mod producer;
+pub mod streams;
 mod timeouts;
 
 pub use dynamodb::{DynamoDbLeaseStore, TableBilling, TableSetup};
 pub use kinesis::{KinesisShardSource, StreamRef};
+pub use streams::DynamoDbStreamsSource;
