@@ -42,7 +42,13 @@ impl DynamoDbStreamsSource {
     /// The current stream of `table` (`DescribeTable`'s `LatestStreamArn`). Fails, naming the
     /// table and what to do, when the table has no stream enabled.
     pub async fn for_table(config: &SdkConfig, table: &str) -> Result<Self, BackendError> {
-        let dynamodb = aws_sdk_dynamodb::Client::new(config);
+        let conf = aws_sdk_dynamodb::config::Builder::from(config)
+            .timeout_config(crate::timeouts::with_defaults(
+                config,
+                crate::timeouts::DYNAMODB,
+            ))
+            .build();
+        let dynamodb = aws_sdk_dynamodb::Client::from_conf(conf);
         let out = dynamodb
             .describe_table()
             .table_name(table)

@@ -13,6 +13,15 @@ use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 use crate::error::{BackendError, ErrorKind};
 
+/// The message of a caught panic, for the error that reports it.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_owned())
+}
+
 /// Spawns a task of this worker.
 pub(crate) fn spawn<F>(future: F) -> JoinHandle<F::Output>
 where

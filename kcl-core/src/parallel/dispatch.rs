@@ -57,7 +57,7 @@ pub(super) async fn run<H: RecordHandler>(
                     Err(panic) => {
                         ack.fail(format!(
                             "record handler panicked: {}",
-                            panic_message(&*panic)
+                            crate::task::panic_message(&*panic)
                         ));
                         (key, false)
                     }
@@ -81,14 +81,6 @@ pub(super) async fn run<H: RecordHandler>(
             },
         }
     }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".to_owned())
 }
 
 /// The waiting records, by key.

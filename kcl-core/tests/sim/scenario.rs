@@ -441,8 +441,8 @@ fn judge(
     stats.handler_runs = journal.runs.len();
     stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
     stats.beyond_tried = journal.beyond_tried;
+    let openings = openings(fleet, records, start);
     if start.position == InitialPosition::Latest {
-        let openings = openings(fleet, records, start);
         stats.never_opened = start
             .shards
             .iter()
@@ -490,7 +490,7 @@ fn judge(
         shards: &shards,
         records,
         aged_out: &fleet.keys.keyed(aged_out.clone()),
-        openings: &openings(fleet, records, start),
+        openings: &openings,
         start,
         failover,
         validity: failover - failover / 10,

@@ -186,6 +186,17 @@ struct Recorder {
     parallel: Option<ParallelProcessor<Handler>>,
 }
 
+/// A record's journal fields: shard, sequence and sub-sequence number, partition key, data.
+fn record_line(shard: &ShardId, record: &kcl_core::Record) -> Value {
+    json!({
+        "shard": shard.as_str(),
+        "seq": record.sequence_number.as_str(),
+        "sub": record.sub_sequence_number,
+        "pk": record.partition_key,
+        "data": String::from_utf8_lossy(&record.data),
+    })
+}
+
 /// The record handler under `--parallel`.
 struct Handler {
     shard: ShardId,
@@ -195,18 +206,7 @@ struct Handler {
 
 impl RecordHandler for Handler {
     async fn handle(&self, record: kcl_core::Record) -> Result<(), BoxError> {
-        let line = |event: &str| {
-            self.journal.write(
-                event,
-                json!({
-                    "shard": self.shard.as_str(),
-                    "seq": record.sequence_number.as_str(),
-                    "sub": record.sub_sequence_number,
-                    "pk": record.partition_key,
-                    "data": String::from_utf8_lossy(&record.data),
-                }),
-            );
-        };
+        let line = |event: &str| self.journal.write(event, record_line(&self.shard, &record));
         line("record_start");
         // Drawn from the sequence number: up to twice the delay, and one record in ten ten
         // times as long, so that keys overtake each other and slow records hold the watermark.
@@ -287,16 +287,8 @@ impl RecordProcessor for Recorder {
             );
         }
         for record in input.records.iter().filter(|_| !self.journal_batches) {
-            self.journal.write(
-                "record",
-                json!({
-                    "shard": self.shard.as_str(),
-                    "seq": record.sequence_number.as_str(),
-                    "sub": record.sub_sequence_number,
-                    "pk": record.partition_key,
-                    "data": String::from_utf8_lossy(&record.data),
-                }),
-            );
+            self.journal
+                .write("record", record_line(&self.shard, record));
             if !self.record_delay.is_zero() {
                 tokio::time::sleep(self.record_delay).await;
             }

@@ -335,14 +335,10 @@ fn hook<'a>(
             result = AssertUnwindSafe(call).catch_unwind() => match result {
                 Ok(Ok(())) => Ok(Hook::Done),
                 Ok(Err(source)) => Err(Failure::Processor { hook: name, source }),
-                Err(panic) => {
-                    let message = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "non-string panic".to_owned());
-                    Err(Failure::Panic { hook: name, message })
-                }
+                Err(panic) => Err(Failure::Panic {
+                    hook: name,
+                    message: crate::task::panic_message(&*panic),
+                }),
             },
         }
     }

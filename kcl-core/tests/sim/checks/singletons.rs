@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::Evidence;
 use crate::sim::fleet::PERIOD;
+use crate::sim::processor::SingletonRun;
 use kcl_core::ShardId;
 use tokio::time::Instant;
 
@@ -131,11 +132,7 @@ pub(super) fn standby_takeovers(e: &Evidence<'_>, v: &mut Vec<String>) {
     let bound = bound + e.poll;
     let runs = &e.journal.singleton_runs;
     for (worker, at) in &e.journal.crashes {
-        let held = runs
-            .iter()
-            .filter(|r| r.start <= *at)
-            .max_by_key(|r| r.start)
-            .is_some_and(|r| &r.worker == worker);
+        let held = held_at(runs, worker, *at);
         if !held || *at + bound > e.quiet.1 {
             continue;
         }
@@ -168,6 +165,14 @@ pub(super) fn standby_takeovers(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
 }
 
+/// Whether `worker`'s run was the last to start by `at`: it held the singleton then.
+fn held_at(runs: &[SingletonRun], worker: &str, at: Instant) -> bool {
+    runs.iter()
+        .filter(|r| r.start <= at)
+        .max_by_key(|r| r.start)
+        .is_some_and(|r| r.worker == worker)
+}
+
 /// Who held `row` at `at`: its last write before then, if it named an owner and was recent
 /// enough (within the lease's validity) for the row to be held.
 fn standby_at<'a>(e: &'a Evidence<'_>, row: &ShardId, at: Instant) -> Option<&'a str> {
@@ -194,11 +199,7 @@ pub(super) fn restarts(e: &Evidence<'_>, v: &mut Vec<String>) {
     };
     let runs = &e.journal.singleton_runs;
     for (worker, at) in &e.journal.crashes {
-        let held = runs
-            .iter()
-            .filter(|r| r.start <= *at)
-            .max_by_key(|r| r.start)
-            .is_some_and(|r| &r.worker == worker);
+        let held = held_at(runs, worker, *at);
         let since = at.checked_sub(e.line_settle).unwrap_or(*at);
         let calm = !e
             .journal
