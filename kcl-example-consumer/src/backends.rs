@@ -62,7 +62,50 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             });
             crate::run_worker(&settings, source, store, factory).await
         }
+        Input::DynamoDb { table, arn } => {
+            let source = dynamodb_stream(&sdk, table.as_deref(), arn.as_deref()).await?;
+            tracing::info!(
+                table = source.table(),
+                stream = source.arn(),
+                "reading a DynamoDB stream"
+            );
+            crate::run_worker(&settings, source, store, factory).await
+        }
     }
+}
+
+/// The table's current stream, or the stream ARN given (checked to be the table's). A
+/// refusal names the setting to fix.
+#[cfg(feature = "aws")]
+async fn dynamodb_stream(
+    sdk: &aws_config::SdkConfig,
+    table: Option<&str>,
+    arn: Option<&str>,
+) -> anyhow::Result<kcl_aws::DynamoDbStreamsSource> {
+    use kcl_aws::DynamoDbStreamsSource;
+    let (key, opened) = match (table, arn) {
+        (Some(table), None) => ("table", DynamoDbStreamsSource::for_table(sdk, table).await),
+        (table, Some(arn)) => (
+            "stream",
+            match DynamoDbStreamsSource::for_stream(sdk, arn).await {
+                Ok(source) => match table {
+                    Some(table) => source.expect_table(table),
+                    None => Ok(source),
+                },
+                Err(e) => Err(e),
+            },
+        ),
+        (None, None) => {
+            anyhow::bail!("invalid setting `table`: required with source dynamodb-streams")
+        }
+    };
+    opened.map_err(|e| {
+        if e.kind().is_permanent() {
+            anyhow::anyhow!("invalid setting `{key}`: {e}")
+        } else {
+            anyhow::anyhow!("cannot look up the DynamoDB stream: {e}")
+        }
+    })
 }
 
 #[cfg(not(feature = "aws"))]
@@ -117,6 +160,9 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
             let result =
                 crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
             (producer, result)
+        }
+        Input::DynamoDb { .. } => {
+            anyhow::bail!("invalid setting `source`: dynamodb-streams needs backend aws")
         }
     };
     producer.abort();

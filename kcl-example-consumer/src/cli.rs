@@ -104,7 +104,24 @@ pub(crate) struct RunArgs {
     #[arg(long, short = 'c', env = "KCL_CONFIG", value_name = "FILE")]
     pub(crate) config: Option<String>,
 
-    /// Stream name or ARN (this or --streams is required).
+    /// What is read: `kinesis` (a Kinesis stream: --stream or --streams) or
+    /// `dynamodb-streams` (a DynamoDB table's stream: --table, or --stream with the stream's
+    /// ARN; leases and checkpoints as the Java DynamoDB Streams Kinesis Adapter keeps them).
+    #[arg(
+        long,
+        env = "KCL_SOURCE",
+        value_name = "SOURCE",
+        default_value = "kinesis"
+    )]
+    pub(crate) source: String,
+
+    /// With --source dynamodb-streams: the DynamoDB table whose current stream
+    /// (LatestStreamArn) is read.
+    #[arg(long, env = "KCL_TABLE", value_name = "NAME")]
+    pub(crate) table: Option<String>,
+
+    /// Stream name or ARN (this or --streams is required); with --source dynamodb-streams,
+    /// a DynamoDB stream ARN.
     #[arg(long, env = "KCL_STREAM", value_name = "NAME|ARN")]
     pub(crate) stream: Option<String>,
 

@@ -14,6 +14,7 @@
 
 pub mod fixture;
 pub mod http;
+pub mod items;
 pub mod journal;
 pub mod meter;
 pub mod process;

@@ -1,21 +1,19 @@
 //! A worker on a DynamoDB table's stream (`kcl_aws::DynamoDbStreamsSource`) against moto:
 //! inserts, updates and deletes reach the processor in order per item, as the Java adapter's
-//! JSON; a table without a stream is refused at start, naming what to do.
+//! JSON; a table without a stream, another table's stream and a disabled stream are refused
+//! at start, naming what to do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType, StreamSpecification, StreamViewType,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, StreamSpecification};
 use kcl_aws::DynamoDbStreamsSource;
 use kcl_core::{
     BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, Worker, WorkerConfig,
 };
-use kcl_integration_tests::{Context, wait_until, with_timeout};
+use kcl_integration_tests::{Context, items, wait_until, with_timeout};
 use serde_json::Value;
 
 type Seen = Arc<Mutex<Vec<(String, Value)>>>;
@@ -40,51 +38,6 @@ impl RecordProcessor for Collect {
     }
 }
 
-async fn sdk(ctx: &Context) -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(&ctx.endpoints.dynamodb)
-        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
-            "test",
-            "test",
-            None,
-            None,
-            "kcl-tests",
-        ))
-        .load()
-        .await
-}
-
-async fn create_table(ctx: &Context, name: &str, stream: bool) -> anyhow::Result<()> {
-    let mut request = ctx
-        .dynamodb
-        .create_table()
-        .table_name(name)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()?,
-        );
-    if stream {
-        request = request.stream_specification(
-            StreamSpecification::builder()
-                .stream_enabled(true)
-                .stream_view_type(StreamViewType::NewAndOldImages)
-                .build()?,
-        );
-    }
-    request.send().await?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inserts_updates_and_deletes_reach_the_processor_in_order_per_item() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("ddb-streams").await? else {
@@ -95,8 +48,8 @@ async fn inserts_updates_and_deletes_reach_the_processor_in_order_per_item() -> 
 
 async fn run(ctx: Context) -> anyhow::Result<()> {
     let items = format!("{}-items", ctx.table);
-    create_table(&ctx, &items, true).await?;
-    let sdk = sdk(&ctx).await;
+    items::create(&ctx, &items, true).await?;
+    let sdk = items::sdk(&ctx).await;
     let put = |id: &str, n: &str| {
         ctx.dynamodb
             .put_item()
@@ -171,19 +124,59 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_without_a_stream_is_refused_naming_what_to_do() -> anyhow::Result<()> {
-    let Some(ctx) = Context::new("ddb-no-stream").await? else {
+async fn a_table_without_a_stream_another_tables_stream_and_a_disabled_stream_are_refused()
+-> anyhow::Result<()> {
+    let Some(ctx) = Context::new("ddb-refusals").await? else {
         return Ok(());
     };
-    let items = format!("{}-items", ctx.table);
-    create_table(&ctx, &items, false).await?;
-    let error = DynamoDbStreamsSource::for_table(&sdk(&ctx).await, &items)
-        .await
-        .expect_err("no stream");
-    let text = error.to_string();
-    eprintln!("{text}");
+    let sdk = items::sdk(&ctx).await;
+    let refusal = async |result: Result<DynamoDbStreamsSource, kcl_core::BackendError>| {
+        let error = result.expect_err("refused");
+        eprintln!("{error}");
+        assert!(error.kind().is_permanent(), "{error:?}");
+        error.to_string()
+    };
+
+    let bare = format!("{}-bare", ctx.table);
+    items::create(&ctx, &bare, false).await?;
+    let text = refusal(DynamoDbStreamsSource::for_table(&sdk, &bare).await).await;
     assert!(
-        text.contains(&items) && text.contains("no DynamoDB stream enabled"),
+        text.contains(&format!("table {bare} has no DynamoDB stream: enable one")),
+        "{text}"
+    );
+
+    let (orders, payments) = (
+        format!("{}-orders", ctx.table),
+        format!("{}-payments", ctx.table),
+    );
+    items::create(&ctx, &orders, true).await?;
+    items::create(&ctx, &payments, true).await?;
+    let of_payments = DynamoDbStreamsSource::for_table(&sdk, &payments).await?;
+    let text = refusal(
+        DynamoDbStreamsSource::for_stream(&sdk, of_payments.arn())
+            .await?
+            .expect_table(&orders),
+    )
+    .await;
+    assert!(
+        text.contains(&format!("is table {payments}'s, not table {orders}'s")),
+        "{text}"
+    );
+
+    ctx.dynamodb
+        .update_table()
+        .table_name(&orders)
+        .stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(false)
+                .build()?,
+        )
+        .send()
+        .await?;
+    let text = refusal(DynamoDbStreamsSource::for_table(&sdk, &orders).await).await;
+    assert!(
+        text.contains(&format!("the stream of table {orders}"))
+            && text.contains("is disabled: enable the table's stream again"),
         "{text}"
     );
     Ok(())

@@ -1,5 +1,6 @@
 //! What `run` consumes: one stream (`stream`), or several in KCL Java's multi-stream mode
-//! (`streams`).
+//! (`streams`); or, with `source` `dynamodb-streams`, a DynamoDB table's stream (`table`, or
+//! `stream` with the stream's ARN).
 //!
 //! The two are separate keys, not one list, because they key the lease table differently:
 //! `stream` keeps single-stream leases (the shard id), `streams` keys every lease
@@ -27,6 +28,14 @@ pub(crate) enum Input {
         /// `None`: [`MultiStreamSource`](kcl_core::multi_stream::MultiStreamSource)'s default.
         removal_grace: Option<Duration>,
     },
+    /// A DynamoDB table's stream: the table's current one, or the stream ARN given (checked
+    /// at start to be the table's, when both are given).
+    DynamoDb {
+        /// The table.
+        table: Option<String>,
+        /// The stream's ARN.
+        arn: Option<String>,
+    },
 }
 
 impl fmt::Display for Input {
@@ -34,13 +43,39 @@ impl fmt::Display for Input {
         match self {
             Self::Stream(name) => f.write_str(name),
             Self::Streams { names, .. } => f.write_str(&names.join(",")),
+            Self::DynamoDb { arn: Some(arn), .. } => f.write_str(arn),
+            Self::DynamoDb { table, .. } => write!(f, "table {}", table.as_deref().unwrap_or("?")),
         }
     }
 }
 
-/// `stream`, or `streams` and `stream_removal_grace`.
+/// `stream`, or `streams` and `stream_removal_grace`; with `source` `dynamodb-streams`,
+/// `table` or `stream`.
 pub(super) fn input(v: &Values) -> Result<Input, SettingsError> {
     let grace = v.parsed("stream_removal_grace", parse_duration)?;
+    match v
+        .get("source")
+        .map(|s| s.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("kinesis") => {}
+        Some("dynamodb-streams") => return dynamodb(v, grace.is_some()),
+        Some(_) => {
+            return Err(v.fail(
+                "source",
+                format!(
+                    "expected kinesis or dynamodb-streams, got {:?}",
+                    v.get("source").unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    if v.get("table").is_some() {
+        return Err(v.fail(
+            "table",
+            "only used with source dynamodb-streams (a Kinesis stream is named with stream)".into(),
+        ));
+    }
     match (v.get("stream"), v.get("streams")) {
         (Some(_), Some(_)) => Err(v.fail(
             "streams",
@@ -66,6 +101,80 @@ pub(super) fn input(v: &Values) -> Result<Input, SettingsError> {
             Ok(Input::Stream(stream))
         }
     }
+}
+
+/// A DynamoDB table's stream: `table`, `stream` (the stream's ARN), or both if they agree.
+fn dynamodb(v: &Values, grace: bool) -> Result<Input, SettingsError> {
+    if v.get("streams").is_some() || grace {
+        let key = if grace {
+            "stream_removal_grace"
+        } else {
+            "streams"
+        };
+        return Err(v.fail(
+            key,
+            "multi-stream mode is for Kinesis streams; with source dynamodb-streams give one \
+             table (table) or one stream ARN (stream)"
+                .into(),
+        ));
+    }
+    let table = v.get("table").map(|t| t.trim().to_owned());
+    if let Some(t) = &table
+        && !super::is_table_name(t)
+    {
+        return Err(v.fail(
+            "table",
+            format!("{t:?} is not a valid DynamoDB table name (3 to 255 of a-z A-Z 0-9 _ - .)"),
+        ));
+    }
+    let arn = v.get("stream").map(|a| a.trim().to_owned());
+    if let Some(arn) = &arn {
+        let of = table_of_stream_arn(arn).ok_or_else(|| {
+            v.fail(
+                "stream",
+                format!(
+                    "{arn:?} is not a DynamoDB stream ARN \
+                     (arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL); with source \
+                     dynamodb-streams, give the table instead, or its stream's ARN"
+                ),
+            )
+        })?;
+        if let Some(t) = table.as_deref().filter(|t| *t != of) {
+            return Err(v.fail(
+                "stream",
+                format!(
+                    "{arn} is a stream of table {of}, not of table {t} (the table setting): \
+                     give a stream of {t}, or the table alone for its current stream"
+                ),
+            ));
+        }
+    }
+    if table.is_none() && arn.is_none() {
+        return Err(v.fail(
+            "table",
+            "required with source dynamodb-streams: pass --table (the table's current stream) \
+             or --stream with a DynamoDB stream ARN"
+                .into(),
+        ));
+    }
+    Ok(Input::DynamoDb { table, arn })
+}
+
+/// The table of a DynamoDB stream ARN (`arn:PARTITION:dynamodb:REGION:ACCOUNT:table/T/stream/L`).
+fn table_of_stream_arn(arn: &str) -> Option<&str> {
+    let mut parts = arn.splitn(6, ':');
+    let (Some("arn"), Some(_), Some("dynamodb"), Some(_), Some(_), Some(resource)) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    let (table, label) = resource.strip_prefix("table/")?.split_once("/stream/")?;
+    (!table.is_empty() && !label.is_empty()).then_some(table)
 }
 
 /// A comma-separated list (a TOML or YAML list in a config file arrives joined).

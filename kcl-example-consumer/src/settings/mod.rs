@@ -30,6 +30,8 @@ use parse::{
 /// Every setting key, as the clap argument id (snake case). Flags and file keys are the
 /// kebab-case form; file keys may also be written in snake case.
 pub(crate) const KEYS: &[&str] = &[
+    "source",
+    "table",
     "stream",
     "streams",
     "stream_removal_grace",
@@ -475,6 +477,22 @@ fn build(
         return Err(v.fail("log_filter", one_line(&e.to_string())));
     }
     let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
+    if matches!(input, Input::DynamoDb { .. }) {
+        if backend == Backend::Memory {
+            return Err(v.fail(
+                "backend",
+                "source dynamodb-streams needs backend aws (the memory backend has in-process \
+                 Kinesis-like streams only)"
+                    .into(),
+            ));
+        }
+        if matches!(worker.retrieval, Retrieval::FanOut { .. }) {
+            return Err(v.fail(
+                "retrieval",
+                "DynamoDB Streams has no enhanced fan-out: use polling".into(),
+            ));
+        }
+    }
     let table_setup = v
         .parsed("table_setup", TableSetup::parse)?
         .unwrap_or(TableSetup::Managed);

@@ -398,3 +398,114 @@ fn the_summary_job_needs_a_period_and_a_strong_secret() {
         "a secret is never printed"
     );
 }
+
+#[test]
+fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
+    let app: &[&str] = &["--application-name", "app", "--source", "dynamodb-streams"];
+    let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders/stream/2026-11-26T00:00:00.000";
+    let s = resolve_ok(&[app, &["--table", "orders"]].concat(), None);
+    assert_eq!(
+        s.input,
+        Input::DynamoDb {
+            table: Some("orders".into()),
+            arn: None
+        }
+    );
+    let s = resolve_ok(&[app, &["--stream", arn]].concat(), None);
+    assert_eq!(
+        s.input,
+        Input::DynamoDb {
+            table: None,
+            arn: Some(arn.into())
+        }
+    );
+    let s = resolve_ok(
+        &[app, &["--table", "orders", "--stream", arn]].concat(),
+        None,
+    );
+    assert!(matches!(
+        s.input,
+        Input::DynamoDb {
+            table: Some(_),
+            arn: Some(_)
+        }
+    ));
+    let file = toml_file("source = \"dynamodb-streams\"\ntable = \"orders\"\n");
+    let s = resolve_ok(&["--application-name", "app"], Some(&file));
+    assert!(matches!(s.input, Input::DynamoDb { .. }));
+
+    for (args, key, why) in [
+        (&[][..], "table", "required with source dynamodb-streams"),
+        (
+            &["--table", "payments", "--stream", arn][..],
+            "stream",
+            "a stream of table orders, not of table payments",
+        ),
+        (
+            &["--stream", "orders"][..],
+            "stream",
+            "is not a DynamoDB stream ARN",
+        ),
+        (
+            &[
+                "--stream",
+                "arn:aws:kinesis:eu-west-1:123456789012:stream/orders",
+            ][..],
+            "stream",
+            "is not a DynamoDB stream ARN",
+        ),
+        (
+            &["--streams", "a,b"][..],
+            "streams",
+            "multi-stream mode is for Kinesis streams",
+        ),
+        (
+            &["--table", "x"][..],
+            "table",
+            "not a valid DynamoDB table name",
+        ),
+        (
+            &["--table", "orders", "--retrieval", "fan-out"][..],
+            "retrieval",
+            "no enhanced fan-out",
+        ),
+        (
+            &["--table", "orders", "--backend", "memory"][..],
+            "backend",
+            "needs backend aws",
+        ),
+    ] {
+        let e = resolve_err(&[app, args].concat(), None);
+        assert_eq!(e.key, key, "{args:?}: {e}");
+        assert!(e.to_string().contains(why), "{args:?}: {e}");
+    }
+    let e = resolve_err(
+        &[
+            "--application-name",
+            "app",
+            "--source",
+            "kafka",
+            "--stream",
+            "s",
+        ],
+        None,
+    );
+    assert_eq!(e.key, "source");
+    let e = resolve_err(
+        &[
+            "--application-name",
+            "app",
+            "--stream",
+            "s",
+            "--table",
+            "orders",
+        ],
+        None,
+    );
+    assert_eq!(e.key, "table");
+    assert!(
+        e.to_string()
+            .contains("only used with source dynamodb-streams"),
+        "{e}"
+    );
+}

@@ -79,7 +79,7 @@ impl Consumer {
         Ok(())
     }
 
-    async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
+    pub(crate) async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<ExitStatus> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait()? {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use clap::Parser;
-use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+use kcl_aws::{DynamoDbLeaseStore, DynamoDbStreamsSource, KinesisShardSource};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::parallel::ParallelProcessor;
 use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
@@ -127,6 +127,10 @@ struct Args {
     /// ten, ten times it (drawn from the record's sequence number).
     #[arg(long)]
     parallel: Option<usize>,
+    /// Read this DynamoDB table's stream (`kcl_aws::DynamoDbStreamsSource`) instead of
+    /// `--stream`; a record's data is the adapter's JSON.
+    #[arg(long)]
+    dynamodb_streams_table: Option<String>,
     /// Checkpoint acknowledged records after this many (`ack_checkpoint_every`).
     #[arg(long, default_value_t = 1000)]
     ack_checkpoint_every: u64,
@@ -443,6 +447,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .removal_grace(Duration::from_millis(args.stream_removal_grace_ms));
         let factory = StreamFactories::new()
             .otherwise(move |stream: &StreamId, shard: &ShardId| recorder(stream.lease_key(shard)));
+        drive(Worker::new(id, config, source, store, factory)?, extra).await
+    } else if let Some(table) = &args.dynamodb_streams_table {
+        let source = DynamoDbStreamsSource::for_table(&sdk, table).await?;
+        let factory = move |shard: &ShardId| recorder(shard.clone());
         drive(Worker::new(id, config, source, store, factory)?, extra).await
     } else {
         let source = KinesisShardSource::new(&sdk, args.stream.clone());
