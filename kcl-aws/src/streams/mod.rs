@@ -56,8 +56,8 @@ pub struct DynamoDbStreamsSource {
 #[derive(Debug)]
 struct Latest {
     dynamodb: aws_sdk_dynamodb::Client,
-    /// The table's stream as last reported, once it is no longer the one read.
-    reported: Mutex<Option<Option<String>>>,
+    /// Why the stream is no longer the table's current one, as last reported.
+    reported: Mutex<Option<Superseded>>,
 }
 
 impl DynamoDbStreamsSource {
@@ -198,49 +198,74 @@ impl DynamoDbStreamsSource {
         }
     }
 
-    /// Compares the table's current stream with this one, and reports a change once.
-    async fn watch_latest(&self) {
-        let Some(latest) = &self.latest else {
-            return;
-        };
-        let current = match latest
+    /// Compares the table's current stream with this one; a change is logged once, and
+    /// returned.
+    async fn watch_latest(&self) -> Option<Superseded> {
+        let latest = self.latest.as_ref()?;
+        let answer = latest
             .dynamodb
             .describe_table()
             .table_name(&self.table)
             .send()
-            .await
-        {
-            Ok(out) => current_stream(&self.table, out.table).ok(),
+            .await;
+        let now = match answer {
+            Ok(out) => match current_stream(&self.table, out.table) {
+                Ok(arn) if arn == self.arn => None,
+                Ok(arn) => Some(Superseded::By(arn)),
+                Err(_) => Some(Superseded::Disabled),
+            },
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception()) =>
+            {
+                Some(Superseded::TableGone)
+            }
             Err(e) => {
                 tracing::debug!(table = %self.table, error = %e, "cannot check the table's current stream");
-                return;
+                return None;
             }
         };
-        let superseded = current.as_deref() != Some(self.arn.as_str());
         metrics::gauge!("kcl_dynamodb_stream_superseded", "stream" => self.arn.clone())
-            .set(if superseded { 1.0 } else { 0.0 });
+            .set(if now.is_some() { 1.0 } else { 0.0 });
         let mut reported = latest
             .reported
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if !superseded || reported.as_ref() == Some(&current) {
-            return;
+        if now.is_none() || *reported == now {
+            return None;
         }
-        match &current {
-            Some(new) => tracing::warn!(
-                table = %self.table, stream = %self.arn, new_stream = %new,
+        *reported = now.clone();
+        let (table, stream) = (&self.table, &self.arn);
+        match now.as_ref()? {
+            Superseded::By(new) => tracing::warn!(
+                %table, %stream, new_stream = %new,
                 "the table has a new stream (its stream was disabled and enabled again, or the \
                  table made again): this fleet reads the old one until its shards end; restart \
                  it to read the new one, with initial position TRIM_HORIZON to miss none of its \
                  changes"
             ),
-            None => tracing::warn!(
-                table = %self.table, stream = %self.arn,
+            Superseded::Disabled => tracing::warn!(
+                %table, %stream,
                 "the table's stream is disabled: its shards end and no new changes arrive"
             ),
+            Superseded::TableGone => tracing::warn!(
+                %table, %stream,
+                "the table is gone: its stream stays readable for 24 hours and its shards end"
+            ),
         }
-        *reported = Some(current);
+        now
     }
+}
+
+/// Why the stream read is no longer its table's current one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Superseded {
+    /// The table has another stream, this ARN.
+    By(String),
+    /// The table's stream is disabled.
+    Disabled,
+    /// The table was deleted.
+    TableGone,
 }
 
 /// A DynamoDB client with the crate's timeouts.

@@ -289,3 +289,57 @@ fn data_that_is_not_a_change_is_an_error_naming_the_record() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_replaced_disabled_or_deleted_table_stream_is_reported_once_each() {
+    use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
+    use aws_sdk_dynamodb::types::{StreamSpecification, TableDescription};
+    let table = |arn: &'static str, on: bool| {
+        move || {
+            let spec = StreamSpecification::builder()
+                .stream_enabled(on)
+                .build()
+                .unwrap();
+            let d = TableDescription::builder()
+                .latest_stream_arn(arn)
+                .stream_specification(spec)
+                .build();
+            DescribeTableOutput::builder().table(d).build()
+        }
+    };
+    const NEW: &str =
+        "arn:aws:dynamodb:us-east-1:000000000000:table/orders/stream/2026-11-27T00:00:00.000";
+    let answers = mock!(aws_sdk_dynamodb::Client::describe_table)
+        .sequence()
+        .output(table(ARN, true))
+        .output(table(NEW, true))
+        .output(table(NEW, true))
+        .output(table(NEW, false))
+        .http_response(|| aws_error("ResourceNotFoundException"))
+        .build();
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
+        .region(aws_sdk_dynamodb::config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "t", "t", None, None, "t",
+        ))
+        .http_client(create_mock_http_client())
+        .interceptor(MockResponseInterceptor::new().with_rule(&answers))
+        .build();
+    let mut source = source(&[]);
+    source.latest = Some(std::sync::Arc::new(super::Latest {
+        dynamodb: aws_sdk_dynamodb::Client::from_conf(config),
+        reported: std::sync::Mutex::new(None),
+    }));
+    use super::Superseded::{By, Disabled, TableGone};
+    assert_eq!(
+        source.watch_latest().await,
+        None,
+        "still the current stream"
+    );
+    assert_eq!(source.watch_latest().await, Some(By(NEW.into())));
+    assert_eq!(source.watch_latest().await, None, "reported once");
+    // The replacement disabled in turn: the table has no current stream.
+    assert_eq!(source.watch_latest().await, Some(Disabled));
+    assert_eq!(source.watch_latest().await, Some(TableGone));
+}
