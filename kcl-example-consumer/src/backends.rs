@@ -62,6 +62,22 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             });
             crate::run_worker(&settings, source, store, factory).await
         }
+        Input::DynamoDbStreams {
+            arns,
+            removal_grace,
+        } => {
+            // Each stream looked up at start, so that a wrong ARN stops the worker; then read
+            // by the adapter's multi-stream id, which leads back to its ARN.
+            let mut ids = Vec::new();
+            for arn in arns {
+                dynamodb_stream(&sdk, None, Some(arn)).await?;
+                ids.extend(kcl_aws::streams::stream_id(arn));
+            }
+            let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
+                kcl_aws::DynamoDbStreamsSource::for_stream_id(&sdk, id)
+            });
+            crate::run_worker(&settings, source, store, factory).await
+        }
         Input::DynamoDb { table, arn } => {
             let source = dynamodb_stream(&sdk, table.as_deref(), arn.as_deref()).await?;
             tracing::info!(
@@ -161,7 +177,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
             (producer, result)
         }
-        Input::DynamoDb { .. } => {
+        Input::DynamoDb { .. } | Input::DynamoDbStreams { .. } => {
             anyhow::bail!("invalid setting `source`: dynamodb-streams needs backend aws")
         }
     };

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::types::StreamSpecification;
 use common::consumer::Consumer;
+use kcl_core::ShardSource;
 use kcl_integration_tests::items::{self, Writer};
 use kcl_integration_tests::{Context, wait_until, with_timeout};
 
@@ -140,4 +141,90 @@ async fn bad_streams_stop_the_binary_at_start_naming_what_to_fix() -> anyhow::Re
         ],
     )
     .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_table_streams_in_one_fleet_keep_the_adapters_multi_stream_keys() -> anyhow::Result<()>
+{
+    let Some(ctx) = Context::new("example-ddb-multi").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(90), Box::pin(run_multi(ctx))).await
+}
+
+async fn run_multi(ctx: Context) -> anyhow::Result<()> {
+    let mut want = BTreeSet::new();
+    let mut arns = Vec::new();
+    for name in ["orders", "payments"] {
+        let table = format!("{}-{name}", ctx.table);
+        items::create(&ctx, &table, true).await?;
+        let mut writer = Writer::new(&ctx, &table, 4);
+        writer.write_n(12).await?;
+        want.extend(
+            writer
+                .written
+                .iter()
+                .map(|w| format!(r#"{{"id":{{"S":"{}"}}}}"#, w.id)),
+        );
+        let described = ctx
+            .dynamodb
+            .describe_table()
+            .table_name(&table)
+            .send()
+            .await?;
+        arns.push(
+            described
+                .table
+                .and_then(|t| t.latest_stream_arn)
+                .expect("a stream"),
+        );
+    }
+    let streams = arns.join(",");
+    let args = ["--source", "dynamodb-streams", "--streams", &streams];
+    let mut c = Consumer::spawn_with(&ctx, "ddb-multi", &args)?;
+    wait_until(
+        "ddb-multi to hold both streams' leases",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || {
+            let owners = ctx.owners().await.unwrap_or_default();
+            Ok(owners.len() == 2 && owners.values().all(|o| o.as_deref() == Some("ddb-multi")))
+        },
+    )
+    .await
+    .map_err(|e| e.context(c.log_tail()))?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.stop().await?;
+    let counted = c.keys()?;
+    let missing: Vec<&String> = want.difference(&counted).collect();
+    assert!(
+        missing.is_empty(),
+        "keys not counted: {missing:?}\n{}",
+        c.log_tail()
+    );
+    // The adapter's keys: account:region$account$table$label(: as _):1:shardId.
+    let keys: BTreeSet<String> = ctx.owners().await?.into_keys().collect();
+    let sdk = items::sdk(&ctx).await;
+    let mut expected = BTreeSet::new();
+    for arn in &arns {
+        let shards = kcl_aws::DynamoDbStreamsSource::for_stream(&sdk, arn.as_str())
+            .await?
+            .list_shards()
+            .await?;
+        let key = {
+            let id = kcl_aws::streams::stream_id(arn).expect("a stream ARN");
+            let (region, rest) = arn["arn:aws:dynamodb:".len()..].split_once(':').unwrap();
+            let (account, resource) = rest.split_once(':').unwrap();
+            let (table, label) = resource["table/".len()..].split_once("/stream/").unwrap();
+            let spelled = format!(
+                "{account}:{region}${account}${table}${}:1",
+                label.replace(':', "_")
+            );
+            assert_eq!(id.to_string(), spelled);
+            spelled
+        };
+        expected.extend(shards.iter().map(|s| format!("{key}:{}", s.id)));
+    }
+    assert_eq!(keys, expected);
+    Ok(())
 }

@@ -33,10 +33,12 @@ use kcl_core::{
 use crate::error::backend_error;
 
 mod change;
+mod multi;
 #[cfg(test)]
 mod tests;
 
 pub use change::{Change, ChangeError, Item};
+pub use multi::{stream_arn, stream_id, table_of};
 
 /// The most records one `GetRecords` returns on DynamoDB Streams.
 const MAX_RECORDS: u32 = 1000;
@@ -89,13 +91,17 @@ impl DynamoDbStreamsSource {
         config: &SdkConfig,
         arn: impl Into<String>,
     ) -> Result<Self, BackendError> {
-        let conf = aws_sdk_dynamodbstreams::config::Builder::from(config)
-            .timeout_config(crate::timeouts::with_defaults(
-                config,
-                crate::timeouts::DYNAMODB,
-            ))
-            .build();
-        Self::open(Client::from_conf(conf), arn.into()).await
+        Self::open(streams_client(config), arn.into()).await
+    }
+
+    /// The stream `arn` of `table`, not looked up.
+    fn unchecked(config: &SdkConfig, arn: String, table: String) -> Self {
+        Self {
+            client: streams_client(config),
+            arn,
+            table,
+            latest: None,
+        }
     }
 
     /// Looks the stream up through `client`.
@@ -266,6 +272,17 @@ enum Superseded {
     Disabled,
     /// The table was deleted.
     TableGone,
+}
+
+/// A DynamoDB Streams client with the crate's timeouts.
+fn streams_client(config: &SdkConfig) -> Client {
+    let conf = aws_sdk_dynamodbstreams::config::Builder::from(config)
+        .timeout_config(crate::timeouts::with_defaults(
+            config,
+            crate::timeouts::DYNAMODB,
+        ))
+        .build();
+    Client::from_conf(conf)
 }
 
 /// A DynamoDB client with the crate's timeouts.

@@ -28,6 +28,13 @@ pub(crate) enum Input {
         /// `None`: [`MultiStreamSource`](kcl_core::multi_stream::MultiStreamSource)'s default.
         removal_grace: Option<Duration>,
     },
+    /// DynamoDB streams (ARNs), in multi-stream mode with the Java adapter's lease keys.
+    DynamoDbStreams {
+        /// As given, in order, without duplicates.
+        arns: Vec<String>,
+        /// As for `Streams`.
+        removal_grace: Option<Duration>,
+    },
     /// A DynamoDB table's stream: the table's current one, or the stream ARN given (checked
     /// at start to be the table's, when both are given).
     DynamoDb {
@@ -43,6 +50,7 @@ impl fmt::Display for Input {
         match self {
             Self::Stream(name) => f.write_str(name),
             Self::Streams { names, .. } => f.write_str(&names.join(",")),
+            Self::DynamoDbStreams { arns, .. } => f.write_str(&arns.join(",")),
             Self::DynamoDb { arn: Some(arn), .. } => f.write_str(arn),
             Self::DynamoDb { table, .. } => write!(f, "table {}", table.as_deref().unwrap_or("?")),
         }
@@ -59,7 +67,7 @@ pub(super) fn input(v: &Values) -> Result<Input, SettingsError> {
         .as_deref()
     {
         None | Some("kinesis") => {}
-        Some("dynamodb-streams") => return dynamodb(v, grace.is_some()),
+        Some("dynamodb-streams") => return dynamodb(v, grace),
         Some(_) => {
             return Err(v.fail(
                 "source",
@@ -103,19 +111,33 @@ pub(super) fn input(v: &Values) -> Result<Input, SettingsError> {
     }
 }
 
-/// A DynamoDB table's stream: `table`, `stream` (the stream's ARN), or both if they agree.
-fn dynamodb(v: &Values, grace: bool) -> Result<Input, SettingsError> {
-    if v.get("streams").is_some() || grace {
-        let key = if grace {
-            "stream_removal_grace"
-        } else {
-            "streams"
-        };
+/// A DynamoDB table's stream: `table`, `stream` (the stream's ARN), or both if they agree;
+/// or `streams`, stream ARNs in multi-stream mode.
+fn dynamodb(v: &Values, grace: Option<Duration>) -> Result<Input, SettingsError> {
+    if !cfg!(feature = "aws") {
         return Err(v.fail(
-            key,
-            "multi-stream mode is for Kinesis streams; with source dynamodb-streams give one \
-             table (table) or one stream ARN (stream)"
-                .into(),
+            "source",
+            "this build has no AWS backends: build with `--features aws`".into(),
+        ));
+    }
+    if v.get("streams").is_some() {
+        if let Some(key) = ["stream", "table"].into_iter().find(|k| v.get(k).is_some()) {
+            return Err(v.fail(
+                key,
+                "give stream ARNs with streams (multi-stream mode), or one table or stream ARN, \
+                 not both"
+                    .into(),
+            ));
+        }
+        return Ok(Input::DynamoDbStreams {
+            arns: v.parsed("streams", arns)?.unwrap_or_default(),
+            removal_grace: grace,
+        });
+    }
+    if grace.is_some() {
+        return Err(v.fail(
+            "stream_removal_grace",
+            "only used with streams (multi-stream mode)".into(),
         ));
     }
     let table = v.get("table").map(|t| t.trim().to_owned());
@@ -129,16 +151,7 @@ fn dynamodb(v: &Values, grace: bool) -> Result<Input, SettingsError> {
     }
     let arn = v.get("stream").map(|a| a.trim().to_owned());
     if let Some(arn) = &arn {
-        let of = table_of_stream_arn(arn).ok_or_else(|| {
-            v.fail(
-                "stream",
-                format!(
-                    "{arn:?} is not a DynamoDB stream ARN \
-                     (arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/stream/LABEL); with source \
-                     dynamodb-streams, give the table instead, or its stream's ARN"
-                ),
-            )
-        })?;
+        let of = table_of(arn).map_err(|reason| v.fail("stream", reason))?;
         if let Some(t) = table.as_deref().filter(|t| *t != of) {
             return Err(v.fail(
                 "stream",
@@ -152,33 +165,49 @@ fn dynamodb(v: &Values, grace: bool) -> Result<Input, SettingsError> {
     if table.is_none() && arn.is_none() {
         return Err(v.fail(
             "table",
-            "required with source dynamodb-streams: pass --table (the table's current stream) \
-             or --stream with a DynamoDB stream ARN"
+            "required with source dynamodb-streams: pass --table (the table's current stream), \
+             --stream with a DynamoDB stream ARN, or --streams with several"
                 .into(),
         ));
     }
     Ok(Input::DynamoDb { table, arn })
 }
 
-/// The table of a DynamoDB stream ARN (`arn:PARTITION:dynamodb:REGION:ACCOUNT:table/T/stream/L`).
-fn table_of_stream_arn(arn: &str) -> Option<&str> {
-    let mut parts = arn.splitn(6, ':');
-    let (Some("arn"), Some(_), Some("dynamodb"), Some(_), Some(_), Some(resource)) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
-        return None;
-    };
-    let (table, label) = resource.strip_prefix("table/")?.split_once("/stream/")?;
-    (!table.is_empty() && !label.is_empty()).then_some(table)
+/// The table of a DynamoDB stream ARN, or why `arn` is not one.
+fn table_of(arn: &str) -> Result<&str, String> {
+    #[cfg(feature = "aws")]
+    let table = kcl_aws::streams::table_of(arn);
+    #[cfg(not(feature = "aws"))]
+    let table = None;
+    table.ok_or_else(|| {
+        format!(
+            "{arn:?} is not a DynamoDB stream ARN (arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/\
+             stream/LABEL); with source dynamodb-streams, give the table instead, or its \
+             stream's ARN"
+        )
+    })
+}
+
+/// A comma-separated list of DynamoDB stream ARNs.
+fn arns(list: &str) -> Result<Vec<String>, String> {
+    let arns = split(list)?;
+    for arn in &arns {
+        table_of(arn)?;
+    }
+    Ok(arns)
 }
 
 /// A comma-separated list (a TOML or YAML list in a config file arrives joined).
 fn names(list: &str) -> Result<Vec<String>, String> {
+    let names = split(list)?;
+    for name in &names {
+        check_arn(name)?;
+    }
+    Ok(names)
+}
+
+/// A comma-separated list, without empty entries or duplicates.
+fn split(list: &str) -> Result<Vec<String>, String> {
     let mut names: Vec<String> = Vec::new();
     for name in list.split(',').map(str::trim) {
         if name.is_empty() {
@@ -186,7 +215,6 @@ fn names(list: &str) -> Result<Vec<String>, String> {
                 "expected stream names or ARNs separated by commas, got {list:?}"
             ));
         }
-        check_arn(name)?;
         if names.iter().any(|n| n == name) {
             return Err(format!("{name:?} is listed twice"));
         }

@@ -430,6 +430,23 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
             arn: Some(_)
         }
     ));
+    let other = arn.replace("table/orders", "table/payments");
+    let s = resolve_ok(
+        &[app, &["--streams", &format!("{arn},{other}")]].concat(),
+        None,
+    );
+    assert_eq!(
+        s.input,
+        Input::DynamoDbStreams {
+            arns: vec![arn.to_owned(), other.clone()],
+            removal_grace: None
+        }
+    );
+    let e = resolve_err(
+        &[app, &["--streams", &other, "--table", "orders"]].concat(),
+        None,
+    );
+    assert_eq!(e.key, "table");
     let file = toml_file("source = \"dynamodb-streams\"\ntable = \"orders\"\n");
     let s = resolve_ok(&["--application-name", "app"], Some(&file));
     assert!(matches!(s.input, Input::DynamoDb { .. }));
@@ -457,7 +474,7 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
         (
             &["--streams", "a,b"][..],
             "streams",
-            "multi-stream mode is for Kinesis streams",
+            "is not a DynamoDB stream ARN",
         ),
         (
             &["--table", "x"][..],
