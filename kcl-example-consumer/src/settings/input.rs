@@ -114,12 +114,6 @@ pub(super) fn input(v: &Values) -> Result<Input, SettingsError> {
 /// A DynamoDB table's stream: `table`, `stream` (the stream's ARN), or both if they agree;
 /// or `streams`, stream ARNs in multi-stream mode.
 fn dynamodb(v: &Values, grace: Option<Duration>) -> Result<Input, SettingsError> {
-    if !cfg!(feature = "aws") {
-        return Err(v.fail(
-            "source",
-            "this build has no AWS backends: build with `--features aws`".into(),
-        ));
-    }
     if v.get("streams").is_some() {
         if let Some(key) = ["stream", "table"].into_iter().find(|k| v.get(k).is_some()) {
             return Err(v.fail(
@@ -175,11 +169,7 @@ fn dynamodb(v: &Values, grace: Option<Duration>) -> Result<Input, SettingsError>
 
 /// The table of a DynamoDB stream ARN, or why `arn` is not one.
 fn table_of(arn: &str) -> Result<&str, String> {
-    #[cfg(feature = "aws")]
-    let table = kcl_aws::streams::table_of(arn);
-    #[cfg(not(feature = "aws"))]
-    let table = None;
-    table.ok_or_else(|| {
+    kcl_aws::streams::table_of(arn).ok_or_else(|| {
         format!(
             "{arn:?} is not a DynamoDB stream ARN (arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE/\
              stream/LABEL); with source dynamodb-streams, give the table instead, or its \
