@@ -69,6 +69,40 @@ fn allowed(policy: &serde_json::Value) -> BTreeSet<String> {
     actions
 }
 
+/// The policy in `deploy/<file>`: what it allows.
+fn policy(file: &str) -> BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("deploy")
+        .join(file);
+    allowed(&serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap())
+}
+
+/// Fails naming what `file` lacks of `calls`, and what it allows beyond them.
+fn exactly(file: &str, calls: &BTreeSet<String>) {
+    let allowed = policy(file);
+    let missing: Vec<_> = calls.difference(&allowed).collect();
+    let unused: Vec<_> = allowed.difference(calls).collect();
+    assert!(
+        missing.is_empty(),
+        "kcl-aws calls, {file} does not allow: {missing:?}"
+    );
+    assert!(
+        unused.is_empty(),
+        "{file} allows, kcl-aws never calls: {unused:?}"
+    );
+}
+
+#[test]
+fn the_dynamodb_streams_policy_allows_exactly_what_its_source_and_the_lease_table_call() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut calls = BTreeSet::new();
+    called(&src.join("dynamodb"), "dynamodb", &mut calls);
+    called(&src.join("streams"), "dynamodb", &mut calls);
+    assert!(calls.contains("dynamodb:DescribeStream"), "{calls:?}");
+    exactly("iam-policy-dynamodb-streams.json", &calls);
+}
+
 #[test]
 fn the_policy_allows_exactly_what_kcl_aws_calls() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -80,18 +114,5 @@ fn the_policy_allows_exactly_what_kcl_aws_calls() {
     assert!(calls.contains("kinesis:GetRecords"), "{calls:?}");
     assert!(calls.contains("dynamodb:UpdateItem"), "{calls:?}");
 
-    let policy = root.join("..").join("deploy").join("iam-policy.json");
-    let policy: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(policy).unwrap()).unwrap();
-    let allowed = allowed(&policy);
-    let missing: Vec<_> = calls.difference(&allowed).collect();
-    let unused: Vec<_> = allowed.difference(&calls).collect();
-    assert!(
-        missing.is_empty(),
-        "kcl-aws calls, the policy does not allow: {missing:?}"
-    );
-    assert!(
-        unused.is_empty(),
-        "the policy allows, kcl-aws never calls: {unused:?}"
-    );
+    exactly("iam-policy.json", &calls);
 }
