@@ -1,9 +1,10 @@
 //! # kcl-aws
 //!
 //! The AWS backends of [`kcl_core`]: [`KinesisShardSource`] reads a Kinesis stream through
-//! aws-sdk-kinesis, [`DynamoDbLeaseStore`] keeps the lease table in DynamoDB through
-//! aws-sdk-dynamodb, in KCL Java's schema so that a fleet can move from KCL Java without
-//! losing its checkpoints.
+//! aws-sdk-kinesis, [`DynamoDbStreamsSource`] a DynamoDB table's stream (as the Java DynamoDB
+//! Streams Kinesis Adapter does, see [`streams`]), [`DynamoDbLeaseStore`] keeps the lease table
+//! in DynamoDB through aws-sdk-dynamodb, in KCL Java's schema so that a fleet can move from KCL
+//! Java without losing its checkpoints.
 //!
 //! Both are built from an [`aws_config::SdkConfig`], so credentials, region, retries and
 //! endpoints (`AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL_DYNAMODB`)

@@ -258,7 +258,13 @@ fn adapter_json(r: &sdk::Record, change: &sdk::StreamRecord, created: DateTime<U
 fn item(attributes: &Item) -> Value {
     let sorted: BTreeMap<&String, Value> = attributes
         .iter()
-        .filter(|(_, v)| known(v))
+        .filter(|(name, v)| {
+            let known = known(v);
+            if !known {
+                tracing::warn!(attribute = %name, "an attribute of a type this SDK does not know is left out of the record");
+            }
+            known
+        })
         .map(|(k, v)| {
             let value = serde_dynamo::AttributeValue::from(v.clone());
             (k, serde_json::to_value(value).unwrap_or(Value::Null))
