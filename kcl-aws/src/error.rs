@@ -47,7 +47,9 @@ impl Cause {
                 | "KMSThrottlingException"
                 | "TooManyRequestsException",
             ) => Self::Throttled,
-            // DynamoDB Streams: the records after the iterator are gone (older than 24 h).
+            // DynamoDB Streams: the records after the iterator are gone (older than 24 h); the
+            // reopen meets it at `GetShardIterator`, where the source reads on from the oldest
+            // record kept.
             Some("ExpiredIteratorException" | "TrimmedDataAccessException") => {
                 Self::ExpiredIterator
             }

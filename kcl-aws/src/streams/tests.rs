@@ -343,3 +343,43 @@ async fn a_replaced_disabled_or_deleted_table_stream_is_reported_once_each() {
     assert_eq!(source.watch_latest().await, Some(Disabled));
     assert_eq!(source.watch_latest().await, Some(TableGone));
 }
+
+#[tokio::test]
+async fn read_errors_become_what_the_worker_does_about_them() {
+    use kcl_core::{ErrorKind, ShardIterator};
+    for (code, kind) in [
+        // Reopened after the last record read; a trimmed reopen then reads on (see above).
+        ("ExpiredIteratorException", ErrorKind::ExpiredIterator),
+        ("TrimmedDataAccessException", ErrorKind::ExpiredIterator),
+        // More than two readers on a shard, or a limit above 1,000.
+        ("LimitExceededException", ErrorKind::Throttled),
+        ("InternalServerError", ErrorKind::Retryable),
+        // A shard the service no longer has: the worker ends it.
+        ("ResourceNotFoundException", ErrorKind::NotFound),
+    ] {
+        let rule = mock!(Client::get_records).then_http_response(move || aws_error(code));
+        let error = source(&[&rule])
+            .get_records(&ShardIterator("it".into()), 5000)
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), kind, "{code}: {error}");
+    }
+}
+
+#[tokio::test]
+async fn get_records_asks_for_at_most_1000() {
+    use aws_sdk_dynamodbstreams::operation::get_records::GetRecordsOutput;
+    let capped = mock!(Client::get_records)
+        .match_requests(|r| r.limit() == Some(1000))
+        .then_output(|| {
+            GetRecordsOutput::builder()
+                .next_shard_iterator("next")
+                .build()
+        });
+    let batch = source(&[&capped])
+        .get_records(&kcl_core::ShardIterator("it".into()), 10_000)
+        .await
+        .unwrap();
+    assert_eq!(batch.next_iterator.map(|i| i.0).as_deref(), Some("next"));
+    assert!(batch.records.is_empty() && batch.millis_behind_latest.is_none());
+}
