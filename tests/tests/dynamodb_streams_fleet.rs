@@ -78,14 +78,23 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     let mut fleet = vec![a, b];
 
     // SIGKILL whoever took the adapter's lease, once it has read live changes.
-    let first = holder_delivering(&ctx, &fleet, shard.as_str(), 25).await?;
+    let first = holder_delivering(&fleet, 25).await?;
     fleet[first].kill()?;
     eprintln!("killed {}", fleet[first].id);
     let second = 1 - first;
-    let c = WorkerProcess::spawn(WORKER, &ctx, "worker-c", &args)?;
-    fleet.push(c);
     let at = delivered(&fleet[second])?;
     wait_delivering(&ctx, &fleet[second], shard.as_str(), at + 10).await?;
+    // A third worker, the one to take over at the SIGTERM (started after the failover, which
+    // it would otherwise race the survivor for).
+    let c = WorkerProcess::spawn(WORKER, &ctx, "worker-c", &args)?;
+    fleet.push(c);
+    wait_until(
+        "worker-c to start",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || Ok(fleet[2].events()?.iter().any(|e| e.event == "started")),
+    )
+    .await?;
 
     // SIGTERM the survivor: its lease goes to worker-c at its shutdown checkpoint.
     fleet[second].terminate()?;
@@ -127,22 +136,20 @@ fn delivered(w: &WorkerProcess) -> anyhow::Result<usize> {
     Ok(records(w)?.iter().filter(|e| e.event == "record").count())
 }
 
-/// Waits until one of `fleet` owns `shard` and has delivered `n` records; its index.
-async fn holder_delivering(
-    ctx: &Context,
-    fleet: &[WorkerProcess],
-    shard: &str,
-    n: usize,
-) -> anyhow::Result<usize> {
+/// Waits until one of `fleet` has delivered `n` records, the last of them not checkpointed
+/// yet; its index.
+async fn holder_delivering(fleet: &[WorkerProcess], n: usize) -> anyhow::Result<usize> {
     let mut holder = 0;
     wait_until(
-        "a worker to hold the adapter's lease and read",
+        "a worker to hold the adapter's lease and read, between a batch and its checkpoint",
         Duration::from_secs(30),
-        Duration::from_millis(100),
+        Duration::from_millis(10),
         async || {
-            let owner = ctx.owners().await?.get(shard).cloned().flatten();
             for (i, w) in fleet.iter().enumerate() {
-                if owner.as_deref() == Some(w.id.as_str()) && delivered(w)? >= n {
+                let events = w.events()?;
+                let unsaved = events.last().is_some_and(|e| e.event == "record");
+                let read = events.iter().filter(|e| e.event == "record").count();
+                if unsaved && read >= n {
                     holder = i;
                     return Ok(true);
                 }
@@ -249,12 +256,15 @@ fn check(
         again.is_empty(),
         "delivered again after the SIGTERM handoff: {again:?}"
     );
-    let killed_count = journals[killed].iter().filter_map(change).count();
+    let killed_set: BTreeSet<Written> = journals[killed].iter().filter_map(change).collect();
+    let redelivered = terminated_set.intersection(&killed_set).count();
     eprintln!(
-        "{} changes after the adapter's checkpoint, all delivered across {} items; \
-         {killed_count} by the killed worker, {} by the terminated one, {} by the last",
+        "{} changes after the adapter's checkpoint, all delivered across {} items; {} by the \
+         killed worker, {} by the terminated one ({redelivered} of them again, after the \
+         killed one's last checkpoint), {} by the last",
         after.len(),
         by_item.len(),
+        killed_set.len(),
         terminated_set.len(),
         journals[2].iter().filter_map(change).count()
     );
