@@ -9,7 +9,8 @@
 //!   back typed. Its partition key is the item's key, so that `kcl_core::Parallel` orders
 //!   records per item (the adapter uses the sequence number).
 //! - `DescribeStream` pages until `LastEvaluatedShardId` comes back empty; `GetRecords` asks
-//!   for at most 1,000 records.
+//!   for at most 1,000 records. At a shard's end the source asks for its children, as the
+//!   adapter does (see `shards`).
 //! - A position older than the stream's 24-hour retention (`TrimmedDataAccessException`) is
 //!   logged as an error, counted (`kcl_trimmed_positions_total`) and read on from
 //!   `TRIM_HORIZON`, the oldest record kept, as the adapter does by default: what was trimmed
@@ -26,14 +27,15 @@ use aws_sdk_dynamodbstreams::operation::get_shard_iterator::builders::GetShardIt
 use aws_sdk_dynamodbstreams::types::{self as sdk, ShardIteratorType};
 use chrono::Utc;
 use kcl_core::{
-    BackendError, ErrorKind, HashKeyRange, Record, RecordBatch, Shard, ShardId, ShardIterator,
-    ShardSource, StartingPosition,
+    BackendError, ErrorKind, Record, RecordBatch, Shard, ShardId, ShardIterator, ShardSource,
+    StartingPosition,
 };
 
 use crate::error::backend_error;
 
 mod change;
 mod multi;
+mod shards;
 #[cfg(test)]
 mod tests;
 
@@ -346,7 +348,7 @@ impl ShardSource for DynamoDbStreamsSource {
                     .shards
                     .unwrap_or_default()
                     .into_iter()
-                    .filter_map(shard),
+                    .filter_map(shards::shard),
             );
             match description.last_evaluated_shard_id {
                 Some(id) if !id.is_empty() => start = Some(id),
@@ -381,13 +383,14 @@ impl ShardSource for DynamoDbStreamsSource {
             other => other,
         }
         .map_err(|e| backend_error("get_shard_iterator", what(), e))?;
-        out.shard_iterator.map(ShardIterator).ok_or_else(|| {
+        let raw = out.shard_iterator.ok_or_else(|| {
             BackendError::new(
                 ErrorKind::NotFound,
                 "get_shard_iterator",
                 format!("no iterator for {}", what()),
             )
-        })
+        })?;
+        Ok(shards::tag(shard.as_str(), &raw))
     }
 
     async fn get_records(
@@ -395,10 +398,11 @@ impl ShardSource for DynamoDbStreamsSource {
         iterator: &ShardIterator,
         limit: u32,
     ) -> Result<RecordBatch, BackendError> {
+        let (shard, raw) = shards::untag(iterator)?;
         let out = self
             .client
             .get_records()
-            .shard_iterator(&iterator.0)
+            .shard_iterator(raw)
             .limit(i32::try_from(limit.min(MAX_RECORDS)).unwrap_or(1000))
             .send()
             .await
@@ -413,25 +417,18 @@ impl ShardSource for DynamoDbStreamsSource {
             let millis = (Utc::now() - r.approximate_arrival).num_milliseconds();
             u64::try_from(millis).unwrap_or(0)
         });
+        let child_shards = match &out.next_shard_iterator {
+            Some(_) => Vec::new(),
+            None => self.children(shard).await,
+        };
         Ok(RecordBatch {
             records,
-            next_iterator: out.next_shard_iterator.map(ShardIterator),
+            next_iterator: out
+                .next_shard_iterator
+                .as_deref()
+                .map(|raw| shards::tag(shard, raw)),
             millis_behind_latest: behind,
-            child_shards: Vec::new(),
+            child_shards,
         })
     }
-}
-
-/// A shard as the lease table knows it; `None` without an id.
-fn shard(s: sdk::Shard) -> Option<Shard> {
-    let closed = s
-        .sequence_number_range
-        .as_ref()
-        .is_some_and(|r| r.ending_sequence_number.is_some());
-    Some(Shard {
-        id: ShardId::new(s.shard_id?),
-        parent_shard_ids: s.parent_shard_id.into_iter().map(ShardId::new).collect(),
-        hash_key_range: HashKeyRange { start: 0, end: 1 },
-        closed,
-    })
 }

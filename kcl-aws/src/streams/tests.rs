@@ -125,7 +125,10 @@ async fn a_trimmed_position_is_read_on_from_the_trim_horizon() {
         )
         .await
         .unwrap();
-    assert_eq!(iterator.0, "from-horizon");
+    assert_eq!(
+        iterator.0, "shardId-1 from-horizon",
+        "tagged with its shard"
+    );
     assert_eq!(horizon.num_calls(), 1);
 }
 
@@ -359,7 +362,7 @@ async fn read_errors_become_what_the_worker_does_about_them() {
     ] {
         let rule = mock!(Client::get_records).then_http_response(move || aws_error(code));
         let error = source(&[&rule])
-            .get_records(&ShardIterator("it".into()), 5000)
+            .get_records(&ShardIterator("shardId-1 it".into()), 5000)
             .await
             .unwrap_err();
         assert_eq!(error.kind(), kind, "{code}: {error}");
@@ -377,9 +380,61 @@ async fn get_records_asks_for_at_most_1000() {
                 .build()
         });
     let batch = source(&[&capped])
-        .get_records(&kcl_core::ShardIterator("it".into()), 10_000)
+        .get_records(&kcl_core::ShardIterator("shardId-1 it".into()), 10_000)
         .await
         .unwrap();
-    assert_eq!(batch.next_iterator.map(|i| i.0).as_deref(), Some("next"));
+    assert_eq!(
+        batch.next_iterator.map(|i| i.0).as_deref(),
+        Some("shardId-1 next")
+    );
     assert!(batch.records.is_empty() && batch.millis_behind_latest.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shard_end_names_the_children_the_stream_lists_for_it() {
+    use aws_sdk_dynamodbstreams::operation::get_records::GetRecordsOutput;
+    use aws_sdk_dynamodbstreams::types::ShardFilterType;
+    let end = mock!(Client::get_records)
+        .match_requests(|r| r.shard_iterator() == Some("last"))
+        .then_output(|| GetRecordsOutput::builder().build());
+    let asked = |r: &aws_sdk_dynamodbstreams::operation::describe_stream::DescribeStreamInput| {
+        r.shard_filter().is_some_and(|f| {
+            f.r#type() == Some(&ShardFilterType::ChildShards) && f.shard_id() == Some("shardId-1")
+        })
+    };
+    // Not listed at first (the service is eventually consistent), then with a stranger that
+    // an emulator ignoring the filter would add.
+    let children = mock!(Client::describe_stream)
+        .match_requests(asked)
+        .sequence()
+        .output(|| {
+            let d = sdk::StreamDescription::builder().build();
+            DescribeStreamOutput::builder()
+                .stream_description(d)
+                .build()
+        })
+        .output(|| {
+            let d = sdk::StreamDescription::builder()
+                .shards(shard("shardId-2", Some("shardId-1"), false))
+                .shards(shard("shardId-9", Some("shardId-8"), false))
+                .build();
+            DescribeStreamOutput::builder()
+                .stream_description(d)
+                .build()
+        })
+        .build();
+    let batch = source(&[&end, &children])
+        .get_records(&kcl_core::ShardIterator("shardId-1 last".into()), 100)
+        .await
+        .unwrap();
+    assert!(batch.next_iterator.is_none());
+    let ids: Vec<&str> = batch.child_shards.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["shardId-2"]);
+    assert_eq!(children.num_calls(), 2);
+
+    let error = source(&[])
+        .get_records(&kcl_core::ShardIterator("no-shard-in-front".into()), 100)
+        .await
+        .unwrap_err();
+    assert!(error.kind().is_permanent(), "{error}");
 }
