@@ -11,7 +11,6 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kcl_aws::KinesisShardSource;
 use kcl_core::lease::UnreadableRow;
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
@@ -24,8 +23,8 @@ pub(crate) struct Args {
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
     /// The stream: adds shards without a lease, whether each is open, and how far behind.
-    #[arg(long, env = "KCL_STREAM")]
-    stream: Option<String>,
+    #[command(flatten)]
+    stream: crate::source::StreamArgs,
     /// How long to watch the counters to tell a lease whose owner renews it from one that
     /// stands still (0s: do not watch).
     #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
@@ -76,8 +75,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
             (key, line)
         })
         .collect();
-    if let Some(stream) = &args.stream {
-        let source = KinesisShardSource::new(sdk, stream.clone());
+    if let Some(source) = args.stream.open(sdk).await? {
         let shards = source.list_shards().await?;
         for shard in &shards {
             let line = lines.entry(shard.id.to_string()).or_insert_with(|| Line {
@@ -91,9 +89,9 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     }
     let lines: Vec<Line> = lines.into_values().collect();
     let out = if args.json {
-        json_out(&lines, &unreadable, args.stream.is_some())
+        json_out(&lines, &unreadable, args.stream.given())
     } else {
-        table(&lines, &unreadable, args.stream.is_some())
+        table(&lines, &unreadable, args.stream.given())
     };
     print(&out);
     Ok(())
@@ -126,11 +124,7 @@ async fn watch(
 }
 
 /// How far behind the stream `lease`'s checkpoint is: one record read from it.
-async fn behind(
-    source: &KinesisShardSource,
-    shard: &Shard,
-    lease: Option<&Lease>,
-) -> Option<Behind> {
+async fn behind(source: &impl ShardSource, shard: &Shard, lease: Option<&Lease>) -> Option<Behind> {
     let lease = lease?;
     let position = match &lease.checkpoint {
         Checkpoint::TrimHorizon => StartingPosition::TrimHorizon,

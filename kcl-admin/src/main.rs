@@ -3,7 +3,8 @@
 //! `AWS_ENDPOINT_URL_KINESIS`, `AWS_ENDPOINT_URL_DYNAMODB`, …).
 //!
 //! - `leases`: every shard with its lease (owner, checkpoint, counter, whether it moves,
-//!   parents, open or closed) and how far its checkpoint is behind the stream;
+//!   parents, open or closed) and how far its checkpoint is behind the stream (a Kinesis
+//!   stream, or a DynamoDB table's with `--source dynamodb-streams`);
 //! - `reset`: moves checkpoints, safe while the fleet runs (see [`kcl_core::admin`]);
 //! - `release`: drains a worker before maintenance (see [`kcl_core::admin::release`]);
 //! - `copy`: checkpoints to another application's table (a rename);
@@ -17,6 +18,7 @@ mod copy;
 mod leases;
 mod release;
 mod reset;
+mod source;
 
 use std::process::ExitCode;
 

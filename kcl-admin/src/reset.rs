@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kcl_aws::KinesisShardSource;
 use kcl_core::admin::{self, RESET_SETTLES_AFTER, ResetTo};
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
@@ -20,8 +19,8 @@ pub(crate) struct Args {
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
     /// The stream the leases are of.
-    #[arg(long, env = "KCL_STREAM")]
-    stream: String,
+    #[command(flatten)]
+    stream: crate::source::StreamArgs,
     /// A shard to reset (repeat for several).
     #[arg(long, num_args = 1..)]
     shard: Vec<String>,
@@ -77,9 +76,10 @@ fn target(to: &[String], now: DateTime<Utc>) -> anyhow::Result<ResetTo> {
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
     let to = target(&args.to, Utc::now())?;
     let store = crate::store(sdk, &args.application_name);
-    let listed = KinesisShardSource::new(sdk, args.stream.clone())
-        .list_shards()
-        .await?;
+    let Some(source) = args.stream.open(sdk).await? else {
+        anyhow::bail!("--stream is required (or --table with --source dynamodb-streams)");
+    };
+    let listed = source.list_shards().await?;
     let shards: Vec<ShardId> = if args.all {
         if matches!(to.checkpoint, Checkpoint::Sequence(_)) {
             anyhow::bail!(
@@ -97,7 +97,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         if let Some(unknown) = args.shard.iter().find(|s| !known(s)) {
             anyhow::bail!(
                 "invalid --shard {unknown}: stream {} has no such shard",
-                args.stream
+                args.stream.name()
             );
         }
         args.shard.iter().map(|s| ShardId::new(s.clone())).collect()
