@@ -477,22 +477,7 @@ fn build(
         return Err(v.fail("log_filter", one_line(&e.to_string())));
     }
     let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
-    if matches!(input, Input::DynamoDb { .. }) {
-        if backend == Backend::Memory {
-            return Err(v.fail(
-                "backend",
-                "source dynamodb-streams needs backend aws (the memory backend has in-process \
-                 Kinesis-like streams only)"
-                    .into(),
-            ));
-        }
-        if matches!(worker.retrieval, Retrieval::FanOut { .. }) {
-            return Err(v.fail(
-                "retrieval",
-                "DynamoDB Streams has no enhanced fan-out: use polling".into(),
-            ));
-        }
-    }
+    fits_dynamodb(&v, &input, backend, &worker)?;
     let table_setup = v
         .parsed("table_setup", TableSetup::parse)?
         .unwrap_or(TableSetup::Managed);
@@ -514,6 +499,36 @@ fn build(
         summary,
         effective: v.0,
     })
+}
+
+/// A DynamoDB table's stream is read through AWS, by polling.
+fn fits_dynamodb(
+    v: &Values,
+    input: &Input,
+    backend: Backend,
+    worker: &WorkerConfig,
+) -> Result<(), SettingsError> {
+    if !matches!(
+        input,
+        Input::DynamoDb { .. } | Input::DynamoDbStreams { .. }
+    ) {
+        return Ok(());
+    }
+    if backend == Backend::Memory {
+        return Err(v.fail(
+            "backend",
+            "source dynamodb-streams needs backend aws (the memory backend has in-process \
+             Kinesis-like streams only)"
+                .into(),
+        ));
+    }
+    if matches!(worker.retrieval, Retrieval::FanOut { .. }) {
+        return Err(v.fail(
+            "retrieval",
+            "DynamoDB Streams has no enhanced fan-out: use polling".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Where a shard without a checkpoint starts.

@@ -450,6 +450,12 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
     let file = toml_file("source = \"dynamodb-streams\"\ntable = \"orders\"\n");
     let s = resolve_ok(&["--application-name", "app"], Some(&file));
     assert!(matches!(s.input, Input::DynamoDb { .. }));
+}
+
+#[test]
+fn a_dynamodb_stream_setting_that_does_not_fit_is_named() {
+    let app: &[&str] = &["--application-name", "app", "--source", "dynamodb-streams"];
+    let arn = "arn:aws:dynamodb:eu-west-1:123456789012:table/orders/stream/2026-11-26T00:00:00.000";
 
     for (args, key, why) in [
         (&[][..], "table", "required with source dynamodb-streams"),
