@@ -38,17 +38,9 @@ impl StreamArgs {
             ("kinesis", _, Some(_)) => {
                 anyhow::bail!("invalid --table: only used with --source dynamodb-streams")
             }
-            ("dynamodb-streams", None, Some(table)) => Ok(Some(Source::DynamoDb(
-                DynamoDbStreamsSource::for_table(sdk, table).await?,
+            ("dynamodb-streams", stream, table) => Ok(Some(Source::DynamoDb(
+                DynamoDbStreamsSource::find(sdk, table.as_deref(), stream.as_deref()).await?,
             ))),
-            ("dynamodb-streams", Some(arn), table) => {
-                let source = DynamoDbStreamsSource::for_stream(sdk, arn.clone()).await?;
-                let source = match table {
-                    Some(table) => source.expect_table(table)?,
-                    None => source,
-                };
-                Ok(Some(Source::DynamoDb(source)))
-            }
             (other, _, _) => {
                 anyhow::bail!("invalid --source {other}: want kinesis or dynamodb-streams")
             }

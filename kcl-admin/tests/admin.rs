@@ -6,31 +6,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::admin;
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Checkpoint, LeaseStore};
 use kcl_integration_tests::process::test_worker_bin;
 use kcl_integration_tests::{Context, Event, Producer, balanced_pair, wait_until, with_timeout};
 
-const ADMIN: &str = env!("CARGO_BIN_EXE_kcl-admin");
 const SHARD: &str = "shardId-000000000000";
-
-fn admin(ctx: &Context, args: &[&str]) -> anyhow::Result<Output> {
-    let out = Command::new(ADMIN)
-        .args(args)
-        .envs(ctx.worker_env())
-        .output()?;
-    eprintln!(
-        "kcl-admin {}:\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(out)
-}
 
 fn ms_now() -> i64 {
     chrono::Utc::now().timestamp_millis()

@@ -4,29 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
-use std::process::{Command, Output};
+mod common;
+
 use std::time::Duration;
 
+use common::admin;
 use kcl_core::{Checkpoint, LeaseStore};
 use kcl_integration_tests::items::{self, Writer};
 use kcl_integration_tests::process::test_worker_bin;
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
-
-const ADMIN: &str = env!("CARGO_BIN_EXE_kcl-admin");
-
-fn admin(ctx: &Context, args: &[&str]) -> anyhow::Result<Output> {
-    let out = Command::new(ADMIN)
-        .args(args)
-        .envs(ctx.worker_env())
-        .output()?;
-    eprintln!(
-        "kcl-admin {}:\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(out)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_and_reset_read_a_table_stream() -> anyhow::Result<()> {

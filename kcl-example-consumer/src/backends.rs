@@ -71,7 +71,9 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             let mut ids = Vec::new();
             for arn in arns {
                 dynamodb_stream(&sdk, None, Some(arn)).await?;
-                ids.extend(kcl_aws::streams::stream_id(arn));
+                ids.push(kcl_aws::streams::stream_id(arn).ok_or_else(|| {
+                    anyhow::anyhow!("invalid setting `streams`: {arn} has no multi-stream id")
+                })?);
             }
             let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
                 kcl_aws::DynamoDbStreamsSource::for_stream_id(&sdk, id)
@@ -98,30 +100,16 @@ async fn dynamodb_stream(
     table: Option<&str>,
     arn: Option<&str>,
 ) -> anyhow::Result<kcl_aws::DynamoDbStreamsSource> {
-    use kcl_aws::DynamoDbStreamsSource;
-    let (key, opened) = match (table, arn) {
-        (Some(table), None) => ("table", DynamoDbStreamsSource::for_table(sdk, table).await),
-        (table, Some(arn)) => (
-            "stream",
-            match DynamoDbStreamsSource::for_stream(sdk, arn).await {
-                Ok(source) => match table {
-                    Some(table) => source.expect_table(table),
-                    None => Ok(source),
-                },
-                Err(e) => Err(e),
-            },
-        ),
-        (None, None) => {
-            anyhow::bail!("invalid setting `table`: required with source dynamodb-streams")
-        }
-    };
-    opened.map_err(|e| {
-        if e.kind().is_permanent() {
-            anyhow::anyhow!("invalid setting `{key}`: {e}")
-        } else {
-            anyhow::anyhow!("cannot look up the DynamoDB stream: {e}")
-        }
-    })
+    let key = if arn.is_some() { "stream" } else { "table" };
+    kcl_aws::DynamoDbStreamsSource::find(sdk, table, arn)
+        .await
+        .map_err(|e| {
+            if e.kind().is_permanent() {
+                anyhow::anyhow!("invalid setting `{key}`: {e}")
+            } else {
+                anyhow::anyhow!("cannot look up the DynamoDB stream: {e}")
+            }
+        })
 }
 
 #[cfg(not(feature = "aws"))]

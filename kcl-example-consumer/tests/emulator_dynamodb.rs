@@ -13,7 +13,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::StreamSpecification;
 use common::consumer::Consumer;
 use kcl_core::ShardSource;
-use kcl_integration_tests::items::{self, Writer};
+use kcl_integration_tests::items::{self, Writer, Written};
 use kcl_integration_tests::{Context, wait_until, with_timeout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,11 +31,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     writer.write_n(40).await?;
     let source = ["--source", "dynamodb-streams", "--table", table.as_str()];
     let mut c = Consumer::spawn_with(&ctx, "ddb-a", &source)?;
-    let want: BTreeSet<String> = writer
-        .written
-        .iter()
-        .map(|w| format!(r#"{{"id":{{"S":"{}"}}}}"#, w.id))
-        .collect();
+    let want: BTreeSet<String> = writer.written.iter().map(Written::partition_key).collect();
     assert_eq!(want.len(), 12);
     wait_until(
         "ddb-a to hold the stream's lease",
@@ -160,12 +156,7 @@ async fn run_multi(ctx: Context) -> anyhow::Result<()> {
         items::create(&ctx, &table, true).await?;
         let mut writer = Writer::new(&ctx, &table, 4);
         writer.write_n(12).await?;
-        want.extend(
-            writer
-                .written
-                .iter()
-                .map(|w| format!(r#"{{"id":{{"S":"{}"}}}}"#, w.id)),
-        );
+        want.extend(writer.written.iter().map(Written::partition_key));
         let described = ctx
             .dynamodb
             .describe_table()

@@ -71,6 +71,11 @@ pub struct Written {
 }
 
 impl Written {
+    /// The partition key of its records: the item's key in canonical DynamoDB JSON.
+    pub fn partition_key(&self) -> String {
+        format!(r#"{{"id":{{"S":"{}"}}}}"#, self.id)
+    }
+
     /// The change a stream record (the adapter's JSON) carries; `None` for other data.
     pub fn of_record(data: &str) -> Option<Self> {
         let change: Value = serde_json::from_str(data).ok()?;

@@ -130,7 +130,7 @@ async fn a_table_without_a_stream_another_tables_stream_and_a_disabled_stream_ar
         return Ok(());
     };
     let sdk = items::sdk(&ctx).await;
-    let refusal = async |result: Result<DynamoDbStreamsSource, kcl_core::BackendError>| {
+    let refusal = |result: Result<DynamoDbStreamsSource, kcl_core::BackendError>| {
         let error = result.expect_err("refused");
         eprintln!("{error}");
         assert!(error.kind().is_permanent(), "{error:?}");
@@ -139,7 +139,7 @@ async fn a_table_without_a_stream_another_tables_stream_and_a_disabled_stream_ar
 
     let bare = format!("{}-bare", ctx.table);
     items::create(&ctx, &bare, false).await?;
-    let text = refusal(DynamoDbStreamsSource::for_table(&sdk, &bare).await).await;
+    let text = refusal(DynamoDbStreamsSource::for_table(&sdk, &bare).await);
     assert!(
         text.contains(&format!("table {bare} has no DynamoDB stream: enable one")),
         "{text}"
@@ -152,12 +152,8 @@ async fn a_table_without_a_stream_another_tables_stream_and_a_disabled_stream_ar
     items::create(&ctx, &orders, true).await?;
     items::create(&ctx, &payments, true).await?;
     let of_payments = DynamoDbStreamsSource::for_table(&sdk, &payments).await?;
-    let text = refusal(
-        DynamoDbStreamsSource::for_stream(&sdk, of_payments.arn())
-            .await?
-            .expect_table(&orders),
-    )
-    .await;
+    let text =
+        refusal(DynamoDbStreamsSource::find(&sdk, Some(&orders), Some(of_payments.arn())).await);
     assert!(
         text.contains(&format!("is table {payments}'s, not table {orders}'s")),
         "{text}"
@@ -173,7 +169,7 @@ async fn a_table_without_a_stream_another_tables_stream_and_a_disabled_stream_ar
         )
         .send()
         .await?;
-    let text = refusal(DynamoDbStreamsSource::for_table(&sdk, &orders).await).await;
+    let text = refusal(DynamoDbStreamsSource::for_table(&sdk, &orders).await);
     assert!(
         text.contains(&format!("the stream of table {orders}"))
             && text.contains("is disabled: enable the table's stream again"),

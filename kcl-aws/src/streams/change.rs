@@ -199,7 +199,7 @@ pub(super) fn record(r: &sdk::Record) -> Option<Record> {
         .unwrap_or_else(Utc::now);
     let keys = change.keys.as_ref().map(item);
     let partition_key = keys.as_ref().map(Value::to_string).unwrap_or_default();
-    let data = adapter_json(r, change, created);
+    let data = adapter_json(r, change, keys, created);
     Some(
         Record::new(sequence, partition_key, Bytes::from(data.to_string()))
             .with_approximate_arrival(created),
@@ -207,14 +207,21 @@ pub(super) fn record(r: &sdk::Record) -> Option<Record> {
 }
 
 /// The record as the Java adapter's JSON (its creation time in epoch milliseconds).
-fn adapter_json(r: &sdk::Record, change: &sdk::StreamRecord, created: DateTime<Utc>) -> Value {
+fn adapter_json(
+    r: &sdk::Record,
+    change: &sdk::StreamRecord,
+    keys: Option<Value>,
+    created: DateTime<Utc>,
+) -> Value {
     let mut dynamodb = Map::new();
     dynamodb.insert(
         "ApproximateCreationDateTime".into(),
         json!(created.timestamp_millis()),
     );
+    if let Some(keys) = keys {
+        dynamodb.insert("Keys".into(), keys);
+    }
     for (name, image) in [
-        ("Keys", &change.keys),
         ("NewImage", &change.new_image),
         ("OldImage", &change.old_image),
     ] {

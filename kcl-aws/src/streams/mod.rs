@@ -145,9 +145,28 @@ impl DynamoDbStreamsSource {
         })
     }
 
-    /// Fails unless the stream is `table`'s, naming both: for a table and a stream ARN given
-    /// together, as a binary's settings may.
-    pub fn expect_table(self, table: &str) -> Result<Self, BackendError> {
+    /// The stream a program's settings name: `arn` if given (refused, naming both, unless it
+    /// is `table`'s when both are given), else `table`'s current stream (see
+    /// [`for_table`](Self::for_table)).
+    pub async fn find(
+        config: &SdkConfig,
+        table: Option<&str>,
+        arn: Option<&str>,
+    ) -> Result<Self, BackendError> {
+        match (table, arn) {
+            (Some(table), None) => Self::for_table(config, table).await,
+            (None, Some(arn)) => Self::for_stream(config, arn).await,
+            (Some(table), Some(arn)) => Self::for_stream(config, arn).await?.expect_table(table),
+            (None, None) => Err(BackendError::new(
+                ErrorKind::Fatal,
+                "describe_table",
+                "no table and no stream ARN: give one",
+            )),
+        }
+    }
+
+    /// Fails unless the stream is `table`'s, naming both.
+    fn expect_table(self, table: &str) -> Result<Self, BackendError> {
         if self.table == table {
             return Ok(self);
         }

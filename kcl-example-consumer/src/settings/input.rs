@@ -183,6 +183,11 @@ fn arns(list: &str) -> Result<Vec<String>, String> {
     let arns = split(list)?;
     for arn in &arns {
         table_of(arn)?;
+        if kcl_aws::streams::stream_id(arn).is_none() {
+            return Err(format!(
+                "{arn:?}: its partition does not match its region, so it has no multi-stream id"
+            ));
+        }
     }
     Ok(arns)
 }

@@ -1,0 +1,22 @@
+//! Running the built `kcl-admin` as an operator would, with the emulators' environment.
+
+use std::process::{Command, Output};
+
+use kcl_integration_tests::Context;
+
+const ADMIN: &str = env!("CARGO_BIN_EXE_kcl-admin");
+
+/// Runs `kcl-admin ARGS`, printing what it printed (for a failing test's output).
+pub(crate) fn admin(ctx: &Context, args: &[&str]) -> anyhow::Result<Output> {
+    let out = Command::new(ADMIN)
+        .args(args)
+        .envs(ctx.worker_env())
+        .output()?;
+    eprintln!(
+        "kcl-admin {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out)
+}
