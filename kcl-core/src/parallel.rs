@@ -124,9 +124,11 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
     fn create(&self, shard: &ShardId) -> ParallelProcessor<H> {
         let _ = shard;
         ParallelProcessor {
-            handler: self.handler.clone(),
-            max_in_flight: self.max_in_flight,
-            key: self.key.clone(),
+            settings: Self {
+                handler: self.handler.clone(),
+                max_in_flight: self.max_in_flight,
+                key: self.key.clone(),
+            },
             dispatcher: None,
         }
     }
@@ -138,16 +140,15 @@ type Dispatcher = (mpsc::UnboundedSender<(Record, Ack)>, AbortOnDropHandle<()>);
 /// One shard's processor under [`Parallel`]: hands each record to a dispatcher task that
 /// runs the handler. Dropping it (lease lost, a restart) cancels what is in flight.
 pub struct ParallelProcessor<H> {
-    handler: Arc<H>,
-    max_in_flight: usize,
-    key: KeyFn,
+    /// The factory's handler and settings.
+    settings: Parallel<H>,
     dispatcher: Option<Dispatcher>,
 }
 
 impl<H> std::fmt::Debug for ParallelProcessor<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ParallelProcessor")
-            .field("max_in_flight", &self.max_in_flight)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
@@ -157,12 +158,12 @@ impl<H: RecordHandler> ParallelProcessor<H> {
         let (tx, _) = self.dispatcher.get_or_insert_with(|| {
             // Unbounded: the worker bounds what is handed out (`max_unacknowledged`).
             let (tx, rx) = mpsc::unbounded_channel();
-            let run = dispatch::run(
-                rx,
-                self.handler.clone(),
-                self.max_in_flight,
-                self.key.clone(),
-            );
+            let Parallel {
+                handler,
+                max_in_flight,
+                key,
+            } = &self.settings;
+            let run = dispatch::run(rx, handler.clone(), *max_in_flight, key.clone());
             let task = crate::task::spawn(run.in_current_span());
             (tx, AbortOnDropHandle::new(task))
         });

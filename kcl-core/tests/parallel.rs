@@ -30,6 +30,14 @@ struct Runs {
 
 type Shared = Arc<Mutex<Runs>>;
 
+/// Puts records `from..to` on `stream`'s shard, record `i` with data `i` and key
+/// `key-{i % keys}`.
+fn fill(stream: &MemoryStream, from: usize, to: usize, keys: usize) {
+    for i in from..to {
+        stream.put(&format!("key-{}", i % keys), format!("{i}"));
+    }
+}
+
 fn config() -> WorkerConfig {
     WorkerConfig::default()
         .failover_time(Duration::from_secs(6))
@@ -121,9 +129,7 @@ async fn records_of_a_key_run_one_at_a_time_in_order_and_keys_overlap() {
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
     let runs = Shared::default();
-    for i in 0..300 {
-        stream.put(&format!("key-{}", i % 30), format!("{i}"));
-    }
+    fill(&stream, 0, 300, 30);
     let latency = |r: &Record| Duration::from_millis(5 + (r.data[0] as u64 % 7) * 3);
     let factory = Parallel::new(handler(&runs, latency, |_| false)).max_in_flight(8);
     let w = run(config(), &stream, &store, factory);
@@ -158,9 +164,7 @@ async fn no_checkpoint_passes_an_unfinished_record() {
     let store = MemoryLeaseStore::new();
     let runs = Shared::default();
     let first = stream.put("slow", "0").position();
-    for i in 1..100 {
-        stream.put(&format!("key-{i}"), format!("{i}"));
-    }
+    fill(&stream, 1, 100, 100);
     let slow = |r: &Record| {
         if r.partition_key == "slow" {
             Duration::from_secs(20)
@@ -198,9 +202,7 @@ async fn a_failed_record_restarts_the_shard_from_the_watermark_and_holds_its_key
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
     let runs = Shared::default();
-    for i in 0..200 {
-        stream.put(&format!("key-{}", i % 10), format!("{i}"));
-    }
+    fill(&stream, 0, 200, 10);
     let failures = Arc::new(AtomicUsize::new(0));
     let f = failures.clone();
     // Record 50 fails twice, then succeeds.
@@ -297,9 +299,7 @@ async fn a_graceful_stop_waits_for_records_in_flight_then_checkpoints_them() {
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
     let runs = Shared::default();
-    for i in 0..40 {
-        stream.put(&format!("key-{i}"), format!("{i}"));
-    }
+    fill(&stream, 0, 40, 40);
     let factory =
         Parallel::new(handler(&runs, |_| Duration::from_secs(3), |_| false)).max_in_flight(40);
     let w = run(config(), &stream, &store, factory);
@@ -331,9 +331,7 @@ async fn shard_end_is_written_only_once_every_record_finished() {
     let runs = Shared::default();
     let parent = ShardId::new(SHARD);
     stream.put("slow", "0");
-    for i in 1..20 {
-        stream.put(&format!("key-{i}"), format!("{i}"));
-    }
+    fill(&stream, 1, 20, 20);
     stream.split(&parent).unwrap();
     let slow = |r: &Record| {
         if r.partition_key == "slow" {
