@@ -30,7 +30,7 @@ impl RecordProcessor for Count {
         input: ProcessRecordsInput,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        self.0.fetch_add(input.records.len(), Ordering::Relaxed);
+        self.0.fetch_add(input.records().len(), Ordering::Relaxed);
         cp.checkpoint().await?;
         Ok(())
     }

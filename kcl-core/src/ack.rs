@@ -8,21 +8,35 @@
 //! one [`Ack`] per record, completed later from any task.
 //!
 //! The shard task keeps the **watermark**: the last position below which every delivered
-//! record has finished. The rules:
+//! record has finished. A batch takes its place in it when it is *delivered*, not when the
+//! processor gets around to it, so however a processor holds its batches (moved to another
+//! task, acknowledged late or out of order, kept for a later hook) nothing passes them. The
+//! rules:
+//! - a batch is finished when its [`ProcessRecordsInput`](crate::ProcessRecordsInput) is
+//!   dropped without `acknowledge_later` (the usual processor: it handled the records in the
+//!   hook), or record by record as their `Ack`s are done. An input dropped while its task
+//!   panics fails instead, as a dropped `Ack` does;
 //! - every checkpoint stops at the watermark: [`Checkpointer::checkpoint`](crate::Checkpointer::checkpoint)
 //!   writes it instead of the last delivered record, and a position past it is refused with
-//!   [`CheckpointError::Unfinished`](crate::CheckpointError::Unfinished);
-//! - the worker checkpoints the watermark itself as acknowledgements arrive (after
+//!   [`CheckpointError::Unfinished`](crate::CheckpointError::Unfinished). Inside a hook, the
+//!   batch that hook was given counts as finished for the hook's own checkpoints (calling
+//!   `checkpoint` there says it is done), unless it was taken to acknowledge later;
+//! - once a processor has called `acknowledge_later`, the worker checkpoints the watermark
+//!   itself as records finish (after
 //!   [`ack_checkpoint_every`](crate::WorkerConfig::ack_checkpoint_every) records or
 //!   [`ack_checkpoint_interval`](crate::WorkerConfig::ack_checkpoint_interval)), before
 //!   `shutdown_requested` on a graceful stop or a handoff (having waited for what is in flight
 //!   until half the [`shutdown_timeout`](crate::WorkerConfig::shutdown_timeout) or the lease's
 //!   validity ends), and writes `SHARD_END` only once every record of the shard finished;
 //! - reading pauses while [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged)
-//!   records are outstanding: memory stays bounded however slow the acknowledgements are;
+//!   records are held behind the watermark, finished or not: a record that never finishes
+//!   holds at most that many behind it, so memory (and what a crash replays) stays bounded
+//!   however slow the acknowledgements are. The shard is then reported stalled;
 //! - [`Ack::fail`], or an `Ack` dropped unacknowledged (a task that panicked or was
 //!   cancelled), restarts the shard from the watermark, as a failing `process_records` does:
-//!   every record after it is delivered again.
+//!   every record after it is delivered again;
+//! - work ends with the lease's validity: an `Ack` done once another worker may hold the
+//!   lease counts for nothing (the new owner delivers the record again).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -50,10 +64,13 @@ pub struct Ack {
 }
 
 impl Ack {
-    /// The record is finished: the watermark may move past it.
+    /// The record is finished: the watermark may move past it (unless the lease's validity
+    /// ran out meanwhile: then the next owner delivers it again).
     pub fn done(mut self) {
         self.settled = true;
-        if let Some(watermark) = self.watermark.upgrade() {
+        if let Some(watermark) = self.watermark.upgrade()
+            && watermark.valid()
+        {
             watermark.finish(self.index, None);
         }
     }
@@ -66,22 +83,15 @@ impl Ack {
             watermark.finish(self.index, Some(error.into()));
         }
     }
-}
 
-impl Ack {
-    /// Resolves once the lease the record was delivered under may be held elsewhere (see
-    /// [`RecordProcessor`](crate::RecordProcessor)'s fencing in time): work on the record
-    /// must stop, as a hook's does.
-    pub(crate) async fn expired(&self) {
+    /// Runs `work` on the record while the lease it was delivered under is valid (see
+    /// [`RecordProcessor`](crate::RecordProcessor)'s fencing in time): `None` once another
+    /// worker may hold it, and `work` is dropped.
+    pub(crate) async fn while_valid<F: Future>(&self, work: F) -> Option<F::Output> {
         let tenure = self.watermark.upgrade().and_then(|w| w.tenure.clone());
         match tenure {
-            Some(tenure)
-                if !mutation::on(Mutation::HooksOutliveLease)
-                    && !mutation::on(Mutation::SkipValidityCheck) =>
-            {
-                tenure.expired().await;
-            }
-            _ => std::future::pending().await,
+            Some(tenure) => tenure.while_valid(work).await,
+            None => Some(work.await),
         }
     }
 }
@@ -99,6 +109,56 @@ impl Drop for Ack {
     }
 }
 
+/// A delivered batch's place in the watermark, held by its
+/// [`ProcessRecordsInput`](crate::ProcessRecordsInput): the batch's records are finished when
+/// it is dropped, unless it became `Ack`s first. Not `Clone`: one batch, one place.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    watermark: Weak<Watermark>,
+    first: u64,
+    count: u64,
+}
+
+impl Reservation {
+    /// One `Ack` per record of the batch, in order; the watermark's owner now checkpoints
+    /// as they finish.
+    pub(crate) fn into_acks(self) -> Vec<Ack> {
+        let this = std::mem::ManuallyDrop::new(self);
+        let watermark = this.watermark.clone();
+        if let Some(w) = watermark.upgrade() {
+            let mut state = w.lock();
+            state.acknowledged_later = true;
+            // Taken to acknowledge later: no longer finished by its hook's checkpoints.
+            state.in_hook.take_if(|first| *first == this.first);
+        }
+        (this.first..this.first + this.count)
+            .map(|index| Ack {
+                watermark: watermark.clone(),
+                index,
+                settled: false,
+            })
+            .collect()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let Some(watermark) = self.watermark.upgrade() else {
+            return;
+        };
+        for index in self.first..self.first + self.count {
+            if std::thread::panicking() {
+                watermark.finish(
+                    index,
+                    Some("a batch was dropped by a panicking task".into()),
+                );
+            } else {
+                watermark.finish(index, None);
+            }
+        }
+    }
+}
+
 /// One processor instance's watermark; see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Watermark {
@@ -110,18 +170,23 @@ pub(crate) struct Watermark {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Acknowledgements still awaited, in delivery order, from the oldest unfinished one on.
+    /// Every record delivered from the oldest unfinished one on, in delivery order.
     entries: VecDeque<Entry>,
     /// The index of `entries[0]`.
     base: u64,
-    /// The index the next registered record gets.
+    /// The index the next delivered record gets.
     next: u64,
+    /// The first index of the batch whose hook runs now, while it is not taken to acknowledge
+    /// later.
+    in_hook: Option<u64>,
     /// Records not finished.
     outstanding: usize,
     /// Records the watermark passed since [`Watermark::take_advanced`] last looked.
     advanced: u64,
     /// The first failure, until the shard task takes it.
     failed: Option<BoxError>,
+    /// Whether the processor took any batch to acknowledge later.
+    acknowledged_later: bool,
 }
 
 #[derive(Debug)]
@@ -145,16 +210,24 @@ impl Watermark {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers records delivered in order, the first after `previous`; one `Ack` each.
-    pub(crate) fn register(
+    /// Whether work on the records may still count: the lease they came under is valid.
+    fn valid(&self) -> bool {
+        self.tenure.as_ref().is_none_or(|t| t.is_valid())
+            || mutation::on(Mutation::HooksOutliveLease)
+            || mutation::on(Mutation::SkipValidityCheck)
+    }
+
+    /// Reserves the places of a batch being delivered, in order, the first after `previous`.
+    /// Until [`hook_returned`](Self::hook_returned), it is the batch in its hook.
+    pub(crate) fn reserve(
         self: &Arc<Self>,
         previous: Option<ExtendedSequenceNumber>,
         positions: impl Iterator<Item = ExtendedSequenceNumber>,
-    ) -> Vec<Ack> {
+    ) -> Reservation {
         let mut state = self.lock();
         let delivered = Instant::now();
+        let first = state.next;
         let mut previous = previous;
-        let mut acks = Vec::new();
         for position in positions {
             if state.entries.is_empty() {
                 state.base = state.next;
@@ -164,15 +237,20 @@ impl Watermark {
                 finished: false,
                 delivered,
             });
-            acks.push(Ack {
-                watermark: Arc::downgrade(self),
-                index: state.next,
-                settled: false,
-            });
             state.next += 1;
             state.outstanding += 1;
         }
-        acks
+        state.in_hook = Some(first);
+        Reservation {
+            watermark: Arc::downgrade(self),
+            first,
+            count: state.next - first,
+        }
+    }
+
+    /// The hook of the last reserved batch returned.
+    pub(crate) fn hook_returned(&self) {
+        self.lock().in_hook = None;
     }
 
     fn finish(&self, index: u64, failure: Option<BoxError>) {
@@ -204,17 +282,42 @@ impl Watermark {
         self.progress.notify_one();
     }
 
-    /// The position a checkpoint may move to, given the last record delivered: the record
-    /// before the oldest unfinished one, or `last_delivered` when every record finished.
+    /// The position the worker's own checkpoints may move to, given the last record
+    /// delivered: the record before the oldest unfinished one, or `last_delivered` when every
+    /// record finished.
     pub(crate) fn position(
         &self,
         last_delivered: Option<&ExtendedSequenceNumber>,
     ) -> Option<ExtendedSequenceNumber> {
+        self.position_from(last_delivered, false)
+    }
+
+    /// The position a processor's own checkpoint may move to: as [`position`](Self::position),
+    /// but the batch of the hook that runs now counts as finished unless it was taken to
+    /// acknowledge later (see the module docs).
+    pub(crate) fn position_in_hook(
+        &self,
+        last_delivered: Option<&ExtendedSequenceNumber>,
+    ) -> Option<ExtendedSequenceNumber> {
+        self.position_from(last_delivered, true)
+    }
+
+    fn position_from(
+        &self,
+        last_delivered: Option<&ExtendedSequenceNumber>,
+        in_hook: bool,
+    ) -> Option<ExtendedSequenceNumber> {
         let state = self.lock();
-        match state.entries.front() {
-            Some(_) if mutation::on(Mutation::CheckpointPastUnfinished) => last_delivered.cloned(),
-            Some(oldest) => oldest.previous.clone(),
-            None => last_delivered.cloned(),
+        let Some(oldest) = state.entries.front() else {
+            return last_delivered.cloned();
+        };
+        if mutation::on(Mutation::CheckpointPastUnfinished) {
+            return last_delivered.cloned();
+        }
+        // Entries from the hook's batch on are all that batch's (the newest).
+        match state.in_hook.filter(|_| in_hook) {
+            Some(first) if state.base >= first => last_delivered.cloned(),
+            _ => oldest.previous.clone(),
         }
     }
 
@@ -223,12 +326,17 @@ impl Watermark {
         self.lock().outstanding
     }
 
-    /// Whether any record was handed out to be acknowledged later.
-    pub(crate) fn used(&self) -> bool {
-        self.lock().next > 0
+    /// Records held behind the watermark, finished or not: what a crash would replay.
+    pub(crate) fn held(&self) -> usize {
+        self.lock().entries.len()
     }
 
-    /// Records handed out from the oldest unfinished one on, and when that one was delivered.
+    /// Whether the processor took any batch to acknowledge later.
+    pub(crate) fn used(&self) -> bool {
+        self.lock().acknowledged_later
+    }
+
+    /// Records held behind the watermark, and when the oldest unfinished one was delivered.
     pub(crate) fn behind(&self) -> (usize, Option<Instant>) {
         let state = self.lock();
         (
@@ -266,7 +374,7 @@ mod tests {
     #[test]
     fn the_watermark_stops_before_the_oldest_unfinished_record() {
         let w = Arc::new(Watermark::default());
-        let mut acks = w.register(Some(at(0)), (1..=4).map(at));
+        let mut acks = w.reserve(Some(at(0)), (1..=4).map(at)).into_acks();
         let last = Some(at(4));
         assert_eq!(w.position(last.as_ref()), Some(at(0)));
         let fourth = acks.pop().unwrap();
@@ -290,7 +398,7 @@ mod tests {
     #[test]
     fn a_dropped_ack_is_a_failure_and_holds_the_watermark() {
         let w = Arc::new(Watermark::default());
-        let mut acks = w.register(None, (1..=2).map(at));
+        let mut acks = w.reserve(None, (1..=2).map(at)).into_acks();
         let second = acks.pop().unwrap();
         drop(acks);
         second.done();
@@ -306,8 +414,60 @@ mod tests {
     #[test]
     fn an_ack_outliving_its_watermark_does_nothing() {
         let w = Arc::new(Watermark::default());
-        let acks = w.register(None, std::iter::once(at(1)));
+        let acks = w.reserve(None, std::iter::once(at(1))).into_acks();
         drop(w);
         drop(acks);
+    }
+
+    #[test]
+    fn a_reserved_batch_holds_the_watermark_until_dropped() {
+        let w = Arc::new(Watermark::default());
+        let first = w.reserve(Some(at(0)), (1..=2).map(at));
+        w.hook_returned();
+        let second = w.reserve(Some(at(2)), (3..=4).map(at));
+        let last = Some(at(4));
+        assert_eq!(w.position(last.as_ref()), Some(at(0)));
+        assert_eq!(
+            w.position_in_hook(last.as_ref()),
+            Some(at(0)),
+            "the hook's own batch counts as finished, not an older one still held"
+        );
+        drop(first);
+        assert_eq!(
+            w.position(last.as_ref()),
+            Some(at(2)),
+            "the hook's batch is held"
+        );
+        assert_eq!(w.position_in_hook(last.as_ref()), Some(at(4)));
+        let acks = second.into_acks();
+        assert_eq!(
+            w.position_in_hook(last.as_ref()),
+            Some(at(2)),
+            "taken to acknowledge later: no longer finished by the hook"
+        );
+        assert_eq!(w.held(), 2);
+        assert!(w.used());
+        for ack in acks {
+            ack.done();
+        }
+        assert_eq!(w.position(last.as_ref()), Some(at(4)));
+        assert_eq!(w.held(), 0);
+    }
+
+    #[test]
+    fn a_batch_dropped_by_a_panicking_task_fails() {
+        let w = Arc::new(Watermark::default());
+        let reserved = w.reserve(None, (1..=2).map(at));
+        let task = std::thread::spawn(move || {
+            let _held = reserved;
+            panic!("the task holding the batch panicked");
+        });
+        assert!(task.join().is_err());
+        assert!(
+            w.take_failure().is_some(),
+            "a failure, not finished records"
+        );
+        assert_eq!(w.outstanding(), 2);
+        assert!(!w.used(), "never taken to acknowledge later");
     }
 }

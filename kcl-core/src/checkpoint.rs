@@ -78,15 +78,17 @@ impl Checkpointer {
     }
 
     /// The furthest position a checkpoint may go to now: the last delivered record, or the
-    /// watermark while records are unacknowledged.
+    /// watermark while delivered records are unfinished (acknowledged later, or batches held
+    /// past their hook; see [`ack`](crate::ack)).
     pub fn finished(&self) -> Option<ExtendedSequenceNumber> {
-        self.watermark.position(self.last_delivered.as_ref())
+        self.watermark
+            .position_in_hook(self.last_delivered.as_ref())
     }
 
     /// Checkpoints the watermark if it moved past the stored checkpoint (the worker's own
     /// checkpoints of acknowledged records).
     pub(crate) async fn checkpoint_finished(&mut self) -> Result<(), CheckpointError> {
-        let Some(position) = self.finished() else {
+        let Some(position) = self.watermark.position(self.last_delivered.as_ref()) else {
             return Ok(());
         };
         let ahead = match self.tenure.snapshot().await.checkpoint {

@@ -55,11 +55,11 @@ impl<F: FnMut(&crate::Record) + Send + 'static> RecordProcessor for EveryNOrT<F>
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        for record in &input.records {
+        for record in input.records() {
             (self.handle)(record);
         }
-        if !input.records.is_empty() {
-            self.pending += input.records.len();
+        if !input.records().is_empty() {
+            self.pending += input.records().len();
             self.since.get_or_insert_with(Instant::now);
         }
         let due =

@@ -28,7 +28,7 @@
 //!         input: ProcessRecordsInput,
 //!         checkpointer: &mut Checkpointer,
 //!     ) -> Result<(), BoxError> {
-//!         self.0 += input.records.len();
+//!         self.0 += input.records().len();
 //!         checkpointer.checkpoint().await?;
 //!         Ok(())
 //!     }

@@ -177,7 +177,7 @@ impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
         input: ProcessRecordsInput,
         _checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        if input.records.is_empty() {
+        if input.records().is_empty() {
             return Ok(());
         }
         let sender = self.sender().clone();

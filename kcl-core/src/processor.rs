@@ -4,7 +4,7 @@ use std::future::Future;
 
 use std::sync::Arc;
 
-use crate::ack::{Ack, Watermark};
+use crate::ack::{Ack, Reservation, Watermark};
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
 use crate::types::{Checkpoint, ExtendedSequenceNumber, Record, ShardId};
@@ -23,18 +23,26 @@ pub struct InitializationInput {
 }
 
 /// One batch for [`RecordProcessor::process_records`].
-#[derive(Debug, Clone)]
+///
+/// Not `Clone`, and its records are read through [`records`](Self::records): a delivered
+/// batch holds its place in the shard's checkpoint watermark (see [`ack`](crate::ack)) until
+/// it is dropped or taken with [`acknowledge_later`](Self::acknowledge_later), however the
+/// processor holds it (in the hook, moved to another task, kept for later), so no checkpoint
+/// passes records still on their way. Copy the records (`records().to_vec()`) if something
+/// must outlive the batch without holding it back.
+///
+/// ```compile_fail
+/// fn twice(input: kcl_core::ProcessRecordsInput) {
+///     let _ = input.clone(); // one batch, one place in the watermark
+/// }
+/// ```
+#[derive(Debug)]
 #[non_exhaustive]
 pub struct ProcessRecordsInput {
-    /// The records, in sequence order. Never empty, unless
-    /// [`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval) is
-    /// set: then an empty batch says the shard has been quiet that long.
-    pub records: Vec<Record>,
-    /// How far behind the newest record of the shard this batch is, if known.
-    pub millis_behind_latest: Option<u64>,
-    /// Where acknowledgements of this batch go: the shard task's watermark, and the record
-    /// delivered before this batch.
-    watermark: Option<(Arc<Watermark>, Option<ExtendedSequenceNumber>)>,
+    records: Vec<Record>,
+    millis_behind_latest: Option<u64>,
+    /// The batch's place in its shard's watermark, when the worker delivered it.
+    reservation: Option<Reservation>,
 }
 
 impl ProcessRecordsInput {
@@ -43,40 +51,53 @@ impl ProcessRecordsInput {
         Self {
             records,
             millis_behind_latest,
-            watermark: None,
+            reservation: None,
         }
     }
 
-    /// A batch the worker delivers, acknowledged through `watermark`.
+    /// A batch the worker delivers, its place reserved in `watermark` after `previous`.
     pub(crate) fn delivered(
         records: Vec<Record>,
         millis_behind_latest: Option<u64>,
-        watermark: Arc<Watermark>,
+        watermark: &Arc<Watermark>,
         previous: Option<ExtendedSequenceNumber>,
     ) -> Self {
+        let reservation = watermark.reserve(previous, records.iter().map(Record::position));
         Self {
             records,
             millis_behind_latest,
-            watermark: Some((watermark, previous)),
+            reservation: Some(reservation),
         }
     }
 
+    /// The records, in sequence order. Never empty, unless
+    /// [`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval) is
+    /// set: then an empty batch says the shard has been quiet that long.
+    pub fn records(&self) -> &[Record] {
+        &self.records
+    }
+
+    /// How far behind the newest record of the shard this batch is, if known.
+    pub fn millis_behind_latest(&self) -> Option<u64> {
+        self.millis_behind_latest
+    }
+
     /// Takes the records to finish later, each with its [`Ack`]: they count as processed
-    /// only once acknowledged, from whichever task finishes them, after this call returns or
-    /// in a later batch. Until then no checkpoint passes them, and reading pauses while
-    /// [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged) records wait; see
+    /// only once acknowledged, from whichever task finishes them, during or after this hook
+    /// or in a later one. Until then no checkpoint passes them, and reading pauses while
+    /// [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged) records are held; see
     /// [`ack`](crate::ack) for what the worker does with them.
     ///
     /// On a batch built with [`new`](Self::new) (a test's), the acknowledgements go nowhere.
-    pub fn acknowledge_later(self) -> Vec<(Record, Ack)> {
-        let acks = match self.watermark {
-            Some((watermark, previous)) => {
-                watermark.register(previous, self.records.iter().map(Record::position))
-            }
+    pub fn acknowledge_later(mut self) -> Vec<(Record, Ack)> {
+        let records = std::mem::take(&mut self.records);
+        let acks = match self.reservation.take() {
+            Some(reservation) => reservation.into_acks(),
             None => Arc::new(Watermark::default())
-                .register(None, self.records.iter().map(Record::position)),
+                .reserve(None, records.iter().map(Record::position))
+                .into_acks(),
         };
-        self.records.into_iter().zip(acks).collect()
+        records.into_iter().zip(acks).collect()
     }
 }
 
@@ -129,7 +150,7 @@ impl InitializationInput {
 ///         input: ProcessRecordsInput,
 ///         checkpointer: &mut Checkpointer,
 ///     ) -> Result<(), BoxError> {
-///         for record in &input.records {
+///         for record in input.records() {
 ///             let _ = (&record.partition_key, record.data.len());
 ///         }
 ///         checkpointer.checkpoint().await?;

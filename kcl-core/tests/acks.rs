@@ -189,7 +189,7 @@ impl RecordProcessor for KeepsOneBatch {
                 .unwrap()
                 .push(result.map_err(|e| e.to_string()));
             let mut finished = self.finished.lock().unwrap();
-            finished.extend(previous.records.iter().map(Record::position));
+            finished.extend(previous.records().iter().map(Record::position));
             // Dropped without acknowledge_later: finished now.
         }
         Ok(())
@@ -245,7 +245,7 @@ impl RecordProcessor for CheckpointsAtTheEnd {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        let last = input.records.last().map(Record::position);
+        let last = input.records().last().map(Record::position);
         let pairs = input.acknowledge_later();
         let older: Vec<_> = std::mem::take(&mut *self.held.lock().unwrap());
         self.held

@@ -49,10 +49,10 @@ impl RecordProcessor for FailOnce {
     ) -> Result<(), BoxError> {
         let first = self.mine == 0;
         self.deliveries.lock().unwrap()[self.mine]
-            .extend(input.records.iter().map(|r| r.position()));
+            .extend(input.records().iter().map(|r| r.position()));
         if first {
             checkpointer
-                .checkpoint_at(input.records[self.checkpoint_at].position())
+                .checkpoint_at(input.records()[self.checkpoint_at].position())
                 .await?;
             return Err("failing after a checkpoint inside the aggregate".into());
         }

@@ -38,7 +38,7 @@ async fn record(
     input: ProcessRecordsInput,
     cp: &mut Checkpointer,
 ) -> Result<(), BoxError> {
-    for r in &input.records {
+    for r in input.records() {
         let data = String::from_utf8_lossy(&r.data).into_owned();
         log.lock()
             .unwrap()

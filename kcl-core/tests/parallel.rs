@@ -241,7 +241,7 @@ impl RecordProcessor for Holder {
         _: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.delivered
-            .fetch_add(input.records.len(), Ordering::SeqCst);
+            .fetch_add(input.records().len(), Ordering::SeqCst);
         let pairs = input.acknowledge_later();
         self.held
             .lock()

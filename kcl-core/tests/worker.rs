@@ -493,7 +493,7 @@ async fn a_harness_drives_quiet_batches_shard_end_and_lease_loss() {
             input: kcl_core::ProcessRecordsInput,
             cp: &mut kcl_core::Checkpointer,
         ) -> Result<(), kcl_core::BoxError> {
-            if input.records.is_empty() {
+            if input.records().is_empty() {
                 cp.checkpoint().await?;
             }
             Ok(())

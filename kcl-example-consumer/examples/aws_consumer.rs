@@ -15,7 +15,7 @@ impl RecordProcessor for Printer {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        for record in &input.records {
+        for record in input.records() {
             let data = String::from_utf8_lossy(&record.data);
             println!("{} {}: {data}", self.0, record.partition_key);
         }

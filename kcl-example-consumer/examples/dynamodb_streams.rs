@@ -23,7 +23,7 @@ impl RecordProcessor for Printer {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        for record in &input.records {
+        for record in input.records() {
             // One change to one item: event, keys, images, creation time, TTL deletions.
             let change = Change::parse(record)?;
             // The image after the change, or before it for a removal, as the app's type.

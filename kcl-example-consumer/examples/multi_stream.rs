@@ -27,7 +27,7 @@ impl RecordProcessor for Counter {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        for record in &input.records {
+        for record in input.records() {
             *self.0.entry(record.partition_key.clone()).or_default() += 1;
         }
         println!("{:?}", self.0);
@@ -45,7 +45,7 @@ impl RecordProcessor for Printer {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        for record in &input.records {
+        for record in input.records() {
             println!("{}: {}", self.0, String::from_utf8_lossy(&record.data));
         }
         checkpointer.checkpoint().await?;

@@ -31,7 +31,7 @@ impl RecordProcessor for Counter {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.0
-            .fetch_add(input.records.len() as u64, Ordering::Relaxed);
+            .fetch_add(input.records().len() as u64, Ordering::Relaxed);
         checkpointer.checkpoint().await?;
         Ok(())
     }

@@ -481,8 +481,8 @@ impl RecordProcessor for ChildProcessor {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let message = ToChild::ProcessRecords {
-            records: input.records.iter().map(JsonRecord::from).collect(),
-            millis_behind_latest: input.millis_behind_latest,
+            records: input.records().iter().map(JsonRecord::from).collect(),
+            millis_behind_latest: input.millis_behind_latest(),
         };
         Ok(self.exchange(&message, Some(checkpointer)).await?)
     }

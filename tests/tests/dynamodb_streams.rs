@@ -26,7 +26,7 @@ impl RecordProcessor for Collect {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        for record in &input.records {
+        for record in input.records() {
             let change: Value = serde_json::from_slice(&record.data)?;
             self.0
                 .lock()

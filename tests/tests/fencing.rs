@@ -32,7 +32,7 @@ impl RecordProcessor for Probe {
         input: ProcessRecordsInput,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        let _ = self.notes.send(Note::Batch(input.records.len()));
+        let _ = self.notes.send(Note::Batch(input.records().len()));
         // Hold the batch until the test has stolen the lease.
         self.gate.acquire().await?.forget();
         let result = checkpointer.checkpoint().await;

@@ -260,6 +260,29 @@ impl Tenure {
         }
     }
 
+    /// Runs `work` while the lease is valid: `None` once it is lost or its validity ran out,
+    /// and `work` is dropped. The deadline is compared with the clock at every poll, not only
+    /// when its timer fires: a process that thaws after a freeze polls the work it woke
+    /// before the runtime fires any timer, and that work must not go on past the validity.
+    pub(crate) async fn while_valid<F: Future>(&self, work: F) -> Option<F::Output> {
+        if mutation::on(Mutation::HooksOutliveLease) || mutation::on(Mutation::SkipValidityCheck) {
+            return Some(work.await);
+        }
+        let mut work = std::pin::pin!(work);
+        let mut expired = std::pin::pin!(self.expired());
+        std::future::poll_fn(|cx| {
+            if !self.is_valid() {
+                self.mark_lost();
+                return std::task::Poll::Ready(None);
+            }
+            if expired.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(None);
+            }
+            work.as_mut().poll(cx).map(Some)
+        })
+        .await
+    }
+
     /// The lease as last written by this tenure.
     pub(crate) async fn snapshot(&self) -> Lease {
         self.held.lock().await.lease.clone()

@@ -39,11 +39,9 @@ pub(super) async fn run<H: RecordHandler>(
             let handler = handler.clone();
             let work = async move {
                 let handle = AssertUnwindSafe(handler.handle(record)).catch_unwind();
-                let outcome = tokio::select! {
-                    biased;
-                    // Fencing in time, as for hooks: dropped at the lease's validity.
-                    () = ack.expired() => return (key, false),
-                    outcome = handle => outcome,
+                // Fencing in time, as for hooks: dropped at the lease's validity.
+                let Some(outcome) = ack.while_valid(handle).await else {
+                    return (key, false);
                 };
                 match outcome {
                     Ok(Ok(())) => {

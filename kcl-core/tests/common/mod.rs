@@ -52,7 +52,7 @@ impl RecordProcessor for Recorder {
         }
         {
             let mut seen = self.seen.lock().unwrap();
-            for r in &input.records {
+            for r in input.records() {
                 seen.push((
                     self.worker.clone(),
                     self.shard.clone(),

@@ -308,13 +308,13 @@ impl RecordProcessor for SimProcessor {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let positions: Vec<_> = input
-            .records
+            .records()
             .iter()
             .map(kcl_core::Record::position)
             .collect();
         {
             let mut log = self.log.lock();
-            for r in &input.records {
+            for r in input.records() {
                 log.deliveries.push(Delivery {
                     seq: next_event_seq(),
                     at: Instant::now(),

@@ -60,7 +60,7 @@ impl RecordProcessor for Audited {
     ) -> Result<(), BoxError> {
         {
             let mut deliveries = lock(&self.ledger.deliveries);
-            for record in &input.records {
+            for record in input.records() {
                 if let Some(id) = record_id(&record.data) {
                     *deliveries.entry(id).or_default() += 1;
                 }
@@ -68,7 +68,7 @@ impl RecordProcessor for Audited {
         }
         *lock(&self.ledger.by_worker)
             .entry(self.worker.clone())
-            .or_default() += input.records.len() as u64;
+            .or_default() += input.records().len() as u64;
         self.inner.process_records(input, checkpointer).await
     }
 

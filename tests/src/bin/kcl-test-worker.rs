@@ -282,15 +282,15 @@ impl RecordProcessor for Recorder {
         }
         if self.journal_batches {
             let first = input
-                .records
+                .records()
                 .first()
                 .map(|r| String::from_utf8_lossy(&r.data));
             self.journal.write(
                 "batch",
-                json!({"shard": self.shard.as_str(), "count": input.records.len(), "data": first}),
+                json!({"shard": self.shard.as_str(), "count": input.records().len(), "data": first}),
             );
         }
-        for record in input.records.iter().filter(|_| !self.journal_batches) {
+        for record in input.records().iter().filter(|_| !self.journal_batches) {
             self.journal
                 .write("record", record_line(&self.shard, record));
             if !self.record_delay.is_zero() {

@@ -42,9 +42,10 @@ impl Acks {
         }
     }
 
-    /// Whether reading may go on: fewer than `max_unacknowledged` records wait.
+    /// Whether reading may go on: fewer than `max_unacknowledged` records are held behind
+    /// the watermark, finished or not.
     pub(super) fn room(&self) -> bool {
-        self.watermark.outstanding() < self.max
+        self.watermark.held() < self.max
     }
 
     /// Whether every record handed out finished.
@@ -84,7 +85,8 @@ impl Acks {
             });
         }
         let advanced = self.watermark.take_advanced();
-        if advanced > 0 {
+        // A processor that never acknowledges later checkpoints for itself.
+        if advanced > 0 && self.watermark.used() {
             self.finished += advanced;
             self.since.get_or_insert_with(Instant::now);
         }
