@@ -60,12 +60,17 @@ pub const SHARDS_UNLEASED: &str = "kcl_shards_unleased";
 pub const SHARDS_UNOWNED: &str = "kcl_shards_unowned";
 /// Held shards whose reads fail in a way retrying cannot fix (gauge).
 pub const SHARD_READ_FAILING: &str = "kcl_shard_read_failing";
-/// Held shards whose processor left delivered records without a checkpoint for
-/// [`stalled_after`](crate::WorkerConfig::stalled_after) (gauge).
+/// Held shards whose checkpoint has not moved for
+/// [`stalled_after`](crate::WorkerConfig::stalled_after) while records past it wait (gauge).
 pub const SHARDS_STALLED: &str = "kcl_shards_stalled";
-/// Seconds since the oldest record delivered and not yet checkpointed was delivered; 0 when
-/// the checkpoint covers everything delivered (gauge, `shard`; set by the coordinator, so
-/// it grows while a processor hangs).
+/// Held shards whose attempts keep failing without progress (gauge; see
+/// [`ProblemKind::Failing`](crate::ProblemKind::Failing)).
+pub const SHARDS_FAILING: &str = "kcl_shards_failing";
+/// Seconds since the shard's checkpoint last moved while records past it wait (delivered,
+/// and not covered by it), or since they began waiting if that is later; 0 when the
+/// checkpoint covers everything delivered (gauge, `shard`; set by the coordinator, so it
+/// grows while a processor hangs). A processor that checkpoints as it goes keeps it near
+/// its checkpoint interval, even if its checkpoint never covers the last record delivered.
 pub const CHECKPOINT_AGE: &str = "kcl_checkpoint_age_seconds";
 /// Throttled backend calls (counter, `operation`).
 pub const THROTTLED: &str = "kcl_throttled_total";
@@ -85,7 +90,7 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 27] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 28] = [
     (
         RECORDS,
         Kind::Counter,
@@ -192,13 +197,19 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 27] = [
         SHARDS_STALLED,
         Kind::Gauge,
         Some(Unit::Count),
-        "Held shards with records delivered and not checkpointed for stalled_after",
+        "Held shards whose checkpoint has not moved for stalled_after while records wait",
+    ),
+    (
+        SHARDS_FAILING,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Held shards whose attempts keep failing without progress",
     ),
     (
         CHECKPOINT_AGE,
         Kind::Gauge,
         Some(Unit::Seconds),
-        "Since the oldest delivered record the checkpoint does not cover was delivered",
+        "Since the checkpoint last moved while records past it wait (0 when none wait)",
     ),
     (
         IN_FLIGHT,

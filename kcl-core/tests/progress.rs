@@ -60,11 +60,11 @@ impl RecordProcessor for Scripted {
 
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        _: ProcessRecordsInput,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.batches += 1;
-        let last = input.records.last().map(kcl_core::Record::position);
+        let last = cp.last_delivered().cloned();
         if self.healed.load(Ordering::SeqCst) {
             return Ok(cp.checkpoint().await?);
         }

@@ -8,7 +8,10 @@
 //! - `/healthz` (liveness) fails when the worker's coordinator loop has not gone round for
 //!   [`Probes::liveness`]: the loop itself is stuck, and only a restart helps.
 //! - `/readyz` (readiness) fails while the worker is not running, cannot read its lease table,
-//!   or has not completed a taker cycle for [`Probes::readiness`]; the body says which.
+//!   has not completed a taker cycle for [`Probes::readiness`], or holds a shard whose
+//!   attempts keep failing ([`ProblemKind::Failing`]: a rollout of a processor that cannot
+//!   work stops at its first pod); the body says which. Other problems (a shard stalled, a
+//!   row kcl cannot read) are in its body as `problem="…"`, and leave it ready.
 //! - `/metrics` drops counters and gauges not refreshed for 10 taker intervals (at least
 //!   10 s): kcl-core refreshes every series it owns every taker interval, and a shard's only
 //!   while this worker holds it, so the series of a shard that moved away disappear then.
@@ -37,7 +40,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use kcl_core::{Phase, Status, WorkerConfig};
+use kcl_core::{Phase, ProblemKind, Status, WorkerConfig};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::MetricKindMask;
 use tokio::sync::watch;
@@ -283,6 +286,20 @@ fn not_ready(status: &Status, probes: Probes) -> Option<String> {
     if !status.store_reachable {
         return Some("the lease table cannot be read".to_owned());
     }
+    let mut failing = status
+        .problems
+        .iter()
+        .filter(|p| p.kind == ProblemKind::Failing);
+    if let Some(first) = failing.next() {
+        let more = match failing.count() {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        return Some(format!(
+            "shard {}{more} failing: every attempt fails (see /status)",
+            first.key
+        ));
+    }
     match age(status.last_cycle) {
         None => Some("no taker cycle completed yet".to_owned()),
         Some(age) if age > probes.readiness => Some(format!("last cycle {} ago", seconds(age))),
@@ -353,6 +370,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_util::sync::CancellationToken;
 
+    use kcl_core::Problem;
+
     use super::*;
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -417,6 +436,27 @@ mod tests {
         });
         assert_eq!(get(addr, "/readyz").await.0, 200);
         assert_eq!(get(addr, "/healthz").await.0, 200);
+        // A shard stalled is said, not unready; a shard failing is unready.
+        let stalled = Problem::new(ProblemKind::Stalled, "shardId-1", "waited");
+        tx.send_modify(|s| {
+            s.problems = vec![stalled.clone()];
+            s.problem = Some("1 shard or row problem: stalled shardId-1".to_owned());
+        });
+        let (code, body) = get(addr, "/readyz").await;
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("problem=\"1 shard or row problem"), "{body}");
+        let failing = Problem::new(ProblemKind::Failing, "shardId-2", "boom");
+        tx.send_modify(|s| s.problems = vec![stalled, failing]);
+        let (code, body) = get(addr, "/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("shard shardId-2 failing"), "{body}");
+        let (_, body) = get(addr, "/status").await;
+        assert!(body.contains("\"ready\":false"), "{body}");
+        tx.send_modify(|s| {
+            s.problems.clear();
+            s.problem = None;
+        });
+        assert_eq!(get(addr, "/readyz").await.0, 200);
         tx.send_modify(|s| s.store_reachable = false);
         assert_eq!(get(addr, "/readyz").await.0, 503, "lease table unreachable");
         tx.send_modify(|s| {

@@ -6,6 +6,8 @@ use crate::error::ConfigError;
 use crate::types::InitialPosition;
 
 mod modes;
+#[cfg(feature = "serde")]
+mod off_or_duration;
 
 pub use modes::{Coordination, Liveness, Retrieval};
 
@@ -118,13 +120,17 @@ pub struct WorkerConfig {
     /// and reopens at `LATEST`, skipping what arrived in between).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub max_clock_skew: Duration,
-    /// How long a held shard's processor may leave delivered records without a checkpoint
-    /// before the shard is reported stalled ([`ProblemKind::Stalled`](crate::ProblemKind)):
-    /// its processor hangs, or never checkpoints. Default 10 min (kcl's own; KCL Java
-    /// reports nothing of the kind). The metric `kcl_checkpoint_age_seconds` shows the
-    /// same age at any moment.
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
-    pub stalled_after: Duration,
+    /// How long a held shard's checkpoint may stand still while records past it wait before
+    /// the shard is reported stalled ([`ProblemKind::Stalled`](crate::ProblemKind)): its
+    /// processor hangs, keeps failing, or never checkpoints. The age counts from the
+    /// checkpoint's last move (or from when records began waiting, if later), across the
+    /// processor's restarts, so a processor that checkpoints as it goes is never stalled.
+    /// `None` (`"off"` in a file) reports no shard stalled: for a processor that
+    /// checkpoints only when it stops. Default 10 min (kcl's own; KCL Java reports nothing
+    /// of the kind). The metric `kcl_checkpoint_age_seconds` shows the age at any moment,
+    /// also when this is off.
+    #[cfg_attr(feature = "serde", serde(with = "off_or_duration"))]
+    pub stalled_after: Option<Duration>,
     /// Records a shard may have handed out with
     /// [`ProcessRecordsInput::acknowledge_later`](crate::ProcessRecordsInput::acknowledge_later)
     /// and not yet acknowledged: at this many, reading the shard pauses (a batch already read
@@ -210,7 +216,7 @@ impl Default for WorkerConfig {
             shutdown_timeout: Duration::from_secs(30),
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
-            stalled_after: Duration::from_secs(600),
+            stalled_after: Some(Duration::from_secs(600)),
             max_unacknowledged: 1_000,
             ack_checkpoint_every: 1_000,
             ack_checkpoint_interval: Duration::from_secs(5),
@@ -255,6 +261,14 @@ impl WorkerConfig {
     pub fn liveness(mut self, value: Liveness) -> Self {
         self.liveness = value;
         self.renew_interval = self.derived_renew_interval();
+        self
+    }
+
+    /// Sets [`WorkerConfig::stalled_after`]: a duration, or `None` to report no shard
+    /// stalled.
+    #[must_use]
+    pub fn stalled_after(mut self, value: impl Into<Option<Duration>>) -> Self {
+        self.stalled_after = value.into();
         self
     }
 
@@ -304,8 +318,6 @@ impl WorkerConfig {
         call_timeout: Duration,
         /// Sets [`WorkerConfig::max_clock_skew`].
         max_clock_skew: Duration,
-        /// Sets [`WorkerConfig::stalled_after`].
-        stalled_after: Duration,
         /// Sets [`WorkerConfig::max_unacknowledged`].
         max_unacknowledged: usize,
         /// Sets [`WorkerConfig::ack_checkpoint_every`].
@@ -333,7 +345,7 @@ impl WorkerConfig {
             ("shutdown_timeout", self.shutdown_timeout),
             ("call_timeout", self.call_timeout),
             ("max_clock_skew", self.max_clock_skew),
-            ("stalled_after", self.stalled_after),
+            ("stalled_after", self.stalled_after.unwrap_or_default()),
             ("ack_checkpoint_interval", self.ack_checkpoint_interval),
         ]
     }
@@ -354,7 +366,6 @@ impl WorkerConfig {
             ("parent_poll_interval", self.parent_poll_interval),
             ("min_backoff", self.min_backoff),
             ("call_timeout", self.call_timeout),
-            ("stalled_after", self.stalled_after),
             ("ack_checkpoint_interval", self.ack_checkpoint_interval),
         ] {
             if value.is_zero() {
@@ -363,6 +374,9 @@ impl WorkerConfig {
         }
         if self.empty_batch_interval.is_some_and(|d| d.is_zero()) {
             return err("empty_batch_interval", "must be above zero when set");
+        }
+        if self.stalled_after.is_some_and(|d| d.is_zero()) {
+            return err("stalled_after", "must be above zero, or off");
         }
         if let Retrieval::FanOut { consumer_name } = &self.retrieval {
             let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');

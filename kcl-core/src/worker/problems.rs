@@ -11,8 +11,12 @@
 //! - a lease ready to be processed that no worker has room for (`max_leases` across the
 //!   fleet is below the shard count): the leader finds it in its plan; under `EveryWorker`
 //!   each worker at its `max_leases` sees it left available for two failover times;
-//! - a held shard whose processor left delivered records without a checkpoint for
-//!   `stalled_after` (it hangs, or never checkpoints);
+//! - a held shard whose checkpoint has not moved for `stalled_after` while records past it
+//!   wait (its processor hangs, never checkpoints, or keeps failing after a batch or two);
+//! - a held shard whose attempts keep failing: five in a row with no progress between them
+//!   (no batch processed without an error, no checkpoint moved), in `initialize`,
+//!   `process_records` or any hook, or reading; the processor is restarted at the backoff's
+//!   pace all along;
 //! - a held shard whose reads fail in a way retrying cannot fix (a checkpoint the stream
 //!   does not have, access denied): the lease stays held and the read is retried at the
 //!   backoff's pace, so that nobody else fails on it too and a fix (`kcl-admin reset`) is
@@ -40,19 +44,23 @@ pub enum ProblemKind {
     Unowned,
     /// A held shard whose reads fail in a way retrying cannot fix.
     ReadFailing,
-    /// A held shard whose processor left delivered records without a checkpoint for
-    /// [`stalled_after`](crate::WorkerConfig::stalled_after).
+    /// A held shard whose checkpoint has not moved for
+    /// [`stalled_after`](crate::WorkerConfig::stalled_after) while records past it wait.
     Stalled,
+    /// A held shard whose attempts keep failing: five in a row with no progress between
+    /// them (a batch processed without an error, or the checkpoint moving).
+    Failing,
 }
 
 impl ProblemKind {
     /// Every kind.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::UnreadableRow,
         Self::Unleased,
         Self::Unowned,
         Self::ReadFailing,
         Self::Stalled,
+        Self::Failing,
     ];
 
     /// A short name, as in logs and `/status`.
@@ -63,6 +71,7 @@ impl ProblemKind {
             Self::Unowned => "unowned",
             Self::ReadFailing => "read_failing",
             Self::Stalled => "stalled",
+            Self::Failing => "failing",
         }
     }
 
@@ -74,6 +83,7 @@ impl ProblemKind {
             Self::Unowned => metrics::SHARDS_UNOWNED,
             Self::ReadFailing => metrics::SHARD_READ_FAILING,
             Self::Stalled => metrics::SHARDS_STALLED,
+            Self::Failing => metrics::SHARDS_FAILING,
         }
     }
 
@@ -97,8 +107,14 @@ impl ProblemKind {
                  checkpoint with `kcl-admin reset`"
             }
             Self::Stalled => {
-                "its processor hangs or does not checkpoint: its records wait; a restart of \
-                 the worker moves the shard, and replays from the last checkpoint"
+                "its processor hangs, keeps failing, or does not checkpoint: its records wait; \
+                 a restart of the worker moves the shard, and replays from the last checkpoint \
+                 (a processor that checkpoints only when it stops: set stalled_after off)"
+            }
+            Self::Failing => {
+                "its processor is restarted from the last checkpoint at the backoff's pace and \
+                 fails every time (each error is logged): fix the processor or what it needs; a \
+                 record it always fails on is better set aside than failed"
             }
         }
     }
@@ -114,6 +130,17 @@ pub struct Problem {
     pub key: String,
     /// The cause, as found (a parse error, a service error).
     pub detail: String,
+}
+
+impl Problem {
+    /// A problem, e.g. to test what a binary makes of a [`Status`](super::Status).
+    pub fn new(kind: ProblemKind, key: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            key: key.into(),
+            detail: detail.into(),
+        }
+    }
 }
 
 impl fmt::Display for Problem {

@@ -1,7 +1,7 @@
 //! What a worker tells the world: [`Status`](super::Status) (for probes and `/status`) and
 //! the gauges of held leases, checkpoint ages and problems.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
@@ -68,27 +68,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state
             .problems
             .replace(problems::ProblemKind::ReadFailing, failing);
-        let mut stalled = std::collections::BTreeMap::new();
-        for (key, held) in state.shards.iter() {
-            let age = held
-                .control
-                .uncheckpointed_since()
-                .map_or(Duration::ZERO, |since| since.elapsed());
-            let shard = key.to_string();
-            ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
-                .set(age.as_secs_f64());
-            if age >= self.config.stalled_after {
-                let why = format!(
-                    "delivered records have waited over {:?} for a checkpoint (see \
-                     kcl_checkpoint_age_seconds)",
-                    self.config.stalled_after
-                );
-                stalled.insert(shard, why);
-            }
-        }
+        let (stalled, failing) = self.progress(state);
         state
             .problems
             .replace(problems::ProblemKind::Stalled, stalled);
+        state
+            .problems
+            .replace(problems::ProblemKind::Failing, failing);
         state.problems.refresh();
         let problems = state.problems.list();
         self.status.send_if_modified(|s| {
@@ -98,6 +84,33 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
             changed
         });
+    }
+
+    /// Each held shard's checkpoint age (its gauge), and the shards stalled and failing (see
+    /// `shard_consumer::progress`).
+    fn progress(
+        &self,
+        state: &Coordinator,
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let (mut stalled, mut failing) = (BTreeMap::new(), BTreeMap::new());
+        for (key, held) in state.shards.iter() {
+            let age = held.control.stall_age();
+            let shard = key.to_string();
+            ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
+                .set(age.as_secs_f64());
+            if let Some(why) = held.control.failing() {
+                failing.insert(shard.clone(), why);
+            }
+            if let Some(limit) = self.config.stalled_after.filter(|limit| age >= *limit) {
+                // The same text while it lasts: a change would be logged as a new problem.
+                let why = format!(
+                    "records past the checkpoint have waited over {limit:?} (stalled_after) \
+                     without it moving (see kcl_checkpoint_age_seconds)"
+                );
+                stalled.insert(shard, why);
+            }
+        }
+        (stalled, failing)
     }
 
     /// A cycle completed with a successful read: says so in `Status`.

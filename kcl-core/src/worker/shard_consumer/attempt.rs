@@ -68,7 +68,11 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
             let _ = hook(tenure, "shutdown_requested", call).await;
             return Err(Failure::Fatal(error));
         }
-        Err(failure) => return Err(failure),
+        Err(failure) => {
+            // What this attempt was handed waits for the next one.
+            observe(control, tenure, &checkpointer).await;
+            return Err(failure);
+        }
     };
 
     finish(stop, tenure, control, &mut processor, &mut checkpointer).await
@@ -196,14 +200,14 @@ async fn process<S: ShardSource>(
                 if let Some(stop) = acks.settle(checkpointer).await? {
                     return Ok(stop);
                 }
-                control.set_covered(covers_delivered(tenure, checkpointer).await);
+                observe(control, tenure, checkpointer).await;
                 continue;
             }
             fetched = prefetch.recv(), if reading => fetched,
             _ = refresh.tick() => {
                 metrics.refresh();
                 acks.report(&metrics);
-                control.set_covered(covers_delivered(tenure, checkpointer).await);
+                observe(control, tenure, checkpointer).await;
                 continue;
             }
             () = quiet => {
@@ -219,6 +223,7 @@ async fn process<S: ShardSource>(
             Ok(fetched) => fetched,
             Err(stop) => return Ok(stop),
         };
+        let records = !fetched.0.records.is_empty();
         let handed = hand_over(
             tenure,
             control,
@@ -231,6 +236,9 @@ async fn process<S: ShardSource>(
             Handed::Lost => return Ok(Stop::Lost),
             Handed::Last(children) => ending = Some(children),
             Handed::Batch => {}
+        }
+        if records {
+            control.progressed();
         }
     }
 }
@@ -300,7 +308,14 @@ async fn received<S: ShardSource>(
     }
 }
 
-/// Whether the lease's checkpoint covers the last record delivered.
+/// Tells `control` where the lease's checkpoint is, and the last record this attempt
+/// delivered (see `progress`).
+async fn observe(control: &Control, tenure: &Tenure, checkpointer: &Checkpointer) {
+    let committed = tenure.snapshot().await.checkpoint;
+    control.observe(&committed, checkpointer.last_delivered());
+}
+
+/// Whether the lease's checkpoint covers the last record this attempt delivered.
 async fn covers_delivered(tenure: &Tenure, checkpointer: &Checkpointer) -> bool {
     let Some(last) = checkpointer.last_delivered() else {
         return true;

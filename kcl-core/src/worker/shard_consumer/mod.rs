@@ -15,7 +15,9 @@
 //!   and the processor gets `lease_lost`: two processors never work on one shard at once,
 //!   unless one blocks its thread past that point (then only its checkpoints are refused).
 //! - **A processor that fails or panics is dropped**; after a backoff a new one starts from
-//!   the last checkpoint, while the lease stays held and renewed. A read that fails is
+//!   the last checkpoint, while the lease stays held and renewed; a shard whose attempts
+//!   keep failing without progress is reported ([`progress`]: `failing`, and `stalled` while
+//!   records wait past a checkpoint that does not move). A read that fails is
 //!   handled the same way, and counted as the stream's failure, not the processor's. A read
 //!   that retrying cannot fix (access denied, a disabled key, a checkpoint the stream does
 //!   not have) is retried too, at the backoff's pace, and reported as the shard's problem
@@ -27,6 +29,7 @@
 mod acks;
 mod attempt;
 mod position;
+mod progress;
 
 pub(crate) use position::Start;
 
@@ -36,7 +39,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -49,7 +52,8 @@ use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
-use crate::types::{ConsumerId, ShardId, WorkerId};
+use crate::types::{Checkpoint, ConsumerId, ExtendedSequenceNumber, ShardId, WorkerId};
+use progress::Progress;
 
 /// What every shard task of a worker shares.
 #[derive(Debug)]
@@ -91,8 +95,8 @@ pub(crate) struct Control {
     handoff_to: Mutex<Option<WorkerId>>,
     /// Why reading the shard fails in a way retrying cannot fix, while it does.
     read_failing: Mutex<Option<String>>,
-    /// When the oldest delivered record the checkpoint does not cover was handed over.
-    uncheckpointed_since: Mutex<Option<Instant>>,
+    /// How the shard progresses, across its processor's restarts.
+    progress: Mutex<Progress>,
 }
 
 impl Control {
@@ -101,31 +105,48 @@ impl Control {
             graceful,
             handoff_to: Mutex::new(None),
             read_failing: Mutex::new(None),
-            uncheckpointed_since: Mutex::new(None),
+            progress: Mutex::new(Progress::default()),
         }
     }
 
-    /// Since when delivered records have waited for a checkpoint, if they have (see
-    /// `problems`: a shard stalled).
-    pub(crate) fn uncheckpointed_since(&self) -> Option<Instant> {
-        *self
-            .uncheckpointed_since
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Notes that records are handed over (`covered`: false) or that the checkpoint covers
-    /// everything delivered (true).
+    /// How long the shard's checkpoint has stood still while records past it wait (see
+    /// `progress`; `problems`: a shard stalled).
+    pub(crate) fn stall_age(&self) -> Duration {
+        self.progress().stall_age()
+    }
+
+    /// Why the shard is failing, if its attempts keep failing without progress (see
+    /// `progress`).
+    pub(crate) fn failing(&self) -> Option<String> {
+        self.progress().failing()
+    }
+
+    /// With `false`: records are about to be handed over. With `true`: the attempt's
+    /// checkpoint covers what it was handed (the wait ends once it covers everything the
+    /// shard was handed in this tenure; see `progress`).
     fn set_covered(&self, covered: bool) {
-        let mut since = self
-            .uncheckpointed_since
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut progress = self.progress();
         if covered {
-            *since = None;
-        } else if since.is_none() {
-            *since = Some(Instant::now());
+            progress.covered(true);
+        } else {
+            progress.handing_over();
         }
+    }
+
+    /// The lease's checkpoint now, and the last record the current attempt delivered.
+    fn observe(&self, checkpoint: &Checkpoint, delivered: Option<&ExtendedSequenceNumber>) {
+        self.progress().observe(checkpoint, delivered);
+    }
+
+    /// A batch of records was processed without an error.
+    fn progressed(&self) {
+        self.progress().progressed();
     }
 
     /// Why reading the shard fails in a way retrying cannot fix, if it does (see the module
@@ -266,6 +287,7 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
                     tracing::debug!(%error, ?delay, "reading the shard fails; retrying later");
                 } else {
                     tracing::warn!(%error, ?delay, "shard failed; restarting from the last checkpoint");
+                    control.progress().failed(error);
                 }
                 tokio::select! {
                     biased;
