@@ -63,11 +63,10 @@ pub(super) async fn run<H: RecordHandler>(
             };
             crate::task::spawn_in(&mut running, work.in_current_span());
         }
+        // Biased (finished runs first, at most max_in_flight of them): the same schedule
+        // makes the same choices, which a simulated seed's replay relies on.
         tokio::select! {
-            received = rx.recv() => match received {
-                Some((record, ack)) => keys.push(key(&record), record, ack),
-                None => return,
-            },
+            biased;
             Some(joined) = running.join_next(), if !running.is_empty() => match joined {
                 Ok((key, ok)) => {
                     // After a failure nothing more starts: the shard restarts from the
@@ -76,6 +75,10 @@ pub(super) async fn run<H: RecordHandler>(
                     keys.finished(key);
                 }
                 Err(_) => failed = true,
+            },
+            received = rx.recv() => match received {
+                Some((record, ack)) => keys.push(key(&record), record, ack),
+                None => return,
             },
         }
     }

@@ -63,6 +63,7 @@ impl Acks {
             }
         };
         tokio::select! {
+            biased;
             () = self.watermark.progressed() => {}
             () = due => {}
         }
