@@ -27,7 +27,7 @@ struct Count(Arc<AtomicUsize>);
 impl RecordProcessor for Count {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.0.fetch_add(input.records().len(), Ordering::Relaxed);

@@ -52,7 +52,7 @@ impl<F: FnMut(&crate::Record) + Send + 'static> EveryNOrT<F> {
 impl<F: FnMut(&crate::Record) + Send + 'static> RecordProcessor for EveryNOrT<F> {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         for record in input.records() {

@@ -25,7 +25,7 @@
 //! impl RecordProcessor for Count {
 //!     async fn process_records(
 //!         &mut self,
-//!         input: ProcessRecordsInput,
+//!         input: ProcessRecordsInput<'_>,
 //!         checkpointer: &mut Checkpointer,
 //!     ) -> Result<(), BoxError> {
 //!         self.0 += input.records().len();

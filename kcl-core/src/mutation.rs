@@ -58,6 +58,16 @@ pub enum Mutation {
     KeysOverlap,
     /// A singleton's standby reads its own row fast instead of the row ahead of it.
     StandbyWatchesItsOwnRow,
+    /// `checkpoint_at` accepts a position past the watermark.
+    CheckpointAtPastWatermark,
+    /// [`Parallel`](crate::Parallel) starts the newest ready key first.
+    ReadyKeysNewestFirst,
+    /// Reading pauses on unfinished records only, however many finished ones wait behind an
+    /// unfinished one.
+    HeldCountsUnfinishedOnly,
+    /// Work is stopped at the lease's validity only once its timer fires, not whenever it is
+    /// polled past it.
+    ValidityByTimerOnly,
 }
 
 impl Mutation {
@@ -86,6 +96,10 @@ impl Mutation {
         Self::CheckpointPastUnfinished,
         Self::KeysOverlap,
         Self::StandbyWatchesItsOwnRow,
+        Self::CheckpointAtPastWatermark,
+        Self::ReadyKeysNewestFirst,
+        Self::HeldCountsUnfinishedOnly,
+        Self::ValidityByTimerOnly,
     ];
 }
 

@@ -174,7 +174,7 @@ impl<H: RecordHandler> ParallelProcessor<H> {
 impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         _checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         if input.records().is_empty() {

@@ -1,6 +1,7 @@
 //! The one trait an application implements: [`RecordProcessor`].
 
 use std::future::Future;
+use std::marker::PhantomData;
 
 use std::sync::Arc;
 
@@ -22,44 +23,74 @@ pub struct InitializationInput {
     pub pending_checkpoint: Option<Checkpoint>,
 }
 
-/// One batch for [`RecordProcessor::process_records`].
+/// One batch for [`RecordProcessor::process_records`], lent to the hook.
 ///
-/// Not `Clone`, and its records are read through [`records`](Self::records): a delivered
-/// batch holds its place in the shard's checkpoint watermark (see [`ack`](crate::ack)) until
-/// it is dropped or taken with [`acknowledge_later`](Self::acknowledge_later), however the
-/// processor holds it (in the hook, moved to another task, kept for later), so no checkpoint
-/// passes records still on their way. Copy the records (`records().to_vec()`) if something
-/// must outlive the batch without holding it back.
+/// A delivered batch holds its place in the shard's checkpoint watermark (see
+/// [`ack`](crate::ack)) from delivery until it is dropped (its records are then processed)
+/// or taken with [`acknowledge_later`](Self::acknowledge_later) (then each record is
+/// processed once its [`Ack`] is done). It cannot leave its hook, so that no batch is ever
+/// on its way somewhere the worker does not know of: its lifetime ends with the hook, it is
+/// not `Clone`, and its records are read through [`records`](Self::records). To finish
+/// records in another task, take them with `acknowledge_later` and move the `Ack`s.
 ///
 /// ```compile_fail
-/// fn twice(input: kcl_core::ProcessRecordsInput) {
-///     let _ = input.clone(); // one batch, one place in the watermark
+/// # use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};
+/// struct Later;
+/// impl RecordProcessor for Later {
+///     async fn process_records(&mut self, input: ProcessRecordsInput<'_>, _: &mut Checkpointer) -> Result<(), BoxError> {
+///         // Does not compile: the batch cannot outlive its hook (take the Acks instead).
+///         tokio::spawn(async move { input.acknowledge_later() });
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};
+/// struct Keeps(Vec<ProcessRecordsInput<'static>>);
+/// impl RecordProcessor for Keeps {
+///     async fn process_records(&mut self, input: ProcessRecordsInput<'_>, _: &mut Checkpointer) -> Result<(), BoxError> {
+///         self.0.push(input); // does not compile: nor can it be kept for a later hook
+///         Ok(())
+///     }
+/// }
+/// ```
+///
+/// ```compile_fail
+/// fn twice(input: kcl_core::ProcessRecordsInput<'_>) {
+///     let _ = input.clone(); // does not compile: one batch, one place in the watermark
 /// }
 /// ```
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct ProcessRecordsInput {
+pub struct ProcessRecordsInput<'hook> {
     records: Vec<Record>,
     millis_behind_latest: Option<u64>,
     /// The batch's place in its shard's watermark, when the worker delivered it.
     reservation: Option<Reservation>,
+    /// Ties the batch to its hook.
+    hook: PhantomData<&'hook ()>,
 }
 
-impl ProcessRecordsInput {
+impl ProcessRecordsInput<'static> {
     /// A batch, e.g. to call a processor from a test.
     pub fn new(records: Vec<Record>, millis_behind_latest: Option<u64>) -> Self {
         Self {
             records,
             millis_behind_latest,
             reservation: None,
+            hook: PhantomData,
         }
     }
+}
 
-    /// A batch the worker delivers, its place reserved in `watermark` after `previous`.
+impl<'hook> ProcessRecordsInput<'hook> {
+    /// A batch the worker delivers, its place reserved in `watermark` after `previous`; it
+    /// lives no longer than the borrow of `watermark`, which the hook's call holds.
     pub(crate) fn delivered(
         records: Vec<Record>,
         millis_behind_latest: Option<u64>,
-        watermark: &Arc<Watermark>,
+        watermark: &'hook Arc<Watermark>,
         previous: Option<ExtendedSequenceNumber>,
     ) -> Self {
         let reservation = watermark.reserve(previous, records.iter().map(Record::position));
@@ -67,6 +98,7 @@ impl ProcessRecordsInput {
             records,
             millis_behind_latest,
             reservation: Some(reservation),
+            hook: PhantomData,
         }
     }
 
@@ -147,7 +179,7 @@ impl InitializationInput {
 /// impl RecordProcessor for Printer {
 ///     async fn process_records(
 ///         &mut self,
-///         input: ProcessRecordsInput,
+///         input: ProcessRecordsInput<'_>,
 ///         checkpointer: &mut Checkpointer,
 ///     ) -> Result<(), BoxError> {
 ///         for record in input.records() {
@@ -173,7 +205,7 @@ pub trait RecordProcessor: Send + 'static {
     /// is durable; everything after the last checkpoint is delivered again after a failover.
     fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
 

@@ -44,7 +44,7 @@ struct FailOnce {
 impl RecordProcessor for FailOnce {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let first = self.mine == 0;

@@ -26,7 +26,7 @@ struct Blocking {
 impl RecordProcessor for Blocking {
     async fn process_records(
         &mut self,
-        _input: ProcessRecordsInput,
+        _input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let start = Instant::now();

@@ -35,7 +35,7 @@ async fn record(
     stream: &str,
     shard: &ShardId,
     log: &Log,
-    input: ProcessRecordsInput,
+    input: ProcessRecordsInput<'_>,
     cp: &mut Checkpointer,
 ) -> Result<(), BoxError> {
     for r in input.records() {
@@ -51,7 +51,7 @@ async fn record(
 impl RecordProcessor for Orders {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         record("orders", &self.0, &self.1, &self.2, input, cp).await
@@ -61,7 +61,7 @@ impl RecordProcessor for Orders {
 impl RecordProcessor for Clicks {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         record("clicks", &self.0, &self.1, &self.2, input, cp).await

@@ -237,7 +237,7 @@ struct Holder {
 impl RecordProcessor for Holder {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         _: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.delivered

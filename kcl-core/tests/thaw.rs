@@ -106,7 +106,7 @@ struct Hook(Gate);
 impl RecordProcessor for Hook {
     async fn process_records(
         &mut self,
-        _: ProcessRecordsInput,
+        _: ProcessRecordsInput<'_>,
         _: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.0.pass().await;

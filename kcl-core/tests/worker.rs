@@ -454,7 +454,7 @@ async fn a_harness_refuses_a_checkpoint_beyond_what_it_delivered() {
     impl RecordProcessor for Ahead {
         async fn process_records(
             &mut self,
-            _: kcl_core::ProcessRecordsInput,
+            _: kcl_core::ProcessRecordsInput<'_>,
             cp: &mut kcl_core::Checkpointer,
         ) -> Result<(), kcl_core::BoxError> {
             cp.checkpoint_at(self.0.clone()).await?;
@@ -490,7 +490,7 @@ async fn a_harness_drives_quiet_batches_shard_end_and_lease_loss() {
     impl RecordProcessor for OnQuiet {
         async fn process_records(
             &mut self,
-            input: kcl_core::ProcessRecordsInput,
+            input: kcl_core::ProcessRecordsInput<'_>,
             cp: &mut kcl_core::Checkpointer,
         ) -> Result<(), kcl_core::BoxError> {
             if input.records().is_empty() {

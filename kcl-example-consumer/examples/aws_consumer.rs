@@ -12,7 +12,7 @@ struct Printer(ShardId);
 impl RecordProcessor for Printer {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         for record in input.records() {

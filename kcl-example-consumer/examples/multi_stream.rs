@@ -24,7 +24,7 @@ struct Counter(BTreeMap<String, u64>);
 impl RecordProcessor for Counter {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         for record in input.records() {
@@ -42,7 +42,7 @@ struct Printer(ShardId);
 impl RecordProcessor for Printer {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         for record in input.records() {

@@ -27,7 +27,7 @@ struct Counter(Arc<AtomicU64>);
 impl RecordProcessor for Counter {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.0

@@ -477,7 +477,7 @@ impl RecordProcessor for ChildProcessor {
 
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let message = ToChild::ProcessRecords {

@@ -23,7 +23,7 @@ struct Collect(Seen);
 impl RecordProcessor for Collect {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         for record in input.records() {

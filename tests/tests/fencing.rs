@@ -29,7 +29,7 @@ struct Probe {
 impl RecordProcessor for Probe {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let _ = self.notes.send(Note::Batch(input.records().len()));

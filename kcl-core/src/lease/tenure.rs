@@ -271,7 +271,7 @@ impl Tenure {
         let mut work = std::pin::pin!(work);
         let mut expired = std::pin::pin!(self.expired());
         std::future::poll_fn(|cx| {
-            if !self.is_valid() {
+            if !self.is_valid() && !mutation::on(Mutation::ValidityByTimerOnly) {
                 self.mark_lost();
                 return std::task::Poll::Ready(None);
             }

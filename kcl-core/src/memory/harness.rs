@@ -174,7 +174,7 @@ pub struct IdleProcessor;
 impl RecordProcessor for IdleProcessor {
     async fn process_records(
         &mut self,
-        _: ProcessRecordsInput,
+        _: ProcessRecordsInput<'_>,
         _: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         Ok(())

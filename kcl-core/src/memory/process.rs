@@ -78,7 +78,7 @@ impl Faults {
     /// use kcl_core::{ShardId, Worker, WorkerConfig};
     /// # struct P;
     /// # impl kcl_core::RecordProcessor for P {
-    /// #     async fn process_records(&mut self, _: kcl_core::ProcessRecordsInput, _: &mut kcl_core::Checkpointer) -> Result<(), kcl_core::BoxError> { Ok(()) }
+    /// #     async fn process_records(&mut self, _: kcl_core::ProcessRecordsInput<'_>, _: &mut kcl_core::Checkpointer) -> Result<(), kcl_core::BoxError> { Ok(()) }
     /// # }
     /// let faults = Faults::seeded(7);
     /// let stream = MemoryStream::with_faults(2, faults.clone());

@@ -24,7 +24,7 @@ trait Erased: Send + 'static {
     ) -> BoxFuture<'a, Result<(), BoxError>>;
     fn process_records<'a>(
         &'a mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'a>,
         checkpointer: &'a mut Checkpointer,
     ) -> BoxFuture<'a, Result<(), BoxError>>;
     fn lease_lost(&mut self) -> BoxFuture<'_, ()>;
@@ -48,7 +48,7 @@ impl<P: RecordProcessor> Erased for P {
 
     fn process_records<'a>(
         &'a mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'a>,
         checkpointer: &'a mut Checkpointer,
     ) -> BoxFuture<'a, Result<(), BoxError>> {
         Box::pin(RecordProcessor::process_records(self, input, checkpointer))
@@ -96,7 +96,7 @@ impl RecordProcessor for BoxProcessor {
 
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.0.process_records(input, checkpointer).await
@@ -202,7 +202,7 @@ impl RecordProcessor for Missing {
 
     async fn process_records(
         &mut self,
-        _input: ProcessRecordsInput,
+        _input: ProcessRecordsInput<'_>,
         _checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         Err(self.0.clone().into())

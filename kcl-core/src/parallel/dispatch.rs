@@ -107,7 +107,11 @@ impl Keys {
 
     /// The next record to run, marking its key running.
     fn next(&mut self) -> Option<(u64, Record, Ack)> {
-        let (_, key) = self.ready.pop_first()?;
+        let (_, key) = if mutation::on(Mutation::ReadyKeysNewestFirst) {
+            self.ready.pop_last()?
+        } else {
+            self.ready.pop_first()?
+        };
         let queue = self.waiting.get_mut(&key)?;
         let (_, record, ack) = queue.pop_front()?;
         if mutation::on(Mutation::KeysOverlap) {

@@ -42,7 +42,7 @@ pub struct Recorder {
 impl RecordProcessor for Recorder {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         if self.behaviour.panic_once_on.as_ref() == Some(&self.shard)

@@ -12,6 +12,7 @@ use kcl_core::{
 };
 use tokio::time::sleep;
 
+use super::hands_off::HandsOff;
 use super::processor::{Delivery, INJECTED_PANIC, Log, SimProcessor};
 
 /// One run of the handler on one record.
@@ -70,7 +71,18 @@ impl RecordHandler for SimHandler {
         // From instant to slow, so that keys overtake each other and crashes cut runs short.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let millis = (self.draw(&position, 1).powi(3) * 400.0) as u64;
-        sleep(Duration::from_millis(millis)).await;
+        if self.failure_rate > 0.0 && self.draw(&position, 4) < 0.003 {
+            // Stuck (a call that hangs) while every other key flows: what it holds behind
+            // it is bounded (`held-bound`).
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let stuck = 15_000 + (self.draw(&position, 5) * 25_000.0) as u64;
+            sleep(Duration::from_millis(stuck)).await;
+        } else if self.draw(&position, 6) < 0.3 {
+            // Waiting on a reply, which may arrive as a suspended host resumes.
+            self.log.wait(Duration::from_millis(millis)).await;
+        } else {
+            sleep(Duration::from_millis(millis)).await;
+        }
         let fails = self.draw(&position, 2) < self.failure_rate;
         {
             let mut log = self.log.lock();
@@ -109,6 +121,7 @@ pub fn parallel(handler: SimHandler, max_in_flight: usize, shard: &ShardId) -> A
 pub enum AnyProcessor {
     Plain(Box<SimProcessor>),
     Parallel(ParallelProcessor<SimHandler>),
+    HandsOff(Box<HandsOff>),
 }
 
 impl RecordProcessor for AnyProcessor {
@@ -116,17 +129,19 @@ impl RecordProcessor for AnyProcessor {
         match self {
             Self::Plain(p) => p.initialize(input).await,
             Self::Parallel(p) => p.initialize(input).await,
+            Self::HandsOff(p) => p.initialize(input).await,
         }
     }
 
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         match self {
             Self::Plain(p) => p.process_records(input, checkpointer).await,
             Self::Parallel(p) => p.process_records(input, checkpointer).await,
+            Self::HandsOff(p) => p.process_records(input, checkpointer).await,
         }
     }
 
@@ -134,6 +149,7 @@ impl RecordProcessor for AnyProcessor {
         match self {
             Self::Plain(p) => p.lease_lost().await,
             Self::Parallel(p) => p.lease_lost().await,
+            Self::HandsOff(p) => p.lease_lost().await,
         }
     }
 
@@ -141,6 +157,7 @@ impl RecordProcessor for AnyProcessor {
         match self {
             Self::Plain(p) => p.shard_ended(checkpointer).await,
             Self::Parallel(p) => p.shard_ended(checkpointer).await,
+            Self::HandsOff(p) => p.shard_ended(checkpointer).await,
         }
     }
 
@@ -151,6 +168,7 @@ impl RecordProcessor for AnyProcessor {
         match self {
             Self::Plain(p) => p.shutdown_requested(checkpointer).await,
             Self::Parallel(p) => p.shutdown_requested(checkpointer).await,
+            Self::HandsOff(p) => p.shutdown_requested(checkpointer).await,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Pieces of the fleet simulation.
 pub mod checks;
 pub mod fleet;
+pub mod hands_off;
 pub mod handler;
 pub mod mutations;
 pub mod processor;

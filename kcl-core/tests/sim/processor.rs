@@ -12,8 +12,10 @@ use kcl_core::{
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::hands_off::HandsOff;
 use super::handler::{AnyProcessor, SimHandler, parallel};
 
 /// One record handed to a processor.
@@ -34,6 +36,7 @@ pub struct Delivery {
 #[derive(Debug, Clone)]
 pub struct Effect {
     pub seq: u64,
+    pub at: Instant,
     pub worker: String,
     pub shard: ShardId,
 }
@@ -120,12 +123,34 @@ pub struct Journal {
     pub instances: BTreeMap<u64, Instance>,
 }
 
+/// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.
 #[derive(Debug, Clone, Default)]
-pub struct Log(Arc<Mutex<Journal>>);
+pub struct Log(Arc<Mutex<Journal>>, Arc<Notify>);
 
 impl Log {
     pub fn lock(&self) -> MutexGuard<'_, Journal> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Resolves when the host resumes from a suspend (see `schedule`), as a reply that was
+    /// on its way does.
+    pub async fn resumed(&self) {
+        self.1.notified().await;
+    }
+
+    /// The host resumes: everything waiting in [`resumed`](Self::resumed) is woken.
+    pub fn resume(&self) {
+        self.1.notify_waiters();
+    }
+
+    /// Waits `d`, or less if the host resumes from a suspend meanwhile (work waiting on a
+    /// reply that arrives as the host thaws).
+    pub async fn wait(&self, d: Duration) {
+        tokio::select! {
+            biased;
+            () = self.resumed() => {}
+            () = tokio::time::sleep(d) => {}
+        }
     }
 
     /// Starts a singleton run; returns its index.
@@ -192,6 +217,17 @@ impl Factory {
             },
         );
         if let Some(n) = self.parallel {
+            let mut rng = StdRng::seed_from_u64(self.seed ^ instance ^ 0x4a4d_0ff5);
+            if rng.random_ratio(1, 3) {
+                return AnyProcessor::HandsOff(Box::new(HandsOff {
+                    worker: self.worker.clone(),
+                    instance,
+                    shard: shard.clone(),
+                    log: self.log.clone(),
+                    rng,
+                    delivered: Vec::new(),
+                }));
+            }
             let handler = SimHandler {
                 worker: self.worker.clone(),
                 instance,
@@ -304,7 +340,7 @@ impl SimProcessor {
 impl RecordProcessor for SimProcessor {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let positions: Vec<_> = input
@@ -328,7 +364,7 @@ impl RecordProcessor for SimProcessor {
         }
         // Work that takes time: a frozen process can stop in the middle of it.
         let work = Duration::from_millis(self.rng.random_range(0..60));
-        tokio::time::sleep(work).await;
+        self.log.wait(work).await;
         self.batches += 1;
         if self.failure_rate > 0.0 && self.rng.random_bool(self.failure_rate) {
             if self.rng.random_bool(0.5) {
@@ -347,6 +383,7 @@ impl RecordProcessor for SimProcessor {
         }
         self.log.lock().effects.push(Effect {
             seq: next_event_seq(),
+            at: Instant::now(),
             worker: self.worker.clone(),
             shard: self.shard.clone(),
         });

@@ -109,10 +109,19 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
     let faults = run.fleet.faults.clone();
     let fault_end = Instant::now() + Duration::from_secs(run.rng.random_range(15..45));
     let mut undo = Undo(Vec::new());
+    // A third of the disturbed seeds suspend the fleet's host once; drawn apart, so that the
+    // scenario's own draws stay as they were.
+    let mut host = StdRng::seed_from_u64(run.fleet.seed ^ 0x5005_9e4d);
+    let mut suspend_at = (!planned && host.random_ratio(1, 3))
+        .then(|| Instant::now() + Duration::from_millis(host.random_range(3_000..15_000)));
     while Instant::now() < fault_end {
         sleep(Duration::from_millis(run.rng.random_range(300..2500))).await;
         let now = Instant::now();
         undo.due(&faults, now);
+        if suspend_at.take_if(|at| *at <= now).is_some() {
+            run.suspend(&mut host).await;
+            continue;
+        }
         let event = run.rng.random_range(0..100);
         if planned && !(24..44).contains(&event) && event < 66 {
             continue;
@@ -158,6 +167,25 @@ impl Run<'_> {
             log.worker_disturbed.push((id.clone(), now, now + length));
             undo.0.push((now + length, Some(id)));
         }
+    }
+
+    /// The host of the whole fleet suspends (a laptop's lid, a paused VM) past the failover
+    /// time: every process stops at once. As it resumes, the clock has jumped, and work whose
+    /// reply arrived meanwhile is woken before the runtime fires any timer — the lease's
+    /// validity's included. That work must not go on (`validity`).
+    async fn suspend(&mut self, host: &mut StdRng) {
+        let now = Instant::now();
+        let length =
+            config().failover_time + Duration::from_millis(host.random_range(100..3_000));
+        let mut log = self.fleet.log.lock();
+        log.disturbed.push((now, now + length));
+        for id in self.fleet.live.keys() {
+            log.worker_disturbed.push((id.clone(), now, now + length));
+        }
+        drop(log);
+        self.fleet.log.resume();
+        tokio::time::advance(length).await;
+        self.stats.suspends += 1;
     }
 
     fn join(&mut self) {

@@ -274,7 +274,7 @@ impl RecordProcessor for Recorder {
 
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         if let Some(parallel) = &mut self.parallel {

@@ -14,6 +14,7 @@ use crate::config::WorkerConfig;
 use crate::error::CheckpointError;
 use crate::lease::tenure::Tenure;
 use crate::metrics::ShardMetrics;
+use crate::mutation::{self, Mutation};
 
 /// What one processor instance has handed out to be acknowledged later.
 #[derive(Debug)]
@@ -45,6 +46,9 @@ impl Acks {
     /// Whether reading may go on: fewer than `max_unacknowledged` records are held behind
     /// the watermark, finished or not.
     pub(super) fn room(&self) -> bool {
+        if mutation::on(Mutation::HeldCountsUnfinishedOnly) {
+            return self.watermark.outstanding() < self.max;
+        }
         self.watermark.held() < self.max
     }
 

@@ -246,9 +246,10 @@ fn last_before<'a>(store: &'a [StoreEvent], key: &ShardId, seq: u64) -> Option<&
         .last()
 }
 
-/// validity: no delivery later than 0.9 × the failover time after the *start* of the
-/// deliverer's last write of that lease that reported success — exactly the local rule the
-/// worker promises to keep. Under heartbeats, of its last heartbeat renewal instead.
+/// validity: no delivery, and no end of a batch's work, later than 0.9 × the failover time
+/// after the *start* of the worker's last write of that lease that reported success —
+/// exactly the local rule the worker promises to keep, a host resuming from a suspend
+/// included. Under heartbeats, of its last heartbeat renewal instead.
 pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut writes: BTreeMap<(&str, ShardId), Vec<&StoreEvent>> = BTreeMap::new();
     for ev in e.store.iter().filter(|ev| ev.reported) {
@@ -264,29 +265,34 @@ pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
                 .push(ev);
         }
     }
-    for d in &e.journal.deliveries {
+    // Deliveries, and the ends of batches' work (after every `.await` of a hook).
+    let deliveries = e.journal.deliveries.iter().map(|d| {
+        let what = format!("delivered {}", d.position);
+        (what, d.seq, d.at, &d.worker, &d.shard)
+    });
+    let effects = e.journal.effects.iter().map(|f| {
+        let what = "finished a batch's work".to_owned();
+        (what, f.seq, f.at, &f.worker, &f.shard)
+    });
+    for (what, seq, at, worker, shard) in deliveries.chain(effects) {
         let last_of = |key: ShardId| {
             writes
-                .get(&(d.worker.as_str(), key))
-                .and_then(|w| w.iter().rfind(|ev| ev.seq < d.seq))
+                .get(&(worker.as_str(), key))
+                .and_then(|w| w.iter().rfind(|ev| ev.seq < seq))
         };
-        let lease = last_of(d.shard.clone());
-        let last = match last_of(heartbeat_key(&d.worker)) {
+        let lease = last_of(shard.clone());
+        let last = match last_of(heartbeat_key(worker)) {
             Some(heartbeat) if lease.is_some() => Some(heartbeat),
             _ => lease,
         };
         match last {
-            Some(w) if d.at < w.started + e.validity => {}
+            Some(w) if at < w.started + e.validity => {}
             Some(w) => v.push(format!(
-                "validity: {} delivered {} of {} {:?} after the start of its last successful write",
-                d.worker,
-                d.position,
-                d.shard,
-                d.at.saturating_duration_since(w.started)
+                "validity: {worker} {what} of {shard} {:?} after the start of its last successful write",
+                at.saturating_duration_since(w.started)
             )),
             None => v.push(format!(
-                "validity: {} delivered from {} without ever writing its lease",
-                d.worker, d.shard
+                "validity: {worker} {what} of {shard} without ever writing its lease"
             )),
         }
     }

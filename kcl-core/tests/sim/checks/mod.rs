@@ -36,6 +36,8 @@ pub const INVARIANTS: &[&str] = &[
     "reset",
     "key-order",
     "watermark",
+    "held-bound",
+    "start-order",
     "standby-takeover",
 ];
 
@@ -71,8 +73,15 @@ pub struct Evidence<'a> {
     pub validity: Duration,
     /// Only planned changes happened (no crashes, pauses, faults or failing processors).
     pub planned: bool,
-    /// The fleet processed with `Parallel`.
+    /// The fleet processed with `Parallel` (or acknowledged later from tasks of its own).
     pub parallel: bool,
+    /// How many user records a processor instance may hold from its oldest unfinished one on
+    /// before reading pauses.
+    pub max_unacknowledged: usize,
+    /// The most stream records in one batch.
+    pub batch: usize,
+    /// Records of a shard in flight at once under `Parallel`.
+    pub max_in_flight: Option<usize>,
     /// From when every fault had stopped, until the fleet was stopped.
     pub quiet: (tokio::time::Instant, tokio::time::Instant),
     /// How soon after the faults stop a singleton must be held again.
@@ -121,6 +130,8 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     if e.parallel {
         parallel::key_order(e, &mut v);
         parallel::watermark(e, &mut v);
+        parallel::held_bound(e, &mut v);
+        parallel::start_order(e, &mut v);
     }
     v
 }

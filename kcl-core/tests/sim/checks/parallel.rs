@@ -103,3 +103,93 @@ pub(super) fn watermark(e: &Evidence<'_>, v: &mut Vec<String>) {
         }
     }
 }
+
+/// held-bound: a processor instance never holds more than `max_unacknowledged` user records
+/// (and the batch that crossed it) from its oldest unfinished record on, however long that
+/// one takes: at every run's start, the user records from the oldest run of the instance not
+/// yet finished with `Ok` up to the starting one are fewer than `max_unacknowledged` plus
+/// those of the last `max_records` stream records up to it (one batch; a KPL aggregate
+/// carries several user records). Records waiting for their key have no run yet, but the
+/// oldest unfinished record is always running or about to, so the count is never too high.
+pub(super) fn held_bound(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let mut by_instance: BTreeMap<u64, Vec<&HandlerRun>> = BTreeMap::new();
+    for run in &e.journal.runs {
+        by_instance.entry(run.instance).or_default().push(run);
+    }
+    for runs in by_instance.values() {
+        let Some(records) = runs.first().and_then(|r| e.records.get(&r.shard)) else {
+            continue;
+        };
+        let positions: Vec<ExtendedSequenceNumber> = records.iter().map(|r| r.position()).collect();
+        let index = |p: &ExtendedSequenceNumber| positions.partition_point(|q| q < p);
+        // Starts and successful ends, in the order they happened.
+        let mut events: Vec<(u64, bool, &HandlerRun)> = Vec::new();
+        for run in runs {
+            events.push((run.start_seq, true, run));
+            if let Some((end, true)) = run.end {
+                events.push((end, false, run));
+            }
+        }
+        events.sort_by_key(|(seq, ..)| *seq);
+        let mut unfinished: BTreeMap<&ExtendedSequenceNumber, usize> = BTreeMap::new();
+        for (_, start, run) in events {
+            if !start {
+                if let Some(n) = unfinished.get_mut(&run.position) {
+                    *n -= 1;
+                    if *n == 0 {
+                        unfinished.remove(&run.position);
+                    }
+                }
+                continue;
+            }
+            *unfinished.entry(&run.position).or_default() += 1;
+            let Some((oldest, _)) = unfinished.first_key_value() else {
+                continue;
+            };
+            let (from, to) = (index(oldest), index(&run.position) + 1);
+            let held = to.saturating_sub(from);
+            // The user records of the last `max_records` stream records up to this one.
+            let mut batch = 0;
+            let mut sequences = 0;
+            for p in positions[from.min(to)..to].iter().rev() {
+                if batch > 0 && p.sub_sequence == 0 || batch == 0 {
+                    sequences += 1;
+                }
+                if sequences > e.batch {
+                    break;
+                }
+                batch += 1;
+            }
+            if held >= e.max_unacknowledged + batch {
+                v.push(format!(
+                    "held-bound: instance {} of {} on {} started {} with {held} records held from the unfinished {oldest} on (max_unacknowledged {}, the last batch's {batch})",
+                    run.instance, run.worker, run.shard, run.position, e.max_unacknowledged
+                ));
+                break;
+            }
+        }
+    }
+}
+
+/// start-order: with one record in flight (`max_in_flight(1)`), each instance handles its
+/// records one by one in delivery order — the dispatcher starts the oldest ready record
+/// first, so that the watermark moves as early as it can.
+pub(super) fn start_order(e: &Evidence<'_>, v: &mut Vec<String>) {
+    if e.max_in_flight != Some(1) {
+        return;
+    }
+    let mut runs: Vec<&HandlerRun> = e.journal.runs.iter().collect();
+    runs.sort_by_key(|r| r.start_seq);
+    let mut last: BTreeMap<u64, &ExtendedSequenceNumber> = BTreeMap::new();
+    for run in runs {
+        if let Some(previous) = last.insert(run.instance, &run.position)
+            && *previous > run.position
+        {
+            v.push(format!(
+                "start-order: instance {} of {} on {} started {} after {previous}, one at a time",
+                run.instance, run.worker, run.shard, run.position
+            ));
+            return;
+        }
+    }
+}
