@@ -60,7 +60,7 @@ impl RecordProcessor for Scripted {
 
     async fn process_records(
         &mut self,
-        _: ProcessRecordsInput,
+        _: ProcessRecordsInput<'_>,
         cp: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         self.batches += 1;

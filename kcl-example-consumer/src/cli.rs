@@ -273,6 +273,18 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) shard_sync_interval: String,
 
+    /// A held shard whose checkpoint has not moved for this long while records past it wait
+    /// is reported stalled (in /status, /readyz's text and kcl_shards_stalled): its
+    /// processor hangs, keeps failing, or never checkpoints. Keep it above the window (this
+    /// consumer checkpoints as each window closes). `off` reports no shard stalled.
+    #[arg(
+        long,
+        env = "KCL_STALLED_AFTER",
+        value_name = "DURATION|off",
+        default_value = "10m"
+    )]
+    pub(crate) stalled_after: String,
+
     /// Length of the tumbling windows (by record arrival time) counted per shard.
     #[arg(
         long,
@@ -352,6 +364,17 @@ pub(crate) struct RunArgs {
         default_value = "aws"
     )]
     pub(crate) backend: String,
+
+    /// For trying probes and alerts, never in production: the processor fails every call of
+    /// this hook, `process-records` or `initialize`, so that each shard is reported
+    /// `failing` and /readyz is not ready. `none` injects nothing.
+    #[arg(
+        long,
+        env = "KCL_INJECT_FAILURE",
+        value_name = "HOOK",
+        default_value = "none"
+    )]
+    pub(crate) inject_failure: String,
 
     /// Who looks after the lease table: `managed` (the worker creates it on first start and
     /// adds the owner index and the stream the leader mode uses; needs dynamodb:CreateTable

@@ -7,6 +7,7 @@ mod backends;
 mod cli;
 mod cost;
 mod demo;
+mod fault;
 #[cfg(feature = "aws")]
 mod settings;
 mod summary;
@@ -101,12 +102,16 @@ fn print_config(settings: &Settings) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The processor factory of `run`: one [`WindowCounter`] per shard, printing to stdout.
+/// The processor factory of `run`: one [`WindowCounter`] per shard, printing to stdout
+/// (failing on purpose with `--inject-failure`).
 pub(crate) fn window_counters(
     settings: &Settings,
-) -> impl ProcessorFactory<Processor = WindowCounter<StdoutSink>> {
-    let (window, top_keys) = (settings.window, settings.top_keys);
-    move |shard: &kcl_core::ShardId| WindowCounter::new(shard, window, top_keys, StdoutSink)
+) -> impl ProcessorFactory<Processor = fault::Faulty<WindowCounter<StdoutSink>>> {
+    let (window, top_keys, fault) = (settings.window, settings.top_keys, settings.fault);
+    move |shard: &kcl_core::ShardId| {
+        let counter = WindowCounter::new(shard, window, top_keys, StdoutSink);
+        fault::Faulty::new(counter, fault)
+    }
 }
 
 /// Runs a worker on any backends with everything `run` promises: metrics and health over

@@ -11,7 +11,8 @@
 //!
 //! Defaults are the Java daemon's, not kcl's, wherever the two differ and the key exists:
 //! `initialPositionInStream` is `LATEST` and `retrievalMode` is `FANOUT`, as in KCL Java 3.x.
-//! kcl's own modes have keys of their own (`coordination`, `liveness`, `tableSetup`).
+//! kcl's own settings have keys of their own (`coordination`, `liveness`, `tableSetup`,
+//! `stalledAfterSeconds`).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -347,6 +348,16 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
             ));
         }
     };
+    worker = kcl_own(r, worker)?;
+    worker
+        .validate()
+        .map_err(|e| key_error(java_key(e.key), e.reason))?;
+    Ok(worker)
+}
+
+/// kcl's own settings, which KCL Java does not have: `coordination`, `liveness`,
+/// `stalledAfterSeconds`.
+fn kcl_own(r: &Reader<'_>, mut worker: WorkerConfig) -> Result<WorkerConfig, KeyError> {
     worker.coordination = match r
         .get("coordination")
         .map(str::to_ascii_lowercase)
@@ -372,9 +383,17 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig,
         }
     };
     worker = worker.liveness(liveness);
-    worker
-        .validate()
-        .map_err(|e| key_error(java_key(e.key), e.reason))?;
+    let key = "stalledAfterSeconds";
+    worker = match r.get(key) {
+        None => worker,
+        Some(off) if off.eq_ignore_ascii_case("off") => worker.stalled_after(None),
+        Some(_) => {
+            let seconds = r
+                .number::<u64>(key)
+                .map_err(|e| key_error(key, format!("{}; or off", e.reason)))?;
+            worker.stalled_after(seconds.map(Duration::from_secs))
+        }
+    };
     Ok(worker)
 }
 
@@ -417,6 +436,7 @@ fn java_key(field: &'static str) -> &'static str {
         "shutdown_timeout" => "shutdownGraceMillis",
         "retrieval" => "retrievalMode",
         "retrieval.consumer_name" => "fanoutConfig.consumerName",
+        "stalled_after" => "stalledAfterSeconds",
         // kcl's own settings, derived from the above: named as kcl names them.
         other => other,
     }

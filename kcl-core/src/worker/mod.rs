@@ -74,8 +74,8 @@ pub struct Status {
     /// with the cause and, for credentials or endpoints, a hint), until it can again; else a
     /// summary of [`problems`](Self::problems), if there are any.
     pub problem: Option<String>,
-    /// Shards this worker knows to be read by nobody, and rows it cannot read: what an
-    /// operator must fix (see [`ProblemKind`]). Problems about the whole fleet (unleased and
+    /// Shards this worker knows to be read by nobody or to make no progress (stalled,
+    /// failing), and rows it cannot read: what an operator must fix (see [`ProblemKind`]). Problems about the whole fleet (unleased and
     /// unowned shards) are reported by the worker that finds them: the one that syncs shards,
     /// the leader.
     pub problems: Vec<Problem>,

@@ -13,19 +13,18 @@ use std::time::Duration;
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
-use kcl_core::{InitialPosition, Retrieval, WorkerConfig};
+use kcl_core::{Retrieval, WorkerConfig};
 
 use crate::cli::parse_duration;
 
 mod input;
 mod parse;
+mod worker;
 
 pub(crate) use input::Input;
 
-use parse::{
-    Position, Reading, is_table_name, parse_coordination, parse_count, parse_liveness,
-    parse_max_leases, parse_position, parse_retrieval, parse_timestamp, parse_u32,
-};
+use parse::{is_table_name, parse_count};
+use worker::worker_config;
 
 /// Every setting key, as the clap argument id (snake case). Flags and file keys are the
 /// kebab-case form; file keys may also be written in snake case.
@@ -50,6 +49,7 @@ pub(crate) const KEYS: &[&str] = &[
     "max_records",
     "idle_time_between_reads",
     "shard_sync_interval",
+    "stalled_after",
     "window",
     "top_keys",
     "listen",
@@ -61,6 +61,7 @@ pub(crate) const KEYS: &[&str] = &[
     "log_format",
     "log_filter",
     "backend",
+    "inject_failure",
     "table_setup",
 ];
 
@@ -178,6 +179,8 @@ pub(crate) struct Settings {
     pub(crate) table_setup: TableSetup,
     /// The fleet's summary job, if configured.
     pub(crate) summary: Option<Summary>,
+    /// The failure injected into the processor (`--inject-failure`), if any.
+    pub(crate) fault: crate::fault::Fault,
     /// Each key's effective value (as text) and origin, for `--print-config`.
     pub(crate) effective: BTreeMap<&'static str, (String, Origin)>,
 }
@@ -482,6 +485,9 @@ fn build(
         .parsed("table_setup", TableSetup::parse)?
         .unwrap_or(TableSetup::Managed);
     let summary = summary(&v)?;
+    let fault = v
+        .parsed("inject_failure", crate::fault::Fault::parse)?
+        .unwrap_or_default();
 
     Ok(Settings {
         input,
@@ -497,6 +503,7 @@ fn build(
         backend,
         table_setup,
         summary,
+        fault,
         effective: v.0,
     })
 }
@@ -529,82 +536,6 @@ fn fits_dynamodb(
         ));
     }
     Ok(())
-}
-
-/// Where a shard without a checkpoint starts.
-fn initial_position(v: &Values) -> Result<InitialPosition, SettingsError> {
-    let timestamp = v.parsed("initial_timestamp", parse_timestamp)?;
-    let position = v
-        .parsed("initial_position", parse_position)?
-        .unwrap_or_default();
-    match (position, timestamp) {
-        (Position::AtTimestamp, Some(t)) => Ok(InitialPosition::AtTimestamp(t)),
-        (Position::AtTimestamp, None) => Err(v.fail(
-            "initial_timestamp",
-            "required when initial-position is AT_TIMESTAMP".into(),
-        )),
-        (_, Some(_)) => Err(v.fail(
-            "initial_timestamp",
-            "only used with initial-position AT_TIMESTAMP".into(),
-        )),
-        (Position::TrimHorizon, None) => Ok(InitialPosition::TrimHorizon),
-        (Position::Latest, None) => Ok(InitialPosition::Latest),
-    }
-}
-
-/// The worker's configuration, validated; a fan-out consumer is named after the application,
-/// as KCL Java names it.
-fn worker_config(v: &Values, application_name: &str) -> Result<WorkerConfig, SettingsError> {
-    let defaults = WorkerConfig::default();
-    let failover_time = v
-        .parsed("failover_time", parse_duration)?
-        .unwrap_or(defaults.failover_time);
-    let mut worker = defaults
-        .failover_time(failover_time)
-        .initial_position(initial_position(v)?);
-    if let Some(n) = v.parsed("max_leases", parse_max_leases)? {
-        worker = worker.max_leases(n);
-    }
-    if let Some(n) = v.parsed("max_leases_to_steal", parse_count)? {
-        worker = worker.max_leases_to_steal(n);
-    }
-    if let Some(n) = v.parsed("max_concurrent_reads", parse_count)? {
-        worker = worker.max_concurrent_reads(n);
-    }
-    if let Some(mode) = v.parsed("coordination", parse_coordination)? {
-        worker = worker.coordination(mode);
-    }
-    if let Some(mode) = v.parsed("liveness", parse_liveness)? {
-        worker = worker.liveness(mode);
-    }
-    if let Some(Reading::FanOut) = v.parsed("retrieval", parse_retrieval)? {
-        worker = worker.retrieval(Retrieval::FanOut {
-            consumer_name: application_name.to_owned(),
-        });
-    }
-    if let Some(d) = v.parsed("shutdown_timeout", parse_duration)? {
-        worker = worker.shutdown_timeout(d);
-    }
-    if let Some(n) = v.parsed("max_records", parse_u32)? {
-        worker = worker.max_records(n);
-    }
-    if let Some(d) = v.parsed("idle_time_between_reads", parse_duration)? {
-        worker = worker.idle_time_between_reads(d);
-    }
-    if let Some(d) = v.parsed("shard_sync_interval", parse_duration)? {
-        worker = worker.shard_sync_interval(d);
-    }
-    worker.validate().map_err(|e| {
-        // kcl-core names its field; ours is the same name (renew_interval follows
-        // failover_time, the consumer name the application name).
-        let key = match e.key {
-            "renew_interval" => "failover_time",
-            "retrieval.consumer_name" => "application_name",
-            key => key,
-        };
-        v.fail(key, e.reason)
-    })?;
-    Ok(worker)
 }
 
 impl Settings {

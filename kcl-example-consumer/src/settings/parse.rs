@@ -1,5 +1,7 @@
 //! Parsers of single values: each returns the reason a value is rejected.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use kcl_core::{Coordination, Liveness};
 
@@ -85,4 +87,14 @@ pub(super) fn parse_retrieval(s: &str) -> Result<Reading, String> {
         "fan-out" | "fanout" => Ok(Reading::FanOut),
         _ => Err(format!("expected polling or fan-out, got {s:?}")),
     }
+}
+
+/// A duration such as `10m`, or `off` (`None`).
+pub(super) fn parse_stalled_after(s: &str) -> Result<Option<Duration>, String> {
+    if s.trim().eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    crate::cli::parse_duration(s)
+        .map(Some)
+        .map_err(|e| format!("{e}; or off"))
 }

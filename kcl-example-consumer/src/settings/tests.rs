@@ -5,7 +5,7 @@
 use clap::FromArgMatches;
 
 use chrono::{DateTime, Utc};
-use kcl_core::{Coordination, Liveness};
+use kcl_core::{Coordination, InitialPosition, Liveness};
 
 use super::*;
 use crate::cli::Cli;
@@ -531,4 +531,40 @@ fn a_dynamodb_stream_setting_that_does_not_fit_is_named() {
             .contains("only used with source dynamodb-streams"),
         "{e}"
     );
+}
+
+#[test]
+fn stalled_after_is_a_duration_or_off() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(
+        s.worker.stalled_after,
+        WorkerConfig::default().stalled_after
+    );
+    assert_eq!(s.effective["stalled_after"].0, "10m");
+    let s = resolve_ok(&[REQUIRED, &["--stalled-after", "30s"]].concat(), None);
+    assert_eq!(s.worker.stalled_after, Some(Duration::from_secs(30)));
+    let file = toml_file("stream = \"s\"\napplication-name = \"app\"\nstalled-after = \"off\"\n");
+    assert_eq!(resolve_ok(&[], Some(&file)).worker.stalled_after, None);
+    let s = resolve_ok(&["--stalled-after", "Off"], Some(&file));
+    assert_eq!(s.worker.stalled_after, None);
+    for bad in ["0s", "soon"] {
+        let e = resolve_err(&[REQUIRED, &["--stalled-after", bad]].concat(), None);
+        assert_eq!(e.key, "stalled_after", "{e}");
+        assert!(e.to_string().contains("off"), "{e}");
+    }
+}
+
+#[test]
+fn a_failure_can_be_injected_to_try_the_alerts() {
+    use crate::fault::Fault;
+    assert_eq!(resolve_ok(REQUIRED, None).fault, Fault::None);
+    let args = [REQUIRED, &["--inject-failure", "process-records"]].concat();
+    assert_eq!(resolve_ok(&args, None).fault, Fault::ProcessRecords);
+    let args = [REQUIRED, &["--inject-failure", "initialize"]].concat();
+    assert_eq!(resolve_ok(&args, None).fault, Fault::Initialize);
+    let e = resolve_err(
+        &[REQUIRED, &["--inject-failure", "sometimes"]].concat(),
+        None,
+    );
+    assert_eq!(e.key, "inject_failure", "{e}");
 }

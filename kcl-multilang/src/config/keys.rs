@@ -263,6 +263,13 @@ pub const KEYS: &[(&str, Use)] = &[
         "tableSetup",
         Use::Mapped("kcl: managed (default) or external"),
     ),
+    (
+        "stalledAfterSeconds",
+        Use::Mapped(
+            "kcl: stalled_after, seconds (default 600) or off: a shard whose checkpoint stands \
+             still this long while records wait is reported stalled",
+        ),
+    ),
     // The worker's lifecycle.
     (
         "taskBackoffTimeMillis",

@@ -383,3 +383,23 @@ fn the_fan_out_consumer_is_named_by_its_arn_or_its_name() {
     let error = config(&format!("{MINIMAL}fanoutConfig.consumerName = a b\n")).unwrap_err();
     assert_eq!(error.key, "fanoutConfig.consumerName", "{error}");
 }
+
+#[test]
+fn stalled_after_is_a_number_of_seconds_or_off() {
+    let stalled_after =
+        |extra: &str| config(&format!("{MINIMAL}{extra}")).map(|c| c.worker.stalled_after);
+    assert_eq!(
+        stalled_after("").unwrap(),
+        WorkerConfig::default().stalled_after
+    );
+    let two_minutes = Some(Duration::from_secs(120));
+    assert_eq!(
+        stalled_after("stalledAfterSeconds = 120\n").unwrap(),
+        two_minutes
+    );
+    assert_eq!(stalled_after("stalledAfterSeconds = off\n").unwrap(), None);
+    for bad in ["0", "soon"] {
+        let e = stalled_after(&format!("stalledAfterSeconds = {bad}\n")).unwrap_err();
+        assert_eq!(e.key, "stalledAfterSeconds", "{e}");
+    }
+}
