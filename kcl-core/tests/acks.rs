@@ -122,7 +122,7 @@ impl RecordProcessor for HandsBatchesOn {
         let finished = self.finished.clone();
         let pairs = input.acknowledge_later();
         tokio::spawn(async move {
-            let delay = if n % 2 == 0 { 750 } else { 50 };
+            let delay = if n.is_multiple_of(2) { 750 } else { 50 };
             sleep(Duration::from_millis(delay)).await;
             for (record, ack) in pairs {
                 finished.lock().unwrap().insert(record.position());
@@ -185,10 +185,8 @@ impl RecordProcessor for KeepsOneBatch {
         input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        let previous = std::mem::replace(
-            &mut *self.kept.lock().unwrap(),
-            input.acknowledge_later(),
-        );
+        let previous =
+            std::mem::replace(&mut *self.kept.lock().unwrap(), input.acknowledge_later());
         let result = checkpointer.checkpoint().await;
         self.results
             .lock()

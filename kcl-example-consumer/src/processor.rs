@@ -200,11 +200,11 @@ impl<S: WindowSink> WindowCounter<S> {
 impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     async fn process_records(
         &mut self,
-        input: ProcessRecordsInput,
+        input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let started = Instant::now();
-        let delay = input.records.first().map(|r| {
+        let delay = input.records().first().map(|r| {
             (Utc::now() - r.approximate_arrival)
                 .num_milliseconds()
                 .max(0)
@@ -212,7 +212,7 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         let mut bytes = 0usize;
         let mut emitted = 0u32;
         let mut done_up_to = None;
-        for record in &input.records {
+        for record in input.records() {
             bytes += record.data.len();
             if let Some((summary, last)) = self.windows.add(record) {
                 self.sink.emit(&summary)?;
@@ -225,12 +225,12 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         }
         tracing::info!(
             shard = %checkpointer.shard_id(),
-            records = input.records.len(),
+            records = input.records().len(),
             bytes,
             windows_emitted = emitted,
             processing_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             delay_ms = delay,
-            millis_behind_latest = input.millis_behind_latest,
+            millis_behind_latest = input.millis_behind_latest(),
             "batch"
         );
         Ok(())

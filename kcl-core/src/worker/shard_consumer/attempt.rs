@@ -377,10 +377,12 @@ async fn deliver(
         .to_std()
         .unwrap_or_default();
     let started = Instant::now();
+    // The batch takes its place in the watermark now, however the processor holds it.
+    let watermark = checkpointer.watermark().clone();
     let input = ProcessRecordsInput::delivered(
         batch.records,
         batch.millis_behind_latest,
-        checkpointer.watermark().clone(),
+        &watermark,
         previous,
     );
     let outcome = hook(
@@ -388,7 +390,9 @@ async fn deliver(
         "process_records",
         processor.process_records(input, checkpointer),
     )
-    .await?;
+    .await;
+    watermark.hook_returned();
+    let outcome = outcome?;
     let took = started.elapsed();
     tracing::info!(
         records = count,

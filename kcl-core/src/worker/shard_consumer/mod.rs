@@ -49,7 +49,6 @@ use crate::error::{BackendError, BoxError};
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
 use crate::metrics;
-use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::{Checkpoint, ConsumerId, ExtendedSequenceNumber, ShardId, WorkerId};
@@ -343,25 +342,17 @@ fn hook<'a>(
 ) -> impl Future<Output = Result<Hook, Failure>> + 'a {
     let call = Box::pin(call);
     async move {
-        let expired = async {
-            if mutation::on(Mutation::HooksOutliveLease)
-                || mutation::on(Mutation::SkipValidityCheck)
-            {
-                std::future::pending::<()>().await;
-            }
-            tenure.expired().await;
-        };
-        tokio::select! {
-            biased;
-            () = expired => Ok(Hook::Expired),
-            result = AssertUnwindSafe(call).catch_unwind() => match result {
-                Ok(Ok(())) => Ok(Hook::Done),
-                Ok(Err(source)) => Err(Failure::Processor { hook: name, source }),
-                Err(panic) => Err(Failure::Panic {
-                    hook: name,
-                    message: crate::task::panic_message(&*panic),
-                }),
-            },
+        match tenure
+            .while_valid(AssertUnwindSafe(call).catch_unwind())
+            .await
+        {
+            None => Ok(Hook::Expired),
+            Some(Ok(Ok(()))) => Ok(Hook::Done),
+            Some(Ok(Err(source))) => Err(Failure::Processor { hook: name, source }),
+            Some(Err(panic)) => Err(Failure::Panic {
+                hook: name,
+                message: crate::task::panic_message(&*panic),
+            }),
         }
     }
 }
