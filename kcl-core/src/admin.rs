@@ -32,6 +32,7 @@ use chrono::{DateTime, Utc};
 
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
+use crate::mutation::{self, Mutation};
 use crate::singleton::{
     drain_key, heartbeat_key, heartbeat_of, is_coordination_key, is_worker_row,
 };
@@ -84,7 +85,7 @@ pub async fn reset<L: LeaseStore>(
             );
             return Err(BackendError::new(ErrorKind::Fatal, "reset", text));
         }
-        if observed.is_finished() {
+        if observed.is_finished() && !mutation::on(Mutation::ResetFinished) {
             let text = format!(
                 "{key} is finished (SHARD_END): its children may have started; reset them instead"
             );

@@ -68,6 +68,10 @@ pub enum Mutation {
     /// Work is stopped at the lease's validity only once its timer fires, not whenever it is
     /// polled past it.
     ValidityByTimerOnly,
+    /// `admin::reset` moves a finished (`SHARD_END`) lease back.
+    ResetFinished,
+    /// A singleton candidate polls with a sighting of its row however old it is.
+    SightingTrustedHoweverOld,
 }
 
 impl Mutation {
@@ -100,6 +104,8 @@ impl Mutation {
         Self::ReadyKeysNewestFirst,
         Self::HeldCountsUnfinishedOnly,
         Self::ValidityByTimerOnly,
+        Self::ResetFinished,
+        Self::SightingTrustedHoweverOld,
     ];
 }
 

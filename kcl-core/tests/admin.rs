@@ -1,6 +1,7 @@
 //! Operator actions while the fleet runs (`kcl_core::admin`, the `kcl-admin` CLI): a drained
 //! worker hands its leases over and takes none back until it starts again. In-memory
-//! backends, paused time. (Resets are in the simulation.)
+//! backends, paused time. (Resets while the fleet runs are in the simulation; here, the
+//! refusal of a finished lease.)
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -126,4 +127,30 @@ async fn releasing_the_only_worker_is_refused_by_name() {
     assert_eq!(held(&a), 2);
     a.shutdown.shutdown();
     a.task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_lease_is_not_reset_behind_its_children() {
+    use kcl_core::admin::{ResetTo, reset};
+    use kcl_core::lease::Lease;
+    use kcl_core::{Checkpoint, ErrorKind, ExtendedSequenceNumber, SequenceNumber, ShardId};
+
+    let store = kcl_core::memory::MemoryLeaseStore::new();
+    let parent = ShardId::new("shardId-000000000000");
+    store.insert(Lease::new(parent.clone(), Checkpoint::ShardEnd));
+    let to = ResetTo {
+        checkpoint: Checkpoint::Sequence(ExtendedSequenceNumber::new(SequenceNumber::from(
+            1_000u128,
+        ))),
+        pin: None,
+    };
+    let refused = reset(&store, &parent, &to).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Fatal, "{refused}");
+    assert!(refused.to_string().contains("SHARD_END"), "{refused}");
+    let row = store
+        .leases()
+        .into_iter()
+        .find(|l| l.key == parent)
+        .unwrap();
+    assert_eq!(row.checkpoint, Checkpoint::ShardEnd, "the row is as it was");
 }

@@ -201,3 +201,64 @@ fn the_workers_own_names_are_reserved() {
     }
     assert!(Singleton::new("nightly-report", "me", store, config()).is_ok());
 }
+
+/// A candidate handed sightings of its row (a worker's standby, which follows the table)
+/// that stopped coming (the standby was demoted) reads the row itself again: when the
+/// holder dies it takes over within the failover time and a few polls, not never.
+#[tokio::test(start_paused = true)]
+async fn a_candidate_whose_sightings_stopped_reads_the_row_itself() {
+    let store = MemoryLeaseStore::new();
+    let runs: Runs = Arc::default();
+    let (holder, holder_stop) = candidate("a", &store, &runs);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(runs.lock().unwrap_or_else(|p| p.into_inner()).len(), 1);
+
+    // "b" was handed one sighting, long ago, and none since.
+    let sighting = Arc::new(take::Sighting::default());
+    let row = store
+        .leases()
+        .into_iter()
+        .find(|l| l.key.as_str().ends_with("compactor"))
+        .unwrap_or_else(|| unreachable!("the row exists"));
+    sighting.saw(row, Instant::now());
+    let b = Singleton::new("compactor", "b", store.client("b"), config())
+        .unwrap_or_else(|e| unreachable!("{e}"))
+        .with_sighting(sighting);
+    let b_runs = runs.clone();
+    let b_stop = CancellationToken::new();
+    let stop = b_stop.clone();
+    let b_task = tokio::spawn(async move {
+        b.run(stop, |lost| {
+            let runs = b_runs.clone();
+            async move {
+                runs.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(("b".to_owned(), Instant::now(), None));
+                lost.cancelled().await;
+            }
+        })
+        .await
+    });
+    sleep(Duration::from_secs(30)).await;
+
+    // "a" dies (its task aborted: no release), and "b" must notice.
+    holder.abort();
+    drop(holder_stop);
+    let died = Instant::now();
+    sleep(Duration::from_secs(10)).await;
+    let taken = runs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(who, ..)| who == "b")
+        .map(|(_, at, _)| *at);
+    assert!(taken.is_some(), "b never took over from a dead holder");
+    let taken = taken.unwrap_or(died);
+    assert!(
+        taken - died <= config().failover_time + Duration::from_secs(2),
+        "b took over {:?} after a died",
+        taken - died
+    );
+    b_stop.cancel();
+    let _ = b_task.await;
+}

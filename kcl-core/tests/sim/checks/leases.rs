@@ -334,7 +334,9 @@ pub(super) fn exclusive(e: &Evidence<'_>, v: &mut Vec<String>) {
 }
 
 /// lineage: no record of a child is delivered before every parent that had a lease reached
-/// `SHARD_END` (a parent that never had one was never owed: it predates the start).
+/// `SHARD_END` (a parent that never had one was never owed: it predates the start), nor
+/// any record of a parent after a record of its child (an operator's reset cannot move a
+/// finished parent back behind its children).
 pub(super) fn lineage(e: &Evidence<'_>, v: &mut Vec<String>) {
     let leased = e.leased();
     let mut ended: BTreeMap<&ShardId, u64> = BTreeMap::new();
@@ -346,8 +348,10 @@ pub(super) fn lineage(e: &Evidence<'_>, v: &mut Vec<String>) {
         ended.entry(&ev.lease.key).or_insert(ev.seq);
     }
     let mut first: BTreeMap<&ShardId, u64> = BTreeMap::new();
+    let mut last: BTreeMap<&ShardId, u64> = BTreeMap::new();
     for d in &e.journal.deliveries {
         first.entry(&d.shard).or_insert(d.seq);
+        last.insert(&d.shard, d.seq);
     }
     for shard in e.shards {
         let Some(start) = first.get(&shard.id) else {
@@ -360,6 +364,12 @@ pub(super) fn lineage(e: &Evidence<'_>, v: &mut Vec<String>) {
                     "lineage: {} delivered before its parent {parent} ended",
                     shard.id
                 )),
+            }
+            if last.get(parent).is_some_and(|end| end > start) {
+                v.push(format!(
+                    "lineage: {parent} delivered again after its child {} started",
+                    shard.id
+                ));
             }
         }
     }
