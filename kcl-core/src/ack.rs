@@ -9,13 +9,13 @@
 //!
 //! The shard task keeps the **watermark**: the last position below which every delivered
 //! record has finished. A batch takes its place in it when it is *delivered*, not when the
-//! processor gets around to it, so however a processor holds its batches (moved to another
-//! task, acknowledged late or out of order, kept for a later hook) nothing passes them. The
-//! rules:
-//! - a batch is finished when its [`ProcessRecordsInput`](crate::ProcessRecordsInput) is
-//!   dropped without `acknowledge_later` (the usual processor: it handled the records in the
-//!   hook), or record by record as their `Ack`s are done. An input dropped while its task
-//!   panics fails instead, as a dropped `Ack` does;
+//! processor gets around to it, and the batch cannot leave its hook (its
+//! [`ProcessRecordsInput`](crate::ProcessRecordsInput) lives no longer than the call): records
+//! finish elsewhere only through `Ack`s, so however a processor holds them (acknowledged
+//! late, out of order, from other tasks, in a later hook) nothing passes them. The rules:
+//! - a batch is finished when its input is dropped without `acknowledge_later` (the usual
+//!   processor: it handled the records in the hook), or record by record as their `Ack`s are
+//!   done. An input dropped while its task panics fails instead, as a dropped `Ack` does;
 //! - every checkpoint stops at the watermark: [`Checkpointer::checkpoint`](crate::Checkpointer::checkpoint)
 //!   writes it instead of the last delivered record, and a position past it is refused with
 //!   [`CheckpointError::Unfinished`](crate::CheckpointError::Unfinished). Inside a hook, the

@@ -131,11 +131,12 @@ pub struct WorkerConfig {
     /// also when this is off.
     #[cfg_attr(feature = "serde", serde(with = "off_or_duration"))]
     pub stalled_after: Option<Duration>,
-    /// Records a shard may have handed out with
-    /// [`ProcessRecordsInput::acknowledge_later`](crate::ProcessRecordsInput::acknowledge_later)
-    /// and not yet acknowledged: at this many, reading the shard pauses (a batch already read
-    /// is still delivered, so up to one batch more may wait). Default 1,000 (kcl's own; KCL
-    /// Java has no asynchronous acknowledgement).
+    /// Records of a shard held from its oldest unfinished one on (delivered to a processor
+    /// that acknowledges later, see [`ack`](crate::ack)), finished or not: at this many,
+    /// reading the shard pauses (a batch already read is still delivered, so up to one batch
+    /// more may wait). A record that never finishes thus holds at most this many behind it,
+    /// and that is all a crash replays. Default 1,000 (kcl's own; KCL Java has no
+    /// asynchronous acknowledgement).
     pub max_unacknowledged: usize,
     /// The worker checkpoints acknowledged records (the watermark, see [`ack`](crate::ack))
     /// once this many have finished since its last checkpoint. Default 1,000.
