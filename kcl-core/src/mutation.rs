@@ -72,6 +72,9 @@ pub enum Mutation {
     ResetFinished,
     /// A singleton candidate polls with a sighting of its row however old it is.
     SightingTrustedHoweverOld,
+    /// A restarted processor reads the lease as its tenure last knew it, even after a write
+    /// whose outcome is unknown.
+    UncertainWriteIgnored,
 }
 
 impl Mutation {
@@ -106,6 +109,7 @@ impl Mutation {
         Self::ValidityByTimerOnly,
         Self::ResetFinished,
         Self::SightingTrustedHoweverOld,
+        Self::UncertainWriteIgnored,
     ];
 }
 

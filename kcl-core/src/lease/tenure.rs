@@ -302,6 +302,21 @@ impl Tenure {
         self.write(Write::Checkpoint(update)).await
     }
 
+    /// Settles a write whose outcome is unknown (the store's answer was lost, or the call
+    /// timed out) before anything reads the lease as this tenure knows it: a renewal from
+    /// the counter held either succeeds, and fences the unknown write off for good (it was
+    /// conditional on that counter, so a straggler can no longer land), or finds the row one
+    /// write further, which is the unknown write applied (a `SHARD_END`, a checkpoint), and
+    /// adopts it. Without this, a processor restarted after such a write would read the
+    /// shard again from the checkpoint the row has left behind — a parent after its
+    /// children had started, when the write was its `SHARD_END`.
+    pub(crate) async fn settle(&self) -> Result<(), TenureError> {
+        if !self.held.lock().await.uncertain || mutation::on(Mutation::UncertainWriteIgnored) {
+            return Ok(());
+        }
+        self.write(Write::Renew).await.map(drop)
+    }
+
     /// Hands the lease to `to` (a planned rebalance). Ends the tenure.
     pub(crate) async fn hand_off(&self, to: &WorkerId) -> Result<(), TenureError> {
         let result = self.write(Write::HandOff(to)).await.map(drop);

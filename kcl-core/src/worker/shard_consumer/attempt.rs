@@ -10,7 +10,7 @@ use super::position::{self, Opened};
 use super::{Control, Failure, Hook, ShardContext, Stop, hook};
 use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, ErrorKind};
-use crate::lease::tenure::Tenure;
+use crate::lease::tenure::{Tenure, TenureError};
 use crate::metrics::ShardMetrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::{InitializationInput, ProcessRecordsInput, RecordProcessor};
@@ -27,6 +27,13 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     mut processor: P,
     seed: u64,
 ) -> Result<Stop, Failure> {
+    // A write of the last attempt may have applied unanswered: settle it first, or this one
+    // would start from a checkpoint the row has left behind.
+    match tenure.settle().await {
+        Ok(()) => {}
+        Err(TenureError::Store(e)) => return Err(Failure::Settle(e)),
+        Err(_) => return Ok(Stop::Lost),
+    }
     if let Some(stop) = wait_for_parents(ctx, tenure, control).await {
         return Ok(stop);
     }

@@ -224,6 +224,8 @@ enum Failure {
     Source(#[source] BackendError),
     #[error("pinning the start position in the lease failed")]
     Pin(#[source] BackendError),
+    #[error("settling a lease write whose outcome is unknown failed")]
+    Settle(#[source] BackendError),
     #[error("shard_ended returned without checkpointing SHARD_END")]
     ShardEndNotCheckpointed,
     /// Retrying cannot fix it: restarted at the backoff's pace, and reported.
@@ -238,7 +240,9 @@ impl Failure {
             Self::Processor { .. } | Self::Panic { .. } | Self::ShardEndNotCheckpointed => {
                 metrics::PROCESSOR_FAILURES
             }
-            Self::Source(_) | Self::Pin(_) | Self::Fatal(_) => metrics::READ_FAILURES,
+            Self::Source(_) | Self::Pin(_) | Self::Settle(_) | Self::Fatal(_) => {
+                metrics::READ_FAILURES
+            }
         }
     }
 }
