@@ -69,3 +69,17 @@ pub fn set(name: &str) -> bool {
 pub fn set(_: &str) -> bool {
     false
 }
+
+/// Prints "<mutation> <unit test>" for each deliberate bug a unit test catches.
+#[cfg(feature = "mutation-testing")]
+pub fn print_unit_tests() {
+    for m in kcl_core::mutation::Mutation::ALL {
+        if let Some(test) = m.unit_test() {
+            println!("{m:?} {test}");
+        }
+    }
+}
+
+/// Without the deliberate bugs compiled in there are none.
+#[cfg(not(feature = "mutation-testing"))]
+pub fn print_unit_tests() {}
