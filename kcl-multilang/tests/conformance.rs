@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chrono::{TimeZone, Utc};
@@ -59,12 +59,45 @@ fn scripted(mode: &str, timeout: Option<Duration>) -> (ChildProcessor, Scripted)
 }
 
 impl Scripted {
+    /// The lines the daemon wrote to the child.
     fn received(&self) -> Vec<String> {
+        self.lines(false)
+    }
+
+    /// What the child noted about itself (`# …`).
+    fn notes(&self) -> Vec<String> {
+        self.lines(true)
+    }
+
+    fn lines(&self, notes: bool) -> Vec<String> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
+            .filter(|l| l.starts_with('#') == notes)
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The pid a note starting with `prefix` ends with.
+    fn pid_noted(&self, prefix: &str) -> u32 {
+        let notes = self.notes();
+        notes
+            .iter()
+            .find_map(|n| n.strip_prefix(prefix)?.parse().ok())
+            .unwrap_or_else(|| panic!("no `{prefix}` note: {notes:?}"))
+    }
+
+    /// The grandchild's pid and the child's process group.
+    fn grandchild(&self) -> (u32, u32) {
+        let notes = self.notes();
+        notes
+            .iter()
+            .find_map(|n| {
+                let rest = n.strip_prefix("# grandchild ")?;
+                let words: Vec<&str> = rest.split(' ').collect();
+                Some((words.first()?.parse().ok()?, words.last()?.parse().ok()?))
+            })
+            .unwrap_or_else(|| panic!("no grandchild noted: {notes:?}"))
     }
 }
 
@@ -216,6 +249,243 @@ async fn a_child_that_cannot_start_fails_initialize() {
             .contains("cannot start `/nonexistent/kcl-multilang-child`"),
         "{error}"
     );
+}
+
+#[tokio::test]
+async fn a_2_mib_line_on_stdout_is_skipped_and_the_batch_carries_on() {
+    let store = MemoryLeaseStore::new();
+    let mut h = harness(&store).await;
+    let (mut processor, _child) = scripted("long-stdout", Some(Duration::from_secs(10)));
+    h.initialize(&mut processor).await.unwrap();
+    h.process(&mut processor, vec![record(7, 0, "k", b"x")])
+        .await
+        .unwrap();
+    assert_eq!(
+        h.checkpoint().await.unwrap(),
+        Checkpoint::Sequence(ExtendedSequenceNumber {
+            sequence: SequenceNumber::from(7u128),
+            sub_sequence: 0,
+        })
+    );
+    // And the next batch too: the pipe is still read.
+    h.process(&mut processor, vec![record(8, 0, "k", b"y")])
+        .await
+        .unwrap();
+    h.shutdown_requested(&mut processor).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_2_mib_line_on_stderr_is_skipped_and_stderr_stays_open() {
+    let store = MemoryLeaseStore::new();
+    let mut h = harness(&store).await;
+    let (mut processor, child) = scripted("long-stderr", Some(Duration::from_secs(10)));
+    h.initialize(&mut processor).await.unwrap();
+    for sequence in [7, 8] {
+        h.process(&mut processor, vec![record(sequence, 0, "k", b"x")])
+            .await
+            .unwrap();
+    }
+    let notes = child.notes();
+    assert_eq!(
+        notes.iter().filter(|n| *n == "# stderr still open").count(),
+        2,
+        "{notes:?}"
+    );
+    h.shutdown_requested(&mut processor).await.unwrap();
+}
+
+/// A batch far larger than a pipe holds (64 KiB): its write blocks on a child that reads
+/// nothing.
+fn big_batch() -> Vec<Record> {
+    static DATA: [u8; 64 * 1024] = [b'd'; 64 * 1024];
+    (1..=16).map(|i| record(i, 0, "k", &DATA)).collect()
+}
+
+#[tokio::test]
+async fn a_child_that_stops_reading_its_stdin_fails_the_hook_within_timeout_in_seconds() {
+    let store = MemoryLeaseStore::new();
+    let mut h = harness(&store).await;
+    let (mut processor, child) = scripted("deaf", Some(Duration::from_secs(1)));
+    h.initialize(&mut processor).await.unwrap();
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        h.process(&mut processor, big_batch()),
+    )
+    .await;
+    let took = started.elapsed();
+    let error = result
+        .expect("still writing the batch to a child that reads nothing after 10 s")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("`processRecords` within 1s (timeoutInSeconds)"),
+        "{error}"
+    );
+    assert!(took < Duration::from_secs(3), "failed after {took:?}");
+    assert_eq!(h.checkpoint().await.unwrap(), Checkpoint::TrimHorizon);
+
+    // The child is in the middle of a message: lease_lost kills it at once.
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), h.lease_lost(&mut processor))
+        .await
+        .expect("lease_lost still waiting after 10 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let pid = child.pid_noted("# deaf ");
+    assert_eq!(
+        group(pid),
+        Group::default(),
+        "what is left of the child's group"
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_never_answers_lease_lost_is_killed_within_the_bound() {
+    // timeoutInSeconds, or 10 s without it: kcl puts no deadline on lease_lost.
+    for (timeout, bound) in [
+        (Some(Duration::from_secs(1)), Duration::from_secs(1)),
+        (None, Duration::from_secs(10)),
+    ] {
+        let store = MemoryLeaseStore::new();
+        let mut h = harness(&store).await;
+        let (mut processor, child) = scripted("lost-hang", timeout);
+        h.initialize(&mut processor).await.unwrap();
+        h.process(&mut processor, vec![record(7, 0, "k", b"x")])
+            .await
+            .unwrap();
+        let started = Instant::now();
+        tokio::time::timeout(bound * 3, h.lease_lost(&mut processor))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{timeout:?}: lease_lost still waiting after {:?}",
+                    bound * 3
+                )
+            });
+        let took = started.elapsed();
+        assert!(
+            took >= bound && took < bound + Duration::from_secs(2),
+            "{timeout:?}: lease_lost took {took:?}"
+        );
+        let pid = child.pid_noted("# lost-hang ");
+        assert_eq!(
+            group(pid),
+            Group::default(),
+            "{timeout:?}: left of the child's group"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_childs_grandchild_is_killed_and_reaped_with_it() {
+    // Where a container's PID 1 is the daemon (no init), the orphans of its children are
+    // its own: this test process is made the same (a subreaper) so that an orphan comes here,
+    // not to this machine's PID 1.
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+
+    // A child that ends as asked, its grandchild still running and holding its pipes.
+    let store = MemoryLeaseStore::new();
+    let mut h = harness(&store).await;
+    let (mut processor, child) = scripted("grandchild", Some(Duration::from_secs(30)));
+    h.initialize(&mut processor).await.unwrap();
+    h.process(&mut processor, vec![record(7, 0, "k", b"x")])
+        .await
+        .unwrap();
+    let (grandchild, pgid) = child.grandchild();
+    assert_eq!(
+        group(pgid).alive.len(),
+        2,
+        "the child and its grandchild run"
+    );
+    let started = Instant::now();
+    h.shutdown_requested(&mut processor).await.unwrap();
+    let took = started.elapsed();
+    let left = group(pgid);
+    cleanup(pgid);
+    assert_eq!(
+        left,
+        Group::default(),
+        "grandchild {grandchild}: left of the group"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "the child's end took {took:?}"
+    );
+
+    // A processor dropped, as the worker drops it after a failed hook, kills the group too.
+    let store = MemoryLeaseStore::new();
+    let mut h = harness(&store).await;
+    let (mut processor, child) = scripted("grandchild", Some(Duration::from_secs(30)));
+    h.initialize(&mut processor).await.unwrap();
+    let (grandchild, pgid) = child.grandchild();
+    drop(processor);
+    let mut left = group(pgid);
+    for _ in 0..50 {
+        if left == Group::default() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = group(pgid);
+    }
+    cleanup(pgid);
+    assert_eq!(
+        left,
+        Group::default(),
+        "grandchild {grandchild}: left of the group"
+    );
+}
+
+/// The processes of a process group, alive or zombies (exited, not reaped).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Group {
+    alive: Vec<u32>,
+    zombies: Vec<u32>,
+}
+
+/// What `/proc` lists in process group `pgid`.
+fn group(pgid: u32) -> Group {
+    let mut found = Group::default();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp …`, comm in parentheses and possibly with spaces.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|g| g.parse::<u32>().ok()) != Some(pgid) {
+            continue;
+        }
+        if fields.first() == Some(&"Z") {
+            found.zombies.push(pid);
+        } else {
+            found.alive.push(pid);
+        }
+    }
+    found
+}
+
+/// Kills what is left of a group and reaps what is this process's to reap, so that a failing
+/// test leaves nothing behind.
+fn cleanup(pgid: u32) {
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    use nix::unistd::Pid;
+    let group = Pid::from_raw(i32::try_from(pgid).unwrap());
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+    std::thread::sleep(Duration::from_millis(100));
+    while let Ok(status) = waitpid(Pid::from_raw(-group.as_raw()), Some(WaitPidFlag::WNOHANG)) {
+        if status == nix::sys::wait::WaitStatus::StillAlive {
+            break;
+        }
+    }
 }
 
 /// What KCL Java 3.1.3's MultiLangDaemon wrote to a child (amazon_kclpy 3.x) over a stream

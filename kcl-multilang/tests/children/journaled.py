@@ -2,12 +2,18 @@
 (one JSON object a line: call, shardId, pid, ppid, t in epoch seconds, sequenceNumber; also
 kcl-bench's child under both daemons), checkpoints each batch's last
 record, and fails once on the shards $KCL_FAIL names (`<shard>=<how>,…`; how: `crash` exits
-in the middle of a batch, `hang` never answers it, `wrong` answers another action). Whether
-a shard has failed already is a file in $KCL_FAIL_DIR, so its next child works."""
+in the middle of a batch, `hang` never answers it, `wrong` answers another action,
+`stdout-line` / `stderr-line` print a 2 MiB line on stdout / stderr in a batch and carry on,
+`deaf` stops reading its stdin once initialized, `grandchild` starts a `sleep` that shares its
+pipes and outlives it, `lost-hang` never answers leaseLost). Whether a shard has failed
+already is a file in $KCL_FAIL_DIR, so its next child works."""
 import json
 import os
+import subprocess
 import sys
 import time
+
+LONG = 2 << 20
 
 journal = os.environ["KCL_OUT"]
 plan = dict(p.split("=", 1) for p in os.environ.get("KCL_FAIL", "").split(",") if p)
@@ -51,12 +57,30 @@ for line in sys.stdin:
     action = message["action"]
     if action == "initialize":
         shard = message["shardId"]
-        note("initialize")
+        note("initialize", pgid=os.getpgrp())
+        if plan.get(shard) in ("deaf", "grandchild"):
+            how = fail_once()
+            if how == "grandchild":
+                sleeper = subprocess.Popen(["sleep", "3600"])
+                note("grandchild", grandchild=sleeper.pid)
+            if how == "deaf":
+                send({"action": "status", "responseFor": action})
+                note("deaf")
+                time.sleep(3600)
     elif action == "processRecords":
         records = message["records"]
         for record in records:
             note("record", sequenceNumber=record["sequenceNumber"])
-        how = fail_once()
+        how = fail_once() if plan.get(shard) not in ("deaf", "grandchild", "lost-hang") else None
+        if how == "stdout-line":
+            sys.stdout.write("x" * LONG + "\n")
+            sys.stdout.flush()
+            note("stdout-line")
+        if how == "stderr-line":
+            sys.stderr.write("y" * LONG + "\n")
+            sys.stderr.write("after the long line\n")
+            sys.stderr.flush()
+            note("stderr-line")
         if how == "crash":
             sys.exit(3)
         if how == "hang":
@@ -70,4 +94,6 @@ for line in sys.stdin:
         note(action)
         if action in ("shardEnded", "shutdownRequested"):
             checkpoint(None)
+        if action == "leaseLost" and plan.get(shard) == "lost-hang" and fail_once():
+            time.sleep(3600)
     send({"action": "status", "responseFor": action})

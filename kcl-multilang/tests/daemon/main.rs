@@ -213,6 +213,11 @@ struct Entry {
     shard_id: Option<String>,
     pid: u32,
     sequence_number: Option<String>,
+    /// When, in epoch seconds.
+    #[serde(default)]
+    t: f64,
+    /// The child's process group (`initialize`, `journaled.py` only).
+    pgid: Option<u32>,
 }
 
 /// Sequence numbers in stream order (decimal strings longer than a u128 holds).
