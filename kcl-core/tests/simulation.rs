@@ -13,7 +13,12 @@
 //! Every worker is also a candidate for a singleton task that is slow to stop.
 //!
 //! `cargo test -p kcl-core --test simulation` runs 200 seeds; `SIM_SEEDS=N` runs N;
-//! `SIM_SEED=S` replays one seed with the same schedule.
+//! `SIM_SEED=S` replays one seed with the same schedule. A seed's run depends on the seed
+//! alone (tokio's own random choices are seeded from it: see `run_seed`), not on the seeds
+//! run beside it or when: `SIM_REPLAY=K` (or `all`) then replays K of the seeds just run,
+//! each alone in a fresh process, and fails if any run differs from its first in what it did
+//! (its `Fingerprint`: its writes and deliveries, when, and its verdict). `SIM_FINGERPRINTS=1`
+//! prints each seed's; `SIM_TRACE=DIR` writes what each digests, to diff two runs of a seed.
 #![allow(
     missing_docs,
     unreachable_pub,
@@ -28,16 +33,60 @@ mod sim;
 
 use sim::checks::INVARIANTS;
 use sim::processor::INJECTED_PANIC;
-use sim::scenario::{Outcome, Stats, simulate};
+use sim::scenario::{Fingerprint, Outcome, Stats, simulate};
 
+/// One seed on a runtime of its own, whose every choice follows from the seed.
 fn run_seed(seed: u64) -> Outcome {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    runtime.block_on(simulate(seed))
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // tokio draws on a generator of its own to place a watch channel's waiting receivers
+    // (which decides the order in which they wake) and to start unbiased `select!`s; unseeded,
+    // it is seeded from the OS. See .cargo/config.toml.
+    // `SIM_SCHEDULE=V` (not 0) draws other such choices for the same seed: a way to look for
+    // a failure that depends on the order tasks wake in.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&match schedule() {
+        0 => seed.to_le_bytes().to_vec(),
+        v => [seed.to_le_bytes(), v.to_le_bytes()].concat(),
+    }));
+    let runtime = builder.build().expect("runtime");
+    runtime.block_on(async {
+        BEGAN.set(Some(tokio::time::Instant::now()));
+        simulate(seed).await
+    })
 }
+
+thread_local! {
+    /// When the seed this thread runs began, on its runtime's clock.
+    static BEGAN: std::cell::Cell<Option<tokio::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Stamps `SIM_LOG` lines with the simulated time since the seed began.
+struct SimulatedTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match BEGAN.get() {
+            Some(began) => write!(
+                w,
+                "{:>9.3}s",
+                (tokio::time::Instant::now() - began).as_secs_f64()
+            ),
+            None => write!(w, "{:>10}", "-"),
+        }
+    }
+}
+
+/// `SIM_SCHEDULE`, 0 if unset.
+fn schedule() -> u64 {
+    std::env::var("SIM_SCHEDULE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether tokio's generator is seeded (built with `--cfg tokio_unstable`).
+const SEEDED: bool = cfg!(tokio_unstable);
 
 fn main() {
     let default_hook = std::panic::take_hook();
@@ -52,8 +101,10 @@ fn main() {
     }));
 
     if std::env::var_os("SIM_LOG").is_some() {
-        // Replaying one seed with SIM_LOG=debug (an EnvFilter) shows what the workers did.
+        // Replaying one seed with SIM_LOG=debug (an EnvFilter) shows what the workers did, and
+        // when in the seed's time.
         tracing_subscriber::fmt()
+            .with_timer(SimulatedTime)
             .with_env_filter(tracing_subscriber::EnvFilter::from_env("SIM_LOG"))
             .with_writer(std::io::stderr)
             .init();
@@ -74,7 +125,17 @@ fn main() {
         (None, n) => (0..n.unwrap_or(200)).collect(),
     };
     let results = run_seeds(&seeds);
-    if report(&results) > 0 {
+    if std::env::var_os("SIM_FINGERPRINTS").is_some() {
+        for (seed, outcome) in &results {
+            println!("seed {seed}: {}", outcome.fingerprint);
+        }
+    }
+    let violations = report(&results);
+    let differ = match std::env::var("SIM_REPLAY") {
+        Ok(sample) => replay(&results, &sample),
+        Err(_) => 0,
+    };
+    if violations > 0 || differ > 0 {
         std::process::exit(1);
     }
 }
@@ -114,6 +175,101 @@ fn guarded(seed: u64) -> Outcome {
             .unwrap_or_default();
         Outcome::failed(format!("panic: the run panicked: {message}"))
     })
+}
+
+/// Replays `sample` (a number, or `all`) of the seeds in `results`, each alone in a fresh
+/// process of this binary (its own statics, clock base and hash keys), and compares each
+/// run's fingerprint with the one it had among the others. Seeds that failed come first,
+/// then seeds spread evenly over the run. Returns how many differ.
+fn replay(results: &[(u64, Outcome)], sample: &str) -> usize {
+    let started = std::time::Instant::now();
+    let wanted = if sample == "all" {
+        results.len()
+    } else {
+        sample.parse().unwrap_or_else(|_| {
+            eprintln!("SIM_REPLAY={sample}: a number of seeds, or `all`");
+            std::process::exit(2);
+        })
+    };
+    if !SEEDED {
+        eprintln!(
+            "replay: built without `--cfg tokio_unstable` (is RUSTFLAGS set? it replaces \
+             .cargo/config.toml's flags): tokio's random choices are not seeded, and seeds \
+             do not replay"
+        );
+        return wanted.max(1);
+    }
+    let failed = results.iter().filter(|(_, o)| !o.violations.is_empty());
+    let stride = results.len().div_ceil(wanted.max(1)).max(1);
+    let spread = results.iter().step_by(stride);
+    let mut chosen: Vec<(u64, Fingerprint)> = Vec::new();
+    for (seed, outcome) in failed.chain(spread) {
+        if chosen.len() < wanted && !chosen.iter().any(|(s, _)| s == seed) {
+            chosen.push((*seed, outcome.fingerprint));
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(chosen.len().max(1));
+    let differences: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let chunk: Vec<(u64, Fingerprint)> =
+                    chosen.iter().copied().skip(t).step_by(threads).collect();
+                scope.spawn(move || {
+                    chunk
+                        .into_iter()
+                        .filter_map(|(seed, first)| {
+                            let again = alone(seed);
+                            let first = first.to_string();
+                            (again.as_deref() != Ok(first.as_str())).then(|| {
+                                format!(
+                                    "seed {seed}:\n  among the others: {first}\n  alone:            {}\n  diff the two: SIM_TRACE=DIR on each run, SIM_FINGERPRINTS=1",
+                                    again.unwrap_or_else(|e| e)
+                                )
+                            })
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("replay thread"))
+            .collect()
+    });
+    for d in &differences {
+        eprintln!("replay: {d}");
+    }
+    println!(
+        "replay: {} of {} seeds each replayed alone in a fresh process: {} the same, {} different ({:.1} s)",
+        chosen.len(),
+        results.len(),
+        chosen.len() - differences.len(),
+        differences.len(),
+        started.elapsed().as_secs_f64()
+    );
+    differences.len()
+}
+
+/// Runs `seed` alone in a fresh process of this binary; its fingerprint, or what went wrong.
+fn alone(seed: u64) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("no executable: {e}"))?;
+    let output = std::process::Command::new(exe)
+        .env("SIM_SEED", seed.to_string())
+        .env("SIM_FINGERPRINTS", "1")
+        .env_remove("SIM_SEEDS")
+        .env_remove("SIM_REPLAY")
+        .env_remove("SIM_TRACE")
+        .env_remove("SIM_LOG")
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("did not start: {e}"))?;
+    let prefix = format!("seed {seed}: ");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+        .ok_or_else(|| format!("no fingerprint ({})", output.status))
 }
 
 /// Prints every violation and the summary line; returns the number of violations.

@@ -328,9 +328,12 @@ impl<L: LeaseStore> Singleton<L> {
                 }
                 Err(e) => return Err(Error::Store(e)),
             }
+            // A candidate asked to poll faster (a worker's leader candidate, once the worker
+            // stands by) should not sleep out the slow interval here either.
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
+                () = self.poll_changed.notified() => {}
                 () = sleep(self.poll_interval()) => {}
             }
         }
@@ -401,5 +404,7 @@ impl<L: LeaseStore> Singleton<L> {
     }
 }
 
+#[cfg(all(test, feature = "test-util"))]
+mod poll_tests;
 #[cfg(all(test, feature = "test-util"))]
 mod tests;

@@ -51,6 +51,38 @@ pub struct Outcome {
     /// Taker cycles after the drain until balance held twice in a row.
     pub balance_cycles: u32,
     pub stats: Stats,
+    /// What the run did, to compare replays of the seed (see [`Fingerprint`]).
+    pub fingerprint: Fingerprint,
+}
+
+/// A digest of what a run did: its store writes and deliveries in the order they happened,
+/// each with its time since the run began, its verdict and its counts. Two runs of one seed
+/// must have the same. The event numbers (`seq`) only order events, and are left out: seeds
+/// running side by side draw them from one counter.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub store_events: usize,
+    pub deliveries: usize,
+    pub handler_runs: usize,
+    pub balance_cycles: u32,
+    pub violations: usize,
+    /// Of the store's journal, the deliveries, the violations and the counts.
+    pub digest: u64,
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} store events, {} deliveries, {} handler runs, {} taker cycles, {} violations, digest {:016x}",
+            self.store_events,
+            self.deliveries,
+            self.handler_runs,
+            self.balance_cycles,
+            self.violations,
+            self.digest
+        )
+    }
 }
 
 /// What a run went through, to show the faults and cases really happened.
@@ -126,6 +158,7 @@ impl Outcome {
             records: 0,
             balance_cycles: 0,
             stats: Stats::default(),
+            fingerprint: Fingerprint::default(),
         }
     }
 }
@@ -181,6 +214,7 @@ impl std::ops::AddAssign for Stats {
 const PLANNED_EVERY: u64 = 5;
 
 pub async fn simulate(seed: u64) -> Outcome {
+    let began = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let planned = seed.is_multiple_of(PLANNED_EVERY);
     // Odd seeds run under a leader, even ones with every worker coordinating for itself.
@@ -378,11 +412,74 @@ pub async fn simulate(seed: u64) -> Outcome {
         (planned, quiet),
         &mut stats,
     ));
+    let records = records.values().map(Vec::len).sum();
+    let fingerprint = fingerprint(seed, &fleet, began, &violations, records, balance_cycles);
     Outcome {
         violations,
-        records: records.values().map(Vec::len).sum(),
+        records,
         balance_cycles,
         stats,
+        fingerprint,
+    }
+}
+
+/// The run's [`Fingerprint`]; with `SIM_TRACE=DIR`, also what it digests, as
+/// `DIR/seed-N.trace` (to diff two runs of a seed).
+fn fingerprint(
+    seed: u64,
+    fleet: &Fleet,
+    began: Instant,
+    violations: &[String],
+    records: usize,
+    balance_cycles: u32,
+) -> Fingerprint {
+    use std::fmt::Write;
+    let store = fleet.store.journal();
+    let journal = fleet.log.lock();
+    let mut trace = String::new();
+    for e in &store {
+        let _ = writeln!(
+            trace,
+            "{:?} {:?} store {} {} reported {} {:?}",
+            e.started - began,
+            e.at - began,
+            e.client,
+            e.operation,
+            e.reported,
+            e.lease
+        );
+    }
+    for d in &journal.deliveries {
+        let _ = writeln!(
+            trace,
+            "{:?} delivery {} #{} {} {:?} keyed {}",
+            d.at - began,
+            d.worker,
+            d.instance,
+            d.shard,
+            d.position,
+            d.keyed
+        );
+    }
+    for v in violations {
+        let _ = writeln!(trace, "violation {v}");
+    }
+    let _ = writeln!(
+        trace,
+        "{records} records, {balance_cycles} taker cycles, {} handler runs",
+        journal.runs.len()
+    );
+    if let Some(dir) = std::env::var_os("SIM_TRACE") {
+        let path = std::path::Path::new(&dir).join(format!("seed-{seed}.trace"));
+        std::fs::write(&path, &trace).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    Fingerprint {
+        store_events: store.len(),
+        deliveries: journal.deliveries.len(),
+        handler_runs: journal.runs.len(),
+        balance_cycles,
+        violations: violations.len(),
+        digest: super::hash(&trace),
     }
 }
 
