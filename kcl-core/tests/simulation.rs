@@ -373,3 +373,20 @@ fn report(results: &[(u64, Outcome)]) -> usize {
     );
     violations
 }
+    let problem_violations = results
+        .iter()
+        .flat_map(|(_, o)| &o.violations)
+        .filter(|v| {
+            ["stall-reported:", "no-false-stall:", "unowned:"]
+                .iter()
+                .any(|p| v.starts_with(p))
+        })
+        .count();
+    println!(
+        "problems simulation: {} stalled reports ({} stretches of records waiting on a still checkpoint judged), {} failing reports; max_leases capped in {} seeds, {} unowned reports; {problem_violations} violations of [stall-reported, no-false-stall, unowned]",
+        stats.stalled_reports,
+        stats.stall_windows,
+        stats.failing_reports,
+        stats.capped,
+        stats.unowned_reports,
+    );

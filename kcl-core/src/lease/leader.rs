@@ -382,6 +382,49 @@ mod tests {
         moves.record(&ShardId::from("s0"), &a, &leases[0], now);
         moves.record(&ShardId::from("s1"), &a, &leases[1], now);
         moves.record(&ShardId::from("s2"), &b, &leases[2], now);
+    /// The view shows the assignment done (the row names the target) before it shows the
+    /// target giving the lease back: still a refusal, and a lease every worker refused is
+    /// unplaced rather than written to them again and again.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_seen_after_the_assignment_is_remembered() {
+        use crate::types::Checkpoint;
+        let (me, b) = (w("leader"), w("b"));
+        let before = Lease::new(ShardId::from("s0"), Checkpoint::TrimHorizon);
+        let mut moves = Moves::default();
+        let now = Instant::now();
+        let within = Duration::from_secs(10);
+        moves.record(&before.key, &b, &before, now);
+        let assigned = Lease {
+            owner: Some(b.clone()),
+            counter: 1,
+            ..before.clone()
+        };
+        let mut seen = vec![lease("s0", Holder::Other(b.clone()))];
+        moves.overlay(std::slice::from_ref(&assigned), &mut seen, now, within);
+        let refused = Lease {
+            owner: None,
+            counter: 2,
+            handoff_to: Some(b.clone()),
+            ..before.clone()
+        };
+        let mut seen = vec![
+            lease("s0", Holder::Released),
+            lease("s1", Holder::Other(b.clone())),
+        ];
+        moves.overlay(std::slice::from_ref(&refused), &mut seen, now, within);
+        assert!(moves.refused(&refused.key, &b), "b refused s0");
+        let full = Limits {
+            max_leases: 0,
+            ..LIMITS
+        };
+        let plan = assign_within(&me, &seen, full, |_| true, |k, w| moves.refused(k, w));
+        assert_eq!(plan.unplaced, [ShardId::from("s0")], "{plan:?}");
+        // Remembered for a while, not for ever (the row unchanged meanwhile).
+        let later = now + within * REFUSALS_KEPT_FOR;
+        moves.overlay(std::slice::from_ref(&refused), &mut seen, later, within);
+        assert!(!moves.refused(&refused.key, &b));
+    }
+
         let fresh = || {
             vec![
                 lease("s0", Holder::Adoptable),

@@ -186,6 +186,7 @@ impl Fleet {
             .expect("valid config");
         let (singleton, singleton_stop) = self.compete_for_singleton(id);
         let (periodic, periodic_stop) = self.run_periodic(id);
+        super::problems::sample(id, worker.status(), self.log.clone());
         let member = Member {
             shutdown: worker.shutdown_handle(),
             status: worker.status(),

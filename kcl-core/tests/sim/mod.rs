@@ -1,9 +1,10 @@
 //! Pieces of the fleet simulation.
 pub mod checks;
 pub mod fleet;
-pub mod hands_off;
 pub mod handler;
+pub mod hands_off;
 pub mod mutations;
+pub mod problems;
 pub mod processor;
 pub mod scenario;
 pub mod schedule;

@@ -15,8 +15,8 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::hands_off::HandsOff;
 use super::handler::{AnyProcessor, SimHandler, parallel};
+use super::hands_off::HandsOff;
 
 /// One record handed to a processor.
 #[derive(Debug, Clone)]
@@ -121,6 +121,8 @@ pub struct Journal {
     /// Checkpoints past the last delivered record tried.
     pub beyond_tried: usize,
     pub instances: BTreeMap<u64, Instance>,
+    /// What the workers reported (`Status::problems`), and the fleet's room for leases.
+    pub problems: super::problems::Sampled,
 }
 
 /// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.

@@ -43,6 +43,7 @@ pub fn config() -> WorkerConfig {
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
         .call_timeout(Duration::from_secs(2))
+        .stalled_after(super::problems::STALLED_AFTER)
 }
 
 pub struct Outcome {
@@ -131,6 +132,15 @@ pub struct Stats {
     pub planned: usize,
     pub crashes: usize,
     pub freezes: usize,
+    /// Seeds whose workers' `max_leases` is capped, and the problems reported (each report
+    /// counted once, from when it appeared until it was gone), by kind.
+    pub capped: usize,
+    pub stalled_reports: usize,
+    /// Stretches where records waited on a still checkpoint long enough that the holder had
+    /// to report the shard stalled (each judged by `stall-reported`).
+    pub stall_windows: usize,
+    pub failing_reports: usize,
+    pub unowned_reports: usize,
     pub joins: usize,
     pub leaves: usize,
     pub store_faults: usize,
@@ -192,6 +202,11 @@ impl std::ops::AddAssign for Stats {
         self.planned += o.planned;
         self.crashes += o.crashes;
         self.freezes += o.freezes;
+        self.capped += o.capped;
+        self.stalled_reports += o.stalled_reports;
+        self.stall_windows += o.stall_windows;
+        self.failing_reports += o.failing_reports;
+        self.unowned_reports += o.unowned_reports;
         self.joins += o.joins;
         self.leaves += o.leaves;
         self.store_faults += o.store_faults;
@@ -332,9 +347,13 @@ pub async fn simulate(seed: u64) -> Outcome {
         store.set_feed(feed);
         store.set_index_lag(Duration::from_millis(lags.random_range(0..=3_000)));
     }
+    // A quarter of the seeds cap `max_leases` (drawn apart: see `problems::cap`).
+    let cap = super::problems::cap(seed);
+    stats.capped = usize::from(cap.is_some());
     let mut fleet = Fleet {
         seed,
         config: config()
+            .max_leases(cap.unwrap_or(config().max_leases))
             .initial_position(position)
             .coordination(coordination)
             .liveness(liveness)
@@ -398,6 +417,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     producing.cancel();
     let _ = producer.await;
     let _ = sender.await;
+    if let Some(cap) = cap {
+        super::problems::make_room(&mut fleet, cap).await;
+    }
     let records = fleet.keys.keyed(records(&stream));
     drain(&fleet, &records, &start).await;
     let (balance_cycles, unbalanced) = balance(&fleet).await;
@@ -538,6 +560,13 @@ fn judge(
     stats.handler_runs = journal.runs.len();
     stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
     stats.beyond_tried = journal.beyond_tried;
+    let reports = |kind| {
+        let reports = journal.problems.reports.iter();
+        reports.filter(|r| r.kind == kind).count()
+    };
+    stats.stalled_reports = reports(kcl_core::ProblemKind::Stalled);
+    stats.failing_reports = reports(kcl_core::ProblemKind::Failing);
+    stats.unowned_reports = reports(kcl_core::ProblemKind::Unowned);
     let openings = openings(fleet, records, start);
     if start.position == InitialPosition::Latest {
         stats.never_opened = start
@@ -581,7 +610,7 @@ fn judge(
         .iter()
         .map(|s| fleet.keys.shard(s))
         .collect();
-    checks::check(&Evidence {
+    let evidence = Evidence {
         journal: &journal,
         store: &store_events,
         shards: &shards,
@@ -593,6 +622,9 @@ fn judge(
         validity: failover - failover / 10,
         planned,
         parallel: fleet.parallel.is_some(),
+        stalled_after: super::problems::STALLED_AFTER,
+        max_leases: (fleet.config.max_leases != config().max_leases)
+            .then_some(fleet.config.max_leases),
         quiet,
         // The holder and every standby may be gone when the faults stop: a slow candidate
         // then takes the last standby row within 4 failover times (two of its polls), and
@@ -615,7 +647,9 @@ fn judge(
         standby_row: (fleet.standbys > 0)
             .then(|| ShardId::new(format!("{COORDINATION_PREFIX}sim/standby"))),
         poll: config().taker_interval,
-    })
+    };
+    stats.stall_windows = checks::stalls(&evidence).len();
+    checks::check(&evidence)
 }
 
 /// Writes the stream's past, sometimes resharding it, and chooses where the fleet starts.

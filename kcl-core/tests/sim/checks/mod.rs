@@ -2,9 +2,11 @@
 
 mod leases;
 mod parallel;
+mod problems;
 mod records;
 mod singletons;
 
+pub use problems::stalls;
 pub use records::{Openings, undelivered};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +41,9 @@ pub const INVARIANTS: &[&str] = &[
     "held-bound",
     "start-order",
     "standby-takeover",
+    "stall-reported",
+    "no-false-stall",
+    "unowned",
 ];
 
 /// How the fleet started reading.
@@ -75,6 +80,10 @@ pub struct Evidence<'a> {
     pub planned: bool,
     /// The fleet processed with `Parallel` (or acknowledged later from tasks of its own).
     pub parallel: bool,
+    /// The workers' `stalled_after`.
+    pub stalled_after: Duration,
+    /// The workers' `max_leases`, where capped.
+    pub max_leases: Option<usize>,
     /// How many user records a processor instance may hold from its oldest unfinished one on
     /// before reading pauses.
     pub max_unacknowledged: usize,
@@ -133,5 +142,8 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         parallel::held_bound(e, &mut v);
         parallel::start_order(e, &mut v);
     }
+    problems::stall_reported(e, &mut v);
+    problems::no_false_stall(e, &mut v);
+    problems::unowned(e, &mut v);
     v
 }
