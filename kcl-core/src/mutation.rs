@@ -75,6 +75,21 @@ pub enum Mutation {
     /// A restarted processor reads the lease as its tenure last knew it, even after a write
     /// whose outcome is unknown.
     UncertainWriteIgnored,
+    /// A shard's stall age starts again at every batch handed over, not when records begin
+    /// to wait.
+    StallAgeFromLastDelivery,
+    /// A shard's stall age is not reset by its checkpoint moving, only by the checkpoint
+    /// covering everything delivered.
+    StallAgeIgnoresMoves,
+    /// Shards are reported stalled (or failing) whether or not their lease is still valid.
+    StalledPastValidity,
+    /// No worker reports a lease unowned (nobody with room for it).
+    UnownedNeverReported,
+    /// The leader sees a refusal only while its move to the refusing worker is under way.
+    RefusalSeenOnlyWhileMoving,
+    /// A leader's read from before it took a lease hands it to the worker named in a
+    /// refusal, as if asked to.
+    RefusalTakenForRequest,
 }
 
 impl Mutation {
@@ -110,6 +125,12 @@ impl Mutation {
         Self::ResetFinished,
         Self::SightingTrustedHoweverOld,
         Self::UncertainWriteIgnored,
+        Self::StallAgeFromLastDelivery,
+        Self::StallAgeIgnoresMoves,
+        Self::StalledPastValidity,
+        Self::UnownedNeverReported,
+        Self::RefusalSeenOnlyWhileMoving,
+        Self::RefusalTakenForRequest,
     ];
 }
 

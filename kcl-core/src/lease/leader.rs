@@ -37,6 +37,7 @@ use super::Lease;
 /// [`Moves::overlay`]).
 const REFUSALS_KEPT_FOR: u32 = 30;
 use super::taker::{self, Candidate, Holder, Limits};
+use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
 /// What the leader does this round.
@@ -238,13 +239,19 @@ fn balance<'a>(
 /// A worker given a lease while at its `max_leases` gives it back with its own name in the
 /// row's `handoffTo` (a refusal; see `led::adopt`). The leader then does not write that lease
 /// to that worker again for a while ([`refused`](Self::refused)): writing it again would be
-/// refused again, and a lease only such workers could take is reported as unplaced.
+/// refused again, and a lease only such workers could take is reported as unplaced. A
+/// refusal is read from the row itself (unowned, naming the worker in `handoffTo`), whether
+/// or not the view showed the assignment done first: it usually does, the refusal coming a
+/// cycle of the worker's later.
 #[derive(Debug, Default)]
 pub(crate) struct Moves {
     /// Target, when, and the row's counter as the leader saw it when it made the move.
     pending: BTreeMap<ShardId, (WorkerId, Instant, u64)>,
     /// Leases given back for want of room, by whom, and when the leader saw it.
     refusals: BTreeMap<(ShardId, WorkerId), Instant>,
+    /// The row's counter at each refusal seen, so that a row still showing one is not taken
+    /// for a new one once it is forgotten.
+    refusal_counters: BTreeMap<(ShardId, WorkerId), u64>,
 }
 
 impl Moves {
@@ -272,7 +279,22 @@ impl Moves {
         within: Duration,
     ) {
         let rows: BTreeMap<&ShardId, &Lease> = leases.iter().map(|l| (&l.key, l)).collect();
-        let refusals = &mut self.refusals;
+        for row in leases {
+            let Some(by) = row.handoff_to.as_ref().filter(|_| row.owner.is_none()) else {
+                continue;
+            };
+            let moving = self.pending.get(&row.key).is_some_and(|(to, ..)| to == by);
+            if !moving && mutation::on(Mutation::RefusalSeenOnlyWhileMoving) {
+                continue;
+            }
+            let refusal = (row.key.clone(), by.clone());
+            if self.refusal_counters.get(&refusal) != Some(&row.counter) {
+                self.refusal_counters.insert(refusal.clone(), row.counter);
+                self.refusals.insert(refusal, now);
+            }
+        }
+        self.refusal_counters
+            .retain(|(key, _), counter| rows.get(key).is_some_and(|r| r.counter == *counter));
         self.pending.retain(|key, (to, at, seen)| {
             let Some(row) = rows.get(key) else {
                 return false;
@@ -280,14 +302,12 @@ impl Moves {
             // Unowned and written since the move: the move is over (the target gave the
             // lease back, or went away), whatever a lagging view showed before.
             let let_go = row.owner.is_none() && row.counter > *seen;
-            if let_go && row.handoff_to.as_ref() == Some(&*to) {
-                refusals.insert((key.clone(), to.clone()), now);
-            }
             now.saturating_duration_since(*at) < within
                 && !let_go
                 && row.owner.as_ref() != Some(&*to)
         });
-        refusals.retain(|_, at| now.saturating_duration_since(*at) < within * REFUSALS_KEPT_FOR);
+        self.refusals
+            .retain(|_, at| now.saturating_duration_since(*at) < within * REFUSALS_KEPT_FOR);
         for c in candidates {
             let Some((to, _, _)) = self.pending.get(&c.key) else {
                 continue;
@@ -362,26 +382,6 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn moves_not_in_view_yet_show_as_under_way_until_done_or_old() {
-        use crate::types::Checkpoint;
-        let (me, a, b) = (w("leader"), w("a"), w("b"));
-        let row = |key: &str, owner: &WorkerId| {
-            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
-            l.owner = Some(owner.clone());
-            l
-        };
-        // s0: handed off by the leader to a; s1: asked of b for a; s2: assigned to b.
-        let leases = vec![
-            row("s0", &me),
-            row("s1", &b),
-            Lease::new(ShardId::from("s2"), Checkpoint::TrimHorizon),
-        ];
-        let mut moves = Moves::default();
-        let now = Instant::now();
-        moves.record(&ShardId::from("s0"), &a, &leases[0], now);
-        moves.record(&ShardId::from("s1"), &a, &leases[1], now);
-        moves.record(&ShardId::from("s2"), &b, &leases[2], now);
     /// The view shows the assignment done (the row names the target) before it shows the
     /// target giving the lease back: still a refusal, and a lease every worker refused is
     /// unplaced rather than written to them again and again.
@@ -425,6 +425,26 @@ mod tests {
         assert!(!moves.refused(&refused.key, &b));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn moves_not_in_view_yet_show_as_under_way_until_done_or_old() {
+        use crate::types::Checkpoint;
+        let (me, a, b) = (w("leader"), w("a"), w("b"));
+        let row = |key: &str, owner: &WorkerId| {
+            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
+            l.owner = Some(owner.clone());
+            l
+        };
+        // s0: handed off by the leader to a; s1: asked of b for a; s2: assigned to b.
+        let leases = vec![
+            row("s0", &me),
+            row("s1", &b),
+            Lease::new(ShardId::from("s2"), Checkpoint::TrimHorizon),
+        ];
+        let mut moves = Moves::default();
+        let now = Instant::now();
+        moves.record(&ShardId::from("s0"), &a, &leases[0], now);
+        moves.record(&ShardId::from("s1"), &a, &leases[1], now);
+        moves.record(&ShardId::from("s2"), &b, &leases[2], now);
         let fresh = || {
             vec![
                 lease("s0", Holder::Adoptable),

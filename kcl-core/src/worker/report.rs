@@ -9,6 +9,7 @@ use super::Worker;
 use super::cycle::Coordinator;
 use super::problems;
 use crate::lease::LeaseStore;
+use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::ShardId;
@@ -87,7 +88,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Each held shard's checkpoint age (its gauge), and the shards stalled and failing (see
-    /// `shard_consumer::progress`).
+    /// `shard_consumer::progress`). A lease whose validity ran out (the process was frozen,
+    /// or cut off from the table) is neither: another worker may hold it and move its
+    /// checkpoint, and this one's task stops as soon as it runs.
     fn progress(
         &self,
         state: &Coordinator,
@@ -98,6 +101,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             let shard = key.to_string();
             ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
                 .set(age.as_secs_f64());
+            if !held.tenure.is_valid() && !mutation::on(Mutation::StalledPastValidity) {
+                continue;
+            }
             if let Some(why) = held.control.failing() {
                 failing.insert(shard.clone(), why);
             }

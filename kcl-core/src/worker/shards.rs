@@ -16,6 +16,7 @@ use super::Worker;
 use super::shard_consumer::{self, Control, Exit, ShardContext};
 use crate::lease::Lease;
 use crate::lease::tenure::{Taken, Tenure};
+use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
@@ -152,10 +153,15 @@ impl Shards {
 
     /// Hands over held leases whose row in `leases` (this worker's read of the table) shows a
     /// handoff request to another worker than `me`: the leader and the standby see requests
-    /// in their reads, before (or, under heartbeats, instead of) their renewals.
+    /// in their reads, before (or, under heartbeats, instead of) their renewals. Only a row
+    /// that names `me` carries a request to `me`: an unowned row naming a worker in
+    /// `handoffTo` is that worker's refusal (see `follower::refuse`), which a read from before
+    /// this worker took the lease still shows.
     pub(super) fn hand_over_listed(&self, me: &WorkerId, leases: &[Lease]) {
         for lease in leases {
             if let Some(to) = lease.handoff_to.as_ref().filter(|to| *to != me)
+                && (lease.owner.as_ref() == Some(me)
+                    || mutation::on(Mutation::RefusalTakenForRequest))
                 && let Some(held) = self.held.get(&lease.key)
                 && !held.control.is_handing_off()
             {

@@ -105,7 +105,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     .get(&c.key)
                     .is_some_and(|l| observer.idle(l, now) >= long)
         });
-        let unowned = waiting.filter(|_| full).map(|c| {
+        let report = full && !mutation::on(Mutation::UnownedNeverReported);
+        let unowned = waiting.filter(|_| report).map(|c| {
             let why = "ready to be processed, but no worker took it (max_leases)";
             (c.key.to_string(), why.to_owned())
         });

@@ -50,7 +50,11 @@ impl Leading {
         };
         let (by_key, mut candidates) = worker.candidates(&state.view, &state.shards, &leases);
         let plan = self.plan(worker, state, &leases, &mut candidates);
-        let unplaced = plan.unplaced.iter().map(|key| {
+        let unplaced = plan
+            .unplaced
+            .iter()
+            .filter(|_| !mutation::on(Mutation::UnownedNeverReported));
+        let unplaced = unplaced.map(|key| {
             let why = "ready to be processed, but no worker has room for it (max_leases)";
             (key.to_string(), why.to_owned())
         });

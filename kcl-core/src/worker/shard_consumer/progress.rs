@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::mutation::{self, Mutation};
 use crate::types::{Checkpoint, ExtendedSequenceNumber};
 
 /// Attempts in a row that fail without progress before a shard is reported failing. With the
@@ -48,6 +49,9 @@ pub(crate) struct Progress {
 impl Progress {
     /// A batch of records is about to be handed over: they wait, if nothing did already.
     pub(crate) fn handing_over(&mut self) {
+        if mutation::on(Mutation::StallAgeFromLastDelivery) {
+            self.waiting_since = Some(Instant::now());
+        }
         self.waiting_since.get_or_insert_with(Instant::now);
     }
 
@@ -77,7 +81,9 @@ impl Progress {
         match &self.checkpoint {
             Some(known) if known == checkpoint => {}
             Some(_) => {
-                self.moved_at = Some(Instant::now());
+                if !mutation::on(Mutation::StallAgeIgnoresMoves) {
+                    self.moved_at = Some(Instant::now());
+                }
                 self.progressed();
             }
             None => {}
