@@ -5,14 +5,26 @@
 //! stdout until the `status` that answers it, with every `checkpoint` on the way carried out
 //! through the shard's fenced [`Checkpointer`] and answered. Strictly one message in flight.
 //!
-//! Failure of a child (it exits, closes its stdout, answers the wrong `responseFor`, does not
-//! answer within `timeoutInSeconds`) fails the hook: kcl restarts the shard from its last
-//! checkpoint with a backoff, in a new child, and the daemon's other shards carry on. The Java
-//! daemon exits the whole process instead; [`FailurePolicy::exit`] keeps that behaviour.
+//! `timeoutInSeconds` bounds each hook as a whole: writing each message (a child that stops
+//! reading its stdin blocks the write), the checkpoints the child asks for, its answers, and
+//! for a child's last message its exit. `lease_lost`, on which kcl puts no deadline, is bounded
+//! by [`LEASE_LOST_BOUND`] when `timeoutInSeconds` is not set.
 //!
-//! An exchange cut short (kcl drops a hook that runs past the lease's validity) leaves the
-//! child in the middle of a message: it is killed rather than told anything more. A child left
-//! behind any other way (the processor dropped) is killed too (`kill_on_drop`).
+//! Failure of a child (it exits, closes its stdout, answers the wrong `responseFor`, does not
+//! read or answer within `timeoutInSeconds`) fails the hook: kcl restarts the shard from its
+//! last checkpoint with a backoff, in a new child, and the daemon's other shards carry on. The
+//! Java daemon exits the whole process instead; [`FailurePolicy::exit`] keeps that behaviour.
+//!
+//! Each child leads its own process group, and goes as a group: once the child has exited,
+//! what is left of its group (a grandchild still holding its pipes) is killed, and the group
+//! reaped (the zombies that are the daemon's to reap: its children, and where it is PID 1 or a
+//! subreaper, their orphans). An exchange cut short (kcl drops a hook that runs past the
+//! lease's validity, or `timeoutInSeconds` passes) leaves the child in the middle of a
+//! message: its group is killed rather than told anything more. A child left behind any other
+//! way (the processor dropped) has its group killed and reaped too.
+//!
+//! Lines over 1 MiB on a child's stdout or stderr, and lines that are not UTF-8, are skipped
+//! (logged as such) and the pipe read on.
 
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
@@ -23,19 +35,31 @@ use kcl_core::{
     BoxError, CheckpointError, Checkpointer, ErrorKind, ExtendedSequenceNumber,
     InitializationInput, ProcessRecordsInput, RecordProcessor, SequenceNumber,
 };
+use process_wrap::tokio::{ChildWrapper, CommandWrap};
 use tokio::io::AsyncWriteExt as _;
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio::process::{ChildStdin, ChildStdout};
+use tokio::time::Instant;
+use tokio_util::bytes::BytesMut;
+use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument as _;
 
 use crate::protocol::{CheckpointFailure, FromChild, JsonRecord, ToChild};
 
-/// The longest line read from a child (stdout or stderr); longer ones are skipped.
+mod lookup;
+
+/// The longest line read from a child (stdout or stderr): 1 MiB; longer ones are skipped.
 const MAX_LINE: usize = 1 << 20;
-/// How long a child may take to exit once its stdin is closed before it is killed.
+/// How long a child may take to exit once its stdin is closed before its group is killed
+/// (less if the hook's `timeoutInSeconds` runs out first).
 const EXIT_GRACE: Duration = Duration::from_secs(10);
+/// How long `lease_lost` may take when `timeoutInSeconds` is not set: kcl puts no deadline on
+/// it, and the shard is not free for another child until it returns.
+pub const LEASE_LOST_BOUND: Duration = Duration::from_secs(10);
+/// How long what a killed group leaves behind is waited for: its reaping, the end of its
+/// pipes (held open only by a process that left the group).
+const AFTER_KILL: Duration = Duration::from_secs(1);
 /// How much of a skipped stdout line the warning shows.
 const SHOWN: usize = 200;
 
@@ -46,8 +70,9 @@ pub struct ChildCommand {
     pub program: String,
     /// Its arguments.
     pub args: Vec<String>,
-    /// How long the child may take to answer a message (`timeoutInSeconds`); `None` waits as
-    /// long as the lease allows.
+    /// How long each hook may take with the child (`timeoutInSeconds`): its messages written,
+    /// the checkpoints on the way, its answers and, after its last message, its exit. `None`
+    /// waits as long as the lease allows, and [`LEASE_LOST_BOUND`] for `lease_lost`.
     pub timeout: Option<Duration>,
 }
 
@@ -110,25 +135,212 @@ pub enum ChildError {
         got: String,
     },
     /// The child did not answer in time.
-    #[error("the child did not answer `{action}` within {timeout:?} (timeoutInSeconds)")]
+    #[error("the child did not answer `{action}` within {timeout:?} ({bound})")]
     Timeout {
         /// The message in flight.
         action: &'static str,
         /// The limit.
         timeout: Duration,
+        /// What set it.
+        bound: &'static str,
     },
+    /// The child did not read its message in time (it stopped reading its stdin).
+    #[error(
+        "the child did not read `{action}` within {timeout:?} ({bound}): it stopped reading its stdin"
+    )]
+    WriteTimeout {
+        /// The message in flight.
+        action: &'static str,
+        /// The limit.
+        timeout: Duration,
+        /// What set it.
+        bound: &'static str,
+    },
+}
+
+/// The deadline of one hook.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    at: Instant,
+    limit: Duration,
+    /// What set it, for the error.
+    by: &'static str,
+}
+
+impl Bound {
+    /// `timeoutInSeconds` from now, if set.
+    fn hook(timeout: Option<Duration>) -> Option<Self> {
+        timeout.map(|limit| Self::from_now(limit, "timeoutInSeconds"))
+    }
+
+    /// `lease_lost`'s: `timeoutInSeconds` or [`LEASE_LOST_BOUND`], within `hook`'s if given.
+    fn lease_lost(timeout: Option<Duration>, hook: Option<Self>) -> Self {
+        hook.unwrap_or_else(|| match timeout {
+            Some(limit) => Self::from_now(limit, "timeoutInSeconds"),
+            None => Self::from_now(
+                LEASE_LOST_BOUND,
+                "leaseLost's bound, timeoutInSeconds not being set",
+            ),
+        })
+    }
+
+    fn from_now(limit: Duration, by: &'static str) -> Self {
+        Self {
+            at: Instant::now() + limit,
+            limit,
+            by,
+        }
+    }
+
+    /// How long a child may take to exit within this bound.
+    fn grace(bound: Option<Self>) -> Duration {
+        bound.map_or(EXIT_GRACE, |b| {
+            EXIT_GRACE.min(b.at.saturating_duration_since(Instant::now()))
+        })
+    }
+}
+
+/// One line of a child's stdout or stderr.
+#[derive(Debug)]
+enum Line {
+    Text(String),
+    /// Over [`MAX_LINE`]: skipped, up to its end.
+    TooLong,
+    /// Not UTF-8: skipped.
+    NotUtf8,
+}
+
+/// [`LinesCodec`] with a line it refuses skipped rather than the end of the stream (a
+/// `FramedRead` ends at its decoder's first error).
+#[derive(Debug)]
+struct ChildLines(LinesCodec);
+
+impl ChildLines {
+    fn reader<R: tokio::io::AsyncRead>(pipe: R) -> FramedRead<R, Self> {
+        FramedRead::new(pipe, Self(LinesCodec::new_with_max_length(MAX_LINE)))
+    }
+}
+
+impl Decoder for ChildLines {
+    type Item = Line;
+    type Error = std::io::Error;
+
+    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        skip_refused(self.0.decode(buf))
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
+        skip_refused(self.0.decode_eof(buf))
+    }
+}
+
+fn skip_refused(decoded: Result<Option<String>, LinesCodecError>) -> std::io::Result<Option<Line>> {
+    match decoded {
+        Ok(line) => Ok(line.map(Line::Text)),
+        // The codec discards the rest of the line on its next calls.
+        Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Line::TooLong)),
+        // The codec's only error of its own, raised after it took the line out.
+        Err(LinesCodecError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Ok(Some(Line::NotUtf8))
+        }
+        Err(LinesCodecError::Io(e)) => Err(e),
+    }
+}
+
+/// A child and its process group, killed and reaped as one: when dropped unreaped, killed
+/// and reaped in the background.
+#[derive(Debug)]
+struct Group {
+    child: Option<Box<dyn ChildWrapper>>,
+    /// The child itself was reaped, and what was left of its group killed then. The group is
+    /// not signalled again: its id (the child's pid) is free to be given out again once
+    /// nothing of the group is left.
+    exited: bool,
+}
+
+impl Group {
+    fn new(child: Box<dyn ChildWrapper>) -> Self {
+        Self {
+            child: Some(child),
+            exited: false,
+        }
+    }
+
+    fn id(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// Kills the whole group (SIGKILL), unless its child has exited (it was killed then).
+    fn kill(&mut self) {
+        if let Some(child) = self.child.as_mut()
+            && !self.exited
+        {
+            let _ = child.start_kill();
+        }
+    }
+
+    /// Waits for the child itself to exit; then kills what is left of its group at once, while
+    /// a grandchild still in it keeps its id from being given out again.
+    async fn exited(&mut self) -> std::io::Result<ExitStatus> {
+        let Some(child) = self.child.as_mut() else {
+            return Err(std::io::Error::other("already reaped"));
+        };
+        // The inner child is the leader alone (the wrapper's wait also reaps the group, which
+        // would wait for a grandchild still running).
+        let status = child.inner_mut().wait().await?;
+        if !self.exited {
+            let _ = child.start_kill();
+            self.exited = true;
+        }
+        Ok(status)
+    }
+
+    /// Kills the group and reaps it: the child, and the group's zombies that are this
+    /// process's (its orphans, where the daemon is PID 1 or a subreaper). What cannot be
+    /// reaped at once is left to [`Drop`].
+    async fn reap(&mut self) {
+        self.kill();
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        match tokio::time::timeout(AFTER_KILL, child.wait()).await {
+            Ok(Ok(_)) => self.child = None,
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "reaping the child's process group failed");
+                self.child = None;
+            }
+            Err(_) => tracing::warn!("the child's process group is not gone yet after SIGKILL"),
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // Outside a runtime, tokio's kill_on_drop still reaps the child itself.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = child.wait().await;
+            });
+        }
+    }
 }
 
 /// A running child and its pipes.
 #[derive(Debug)]
 struct Session {
-    process: Child,
+    group: Group,
     stdin: Option<ChildStdin>,
-    stdout: FramedRead<ChildStdout, LinesCodec>,
+    stdout: FramedRead<ChildStdout, ChildLines>,
     /// Forwards stderr to the log; ends when the child closes it.
     stderr: Option<AbortOnDropHandle<()>>,
     /// An exchange started and did not finish: the child is mid-message.
     busy: bool,
+    /// A message is being written: a deadline passing now means the child stopped reading.
+    writing: bool,
 }
 
 /// A [`RecordProcessor`] that hands its shard to a child process (see the module docs).
@@ -159,51 +371,76 @@ impl ChildProcessor {
     }
 
     fn spawn(&mut self) -> Result<&mut Session, ChildError> {
-        let mut command = Command::new(&self.command.program);
-        command
-            .args(&self.command.args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut command = CommandWrap::with_new(&self.command.program, |command| {
+            command
+                .args(&self.command.args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+        });
         // Its own process group: a Ctrl-C at a terminal reaches the daemon only, which then
-        // asks each child to checkpoint and stop, in order.
+        // asks each child to checkpoint and stop, in order; and the child goes with whatever
+        // it started (killed and reaped as a group).
         #[cfg(unix)]
-        command.process_group(0);
+        command.wrap(process_wrap::tokio::ProcessGroup::leader());
         let spawn_error = |source| ChildError::Spawn {
             program: self.command.program.clone(),
             source,
         };
         let mut process = command.spawn().map_err(spawn_error)?;
         let (Some(stdin), Some(stdout), Some(stderr)) = (
-            process.stdin.take(),
-            process.stdout.take(),
-            process.stderr.take(),
+            process.stdin().take(),
+            process.stdout().take(),
+            process.stderr().take(),
         ) else {
+            let _ = process.start_kill();
             return Err(spawn_error(std::io::Error::other("a pipe is missing")));
         };
-        tracing::info!(pid = process.id(), program = %self.command.program, "child started");
+        let group = Group::new(process);
+        tracing::info!(pid = group.id(), program = %self.command.program, "child started");
         let forward = forward_stderr(stderr).instrument(tracing::Span::current());
         Ok(self.session.insert(Session {
-            process,
+            group,
             stdin: Some(stdin),
-            stdout: FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE)),
+            stdout: ChildLines::reader(stdout),
             stderr: Some(AbortOnDropHandle::new(tokio::spawn(forward))),
             busy: false,
+            writing: false,
         }))
     }
 
-    /// One exchange: `message` out, lines in until its status. A failure is also reported
-    /// to the failure policy.
+    /// One exchange: `message` out, lines in until its status, all within `bound`. A
+    /// failure is also reported to the failure policy.
     async fn exchange(
         &mut self,
         message: &ToChild,
         checkpointer: Option<&mut Checkpointer>,
+        bound: Option<Bound>,
     ) -> Result<(), ChildError> {
-        let result = match self.session.as_mut() {
-            Some(session) => session.exchange(message, checkpointer, &self.command).await,
-            None => Err(ChildError::Ended {
-                action: message.action(),
+        let action = message.action();
+        let result = match (self.session.as_mut(), bound) {
+            (Some(session), None) => session.exchange(message, checkpointer).await,
+            (Some(session), Some(bound)) => {
+                let exchanged =
+                    tokio::time::timeout_at(bound.at, session.exchange(message, checkpointer))
+                        .await;
+                match exchanged {
+                    Ok(result) => result,
+                    Err(_) if session.writing => Err(ChildError::WriteTimeout {
+                        action,
+                        timeout: bound.limit,
+                        bound: bound.by,
+                    }),
+                    Err(_) => Err(ChildError::Timeout {
+                        action,
+                        timeout: bound.limit,
+                        bound: bound.by,
+                    }),
+                }
+            }
+            (None, _) => Err(ChildError::Ended {
+                action,
                 status: "never started".to_owned(),
             }),
         };
@@ -213,87 +450,96 @@ impl ChildProcessor {
         result
     }
 
-    /// Closes the child's stdin and waits for it to exit (killing it after a grace).
-    async fn close(&mut self) {
+    /// Closes the child's stdin and waits for it to exit, within `bound` and at most
+    /// [`EXIT_GRACE`]; then kills what is left of its process group and reaps it.
+    async fn close(&mut self, bound: Option<Bound>) {
         let Some(mut session) = self.session.take() else {
             return;
         };
         if session.busy {
-            tracing::warn!("the child is in the middle of a message: killing it");
-            let _ = session.process.start_kill();
+            tracing::warn!("the child is in the middle of a message: killing its process group");
+            session.group.kill();
         }
         drop(session.stdin.take());
-        let drain = async {
-            // What the child still prints is logged, as the Java daemon drains it.
-            while let Some(line) = session.stdout.next().await {
-                if let Ok(line) = line
-                    && !line.trim().is_empty()
-                {
-                    tracing::debug!(line = %shown(&line), "child stdout after its last message");
+        let grace = Bound::grace(bound);
+        let Session { group, stdout, .. } = &mut session;
+        let exited = async {
+            let mut drained = false;
+            loop {
+                tokio::select! {
+                    status = group.exited() => return status,
+                    line = stdout.next(), if !drained => match line {
+                        // What the child still prints is logged, as the Java daemon drains it.
+                        Some(Ok(Line::Text(line))) if !line.trim().is_empty() => {
+                            tracing::debug!(line = %shown(&line), "child stdout after its last message");
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => drained = true,
+                    },
                 }
             }
-            session.process.wait().await
         };
-        match tokio::time::timeout(EXIT_GRACE, drain).await {
-            Ok(Ok(status)) => tracing::info!(%status, "child exited"),
+        match tokio::time::timeout(grace, exited).await {
+            Ok(Ok(status)) => tracing::info!(status = %describe(status), "child exited"),
             Ok(Err(error)) => tracing::warn!(%error, "waiting for the child failed"),
-            Err(_) => {
-                tracing::warn!(grace = ?EXIT_GRACE, "the child did not exit: killing it");
-                let _ = session.process.kill().await;
-            }
+            Err(_) => tracing::warn!(?grace, "the child did not exit: killing its process group"),
         }
-        if let Some(stderr) = session.stderr.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), stderr).await;
+        // Whatever is left of its group (a grandchild holding its pipes) goes with it.
+        session.group.reap().await;
+        let stderr = session.stderr.take();
+        let ends = async {
+            while session.stdout.next().await.is_some() {}
+            if let Some(stderr) = stderr {
+                let _ = stderr.await;
+            }
+        };
+        if tokio::time::timeout(AFTER_KILL, ends).await.is_err() {
+            tracing::warn!(
+                "the child's pipes are still open after its process group was killed (held by a process that left the group)"
+            );
         }
     }
 
-    /// The last exchange of a child: `message`, then its stdin closed.
+    /// The last exchange of a child: `message`, then its stdin closed, all within `bound`.
     async fn last(
         &mut self,
         message: &ToChild,
         checkpointer: Option<&mut Checkpointer>,
+        bound: Option<Bound>,
     ) -> Result<(), ChildError> {
         let ready = self.session.as_ref().is_some_and(|s| !s.busy);
         let result = if ready {
-            self.exchange(message, checkpointer).await
+            self.exchange(message, checkpointer, bound).await
         } else {
             Ok(())
         };
-        self.close().await;
+        self.close(bound).await;
         result
     }
 }
 
 impl Session {
+    /// One exchange, unbounded: the caller bounds it.
     async fn exchange(
         &mut self,
         message: &ToChild,
         mut checkpointer: Option<&mut Checkpointer>,
-        command: &ChildCommand,
     ) -> Result<(), ChildError> {
         let action = message.action();
         self.busy = true;
         self.send(message).await?;
         loop {
-            let line = match command.timeout {
-                Some(limit) => tokio::time::timeout(limit, self.stdout.next())
-                    .await
-                    .map_err(|_| ChildError::Timeout {
-                        action,
-                        timeout: limit,
-                    })?,
-                None => self.stdout.next().await,
-            };
-            let line = match line {
-                Some(Ok(line)) => line,
-                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
-                    tracing::warn!(
-                        max = MAX_LINE,
-                        "skipping an over-long line on the child's stdout"
-                    );
+            let line = match self.stdout.next().await {
+                Some(Ok(Line::Text(line))) => line,
+                Some(Ok(Line::TooLong)) => {
+                    tracing::warn!("skipping a line over 1 MiB on the child's stdout");
                     continue;
                 }
-                Some(Err(LinesCodecError::Io(source))) => {
+                Some(Ok(Line::NotUtf8)) => {
+                    tracing::warn!("skipping a line on the child's stdout that is not UTF-8");
+                    continue;
+                }
+                Some(Err(source)) => {
                     return Err(ChildError::Io { action, source });
                 }
                 None => {
@@ -356,7 +602,10 @@ impl Session {
             stdin.write_all(line.as_bytes()).await?;
             stdin.flush().await
         };
-        match written.await {
+        self.writing = true;
+        let written = written.await;
+        self.writing = false;
+        match written {
             Ok(()) => Ok(()),
             Err(source) if source.kind() == std::io::ErrorKind::BrokenPipe => {
                 Err(ChildError::Ended {
@@ -370,7 +619,7 @@ impl Session {
 
     /// How the child exited, waiting a moment for it.
     async fn exit_status(&mut self) -> String {
-        let waited = tokio::time::timeout(Duration::from_secs(1), self.process.wait()).await;
+        let waited = tokio::time::timeout(Duration::from_secs(1), self.group.exited()).await;
         match waited {
             Ok(Ok(status)) => describe(status),
             Ok(Err(error)) => format!("unknown: {error}"),
@@ -398,16 +647,19 @@ fn shown(line: &str) -> &str {
     }
 }
 
-/// Logs each line of the child's stderr, in the shard's span.
+/// Logs each line of the child's stderr, in the shard's span, until the pipe closes.
 async fn forward_stderr(stderr: tokio::process::ChildStderr) {
-    let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(MAX_LINE));
+    let mut lines = ChildLines::reader(stderr);
     while let Some(line) = lines.next().await {
         match line {
-            Ok(line) => tracing::info!(target: "kcl_multilang::child", "{line}"),
-            Err(LinesCodecError::MaxLineLengthExceeded) => {
-                tracing::info!(target: "kcl_multilang::child", "(a line over {MAX_LINE} bytes)");
+            Ok(Line::Text(line)) => tracing::info!(target: "kcl_multilang::child", "{line}"),
+            Ok(Line::TooLong) => {
+                tracing::info!(target: "kcl_multilang::child", "(a line over 1 MiB, skipped)");
             }
-            Err(LinesCodecError::Io(_)) => break,
+            Ok(Line::NotUtf8) => {
+                tracing::info!(target: "kcl_multilang::child", "(a line that is not UTF-8, skipped)");
+            }
+            Err(_) => break,
         }
     }
 }
@@ -464,15 +716,16 @@ fn failure(error: &CheckpointError) -> CheckpointFailure {
 
 impl RecordProcessor for ChildProcessor {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
+        let bound = Bound::hook(self.command.timeout);
         if self.session.is_some() {
-            self.close().await;
+            self.close(bound).await;
         }
         if let Err(error) = self.spawn() {
             self.failed(&error);
             return Err(error.into());
         }
         let message = ToChild::initialize(input.shard_id.as_str(), &input.checkpoint);
-        Ok(self.exchange(&message, None).await?)
+        Ok(self.exchange(&message, None, bound).await?)
     }
 
     async fn process_records(
@@ -480,30 +733,37 @@ impl RecordProcessor for ChildProcessor {
         input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        let bound = Bound::hook(self.command.timeout);
         let message = ToChild::ProcessRecords {
             records: input.records().iter().map(JsonRecord::from).collect(),
             millis_behind_latest: input.millis_behind_latest(),
         };
-        Ok(self.exchange(&message, Some(checkpointer)).await?)
+        Ok(self.exchange(&message, Some(checkpointer), bound).await?)
     }
 
     async fn lease_lost(&mut self) {
-        let _ = self.last(&ToChild::LeaseLost, None).await;
+        let bound = Bound::lease_lost(self.command.timeout, None);
+        let _ = self.last(&ToChild::LeaseLost, None, Some(bound)).await;
     }
 
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
-        Ok(self.last(&ToChild::ShardEnded, Some(checkpointer)).await?)
+        let bound = Bound::hook(self.command.timeout);
+        Ok(self
+            .last(&ToChild::ShardEnded, Some(checkpointer), bound)
+            .await?)
     }
 
     async fn shutdown_requested(
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        let bound = Bound::hook(self.command.timeout);
         let asked = self
-            .exchange(&ToChild::ShutdownRequested, Some(checkpointer))
+            .exchange(&ToChild::ShutdownRequested, Some(checkpointer), bound)
             .await;
         // Then, as KCL Java does when its worker stops, the lease is gone for this child.
-        let lost = self.last(&ToChild::LeaseLost, None).await;
+        let bound = Bound::lease_lost(self.command.timeout, bound);
+        let lost = self.last(&ToChild::LeaseLost, None, Some(bound)).await;
         asked?;
         Ok(lost?)
     }

@@ -267,7 +267,11 @@ impl DaemonConfig {
             "child = {:?} {:?}",
             self.command.program, self.command.args
         );
-        let _ = writeln!(out, "child answer timeout = {:?}", self.command.timeout);
+        let _ = writeln!(
+            out,
+            "child hook timeout (timeoutInSeconds) = {:?}",
+            self.command.timeout
+        );
         let _ = writeln!(out, "stream = {}", self.stream);
         let _ = writeln!(
             out,

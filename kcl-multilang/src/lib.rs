@@ -15,7 +15,8 @@
 //! **Processes.** One child process per shard lease held, started from `executableName` (split
 //! at spaces: the program, then its arguments) when the lease is taken, and ended when the
 //! lease ends. The child reads messages on its stdin and writes messages on its stdout; what it
-//! writes on stderr is logged by the daemon. Each message is one JSON object on one line.
+//! writes on stderr is logged by the daemon. Each message is one JSON object on one line; a
+//! line over 1 MiB on either pipe is skipped.
 //!
 //! **Exchanges.** The daemon writes one message and reads the child's stdout until a `status`
 //! message answers it: `{"action":"status","responseFor":"<the action>"}`. Strictly one message
@@ -58,8 +59,15 @@
 //!   within `timeoutInSeconds` costs only its shard a restart from the last checkpoint, with a
 //!   backoff; the Java daemon exits (`System.exit(1)`, or halts the JVM on a timeout) and takes
 //!   every shard down. `--exit-on-child-failure` keeps the Java behaviour.
+//! - `timeoutInSeconds` bounds each hook as a whole (writing the message, the checkpoints on the
+//!   way, the answer, and after the last message the child's exit); Java's bounds each read of
+//!   an answer, so a child that stops reading its stdin holds its shard there. Without the key,
+//!   `leaseLost` is still bounded, by 10 s.
 //! - Children run in their own process group: a Ctrl-C at a terminal reaches the daemon, which
-//!   then lets every child checkpoint in `shutdownRequested`.
+//!   then lets every child checkpoint in `shutdownRequested`. A child goes with its group: once
+//!   it has exited (or is killed), what is left of its group is killed and reaped.
+//! - `executableName`'s program is looked up at start (`PATH` for a name without a `/`, as
+//!   `execvp` does); one that cannot be executed is an error naming the key, exit status 2.
 //! - A file that is valid UTF-8 is read as UTF-8 (Java reads ISO-8859-1).
 //!
 //! Every other difference is a key: see [`config`] and `kcl-multilang --print-config`.

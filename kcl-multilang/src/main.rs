@@ -8,7 +8,9 @@ use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource, TableBilling};
 use kcl_core::{ShardId, Worker};
-use kcl_multilang::config::{Billing, ClientSettings, Credentials, DaemonConfig, TableSetup};
+use kcl_multilang::config::{
+    Billing, ClientSettings, Credentials, DaemonConfig, KeyError, TableSetup,
+};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
 use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
@@ -108,6 +110,17 @@ fn main() -> ExitCode {
     if cli.print_config {
         return print(&config.describe(&properties));
     }
+    // A child that cannot be started would fail every shard's, over and over.
+    let program = match config.command.locate() {
+        Ok(program) => program,
+        Err(reason) => {
+            let error = KeyError {
+                key: "executableName",
+                reason,
+            };
+            return fail(&format!("{path}: {error}"), EXIT_USAGE);
+        }
+    };
     let logging = LogFormat::parse(&cli.log_format)
         .map_err(|e| format!("invalid setting `log-format`: {e}"))
         .and_then(|format| kcl_serve::init_logging(format, &cli.log_filter));
@@ -129,6 +142,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}"), 1),
     };
+    tracing::info!(program = %program.display(), "executableName found");
     match runtime.block_on(run(config, listen, cli.exit_on_child_failure)) {
         Ok(code) => code,
         Err(e) => {

@@ -3,7 +3,12 @@
 //! (`children/scripted.py`) that logs every line it is sent. The lines are compared with
 //! golden lines in the form KCL Java 3.1.3's MultiLangDaemon writes them (captured from it:
 //! see `docs/multilang.md`), and the checkpoints with what the lease holds.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -322,6 +327,7 @@ async fn a_child_that_stops_reading_its_stdin_fails_the_hook_within_timeout_in_s
         error.contains("`processRecords` within 1s (timeoutInSeconds)"),
         "{error}"
     );
+    eprintln!("deaf child: the hook failed after {took:?}: {error}");
     assert!(took < Duration::from_secs(3), "failed after {took:?}");
     assert_eq!(h.checkpoint().await.unwrap(), Checkpoint::TrimHorizon);
 
@@ -367,6 +373,9 @@ async fn a_child_that_never_answers_lease_lost_is_killed_within_the_bound() {
                 )
             });
         let took = started.elapsed();
+        eprintln!(
+            "leaseLost never answered, timeoutInSeconds {timeout:?}: lease_lost took {took:?}"
+        );
         assert!(
             took >= bound && took < bound + Duration::from_secs(2),
             "{timeout:?}: lease_lost took {took:?}"
@@ -405,6 +414,9 @@ async fn a_childs_grandchild_is_killed_and_reaped_with_it() {
     h.shutdown_requested(&mut processor).await.unwrap();
     let took = started.elapsed();
     let left = group(pgid);
+    eprintln!(
+        "grandchild {grandchild}: the child's end took {took:?}; left of its group: {left:?}"
+    );
     cleanup(pgid);
     assert_eq!(
         left,

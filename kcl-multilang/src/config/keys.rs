@@ -33,11 +33,17 @@ pub const KEYS: &[(&str, Use)] = &[
     // The child processes.
     (
         "executableName",
-        Use::Mapped("the child process: program and arguments, split at spaces"),
+        Use::Mapped(
+            "the child process: program and arguments, split at spaces; a program without a `/` \
+             is looked up in PATH (not in the working directory), checked at start",
+        ),
     ),
     (
         "timeoutInSeconds",
-        Use::Mapped("how long a child may take to answer a message"),
+        Use::Mapped(
+            "how long each hook may take with its child: writing the message, the checkpoints \
+             it asks for, its answer, and after its last message its exit",
+        ),
     ),
     (
         "processingLanguage",

@@ -263,7 +263,15 @@ async fn long_lines_a_deaf_child_a_grandchild_or_no_answer_to_lease_lost_hold_no
             .find(|e| e.call == "deaf")
             .context("no deaf child")?;
         let restarted = children(2)[1].t - deaf.t;
-        eprintln!("deaf child: its shard's next child initialized {restarted:.2} s after it stopped reading");
+        let failed_at = serde_json::from_str::<serde_json::Value>(failed[0])?["timestamp"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .context("the failure's timestamp")?;
+        let failed_after = failed_at.timestamp_micros() as f64 / 1e6 - deaf.t;
+        eprintln!(
+            "deaf child: stopped reading at 0 s; its hook failed at {failed_after:.2} s, its \
+             shard's next child initialized at {restarted:.2} s"
+        );
         assert!(restarted < limit.as_secs_f64() + 3.0, "{restarted:.2} s");
         // Its group is gone, and the daemon holds no zombie.
         let deaf_group = group(children(2)[0].pgid.context("pgid")?);
