@@ -116,6 +116,12 @@ fn main() {
         eprintln!("unknown mutation {name}, or built without `--features mutation-testing`");
         std::process::exit(2);
     }
+    if std::env::var_os("SIM_UNIT_MUTATIONS").is_some() {
+        // The deliberate bugs a unit test catches instead, "<mutation> <test>" a line, for
+        // scripts/test to run.
+        sim::mutations::print_unit_tests();
+        return;
+    }
     if std::env::var_os("SIM_MUTATIONS").is_some() {
         let caught = sim::mutations::run(env("SIM_MUTATION_SEEDS").unwrap_or(200), run_seeds);
         std::process::exit(i32::from(!caught));
@@ -371,8 +377,6 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.sends,
         stats.sends_ok,
     );
-    violations
-}
     let problem_violations = results
         .iter()
         .flat_map(|(_, o)| &o.violations)
@@ -390,3 +394,5 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.capped,
         stats.unowned_reports,
     );
+    violations
+}

@@ -92,9 +92,8 @@ impl HandsOff {
             ok: result.is_ok(),
         });
         match result {
-            Ok(()) | Err(CheckpointError::Unfinished { .. } | CheckpointError::Backwards { .. }) => {
-                Ok(())
-            }
+            Ok(())
+            | Err(CheckpointError::Unfinished { .. } | CheckpointError::Backwards { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }

@@ -141,6 +141,8 @@ pub struct Stats {
     pub stall_windows: usize,
     pub failing_reports: usize,
     pub unowned_reports: usize,
+    /// The whole fleet's host suspended past the failover time (work woken as it resumes).
+    pub suspends: usize,
     pub joins: usize,
     pub leaves: usize,
     pub store_faults: usize,
@@ -207,6 +209,7 @@ impl std::ops::AddAssign for Stats {
         self.stall_windows += o.stall_windows;
         self.failing_reports += o.failing_reports;
         self.unowned_reports += o.unowned_reports;
+        self.suspends += o.suspends;
         self.joins += o.joins;
         self.leaves += o.leaves;
         self.store_faults += o.store_faults;
@@ -292,6 +295,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     let parallel = processing
         .random_ratio(1, 3)
         .then(|| processing.random_range(1..=12usize));
+    // What they may hold behind an unfinished record, drawn low so that a stuck record
+    // reaches the bound (`held-bound`).
+    let max_unacknowledged = processing.random_range(10..=80usize);
     // Every message an instance's inbox takes goes to the log, with where and when.
     let log = Log::default();
     let network = {
@@ -357,7 +363,8 @@ pub async fn simulate(seed: u64) -> Outcome {
             .initial_position(position)
             .coordination(coordination)
             .liveness(liveness)
-            .retrieval(retrieval),
+            .retrieval(retrieval)
+            .max_unacknowledged(max_unacknowledged),
         stream: stream.clone(),
         store,
         faults: faults.clone(),
@@ -625,6 +632,13 @@ fn judge(
         stalled_after: super::problems::STALLED_AFTER,
         max_leases: (fleet.config.max_leases != config().max_leases)
             .then_some(fleet.config.max_leases),
+        max_unacknowledged: fleet.config.max_unacknowledged,
+        max_in_flight: fleet.parallel,
+        // Under fan-out a batch is one pushed event, which max_records does not bound.
+        batch: match fleet.config.retrieval {
+            kcl_core::Retrieval::Polling => fleet.config.max_records as usize,
+            _ => usize::MAX,
+        },
         quiet,
         // The holder and every standby may be gone when the faults stop: a slow candidate
         // then takes the last standby row within 4 failover times (two of its polls), and
