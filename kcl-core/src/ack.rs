@@ -15,7 +15,8 @@
 //! late, out of order, from other tasks, in a later hook) nothing passes them. The rules:
 //! - a batch is finished when its input is dropped without `acknowledge_later` (the usual
 //!   processor: it handled the records in the hook), or record by record as their `Ack`s are
-//!   done. An input dropped while its task panics fails instead, as a dropped `Ack` does;
+//!   done. An input dropped while its task panics fails instead, as a dropped `Ack` does; an
+//!   input or `Ack` passed to `std::mem::forget` never finishes (the shard stops there);
 //! - every checkpoint stops at the watermark: [`Checkpointer::checkpoint`](crate::Checkpointer::checkpoint)
 //!   writes it instead of the last delivered record, and a position past it is refused with
 //!   [`CheckpointError::Unfinished`](crate::CheckpointError::Unfinished). Inside a hook, the
@@ -24,14 +25,17 @@
 //! - once a processor has called `acknowledge_later`, the worker checkpoints the watermark
 //!   itself as records finish (after
 //!   [`ack_checkpoint_every`](crate::WorkerConfig::ack_checkpoint_every) records or
-//!   [`ack_checkpoint_interval`](crate::WorkerConfig::ack_checkpoint_interval)), before
-//!   `shutdown_requested` on a graceful stop or a handoff (having waited for what is in flight
-//!   until half the [`shutdown_timeout`](crate::WorkerConfig::shutdown_timeout) or the lease's
-//!   validity ends), and writes `SHARD_END` only once every record of the shard finished;
+//!   [`ack_checkpoint_interval`](crate::WorkerConfig::ack_checkpoint_interval)), on a
+//!   graceful stop or a handoff (after `shutdown_requested`, in which a processor that keeps
+//!   its `Ack`s finishes them, the worker waits for what is in flight until half the
+//!   [`shutdown_timeout`](crate::WorkerConfig::shutdown_timeout) or the lease's validity
+//!   ends), and writes `SHARD_END` only once every record of the shard finished;
 //! - reading pauses while [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged)
 //!   records are held behind the watermark, finished or not: a record that never finishes
 //!   holds at most that many behind it, so memory (and what a crash replays) stays bounded
-//!   however slow the acknowledgements are. The shard is then reported stalled;
+//!   however slow the acknowledgements are (in records: at 1 MiB a record, the default
+//!   1,000 is a GiB a shard). The shard is then reported stalled once its checkpoint has not
+//!   moved for [`stalled_after`](crate::WorkerConfig::stalled_after);
 //! - [`Ack::fail`], or an `Ack` dropped unacknowledged (a task that panicked or was
 //!   cancelled), restarts the shard from the watermark, as a failing `process_records` does:
 //!   every record after it is delivered again;
@@ -76,7 +80,9 @@ impl Ack {
     }
 
     /// The record failed: the shard restarts from the watermark, so this record and every
-    /// one after it is delivered again.
+    /// one after it is delivered again (counted toward the `failing` problem, as a failing
+    /// hook is) — unless a checkpoint already covered it: one asked in its hook before
+    /// `acknowledge_later`, which counts the hook's batch as processed.
     pub fn fail(mut self, error: impl Into<BoxError>) {
         self.settled = true;
         if let Some(watermark) = self.watermark.upgrade() {
@@ -183,6 +189,8 @@ struct State {
     outstanding: usize,
     /// Records the watermark passed since [`Watermark::take_advanced`] last looked.
     advanced: u64,
+    /// Records the watermark passed, ever.
+    passed: u64,
     /// The first failure, until the shard task takes it.
     failed: Option<BoxError>,
     /// Whether the processor took any batch to acknowledge later.
@@ -276,6 +284,7 @@ impl Watermark {
                 state.entries.pop_front();
                 state.base += 1;
                 state.advanced += 1;
+                state.passed += 1;
             }
         }
         drop(state);
@@ -343,6 +352,11 @@ impl Watermark {
             state.entries.len(),
             state.entries.front().map(|e| e.delivered),
         )
+    }
+
+    /// How many records the watermark passed, ever: the processor's progress.
+    pub(crate) fn passed(&self) -> u64 {
+        self.lock().passed
     }
 
     /// How many records the watermark passed since the last call.

@@ -78,8 +78,9 @@ impl Checkpointer {
     }
 
     /// The furthest position a checkpoint may go to now: the last delivered record, or the
-    /// watermark while delivered records are unfinished (acknowledged later, or batches held
-    /// past their hook; see [`ack`](crate::ack)).
+    /// watermark while delivered records are unfinished (acknowledged later; see
+    /// [`ack`](crate::ack)). Inside `process_records`, the hook's own batch counts as
+    /// finished unless it was taken to acknowledge later.
     pub fn finished(&self) -> Option<ExtendedSequenceNumber> {
         self.watermark
             .position_in_hook(self.last_delivered.as_ref())
@@ -124,8 +125,8 @@ impl Checkpointer {
     /// Checkpoints everything delivered so far ([`finished`](Self::finished) so far, when
     /// records are acknowledged later). Inside
     /// [`shard_ended`](crate::RecordProcessor::shard_ended) this writes `SHARD_END`, which
-    /// lets the shard's children start. Without any delivery it checks the lease is still held
-    /// and writes nothing.
+    /// lets the shard's children start. Without any delivery, or with records delivered and
+    /// none of them finished, it checks the lease is still held and writes nothing.
     pub async fn checkpoint(&mut self) -> Result<(), CheckpointError> {
         if let Some(children) = &self.shard_end {
             if self.watermark.outstanding() > 0 && !mutation::on(Mutation::CheckpointPastUnfinished)

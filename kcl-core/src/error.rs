@@ -113,7 +113,8 @@ pub enum CheckpointError {
     /// [`ProcessRecordsInput::acknowledge_later`](crate::ProcessRecordsInput::acknowledge_later)
     /// and is not acknowledged yet (see [`ack`](crate::ack)).
     #[error(
-        "checkpoint {requested} on shard {shard} is past an unfinished record (the watermark is {watermark:?})"
+        "checkpoint {requested} on shard {shard} is past an unfinished record ({})",
+        .watermark.as_ref().map_or_else(|| "none of the records delivered has finished yet".to_owned(), |w| format!("a checkpoint may go up to {w}"))
     )]
     Unfinished {
         /// The shard.

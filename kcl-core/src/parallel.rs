@@ -196,7 +196,8 @@ impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        // The worker waited for what was in flight: this writes the watermark.
+        // The watermark so far; the worker then waits for what is in flight and writes it
+        // again.
         checkpointer.checkpoint().await?;
         Ok(())
     }

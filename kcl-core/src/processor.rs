@@ -31,7 +31,9 @@ pub struct InitializationInput {
 /// processed once its [`Ack`] is done). It cannot leave its hook, so that no batch is ever
 /// on its way somewhere the worker does not know of: its lifetime ends with the hook, it is
 /// not `Clone`, and its records are read through [`records`](Self::records). To finish
-/// records in another task, take them with `acknowledge_later` and move the `Ack`s.
+/// records in another task, take them with `acknowledge_later` and move the records and
+/// their `Ack`s. A copy of the records (`records().to_vec()`) carries no `Ack`: the batch
+/// still counts as processed once dropped.
 ///
 /// ```compile_fail
 /// # use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor};

@@ -105,11 +105,17 @@ impl ProcessorHarness {
         let Some(last) = records.last() else {
             return Err("ProcessorHarness::process: a batch is never empty".into());
         };
+        // As the worker delivers: the batch reserved in the checkpointer's watermark, so that
+        // no checkpoint passes records still acknowledged later.
+        let previous = self.checkpointer.last_delivered().cloned();
         self.checkpointer.set_last_delivered(last.position());
-        let input = ProcessRecordsInput::new(records, None);
-        processor
+        let watermark = self.checkpointer.watermark().clone();
+        let input = ProcessRecordsInput::delivered(records, None, &watermark, previous);
+        let result = processor
             .process_records(input, &mut self.checkpointer)
-            .await
+            .await;
+        watermark.hook_returned();
+        result
     }
 
     /// Calls `process_records` with an empty batch, as the worker does while a shard stays

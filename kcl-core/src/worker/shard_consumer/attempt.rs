@@ -126,6 +126,31 @@ async fn finish(
             Ok(Stop::ShardEnd)
         }
         Stop::Finished => Ok(Stop::Finished),
+        Stop::Drained => Ok(Stop::Graceful),
+    }
+}
+
+/// A graceful stop or a handoff while reading. With records still out to be acknowledged,
+/// the processor hears `shutdown_requested` first — one that keeps its `Ack`s to finish them
+/// in a later hook finishes them there — and then the worker waits for what is in flight
+/// and checkpoints the watermark; otherwise the worker checkpoints the watermark and the
+/// hook comes last, as ever.
+async fn stop_gracefully(
+    tenure: &Tenure,
+    control: &Control,
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    acks: &mut Acks,
+) -> Result<Stop, Failure> {
+    if acks.all_finished() {
+        return Ok(acks.drain(tenure, checkpointer).await);
+    }
+    match finish(Stop::Graceful, tenure, control, processor, checkpointer).await? {
+        Stop::Graceful => Ok(match acks.drain(tenure, checkpointer).await {
+            Stop::Graceful => Stop::Drained,
+            other => other,
+        }),
+        other => Ok(other),
     }
 }
 
@@ -177,6 +202,7 @@ async fn process<S: ShardSource>(
 ) -> Result<Stop, Failure> {
     let mut metrics = ShardMetrics::new(tenure.shard());
     let mut acks = Acks::new(&ctx.config, checkpointer);
+    let mut passed = Passed::default();
     let mut refresh = tokio::time::interval(ctx.config.taker_interval);
     let quiet_after = ctx.config.empty_batch_interval;
     let mut quiet_at = quiet_after.map(|d| Instant::now() + d);
@@ -202,11 +228,14 @@ async fn process<S: ShardSource>(
                 tenure.mark_lost();
                 return Ok(Stop::Lost);
             }
-            () = control.graceful.cancelled() => return Ok(acks.drain(tenure, checkpointer).await),
+            () = control.graceful.cancelled() => {
+                return stop_gracefully(tenure, control, processor, checkpointer, &mut acks).await;
+            }
             () = acks.changed() => {
                 if let Some(stop) = acks.settle(checkpointer).await? {
                     return Ok(stop);
                 }
+                passed.note(control, checkpointer);
                 observe(control, tenure, checkpointer).await;
                 continue;
             }
@@ -230,7 +259,6 @@ async fn process<S: ShardSource>(
             Ok(fetched) => fetched,
             Err(stop) => return Ok(stop),
         };
-        let records = !fetched.0.records.is_empty();
         let handed = hand_over(
             tenure,
             control,
@@ -244,7 +272,23 @@ async fn process<S: ShardSource>(
             Handed::Last(children) => ending = Some(children),
             Handed::Batch => {}
         }
-        if records {
+        passed.note(control, checkpointer);
+    }
+}
+
+/// What the watermark had passed when progress was last noted.
+#[derive(Default)]
+struct Passed(u64);
+
+impl Passed {
+    /// Progress is records finished and passed by the watermark: a batch handled in its
+    /// hook, or acknowledged records up to the oldest unfinished one. A batch merely handed
+    /// out to acknowledge later is not progress, so that a `Parallel` handler or an `Ack`
+    /// failing every attempt is reported `failing` as a failing hook is.
+    fn note(&mut self, control: &Control, checkpointer: &Checkpointer) {
+        let now = checkpointer.watermark().passed();
+        if now > self.0 {
+            self.0 = now;
             control.progressed();
         }
     }

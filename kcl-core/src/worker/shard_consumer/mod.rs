@@ -208,6 +208,9 @@ enum Stop {
     ShardEnd,
     Lost,
     Graceful,
+    /// Graceful, and `shutdown_requested` was called already (before the wait for records
+    /// in flight).
+    Drained,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -308,7 +311,7 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
             let _ = tenure.release().await;
             Exit::ShardEnd
         }
-        Stop::Graceful => {
+        Stop::Graceful | Stop::Drained => {
             let result = match control.handoff_target() {
                 Some(to) => {
                     tracing::info!(to = %to, "handing the lease over");
