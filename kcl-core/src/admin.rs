@@ -206,3 +206,51 @@ async fn flag_heartbeat<L: LeaseStore>(
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryLeaseStore;
+
+    async fn held(store: &MemoryLeaseStore, key: &str, owner: &str) {
+        let lease = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
+        assert!(store.create(&lease).await.unwrap());
+        let row = store.get(&lease.key).await.unwrap().unwrap();
+        store.take(&row, &WorkerId::from(owner)).await.unwrap();
+    }
+
+    /// Issue 34, item 5: `release` of a worker the table does not know (a typo) is refused,
+    /// naming the workers it knows, and writes no drain row.
+    #[tokio::test]
+    async fn releasing_an_unknown_worker_is_refused_naming_the_known_ones() {
+        let store = MemoryLeaseStore::new();
+        held(&store, "s0", "worker-a").await;
+        held(&store, "s1", "worker-b").await;
+        let err = release(&store, &WorkerId::from("worker-c"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("worker-a") && text.contains("worker-b"),
+            "{text}"
+        );
+        let drain = store.get(&drain_key(&WorkerId::from("worker-c"))).await;
+        assert!(drain.unwrap().is_none(), "a drain row was written");
+    }
+
+    /// Issue 34, item 6: a reset returns the row it replaced, so that the CLI can print the
+    /// checkpoint it moved from (and the reset can be undone).
+    #[tokio::test]
+    async fn a_reset_returns_the_checkpoint_it_replaced() {
+        let store = MemoryLeaseStore::new();
+        held(&store, "s0", "worker-a").await;
+        let to = ResetTo {
+            checkpoint: Checkpoint::Latest,
+            pin: None,
+        };
+        let done = reset(&store, &ShardId::from("s0"), &to).await.unwrap();
+        assert_eq!(done.before.checkpoint, Checkpoint::TrimHorizon);
+        assert_eq!(done.after.checkpoint, Checkpoint::Latest);
+    }
+}

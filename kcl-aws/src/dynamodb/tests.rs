@@ -387,3 +387,55 @@ async fn a_small_table_is_read_whole_rather_than_followed_through_its_stream() {
         FeedRead::Unavailable
     );
 }
+
+/// Issue 34, item 8: an `UpdateTable` refused as transient (another worker's change under
+/// way) on an `ACTIVE` table is asked again after a wait, not at once, and given up at the
+/// deadline (the table used without the change), not asked forever.
+#[tokio::test]
+async fn a_busy_update_table_is_asked_again_after_a_wait_and_given_up_at_the_deadline() {
+    use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
+    use aws_sdk_dynamodb::types::{KeySchemaElement, KeyType, TableDescription, TableStatus};
+
+    let describe = mock!(Client::describe_table).then_output(|| {
+        let key = KeySchemaElement::builder()
+            .attribute_name(schema::LEASE_KEY)
+            .key_type(KeyType::Hash)
+            .build()
+            .unwrap();
+        let table = TableDescription::builder()
+            .table_name("app")
+            .table_status(TableStatus::Active)
+            .key_schema(key)
+            .build();
+        DescribeTableOutput::builder().table(table).build()
+    });
+    let update =
+        mock!(Client::update_table).then_http_response(|| aws_error(400, "ResourceInUseException"));
+    let client = client(&[&describe, &update]);
+    let shape = super::table::Shape {
+        create: false,
+        add_index: false,
+        enable_stream: true,
+    };
+    let wait = std::time::Duration::from_secs(2);
+    let started = std::time::Instant::now();
+    let ensured = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        super::table::ensure(&client, "app", super::TableBilling::OnDemand, wait, shape),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        ensured.is_ok(),
+        "still asking after 10 s ({} UpdateTable calls)",
+        update.num_calls()
+    );
+    let description = ensured.unwrap().unwrap();
+    assert_eq!(description.table_status(), Some(&TableStatus::Active));
+    assert!(took >= wait, "gave up after {took:?}");
+    assert!(
+        update.num_calls() <= 12,
+        "{} UpdateTable calls in {took:?}",
+        update.num_calls()
+    );
+}

@@ -622,4 +622,46 @@ mod tests {
             "a quiet owner is not asked: {a:?}"
         );
     }
+
+    /// Issue 34, item 5: `kcl-admin release` hands a drained worker's leases to the others
+    /// through handoffs; a leader at its `max_leases` adopting every handoff naming it ended
+    /// up with all of them. It adopts what it has room for and places the rest.
+    #[test]
+    fn the_leader_adopts_handoffs_only_within_its_own_limit() {
+        let me = w("leader");
+        let leases: Vec<Candidate> = (0..4)
+            .map(|i| lease(&format!("s{i}"), Holder::Adoptable))
+            .chain([lease("s9", Holder::Other(w("a")))])
+            .collect();
+        let limits = Limits {
+            max_leases: 1,
+            max_steal: 1,
+        };
+        let a = assign(&me, &leases, limits, |_| true);
+        assert_eq!(count(&a, "leader"), 1, "{a:?}");
+        assert_eq!(count(&a, "a"), 3, "{a:?}");
+    }
+
+    /// Issue 34, item 7: a reset's placeholder owner (`kcl-admin/reset`) is no worker: it
+    /// never renews nor reads, so a lease placed on it is read by nobody for a failover time.
+    #[test]
+    fn the_reset_placeholder_is_never_counted_as_a_worker() {
+        let me = w("leader");
+        let placeholder = w(crate::admin::RESET_OWNER);
+        let leases = vec![
+            lease("s0", Holder::Other(placeholder.clone())),
+            lease("s1", Holder::Me),
+            lease("s2", Holder::Me),
+            lease("s3", Holder::Me),
+            lease("s4", Holder::Unowned),
+            lease("s5", Holder::Unowned),
+        ];
+        let a = assign(&me, &leases, LIMITS, |_| true);
+        assert!(a.take.iter().all(|(_, to)| *to != placeholder), "{a:?}");
+        assert!(
+            a.request_handoff.iter().all(|(_, to)| *to != placeholder),
+            "{a:?}"
+        );
+        assert!(!taker::workers(&me, &leases).contains(&placeholder));
+    }
 }
