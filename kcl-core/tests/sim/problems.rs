@@ -170,15 +170,16 @@ pub async fn make_room(fleet: &mut Fleet, cap: usize) {
         sleep(config().taker_interval).await;
         let room = look(fleet);
         let short = room.ready.len().saturating_sub(room.workers * cap);
-        let reported: BTreeSet<String> = fleet
-            .live
-            .values()
-            .flat_map(|m| {
-                let s = m.status.borrow();
-                let unowned = s.problems.iter().filter(|p| p.kind == ProblemKind::Unowned);
-                unowned.map(|p| p.key.clone()).collect::<Vec<_>>()
-            })
-            .collect();
+        // As the journal has them (what `unowned` judges): the live workers' reports now.
+        let reported: BTreeSet<String> = {
+            let j = fleet.log.lock();
+            let reports = j.problems.reports.iter();
+            reports
+                .filter(|r| r.kind == ProblemKind::Unowned && r.until.is_none())
+                .filter(|r| fleet.live.contains_key(&r.worker))
+                .map(|r| r.key.clone())
+                .collect()
+        };
         let true_ones = reported
             .iter()
             .filter(|k| room.ready.contains(*k) && !room.held.contains_key(*k));
