@@ -3,7 +3,8 @@
 //! 3.1.3 cannot tell them from leases (it has no `entityType`): it would start a record
 //! processor for each, write `SHARD_END` into them and delete them as shards the stream does
 //! not have. Once the kcl fleet has stopped, this deletes them, each conditionally on the
-//! counter it read, after watching that no counter moves (a running kcl worker renews them).
+//! counter it read, after watching that no counter moves for the fleet's failover time (a
+//! running kcl worker renews them at least every half of it).
 
 use std::time::Duration;
 
@@ -16,10 +17,12 @@ pub(crate) struct Args {
     /// The application: the lease table's name.
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
-    /// How long to watch that no kcl row moves (a running worker renews its rows every
-    /// third of its failover time).
-    #[arg(long, default_value = "12s", value_parser = humantime::parse_duration)]
-    observe: Duration,
+    /// The fleet's failover time (its `failover_time`, 10 s by default): a running worker
+    /// renews its rows at least every half of it, so the command watches the rows for the
+    /// failover time and a second before it deletes them. Required: a watch shorter than
+    /// the fleet's renewals would delete a running fleet's rows.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    failover_time: Duration,
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
@@ -34,12 +37,13 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         report("no kcl rows: nothing to remove");
         return Ok(());
     }
+    let observe = args.failover_time + Duration::from_secs(1);
     report(&format!(
-        "watching {} kcl row(s) for {} to make sure the kcl fleet has stopped",
+        "watching {} kcl row(s) for {} (the failover time and a second) to make sure the kcl fleet has stopped",
         rows.len(),
-        humantime::format_duration(args.observe)
+        humantime::format_duration(observe)
     ));
-    tokio::time::sleep(args.observe).await;
+    tokio::time::sleep(observe).await;
     let now = store.list().await?;
     let moved: Vec<String> = rows
         .iter()

@@ -2,7 +2,10 @@
 //! console and `aws kinesis list-shards`.
 //!
 //! A lease row holds no time, only a counter its owner bumps every few seconds: whether an
-//! owner is alive is seen by reading twice (`--observe`), as a worker judges expiry. How far
+//! owner is alive is seen by reading twice (`--observe`), as a worker judges expiry. Under
+//! heartbeats (`Liveness::Heartbeat`) the owner bumps its heartbeat row instead of its
+//! leases: for a lease whose owner has a heartbeat row, MOVING is that row's counter
+//! (`yes (heartbeat)`). How far
 //! behind a shard is comes from the stream itself: one `GetRecords` of one record from the
 //! checkpoint gives `MillisBehindLatest`, and the arrival time of the next record to process.
 
@@ -12,7 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_core::lease::UnreadableRow;
-use kcl_core::singleton::is_coordination_key;
+use kcl_core::singleton::{heartbeat_key, is_coordination_key};
 use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
 use serde_json::json;
 
@@ -39,8 +42,12 @@ pub(crate) struct Args {
 struct Line {
     shard: String,
     lease: Option<Lease>,
-    /// Whether the counter moved while watched; `None` if not watched.
+    /// Whether the counter moved while watched; `None` if not watched. Under heartbeats
+    /// (the owner has a heartbeat row) the heartbeat row's counter: such a worker renews its
+    /// heartbeat, not its leases.
     moving: Option<bool>,
+    /// Whether `moving` is the owner's heartbeat's.
+    by_heartbeat: bool,
     /// `Some(closed)` if the stream lists the shard; `None` if not asked or not listed.
     closed: Option<bool>,
     parents: Vec<ShardId>,
@@ -60,14 +67,28 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let leases = store.list().await?;
     let unreadable = store.unreadable();
     let moving = watch(&store, &leases, args.observe).await?;
+    // The heartbeat rows (`Liveness::Heartbeat`), each named by its owner.
+    let heartbeats: BTreeMap<ShardId, ()> = leases
+        .iter()
+        .filter(|l| l.owner.as_ref().is_some_and(|o| heartbeat_key(o) == l.key))
+        .map(|l| (l.key.clone(), ()))
+        .collect();
     let mut lines: BTreeMap<String, Line> = leases
         .into_iter()
         .filter(|l| !is_coordination_key(&l.key))
         .map(|l| {
             let key = l.key.to_string();
+            let heartbeat = l
+                .owner
+                .as_ref()
+                .map(heartbeat_key)
+                .filter(|k| heartbeats.contains_key(k));
+            let by_heartbeat = heartbeat.is_some();
+            let moving = moving.get(heartbeat.as_ref().unwrap_or(&l.key)).copied();
             let line = Line {
                 shard: key.clone(),
-                moving: moving.get(&l.key).copied(),
+                moving,
+                by_heartbeat,
                 parents: l.parent_shard_ids.clone(),
                 lease: Some(l),
                 ..Line::default()
@@ -155,10 +176,12 @@ fn owner(line: &Line) -> String {
 }
 
 fn moving_text(line: &Line) -> &'static str {
-    match line.moving {
-        None => "-",
-        Some(true) => "yes",
-        Some(false) => "no",
+    match (line.moving, line.by_heartbeat) {
+        (None, _) => "-",
+        (Some(true), false) => "yes",
+        (Some(false), false) => "no",
+        (Some(true), true) => "yes (heartbeat)",
+        (Some(false), true) => "no (heartbeat)",
     }
 }
 
@@ -267,6 +290,7 @@ fn json_out(lines: &[Line], unreadable: &[UnreadableRow], asked: bool) -> String
                 "checkpoint": l.lease.as_ref().map(|x| x.checkpoint.to_string()),
                 "counter": l.lease.as_ref().map(|x| x.counter),
                 "counter_moving": l.moving,
+                "moving_by_heartbeat": l.by_heartbeat,
                 "parents": l.parents.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "stream": asked.then(|| stream_text(l, asked)),
                 "millis_behind_latest": l.behind.as_ref().and_then(|b| b.millis),

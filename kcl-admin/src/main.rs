@@ -50,6 +50,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // kcl-aws's warnings (a trimmed checkpoint, a disabled stream, a table change given up)
+    // on stderr, as a worker logs them; `RUST_LOG` for more.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

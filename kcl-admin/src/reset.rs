@@ -110,16 +110,23 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     ));
     if args.dry_run {
         for shard in &shards {
-            report(&format!("  would reset {shard}"));
+            let now = match store.get(shard).await? {
+                Some(row) => format!("checkpoint {}", shown(&row)),
+                None => "no lease".to_owned(),
+            };
+            report(&format!("  would reset {shard} (now {now})"));
         }
         return Ok(());
     }
     let mut failed = 0;
     for shard in &shards {
         match admin::reset(&store, shard, &to).await {
-            Ok(row) => report(&format!(
-                "  {shard}: checkpoint {} (counter {})",
-                row.checkpoint, row.counter
+            Ok(done) => report(&format!(
+                "  {shard}: checkpoint {} (counter {}), was {} (to undo: --to {})",
+                shown(&done.after),
+                done.after.counter,
+                shown(&done.before),
+                undo(&done.before)
             )),
             Err(e) => {
                 failed += 1;
@@ -143,6 +150,27 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     );
     report("done: each shard is taken from its new checkpoint by a worker within a failover time");
     Ok(())
+}
+
+/// A row's checkpoint, with the moment pinned for `LATEST` and `AT_TIMESTAMP`.
+fn shown(row: &kcl_core::Lease) -> String {
+    match row.start_timestamp {
+        Some(at) if matches!(row.checkpoint, Checkpoint::Latest | Checkpoint::AtTimestamp) => {
+            format!("{} {}", row.checkpoint, at.to_rfc3339())
+        }
+        _ => row.checkpoint.to_string(),
+    }
+}
+
+/// The `--to` that puts `row`'s checkpoint back.
+fn undo(row: &kcl_core::Lease) -> String {
+    match (&row.checkpoint, row.start_timestamp) {
+        (Checkpoint::Latest | Checkpoint::AtTimestamp, Some(at)) => {
+            format!("{} {}", Checkpoint::AT_TIMESTAMP, at.to_rfc3339())
+        }
+        (Checkpoint::Sequence(s), _) => s.sequence.to_string(),
+        (other, _) => other.to_string(),
+    }
 }
 
 #[allow(clippy::print_stdout)]

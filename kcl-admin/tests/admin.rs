@@ -211,7 +211,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         "remove-kcl-rows",
         "--application-name",
         &ctx.table,
-        "--observe",
+        "--failover-time",
         "3s",
     ];
     let out = admin(&ctx, &remove)?;

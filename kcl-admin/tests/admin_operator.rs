@@ -21,6 +21,9 @@ const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
 async fn held(ctx: &Context, key: &str, owner: &str, checkpoint: Checkpoint) -> anyhow::Result<()> {
     let store = ctx.store();
     store
+        .ensure_table(kcl_core::lease::TableFeatures::default())
+        .await?;
+    store
         .create(&Lease::new(ShardId::new(key), checkpoint))
         .await?;
     let row = store.get(&ShardId::new(key)).await?.expect("created");

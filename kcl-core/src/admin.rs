@@ -57,8 +57,18 @@ pub struct ResetTo {
     pub pin: Option<DateTime<Utc>>,
 }
 
+/// What a reset did: the row it replaced (its checkpoint is where to reset back to, to undo
+/// it) and the row as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reset {
+    /// The row as read before the reset's take.
+    pub before: Lease,
+    /// The row as the reset wrote it.
+    pub after: Lease,
+}
+
 /// Moves the checkpoint of `key` to `to`, fenced through the lease (see the module docs).
-/// Returns the row as written.
+/// Returns the row it replaced and the row as written.
 ///
 /// # Errors
 /// `NotFound` if there is no such lease, `Fatal` for a finished one; the store's error if
@@ -67,7 +77,7 @@ pub async fn reset<L: LeaseStore>(
     store: &L,
     key: &ShardId,
     to: &ResetTo,
-) -> Result<Lease, BackendError> {
+) -> Result<Reset, BackendError> {
     let placeholder = WorkerId::from(RESET_OWNER);
     let mut taken = None;
     for _ in 0..ATTEMPTS {
@@ -93,14 +103,14 @@ pub async fn reset<L: LeaseStore>(
         }
         match store.take(&observed, &placeholder).await {
             Ok(row) => {
-                taken = Some(row);
+                taken = Some((observed, row));
                 break;
             }
             Err(e) if e.kind() == ErrorKind::Conflict => {}
             Err(e) => return Err(e),
         }
     }
-    let taken = taken.ok_or_else(|| {
+    let (before, taken) = taken.ok_or_else(|| {
         let text = format!("{key} kept changing; try again");
         BackendError::new(ErrorKind::Conflict, "reset", text)
     })?;
@@ -112,13 +122,15 @@ pub async fn reset<L: LeaseStore>(
         start_timestamp: to.pin,
         endpoint: None,
     };
-    store.checkpoint(&taken, &update).await.map_err(|e| {
+    let after = store.checkpoint(&taken, &update).await.map_err(|e| {
         let text = format!(
             "{key}: taken for the reset, but writing the checkpoint failed; the lease expires \
-             and is taken from its old checkpoint: run the reset again"
+             and is taken from its old checkpoint ({}): run the reset again",
+            before.checkpoint
         );
         BackendError::new(e.kind(), "reset", text).with_source(e)
-    })
+    })?;
+    Ok(Reset { before, after })
 }
 
 /// Whether `owner` has a heartbeat row naming it (`Liveness::Heartbeat`).
@@ -135,7 +147,8 @@ async fn heartbeat_alive<L: LeaseStore>(store: &L, owner: &WorkerId) -> Result<b
 /// twice). A worker that starts deletes its drain row. Returns the handoffs asked for.
 ///
 /// # Errors
-/// `Fatal` if the worker holds leases and no other worker shows in the table (one holding
+/// `NotFound` if `worker` shows nowhere in the table (no lease, no handoff to it, no
+/// heartbeat row), naming the workers that do; `Fatal` if the worker holds leases and no other worker shows in the table (one holding
 /// leases, or with a heartbeat row): nobody would take them (stop the worker instead: a
 /// SIGTERM hands them back); the store's error otherwise.
 pub async fn release<L: LeaseStore>(
@@ -161,6 +174,26 @@ pub async fn release<L: LeaseStore>(
         } else if heartbeat_of(&lease.key).as_ref() == Some(owner) || is_worker_row(&lease.key) {
             load.entry(owner.clone()).or_default();
         }
+    }
+    // A worker the table does not know (a typo, or one that never ran here): refused, and
+    // no drain row written (it would wait for a worker of that name forever).
+    let shows = leases.iter().any(|l| {
+        l.is_owned_by(worker)
+            || l.handoff_to.as_ref() == Some(worker)
+            || heartbeat_of(&l.key).as_ref() == Some(worker)
+    });
+    if !shows {
+        let names: Vec<String> = load.keys().map(ToString::to_string).collect();
+        let names = if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        };
+        let text = format!(
+            "no worker {worker} shows in the table (it holds no lease and has no row); the \
+             workers it shows: {names}"
+        );
+        return Err(BackendError::new(ErrorKind::NotFound, "release", text));
     }
     if !mine.is_empty() && load.is_empty() {
         let text = format!(
@@ -208,11 +241,14 @@ async fn flag_heartbeat<L: LeaseStore>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::memory::MemoryLeaseStore;
 
     async fn held(store: &MemoryLeaseStore, key: &str, owner: &str) {
+        let features = crate::lease::TableFeatures::default();
+        store.ensure_table(features).await.unwrap();
         let lease = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
         assert!(store.create(&lease).await.unwrap());
         let row = store.get(&lease.key).await.unwrap().unwrap();

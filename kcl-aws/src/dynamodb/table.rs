@@ -46,6 +46,24 @@ fn polls() -> impl Iterator<Item = Duration> {
     })
 }
 
+/// The longest wait before asking again for a change the table refused as busy.
+const BUSY_MAX: Duration = Duration::from_secs(2);
+
+/// The waits before asking again for a change the table refused as busy (another worker's
+/// change under way, a throttled control plane): from 100 ms, doubling up to [`BUSY_MAX`],
+/// jittered so that workers starting together do not ask in step. Without them a busy
+/// `ACTIVE` table was asked again at once, thousands of `UpdateTable` calls a second.
+fn busy_waits() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder as _;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(BUSY_MAX)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
 /// What [`ensure`] may do to the table beyond waiting for it.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Shape {
@@ -91,9 +109,10 @@ impl Changes {
 /// Waits until `table` is `ACTIVE` and shaped as `shape` allows, at most `wait`: creates it if
 /// missing, then adds the stream and the index one at a time, waiting for `ACTIVE` between
 /// them. Workers starting together race for these changes: a change refused because the table
-/// is busy (another worker's) is looked at again once the table is `ACTIVE`, and one refused
-/// for good (no permission) is given up with a warning, the table used without it. Returns the
-/// table's description.
+/// is busy (another worker's) is asked again after a growing wait ([`busy_waits`]) until
+/// `wait` is up, then given up with a warning; one refused for good (no permission) is given
+/// up with a warning at once; either way the table is used without it. Returns the table's
+/// description.
 pub(crate) async fn ensure(
     client: &Client,
     table: &str,
@@ -106,6 +125,7 @@ pub(crate) async fn ensure(
     let mut created = false;
     let mut changes = Changes::default();
     let mut polls = polls();
+    let mut busy = busy_waits();
     loop {
         match client.describe_table().table_name(table).send().await {
             Ok(out) => {
@@ -115,7 +135,23 @@ pub(crate) async fn ensure(
                     Some(TableStatus::Active) => match changes.next(shape, &description) {
                         None => return Ok(description),
                         Some(change) => {
-                            change_table(client, table, billing, change, &mut changes).await?;
+                            if change_table(client, table, billing, change, &mut changes).await {
+                                continue;
+                            }
+                            // Refused for now (busy): asked again after a growing wait, and
+                            // given up at the deadline (the table used without it).
+                            if Instant::now() >= deadline {
+                                tracing::warn!(
+                                    table,
+                                    ?change,
+                                    "the lease table stayed busy for {wait:?}; continuing without the change"
+                                );
+                                changes.given_up.push(change);
+                                continue;
+                            }
+                            let pause = busy.next().unwrap_or(BUSY_MAX);
+                            sleep(pause.min(deadline.saturating_duration_since(Instant::now())))
+                                .await;
                             continue;
                         }
                     },
@@ -164,15 +200,16 @@ pub(crate) async fn ensure(
     }
 }
 
-/// Asks for one change. Busy (another worker's change under way): looked at again once the
-/// table is `ACTIVE`. Refused for good: given up, with a warning.
+/// Asks for one change; returns whether it is settled (asked for, or given up). Busy
+/// (another worker's change under way): `false`, looked at again after a wait
+/// ([`busy_waits`]). Refused for good: given up, with a warning.
 async fn change_table(
     client: &Client,
     table: &str,
     billing: TableBilling,
     change: Change,
     changes: &mut Changes,
-) -> Result<(), BackendError> {
+) -> bool {
     let result = match change {
         Change::Stream => enable_stream(client, table).await,
         Change::Index => add_owner_index(client, table, billing).await,
@@ -187,9 +224,11 @@ async fn change_table(
             };
             tracing::info!(table, "{done}");
             changes.asked.push(change);
+            true
         }
         Err(error) if error.kind().is_transient() => {
-            tracing::debug!(%error, ?change, "the lease table is busy; looking again");
+            tracing::debug!(%error, ?change, "the lease table is busy; looking again after a wait");
+            false
         }
         Err(error) => {
             let feature = match change {
@@ -198,9 +237,9 @@ async fn change_table(
             };
             tracing::warn!(%error, "{feature} failed; continuing without it");
             changes.given_up.push(change);
+            true
         }
     }
-    Ok(())
 }
 
 /// Enables a `NEW_IMAGE` stream, the change feed's source (see `feed`).

@@ -72,12 +72,14 @@ pub(crate) struct Plan {
 }
 
 /// The workers known from `leases`, including `me`: owners of live leases, and workers that
-/// asked for a live lease. A request left on an expired lease is stale (its requester may be
+/// asked for a live lease (never a reset's placeholder owner, [`RESET_OWNER`](crate::admin::RESET_OWNER)). A request left on an expired lease is stale (its requester may be
 /// gone too) and does not count.
 pub(crate) fn workers<'a>(me: &'a WorkerId, leases: &'a [Candidate]) -> BTreeSet<&'a WorkerId> {
     let mut set = BTreeSet::from([me]);
     for c in leases {
         let live = match &c.holder {
+            // A reset's placeholder owner is no worker: it never renews, reads nor grants.
+            Holder::Other(w) if w.as_str() == crate::admin::RESET_OWNER => false,
             Holder::Other(w) => {
                 set.insert(w);
                 true

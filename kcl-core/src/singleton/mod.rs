@@ -83,7 +83,7 @@ pub(crate) const RESERVED: [&str; 2] = ["worker-leader", "worker-standby"];
 pub(crate) const HEARTBEAT_PREFIX: &str = "worker/";
 
 /// The key of `worker`'s heartbeat row.
-pub(crate) fn heartbeat_key(worker: &WorkerId) -> ShardId {
+pub fn heartbeat_key(worker: &WorkerId) -> ShardId {
     ShardId::new(format!("{COORDINATION_PREFIX}{HEARTBEAT_PREFIX}{worker}"))
 }
 
