@@ -219,10 +219,20 @@ impl Watermark {
     }
 
     /// Whether work on the records may still count: the lease they came under is valid.
+    /// Once it is not, the tenure ends here as it does for a hook (marked lost), so that the
+    /// shard stops and is taken again rather than wait for a record whose `Ack` counted for
+    /// nothing.
     fn valid(&self) -> bool {
-        self.tenure.as_ref().is_none_or(|t| t.is_valid())
-            || mutation::on(Mutation::HooksOutliveLease)
-            || mutation::on(Mutation::SkipValidityCheck)
+        if mutation::on(Mutation::HooksOutliveLease) || mutation::on(Mutation::SkipValidityCheck) {
+            return true;
+        }
+        match &self.tenure {
+            Some(tenure) if !tenure.is_valid() => {
+                tenure.mark_lost();
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Reserves the places of a batch being delivered, in order, the first after `previous`.

@@ -151,10 +151,13 @@ pub(super) fn held_bound(e: &Evidence<'_>, v: &mut Vec<String>) {
             // The user records of the last `max_records` stream records up to this one.
             let mut batch = 0;
             let mut sequences = 0;
+            let mut previous: Option<&ExtendedSequenceNumber> = None;
             for p in positions[from.min(to)..to].iter().rev() {
-                if batch > 0 && p.sub_sequence == 0 || batch == 0 {
+                // A stream record is a run of user records with one sequence number.
+                if previous.is_none_or(|q| q.sequence != p.sequence) {
                     sequences += 1;
                 }
+                previous = Some(p);
                 if sequences > e.batch {
                     break;
                 }
