@@ -10,6 +10,8 @@
 //!    gets `lease_lost`, and no checkpoint of it can overwrite the reset;
 //! 2. the new checkpoint, written as the placeholder owner (any pending one dropped).
 //!
+//! No worker counts the placeholder as one (the leader places nothing on it, asks nothing of
+//! it): a leader reading between the two writes sees a lease held, not a worker to load.
 //! The placeholder never renews, so the lease expires a failover time later and a worker
 //! takes it from the new checkpoint, as after a crash: by then the old holder's validity has
 //! run out, so two workers never read the shard at once, and it delivers nothing more after
