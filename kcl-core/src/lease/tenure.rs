@@ -288,6 +288,11 @@ impl Tenure {
         self.held.lock().await.lease.clone()
     }
 
+    /// The lease's checkpoint as last written or read; `None` while a write is under way.
+    pub(crate) fn checkpoint_now(&self) -> Option<Checkpoint> {
+        Some(self.held.try_lock().ok()?.lease.checkpoint.clone())
+    }
+
     /// Who asked, in the row as last written, for this lease to be handed over; `None` also
     /// while a write is under way (it is looked at again next cycle).
     pub(crate) fn handoff_requested(&self) -> Option<WorkerId> {

@@ -97,6 +97,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
         let (mut stalled, mut failing) = (BTreeMap::new(), BTreeMap::new());
         for (key, held) in state.shards.iter() {
+            // A move the shard task has not looked at yet: it looks between batches, not while
+            // a hook runs or a graceful stop waits for the records in flight.
+            if let Some(checkpoint) = held.tenure.checkpoint_now()
+                && !mutation::on(Mutation::StallAgeSeenByTaskOnly)
+            {
+                held.control.observe(&checkpoint, None);
+            }
             let age = held.control.stall_age();
             let shard = key.to_string();
             ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
@@ -123,5 +130,91 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     pub(super) fn cycle_done(&self) {
         self.status
             .send_modify(|s| s.last_cycle = Some(Instant::now()));
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{Instant, sleep};
+
+    use crate::memory::{MemoryLeaseStore, MemoryStream};
+    use crate::worker::ProblemKind;
+    use crate::{
+        BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, Worker, WorkerConfig,
+    };
+
+    /// Checkpoints nothing for 6 s (its records wait), then checkpoints everything it was
+    /// handed in a hook that runs on for 5 s more.
+    struct SlowAfterCheckpoint {
+        started: Instant,
+        done: bool,
+    }
+
+    impl RecordProcessor for SlowAfterCheckpoint {
+        async fn process_records(
+            &mut self,
+            _: ProcessRecordsInput<'_>,
+            cp: &mut Checkpointer,
+        ) -> Result<(), BoxError> {
+            if !self.done && self.started.elapsed() >= Duration::from_secs(6) {
+                self.done = true;
+                cp.checkpoint().await?;
+                sleep(Duration::from_secs(5)).await;
+            }
+            Ok(())
+        }
+    }
+
+    /// The shard task looks at its checkpoint between batches only: a move made in a hook
+    /// that runs on is seen by the coordinator as it publishes, and the shard, whose records
+    /// no longer wait, is not reported stalled `stalled_after` after they began to.
+    #[tokio::test(start_paused = true)]
+    async fn a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall() {
+        // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+        #[cfg(feature = "mutation-testing")]
+        if let Ok(name) = std::env::var("KCL_MUTATION") {
+            let found = crate::mutation::Mutation::ALL
+                .iter()
+                .find(|m| format!("{m:?}") == name);
+            crate::mutation::set(found.copied());
+        }
+        let stream = MemoryStream::new(1);
+        let producer = stream.clone();
+        tokio::spawn(async move {
+            for i in 0_u64.. {
+                producer.put(&format!("key-{}", i % 7), format!("record-{i}"));
+                sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let config = WorkerConfig::default()
+            .failover_time(Duration::from_secs(6))
+            .taker_interval(Duration::from_millis(500))
+            .idle_time_between_reads(Duration::from_millis(200))
+            .stalled_after(Duration::from_secs(8));
+        let started = Instant::now();
+        let worker = Worker::builder(stream, MemoryLeaseStore::new())
+            .id("w")
+            .config(config)
+            .build(move |_| SlowAfterCheckpoint {
+                started,
+                done: false,
+            })
+            .unwrap();
+        let status = worker.status();
+        let shutdown = worker.shutdown_handle();
+        let task = tokio::spawn(worker.run());
+        // Records wait from the first batch on until the move at 6 s; the hook returns at
+        // 11 s, and those handed over since wait until 19 s.
+        while started.elapsed() < Duration::from_secs(16) {
+            sleep(Duration::from_millis(100)).await;
+            let s = status.borrow();
+            let stalled = s.problems.iter().any(|p| p.kind == ProblemKind::Stalled);
+            assert!(!stalled, "at {:?}: {:?}", started.elapsed(), s.problems);
+        }
+        shutdown.shutdown();
+        task.await.unwrap().unwrap();
     }
 }

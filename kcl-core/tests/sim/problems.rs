@@ -25,6 +25,10 @@ pub const STALLED_AFTER: Duration = Duration::from_secs(8);
 /// leases it has no room for, before workers are added.
 pub const UNOWNED_WITHIN: Duration = Duration::from_secs(40);
 
+/// How long after workers were added (room for every lease) a report of a lease unowned
+/// may stand.
+pub const UNOWNED_CLEARS: Duration = Duration::from_secs(15);
+
 /// One problem a worker reported, from when it appeared in its `Status` until it was gone
 /// (`None`: still there when the run ended).
 #[derive(Debug, Clone)]
@@ -100,6 +104,12 @@ pub fn sample(worker: &str, mut status: watch::Receiver<Status>, log: Log) {
     });
 }
 
+/// Lets every sampler see the last change of its worker's `Status` (a worker that just
+/// stopped), so that the journal has its reports closed.
+pub async fn settle() {
+    sleep(Duration::from_millis(1)).await;
+}
+
 /// Opens the reports that appeared and closes those that are gone.
 fn note(
     log: &Log,
@@ -163,23 +173,15 @@ pub fn cap(seed: u64) -> Option<usize> {
 /// leaves, reshards): looks at it every taker interval (see [`Room`]) until it reports the
 /// leases it has no room for, or for [`UNOWNED_WITHIN`]; then adds workers (as an operator
 /// told "no worker has room" would) until every unfinished lease and every shard still to
-/// be leased fits, so that the drain owes every record as in any other seed.
+/// be leased fits, so that the drain owes every record as in any other seed, and gives the
+/// reports up to [`UNOWNED_CLEARS`] to go.
 pub async fn make_room(fleet: &mut Fleet, cap: usize) {
     let deadline = Instant::now() + UNOWNED_WITHIN;
     while Instant::now() < deadline {
         sleep(config().taker_interval).await;
         let room = look(fleet);
         let short = room.ready.len().saturating_sub(room.workers * cap);
-        // As the journal has them (what `unowned` judges): the live workers' reports now.
-        let reported: BTreeSet<String> = {
-            let j = fleet.log.lock();
-            let reports = j.problems.reports.iter();
-            reports
-                .filter(|r| r.kind == ProblemKind::Unowned && r.until.is_none())
-                .filter(|r| fleet.live.contains_key(&r.worker))
-                .map(|r| r.key.clone())
-                .collect()
-        };
+        let reported = unowned_now(fleet);
         let true_ones = reported
             .iter()
             .filter(|k| room.ready.contains(*k) && !room.held.contains_key(*k));
@@ -192,7 +194,24 @@ pub async fn make_room(fleet: &mut Fleet, cap: usize) {
     while fleet.live.len() * cap < needed(fleet) {
         fleet.join();
     }
-    fleet.log.lock().problems.room_from = Some(Instant::now());
+    let room = Instant::now();
+    fleet.log.lock().problems.room_from = Some(room);
+    // Time for the reports to clear (`unowned` judges that they do).
+    while Instant::now() < room + UNOWNED_CLEARS && !unowned_now(fleet).is_empty() {
+        sleep(config().taker_interval).await;
+    }
+}
+
+/// The leases the live workers report unowned now, as the journal has them (what `unowned`
+/// judges).
+fn unowned_now(fleet: &Fleet) -> BTreeSet<String> {
+    let j = fleet.log.lock();
+    let reports = j.problems.reports.iter();
+    reports
+        .filter(|r| r.kind == ProblemKind::Unowned && r.until.is_none())
+        .filter(|r| fleet.live.contains_key(&r.worker))
+        .map(|r| r.key.clone())
+        .collect()
 }
 
 /// The ready leases now, and who of the live workers holds them.

@@ -433,6 +433,7 @@ pub async fn simulate(seed: u64) -> Outcome {
     violations.extend(unbalanced);
     let quiet = (quiet_from, Instant::now());
     violations.extend(fleet.stop_all().await);
+    super::problems::settle().await;
     violations.extend(judge(
         &fleet,
         &records,

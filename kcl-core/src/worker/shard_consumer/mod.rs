@@ -138,8 +138,13 @@ impl Control {
         }
     }
 
-    /// The lease's checkpoint now, and the last record the current attempt delivered.
-    fn observe(&self, checkpoint: &Checkpoint, delivered: Option<&ExtendedSequenceNumber>) {
+    /// The lease's checkpoint now, and the last record the current attempt delivered (the
+    /// coordinator, which does not know it, gives `None`).
+    pub(crate) fn observe(
+        &self,
+        checkpoint: &Checkpoint,
+        delivered: Option<&ExtendedSequenceNumber>,
+    ) {
         self.progress().observe(checkpoint, delivered);
     }
 
