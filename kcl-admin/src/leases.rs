@@ -8,6 +8,10 @@
 //! (`yes (heartbeat)`). How far
 //! behind a shard is comes from the stream itself: one `GetRecords` of one record from the
 //! checkpoint gives `MillisBehindLatest`, and the arrival time of the next record to process.
+//!
+//! In a multi-stream table a lease's key is `account:stream:creationEpoch:shardId`: it is
+//! shown by that key (what `reset --shard` takes), on the line of the shard the stream named
+//! lists if it is that stream's.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -15,6 +19,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_core::lease::UnreadableRow;
+use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{heartbeat_key, is_coordination_key};
 use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
 use serde_json::json;
@@ -41,6 +46,10 @@ pub(crate) struct Args {
 #[derive(Debug, Default)]
 struct Line {
     shard: String,
+    /// In a multi-stream table: the lease key's stream and shard.
+    stream_id: Option<(StreamId, ShardId)>,
+    /// A lease of another stream than the one named (a multi-stream table).
+    other_stream: bool,
     lease: Option<Lease>,
     /// Whether the counter moved while watched; `None` if not watched. Under heartbeats
     /// (the owner has a heartbeat row) the heartbeat row's counter: such a worker renews its
@@ -73,6 +82,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         .filter(|l| l.owner.as_ref().is_some_and(|o| heartbeat_key(o) == l.key))
         .map(|l| (l.key.clone(), ()))
         .collect();
+    let named = args.stream.given();
     let mut lines: BTreeMap<String, Line> = leases
         .into_iter()
         .filter(|l| !is_coordination_key(&l.key))
@@ -85,8 +95,14 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
                 .filter(|k| heartbeats.contains_key(k));
             let by_heartbeat = heartbeat.is_some();
             let moving = moving.get(heartbeat.as_ref().unwrap_or(&l.key)).copied();
+            let stream_id = StreamId::split_key(&l.key);
             let line = Line {
                 shard: key.clone(),
+                // A lease of another stream of a multi-stream table: not asked about.
+                other_stream: stream_id
+                    .as_ref()
+                    .is_some_and(|(id, _)| named && !args.stream.names(&id.name)),
+                stream_id,
                 moving,
                 by_heartbeat,
                 parents: l.parent_shard_ids.clone(),
@@ -99,7 +115,8 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     if let Some(source) = args.stream.open(sdk).await? {
         let shards = source.list_shards().await?;
         for shard in &shards {
-            let line = lines.entry(shard.id.to_string()).or_insert_with(|| Line {
+            let key = lease_key_of(&lines, &args.stream, &shard.id);
+            let line = lines.entry(key).or_insert_with(|| Line {
                 shard: shard.id.to_string(),
                 ..Line::default()
             });
@@ -116,6 +133,25 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     };
     print(&out);
     Ok(())
+}
+
+/// The line of `shard` of the stream named: its lease's key, the shard id in a single-stream
+/// table, `account:stream:creationEpoch:shardId` in a multi-stream one (the newest stream of
+/// that name if it was recreated).
+fn lease_key_of(
+    lines: &BTreeMap<String, Line>,
+    stream: &crate::source::StreamArgs,
+    shard: &ShardId,
+) -> String {
+    if lines.contains_key(shard.as_str()) {
+        return shard.to_string();
+    }
+    lines
+        .iter()
+        .filter_map(|(key, line)| Some((key, line.stream_id.as_ref()?)))
+        .filter(|(_, (id, s))| s == shard && stream.names(&id.name))
+        .max_by_key(|(_, (id, _))| id.creation_epoch)
+        .map_or_else(|| shard.to_string(), |(key, _)| key.clone())
 }
 
 #[allow(clippy::print_stdout)]
@@ -186,7 +222,7 @@ fn moving_text(line: &Line) -> &'static str {
 }
 
 fn stream_text(line: &Line, asked: bool) -> &'static str {
-    match (asked, line.closed) {
+    match (asked && !line.other_stream, line.closed) {
         (false, _) => "-",
         (true, Some(false)) => "open",
         (true, Some(true)) => "closed",
@@ -285,6 +321,8 @@ fn json_out(lines: &[Line], unreadable: &[UnreadableRow], asked: bool) -> String
         .map(|l| {
             json!({
                 "shard": l.shard,
+                "stream_id": l.stream_id.as_ref().map(|(id, _)| id.to_string()),
+                "shard_id": l.stream_id.as_ref().map_or_else(|| l.shard.clone(), |(_, s)| s.to_string()),
                 "owner": l.lease.as_ref().and_then(|x| x.owner.as_ref().map(ToString::to_string)),
                 "leased": l.lease.is_some(),
                 "checkpoint": l.lease.as_ref().map(|x| x.checkpoint.to_string()),

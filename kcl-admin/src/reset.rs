@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_core::admin::{self, RESET_SETTLES_AFTER, ResetTo};
+use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
-    Checkpoint, ExtendedSequenceNumber, LeaseStore, SequenceNumber, ShardId, ShardSource,
+    Checkpoint, ExtendedSequenceNumber, Lease, LeaseStore, SequenceNumber, Shard, ShardId,
+    ShardSource,
 };
 
 /// Arguments of `kcl-admin reset`.
@@ -21,7 +23,9 @@ pub(crate) struct Args {
     /// The stream the leases are of.
     #[command(flatten)]
     stream: crate::source::StreamArgs,
-    /// A shard to reset (repeat for several).
+    /// A shard to reset (repeat for several): its shard id, or in a multi-stream table the
+    /// lease key `account:stream:creationEpoch:shardId` (a shard id finds the lease of that
+    /// shard of `--stream` there too).
     #[arg(long, num_args = 1..)]
     shard: Vec<String>,
     /// Every shard with an unfinished lease.
@@ -93,14 +97,12 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
             .map(|l| l.key)
             .collect()
     } else {
-        let known = |s: &String| listed.iter().any(|l| l.id.as_str() == s);
-        if let Some(unknown) = args.shard.iter().find(|s| !known(s)) {
-            anyhow::bail!(
-                "invalid --shard {unknown}: stream {} has no such shard",
-                args.stream.name()
-            );
+        let leases = store.list().await?;
+        let mut keys = Vec::new();
+        for given in &args.shard {
+            keys.push(lease_key(given, &args.stream, &listed, &leases)?);
         }
-        args.shard.iter().map(|s| ShardId::new(s.clone())).collect()
+        keys
     };
     report(&format!(
         "resetting {} shard(s) of {} to {}",
@@ -150,6 +152,50 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     );
     report("done: each shard is taken from its new checkpoint by a worker within a failover time");
     Ok(())
+}
+
+/// The lease key `given` names: a shard id of the stream (its lease, in a single-stream table,
+/// is the shard id; in a multi-stream table, `account:stream:creationEpoch:shardId`, found by
+/// the stream's name), or a multi-stream lease key whose stream is the one named and whose
+/// shard the stream lists.
+fn lease_key(
+    given: &str,
+    stream: &crate::source::StreamArgs,
+    listed: &[Shard],
+    leases: &[Lease],
+) -> anyhow::Result<ShardId> {
+    let listed_shard = |s: &ShardId| listed.iter().any(|l| l.id == *s);
+    let given_key = ShardId::new(given.to_owned());
+    if let Some((id, shard)) = StreamId::split_key(&given_key) {
+        anyhow::ensure!(
+            !stream.is_kinesis() || stream.names(&id.name),
+            "invalid --shard {given}: a lease of stream {}, not of --stream {}",
+            id.name,
+            stream.name()
+        );
+        anyhow::ensure!(
+            listed_shard(&shard),
+            "invalid --shard {given}: stream {} has no shard {shard}",
+            stream.name()
+        );
+        return Ok(given_key);
+    }
+    anyhow::ensure!(
+        listed_shard(&given_key),
+        "invalid --shard {given}: stream {} has no such shard",
+        stream.name()
+    );
+    if leases.iter().any(|l| l.key == given_key) {
+        return Ok(given_key);
+    }
+    // A multi-stream table: the lease of this shard of the stream named (the newest stream
+    // of that name if it was recreated: the one listed).
+    let found = leases
+        .iter()
+        .filter_map(|l| StreamId::split_key(&l.key).map(|(id, shard)| (id, shard, &l.key)))
+        .filter(|(id, shard, _)| *shard == given_key && stream.names(&id.name))
+        .max_by_key(|(id, _, _)| id.creation_epoch);
+    Ok(found.map_or(given_key, |(_, _, key)| key.clone()))
 }
 
 /// A row's checkpoint, with the moment pinned for `LATEST` and `AT_TIMESTAMP`.

@@ -47,6 +47,24 @@ impl StreamArgs {
         }
     }
 
+    /// Whether `name` (a multi-stream lease key's stream name) is the stream named: a Kinesis
+    /// stream's name, or the name in its ARN (`arn:…:stream/NAME`). A DynamoDB stream's
+    /// multi-stream id is not matched.
+    pub(crate) fn names(&self, name: &str) -> bool {
+        if !self.is_kinesis() {
+            return false;
+        }
+        self.stream
+            .as_deref()
+            .map(|s| s.rsplit_once(":stream/").map_or(s, |(_, n)| n))
+            .is_some_and(|s| s == name)
+    }
+
+    /// Whether the stream is a Kinesis stream's.
+    pub(crate) fn is_kinesis(&self) -> bool {
+        self.source == "kinesis"
+    }
+
     /// What names the stream in messages.
     pub(crate) fn name(&self) -> &str {
         self.stream

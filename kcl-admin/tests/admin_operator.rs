@@ -1,7 +1,8 @@
 //! `kcl-admin` against the emulators, on rows the test writes itself (issue 34): `release` of
 //! a worker the table does not know is refused naming the known ones, `reset` prints the
 //! checkpoint it replaced, and `remove-kcl-rows` deletes nothing of a fleet whose failover
-//! time is 30 s (its rows renewed every 15 s).
+//! time is 30 s (its rows renewed every 15 s); `leases` and `reset` on a multi-stream table's
+//! keys.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -10,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::admin;
+use kcl_core::multi_stream::StreamId;
 use kcl_core::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseStore, SequenceNumber, ShardId, WorkerId,
 };
@@ -162,5 +164,108 @@ async fn remove_run(ctx: Context) -> anyhow::Result<()> {
     anyhow::ensure!(stderr.contains("still running"), "{stderr}");
     let left = ctx.store().get(&ShardId::new(key)).await?;
     anyhow::ensure!(left.is_some(), "the leader's row was deleted");
+    Ok(())
+}
+
+/// Issue 34, item 6: a multi-stream table's lease (`account:stream:creationEpoch:shardId`) is
+/// shown against its stream's shard by `leases`, and `reset --shard` takes it, by its full
+/// key or by the shard id of the stream named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_reset_take_multi_stream_lease_keys() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("admin-multi-stream").await? else {
+        return Ok(());
+    };
+    ctx.create_stream(1).await?;
+    let id = StreamId::new("000000000000", ctx.stream.clone(), 1_700_000_000);
+    let key = id.lease_key(&ShardId::new(SHARD));
+    let seq = Checkpoint::Sequence(ExtendedSequenceNumber::new(
+        SequenceNumber::parse(SEQ.to_owned()).unwrap(),
+    ));
+    held(&ctx, key.as_str(), "worker-a", seq).await?;
+    // A lease of another stream of the same table: not the named stream's, not "gone".
+    let other = StreamId::new("000000000000", "another-stream", 1_700_000_000);
+    let other_key = other.lease_key(&ShardId::new(SHARD));
+    held(
+        &ctx,
+        other_key.as_str(),
+        "worker-a",
+        Checkpoint::TrimHorizon,
+    )
+    .await?;
+
+    let out = admin(
+        &ctx,
+        &[
+            "leases",
+            "--application-name",
+            &ctx.table,
+            "--stream",
+            &ctx.stream,
+            "--observe",
+            "0s",
+            "--json",
+        ],
+    )?;
+    anyhow::ensure!(out.status.success(), "leases failed");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let shards = doc["shards"].as_array().cloned().unwrap_or_default();
+    anyhow::ensure!(
+        shards.len() == 2,
+        "want the stream's shard on its lease's line and the other stream's lease: {doc}"
+    );
+    let line = shards
+        .iter()
+        .find(|s| s["shard"] == key.as_str())
+        .ok_or_else(|| anyhow::anyhow!("no line for {key}: {doc}"))?;
+    anyhow::ensure!(line["leased"] == true && line["stream"] == "open", "{line}");
+    anyhow::ensure!(
+        line["stream_id"] == id.to_string().as_str() && line["shard_id"] == SHARD,
+        "{line}"
+    );
+    let other_line = shards
+        .iter()
+        .find(|s| s["shard"] == other_key.as_str())
+        .ok_or_else(|| anyhow::anyhow!("no line for {other_key}: {doc}"))?;
+    anyhow::ensure!(
+        other_line["stream"].is_null() || other_line["stream"] == "-",
+        "{other_line}"
+    );
+
+    let reset = |shard: &str| {
+        admin(
+            &ctx,
+            &[
+                "reset",
+                "--application-name",
+                &ctx.table,
+                "--stream",
+                &ctx.stream,
+                "--shard",
+                shard,
+                "--to",
+                "TRIM_HORIZON",
+                "--failover-time",
+                "1s",
+            ],
+        )
+    };
+    let out = reset(key.as_str())?;
+    anyhow::ensure!(out.status.success(), "reset by the full lease key failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(stdout.contains(SEQ), "{stdout}");
+    let row = ctx.store().get(&key).await?.expect("the lease");
+    anyhow::ensure!(row.checkpoint == Checkpoint::TrimHorizon, "{row:?}");
+
+    // By the shard id of the stream named: the same lease.
+    let out = reset(SHARD)?;
+    anyhow::ensure!(out.status.success(), "reset by shard id failed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(stdout.contains(key.as_str()), "{stdout}");
+    let row = ctx.store().get(&ShardId::new(SHARD)).await?;
+    anyhow::ensure!(row.is_none(), "a single-stream lease was made: {row:?}");
+
+    // Another stream's lease, with this stream named: refused.
+    let out = reset(other_key.as_str())?;
+    anyhow::ensure!(!out.status.success(), "another stream's lease was reset");
     Ok(())
 }
