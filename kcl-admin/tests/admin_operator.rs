@@ -2,7 +2,8 @@
 //! a worker the table does not know is refused naming the known ones, `reset` prints the
 //! checkpoint it replaced, and `remove-kcl-rows` deletes nothing of a fleet whose failover
 //! time is 30 s (its rows renewed every 15 s); `leases` and `reset` on a multi-stream table's
-//! keys.
+//! keys, `leases`' MOVING under heartbeats (a worker process with `--liveness heartbeat`), and
+//! kcl-aws's warnings in kcl-admin's output.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -10,12 +11,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::admin;
+use common::{admin, admin_with};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseStore, SequenceNumber, ShardId, WorkerId,
 };
-use kcl_integration_tests::{Context, with_timeout};
+use kcl_integration_tests::process::{WorkerProcess, test_worker_bin};
+use kcl_integration_tests::{Context, wait_until, with_timeout};
 
 const SHARD: &str = "shardId-000000000000";
 const SEQ: &str = "49590338271490256608559692538361571095921575989136588898";
@@ -268,4 +270,159 @@ async fn leases_and_reset_take_multi_stream_lease_keys() -> anyhow::Result<()> {
     let out = reset(other_key.as_str())?;
     anyhow::ensure!(!out.status.success(), "another stream's lease was reset");
     Ok(())
+}
+
+/// Issue 34, item 6: under heartbeats a worker renews its heartbeat row, not its leases:
+/// `leases` shows its lease moving by its heartbeat (`yes (heartbeat)`), not standing still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_shows_a_heartbeat_workers_lease_moving() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("admin-moving-heartbeat").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), Box::pin(moving_run(ctx))).await
+}
+
+async fn moving_run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(1).await?;
+    let bin = test_worker_bin()?;
+    let extra = ["--liveness", "heartbeat", "--failover-ms", "3000"];
+    let worker = WorkerProcess::spawn(bin.to_str().unwrap(), &ctx, "worker-a", &extra)?;
+    wait_until(
+        "worker-a holds the shard",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            // The worker makes the table: not there at first.
+            let owners = ctx.owners().await.unwrap_or_default();
+            Ok(owners.get(SHARD).and_then(Option::as_deref) == Some("worker-a"))
+        },
+    )
+    .await?;
+    let out = admin(
+        &ctx,
+        &[
+            "leases",
+            "--application-name",
+            &ctx.table,
+            "--stream",
+            &ctx.stream,
+            "--observe",
+            "4s",
+        ],
+    );
+    worker.terminate()?;
+    let out = out?;
+    anyhow::ensure!(out.status.success(), "leases failed");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(SHARD))
+        .ok_or_else(|| anyhow::anyhow!("no line for {SHARD}:\n{table}"))?;
+    anyhow::ensure!(
+        line.contains("worker-a") && line.contains("yes (heartbeat)"),
+        "the heartbeat worker's lease is not shown moving:\n{table}"
+    );
+    Ok(())
+}
+
+/// Issue 34, item 6: kcl-aws's warnings reach kcl-admin's output: `leases` on a disabled
+/// DynamoDB stream says it is disabled (kcl-aws warns, and reads on). moto cannot describe a
+/// disabled stream (it answers 500), so the DynamoDB Streams endpoint is a stub answering
+/// `DescribeStream` with a disabled stream of no shards; the lease table is the emulator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kcl_aws_warnings_show_in_kcl_admin_output() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("admin-warnings").await? else {
+        return Ok(());
+    };
+    ctx.store()
+        .ensure_table(kcl_core::lease::TableFeatures::default())
+        .await?;
+    let arn = format!(
+        "arn:aws:dynamodb:us-east-1:123456789012:table/{}-orders/stream/2026-01-01T00:00:00.000",
+        ctx.table
+    );
+    let endpoint = disabled_stream_stub(arn.clone()).await?;
+    let out = tokio::task::spawn_blocking(move || {
+        admin_with(
+            &ctx,
+            &[
+                "leases",
+                "--application-name",
+                &ctx.table,
+                "--source",
+                "dynamodb-streams",
+                "--stream",
+                &arn,
+                "--observe",
+                "0s",
+            ],
+            &[("AWS_ENDPOINT_URL_DYNAMODB_STREAMS", &endpoint)],
+        )
+    })
+    .await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.success(), "leases failed: {stderr}");
+    anyhow::ensure!(
+        stderr.contains("the stream is disabled"),
+        "kcl-aws's warning is not in kcl-admin's output: {stderr}"
+    );
+    Ok(())
+}
+
+/// A DynamoDB Streams endpoint whose every answer is a `DescribeStream` of `arn`, disabled,
+/// with no shards. Returns its URL.
+async fn disabled_stream_stub(arn: String) -> anyhow::Result<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let body = serde_json::json!({
+        "StreamDescription": {
+            "StreamArn": arn,
+            "StreamLabel": "2026-01-01T00:00:00.000",
+            "StreamStatus": "DISABLED",
+            "StreamViewType": "NEW_IMAGE",
+            "TableName": "orders",
+            "Shards": [],
+        }
+    })
+    .to_string();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut socket = BufReader::new(socket);
+                loop {
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some((name, value)) = line.split_once(':')
+                            && name.eq_ignore_ascii_case("content-length")
+                        {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut request = vec![0; length];
+                    if socket.read_exact(&mut request).await.is_err() {
+                        return;
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.0\r\n\
+                         content-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if socket.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(url)
 }

@@ -8,9 +8,20 @@ const ADMIN: &str = env!("CARGO_BIN_EXE_kcl-admin");
 
 /// Runs `kcl-admin ARGS`, printing what it printed (for a failing test's output).
 pub(crate) fn admin(ctx: &Context, args: &[&str]) -> anyhow::Result<Output> {
+    admin_with(ctx, args, &[])
+}
+
+/// As [`admin`], with `env` over the emulators' environment.
+#[allow(dead_code)]
+pub(crate) fn admin_with(
+    ctx: &Context,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<Output> {
     let out = Command::new(ADMIN)
         .args(args)
         .envs(ctx.worker_env())
+        .envs(env.iter().copied())
         .output()?;
     eprintln!(
         "kcl-admin {}:\n{}{}",
