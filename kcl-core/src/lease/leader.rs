@@ -74,7 +74,7 @@ pub(crate) fn assign_within(
     refused: impl Fn(&ShardId, &WorkerId) -> bool,
 ) -> Assignment {
     let mut assignment = Assignment::default();
-    let (mut load, movable) = loads(me, leases, &active, &mut assignment);
+    let (mut load, movable) = loads(me, leases, limits.max_leases, &active, &mut assignment);
     // A worker that let a lease expire is not given more: it may be gone, and a lease the
     // leader writes to it would look alive again for a failover time.
     let suspects: Vec<&WorkerId> = leases
@@ -102,6 +102,7 @@ pub(crate) fn assign_within(
 fn loads<'a>(
     me: &'a WorkerId,
     leases: &'a [Candidate],
+    max_leases: usize,
     active: &impl Fn(&WorkerId) -> bool,
     assignment: &mut Assignment,
 ) -> (Load<'a>, Vec<(&'a WorkerId, &'a ShardId)>) {
@@ -110,6 +111,7 @@ fn loads<'a>(
         .map(|w| (w, 0))
         .collect();
     let mut movable = Vec::new();
+    let mut mine = leases.iter().filter(|c| c.holder == Holder::Me).count();
     for c in leases {
         let holder = match &c.holder {
             Holder::Me => me,
@@ -117,10 +119,15 @@ fn loads<'a>(
             // neither counted nor moved; it expires and is placed as any other.
             Holder::Other(w) if w.as_str() == crate::admin::RESET_OWNER => continue,
             Holder::Other(w) => w,
-            Holder::Adoptable => {
+            // A lease naming the leader (a handoff to it) it adopts while it has room; the
+            // others it places as available ones (`place`): a leader at its `max_leases`
+            // adopting every handoff to it would end up over its limit.
+            Holder::Adoptable if mine < max_leases => {
+                mine += 1;
                 assignment.take.push((c.key.clone(), me.clone()));
                 me
             }
+            Holder::Adoptable => continue,
             Holder::Unowned | Holder::Released | Holder::Expired { .. } => continue,
         };
         let pending = c
@@ -159,7 +166,8 @@ fn place<'a>(
             matches!(
                 c.holder,
                 Holder::Unowned | Holder::Released | Holder::Expired { .. }
-            )
+            ) || (c.holder == Holder::Adoptable
+                && !assignment.take.iter().any(|(k, _)| *k == c.key))
         })
         .collect();
     available.sort_by_key(|c| match c.holder {
@@ -630,8 +638,6 @@ mod tests {
     /// through handoffs; a leader at its `max_leases` adopting every handoff naming it ended
     /// up with all of them. It adopts what it has room for and places the rest.
     #[test]
-    #[ignore = "issue 34 item 5, open: placing what the leader has no room for made the \
-                simulation's seed 97 report a lease unowned with room for it"]
     fn the_leader_adopts_handoffs_only_within_its_own_limit() {
         let me = w("leader");
         let leases: Vec<Candidate> = (0..4)
