@@ -2,16 +2,17 @@
 //!
 //! Each is a conditional write through the lease protocol, never a blind overwrite.
 //!
-//! **Reset** moves a shard's checkpoint (replay after a bug, or skip ahead) in two writes,
-//! each conditional on the row's owner and counter as last seen:
-//! 1. a take for the placeholder owner [`RESET_OWNER`]: the holder's next renewal or
-//!    checkpoint fails its condition (the owner changed, so no reconciliation after an
-//!    uncertain write can mistake the row for its own): it loses the lease, its processor
-//!    gets `lease_lost`, and no checkpoint of it can overwrite the reset;
-//! 2. the new checkpoint, written as the placeholder owner (any pending one dropped).
+//! **Reset** moves a shard's checkpoint (replay after a bug, or skip ahead) in one write
+//! ([`LeaseStore::reset`]), conditional on the row's owner and counter as last seen: the
+//! lease is taken for the placeholder owner [`RESET_OWNER`] and the new checkpoint written
+//! (any pending one dropped) at once. The holder's next renewal or checkpoint fails its
+//! condition (the owner changed, so no reconciliation after an uncertain write can mistake
+//! the row for its own): it loses the lease, its processor gets `lease_lost`, and no
+//! checkpoint of it can overwrite the reset. No reader ever sees the placeholder holding the
+//! old checkpoint, and a failed write changes nothing.
 //!
 //! No worker counts the placeholder as one (the leader places nothing on it, asks nothing of
-//! it): a leader reading between the two writes sees a lease held, not a worker to load.
+//! it): a leader reading the row sees a lease held, not a worker to load.
 //! The placeholder never renews, so the lease expires a failover time later and a worker
 //! takes it from the new checkpoint, as after a crash: by then the old holder's validity has
 //! run out, so two workers never read the shard at once, and it delivers nothing more after
@@ -74,14 +75,15 @@ pub struct Reset {
 ///
 /// # Errors
 /// `NotFound` if there is no such lease, `Fatal` for a finished one; the store's error if
-/// the write fails other than by the row moving meanwhile (then it reads again and retries).
+/// the write fails other than by the row moving meanwhile (then it reads again and retries;
+/// a failed write changed nothing).
 pub async fn reset<L: LeaseStore>(
     store: &L,
     key: &ShardId,
     to: &ResetTo,
 ) -> Result<Reset, BackendError> {
     let placeholder = WorkerId::from(RESET_OWNER);
-    let mut taken = None;
+    let mut done = None;
     for _ in 0..ATTEMPTS {
         let observed = store.get(key).await?.ok_or_else(|| {
             let text = format!("the lease table has no lease {key}");
@@ -103,34 +105,27 @@ pub async fn reset<L: LeaseStore>(
             );
             return Err(BackendError::new(ErrorKind::Fatal, "reset", text));
         }
-        match store.take(&observed, &placeholder).await {
+        // One write: the take for the placeholder and the new checkpoint (any pending one
+        // dropped), conditional on the owner and counter just read.
+        let update = CheckpointUpdate {
+            checkpoint: to.checkpoint.clone(),
+            pending: None,
+            child_shard_ids: Vec::new(),
+            start_timestamp: to.pin,
+            endpoint: None,
+        };
+        match store.reset(&observed, &placeholder, &update).await {
             Ok(row) => {
-                taken = Some((observed, row));
+                done = Some((observed, row));
                 break;
             }
             Err(e) if e.kind() == ErrorKind::Conflict => {}
             Err(e) => return Err(e),
         }
     }
-    let (before, taken) = taken.ok_or_else(|| {
+    let (before, after) = done.ok_or_else(|| {
         let text = format!("{key} kept changing; try again");
         BackendError::new(ErrorKind::Conflict, "reset", text)
-    })?;
-
-    let update = CheckpointUpdate {
-        checkpoint: to.checkpoint.clone(),
-        pending: None,
-        child_shard_ids: Vec::new(),
-        start_timestamp: to.pin,
-        endpoint: None,
-    };
-    let after = store.checkpoint(&taken, &update).await.map_err(|e| {
-        let text = format!(
-            "{key}: taken for the reset, but writing the checkpoint failed; the lease expires \
-             and is taken from its old checkpoint ({}): run the reset again",
-            before.checkpoint
-        );
-        BackendError::new(e.kind(), "reset", text).with_source(e)
     })?;
     Ok(Reset { before, after })
 }
@@ -275,6 +270,43 @@ mod tests {
         );
         let drain = store.get(&drain_key(&WorkerId::from("worker-c"))).await;
         assert!(drain.unwrap().is_none(), "a drain row was written");
+    }
+
+    /// Issue 34, item 7: a reset is one write (the take for the placeholder and the new
+    /// checkpoint at once): no reader can see the placeholder holding the old checkpoint,
+    /// and a failed write leaves nothing half done. The in-memory store journals its two
+    /// effects (a `take`, then a `checkpoint` by the reset's client) at one instant.
+    #[tokio::test]
+    async fn a_reset_is_one_write() {
+        use crate::lease::usage::Operation;
+        let store = MemoryLeaseStore::new();
+        held(&store, "s0", "worker-a").await;
+        let to = ResetTo {
+            checkpoint: Checkpoint::Latest,
+            pin: None,
+        };
+        let admin = store.client(RESET_OWNER);
+        reset(&admin, &ShardId::from("s0"), &to).await.unwrap();
+        let usage = admin.usage().unwrap();
+        let writes: Vec<(Operation, u64)> = usage
+            .by_operation()
+            .into_iter()
+            .filter(|(op, t)| !op.is_read() && t.requests > 0)
+            .map(|(op, t)| (op, t.requests))
+            .collect();
+        assert_eq!(writes, vec![(Operation::Checkpoint, 1)], "one write");
+        let events: Vec<_> = store
+            .journal()
+            .into_iter()
+            .filter(|ev| ev.client == RESET_OWNER)
+            .collect();
+        let ops: Vec<&str> = events.iter().map(|ev| ev.operation).collect();
+        assert_eq!(ops, ["take", "checkpoint"], "{events:?}");
+        assert_eq!(events[0].at, events[1].at, "one instant");
+        assert_eq!(events[1].seq, events[0].seq + 1);
+        assert_eq!(events[0].lease.checkpoint, Checkpoint::TrimHorizon);
+        assert!(events[1].lease.is_owned_by(&WorkerId::from(RESET_OWNER)));
+        assert_eq!(events[1].lease.checkpoint, Checkpoint::Latest);
     }
 
     /// Issue 34, item 6: a reset returns the row it replaced, so that the CLI can print the

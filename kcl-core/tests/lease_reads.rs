@@ -295,6 +295,15 @@ macro_rules! delegate_writes {
             self.$to().checkpoint(held, update)
         }
 
+        fn reset(
+            &self,
+            observed: &Lease,
+            owner: &WorkerId,
+            update: &CheckpointUpdate,
+        ) -> impl Future<Output = Result<Lease, BackendError>> + Send {
+            self.$to().reset(observed, owner, update)
+        }
+
         fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send {
             self.$to().delete(lease)
         }

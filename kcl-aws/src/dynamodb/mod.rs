@@ -431,6 +431,48 @@ impl Expr {
         self
     }
 
+    /// Writes `update` into the row of `key` as a checkpoint does: the owner-switch count
+    /// reset, the counter past `counter`.
+    fn checkpoint(&mut self, key: &ShardId, update: &CheckpointUpdate, counter: u64) -> &mut Self {
+        self.set(
+            CHECKPOINT,
+            AttributeValue::S(update.checkpoint.as_str().to_owned()),
+        )
+        .set(
+            CHECKPOINT_SUB_SEQUENCE_NUMBER,
+            schema::number(update.checkpoint.sub_sequence()),
+        )
+        .set(OWNER_SWITCHES_SINCE_CHECKPOINT, schema::number(0))
+        .set(LEASE_COUNTER, schema::number(counter + 1));
+        match &update.pending {
+            Some(pending) => {
+                self.set(
+                    PENDING_CHECKPOINT,
+                    AttributeValue::S(pending.as_str().to_owned()),
+                )
+                .set(
+                    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
+                    schema::number(pending.sub_sequence()),
+                );
+            }
+            None => {
+                self.remove(PENDING_CHECKPOINT)
+                    .remove(PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER)
+                    .remove(PENDING_CHECKPOINT_STATE);
+            }
+        }
+        if let Some(children) = schema::related_set(key, &update.child_shard_ids) {
+            self.set(CHILD_SHARD_IDS, children);
+        }
+        if let Some(at) = update.start_timestamp {
+            self.set(START_TIMESTAMP, schema::timestamp(at));
+        }
+        if let Some(endpoint) = &update.endpoint {
+            self.set(ENDPOINT, AttributeValue::S(endpoint.clone()));
+        }
+        self
+    }
+
     fn update_expression(&self) -> String {
         let mut out = String::new();
         if !self.set.is_empty() {
@@ -626,43 +668,24 @@ impl LeaseStore for DynamoDbLeaseStore {
         update: &CheckpointUpdate,
     ) -> Result<Lease, BackendError> {
         let mut e = Expr::held(held);
-        e.set(
-            CHECKPOINT,
-            AttributeValue::S(update.checkpoint.as_str().to_owned()),
-        )
-        .set(
-            CHECKPOINT_SUB_SEQUENCE_NUMBER,
-            schema::number(update.checkpoint.sub_sequence()),
-        )
-        .set(OWNER_SWITCHES_SINCE_CHECKPOINT, schema::number(0))
-        .set(LEASE_COUNTER, schema::number(held.counter + 1));
-        match &update.pending {
-            Some(pending) => {
-                e.set(
-                    PENDING_CHECKPOINT,
-                    AttributeValue::S(pending.as_str().to_owned()),
-                )
-                .set(
-                    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
-                    schema::number(pending.sub_sequence()),
-                );
-            }
-            None => {
-                e.remove(PENDING_CHECKPOINT)
-                    .remove(PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER)
-                    .remove(PENDING_CHECKPOINT_STATE);
-            }
-        }
-        if let Some(children) = schema::related_set(&held.key, &update.child_shard_ids) {
-            e.set(CHILD_SHARD_IDS, children);
-        }
-        if let Some(at) = update.start_timestamp {
-            e.set(START_TIMESTAMP, schema::timestamp(at));
-        }
-        if let Some(endpoint) = &update.endpoint {
-            e.set(ENDPOINT, AttributeValue::S(endpoint.clone()));
-        }
+        e.checkpoint(&held.key, update, held.counter);
         self.update(Operation::Checkpoint, &held.key, e).await
+    }
+
+    async fn reset(
+        &self,
+        observed: &Lease,
+        owner: &WorkerId,
+        update: &CheckpointUpdate,
+    ) -> Result<Lease, BackendError> {
+        // One UpdateItem: the take and the checkpoint, conditional on the owner and counter
+        // observed (counted as a checkpoint).
+        let mut e = Expr::held(observed);
+        e.set(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()))
+            .remove(HANDOFF_TO)
+            .remove(CHECKPOINT_OWNER);
+        e.checkpoint(&observed.key, update, observed.counter);
+        self.update(Operation::Checkpoint, &observed.key, e).await
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {

@@ -160,6 +160,50 @@ async fn take_of_an_unowned_lease_requires_no_owner_and_counts_the_switch() {
     assert_eq!(taken.owner, Some(WorkerId::new("w9")));
 }
 
+/// Issue 34, item 7: a reset is one `UpdateItem`, conditional on the owner and counter
+/// observed, that makes the placeholder the owner and writes the checkpoint; a failed
+/// condition is a conflict.
+#[tokio::test]
+async fn a_reset_is_one_conditional_update_of_owner_and_checkpoint() {
+    let update = mock!(Client::update_item)
+        .match_requests(|req| {
+            let expr = req.update_expression().unwrap_or_default();
+            let values = req.expression_attribute_values().unwrap();
+            req.condition_expression() == Some(schema::COND_OWNED)
+                && values.get(":counter") == Some(&AttributeValue::N("7".into()))
+                && values.get(":owner") == Some(&AttributeValue::S("w1".into()))
+                && values.get(":leaseOwner") == Some(&AttributeValue::S("kcl-admin/reset".into()))
+                && values.get(":checkpoint") == Some(&AttributeValue::S("LATEST".into()))
+                && values.get(":leaseCounter") == Some(&AttributeValue::N("8".into()))
+                && expr.contains("#ownerSwitchesSinceCheckpoint = :ownerSwitchesSinceCheckpoint")
+                && expr.contains("REMOVE #handoffTo")
+                && expr.contains("#pendingCheckpoint")
+        })
+        .then_output(|| {
+            let mut after = held();
+            after.counter = 8;
+            after.owner = Some(WorkerId::new("kcl-admin/reset"));
+            after.checkpoint = Checkpoint::Latest;
+            UpdateItemOutput::builder()
+                .set_attributes(Some(row(&after)))
+                .build()
+        });
+    let owner = WorkerId::new("kcl-admin/reset");
+    let to = CheckpointUpdate::new(Checkpoint::Latest);
+    let after = store(&[&update]).reset(&held(), &owner, &to).await.unwrap();
+    assert_eq!(after.owner, Some(owner.clone()));
+    assert_eq!(after.checkpoint, Checkpoint::Latest);
+    assert_eq!(update.num_calls(), 1);
+
+    let refused = mock!(Client::update_item)
+        .then_http_response(|| aws_error(400, "ConditionalCheckFailedException"));
+    let err = store(&[&refused])
+        .reset(&held(), &owner, &to)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict);
+}
+
 #[tokio::test]
 async fn list_pages_through_the_scan_and_skips_rows_it_cannot_parse() {
     let first = mock!(Client::scan)

@@ -301,6 +301,21 @@ pub trait LeaseStore: Send + Sync + 'static {
         update: &CheckpointUpdate,
     ) -> impl Future<Output = Result<Lease, BackendError>> + Send;
 
+    /// An operator's reset ([`admin::reset`](crate::admin::reset)) in one write: makes
+    /// `owner` the owner, as [`take`](Self::take) does (any handoff request cleared), and
+    /// writes `update`, as [`checkpoint`](Self::checkpoint) does (any pending checkpoint
+    /// dropped unless `update` has one). Condition: owner and counter as in `observed`. Bumps
+    /// the counter once and resets the owner-switch count. Nobody can read the row between a
+    /// take and a checkpoint, since there is none. Counted as a `checkpoint` (the in-memory
+    /// store journals its two effects, a `take` then a `checkpoint`, at one instant). No
+    /// default: two writes are what it replaces; a wrapper delegates.
+    fn reset(
+        &self,
+        observed: &Lease,
+        owner: &WorkerId,
+        update: &CheckpointUpdate,
+    ) -> impl Future<Output = Result<Lease, BackendError>> + Send;
+
     /// Deletes a lease nobody wrote since `observed` (a finished parent, or a stale lease).
     /// Condition: the counter as in `observed`.
     fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send;
@@ -411,6 +426,15 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
         update: &CheckpointUpdate,
     ) -> impl Future<Output = Result<Lease, BackendError>> + Send {
         (**self).checkpoint(held, update)
+    }
+
+    fn reset(
+        &self,
+        observed: &Lease,
+        owner: &WorkerId,
+        update: &CheckpointUpdate,
+    ) -> impl Future<Output = Result<Lease, BackendError>> + Send {
+        (**self).reset(observed, owner, update)
     }
 
     fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send {

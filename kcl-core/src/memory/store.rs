@@ -179,6 +179,19 @@ impl MemoryLeaseStore {
         condition: impl FnOnce(Option<&Lease>) -> bool + Send + 'static,
         change: impl FnOnce(Option<Lease>) -> Option<Lease> + Send + 'static,
     ) -> Result<Option<Lease>, BackendError> {
+        self.write_logged(operation, Logged::AsIs, key, condition, change)
+            .await
+    }
+
+    /// As [`write`](Self::write), journaled as `logged` says.
+    async fn write_logged(
+        &self,
+        operation: Operation,
+        logged: Logged,
+        key: &ShardId,
+        condition: impl FnOnce(Option<&Lease>) -> bool + Send + 'static,
+        change: impl FnOnce(Option<Lease>) -> Option<Lease> + Send + 'static,
+    ) -> Result<Option<Lease>, BackendError> {
         let started = Instant::now();
         let fate = self
             .faults
@@ -189,11 +202,12 @@ impl MemoryLeaseStore {
             let (store, key) = (self.clone(), key.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let _ = store.apply(operation, &key, started, false, condition, change);
+                let _ = store.apply(operation, logged, &key, started, false, condition, change);
             });
         } else {
             let result = self.apply(
                 operation,
+                logged,
                 key,
                 started,
                 fate == Fate::Apply,
@@ -211,9 +225,11 @@ impl MemoryLeaseStore {
         fate.report(operation.as_str(), Ok(None))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn apply(
         &self,
         operation: Operation,
+        logged: Logged,
         key: &ShardId,
         started: Instant,
         reported: bool,
@@ -239,24 +255,39 @@ impl MemoryLeaseStore {
             ));
         }
         let before = t.rows.remove(key);
+        let before_write = before.clone();
         let after = change(before.clone());
         let size = |row: &Option<Lease>| row.as_ref().map_or(0, usage::item_size);
         let units = usage::write_units(size(&before).max(size(&after)));
         self.count(&t, operation, 0, 0.0, units);
-        let logged = after.clone().or(before);
+        let shown = after.clone().or(before);
         if let Some(row) = &after {
             t.rows.insert(key.clone(), row.clone());
         }
-        if let Some(lease) = logged {
+        let at = Instant::now();
+        let mut log = |operation: &'static str, lease: Lease| {
             t.journal.push(StoreEvent {
                 seq: super::next_event_seq(),
                 started,
-                at: Instant::now(),
+                at,
                 reported,
                 client: self.client.to_string(),
-                operation: operation.as_str(),
+                operation,
                 lease,
             });
+        };
+        match (logged, shown, before_write) {
+            (Logged::TakeThenCheckpoint, Some(lease), Some(before)) => {
+                // The take's effect alone: the new owner on the old checkpoint.
+                let mut taken = before;
+                taken.owner.clone_from(&lease.owner);
+                taken.handoff_to = None;
+                taken.counter = lease.counter;
+                log(Operation::Take.as_str(), taken);
+                log(Operation::Checkpoint.as_str(), lease);
+            }
+            (_, Some(lease), _) => log(operation.as_str(), lease),
+            (_, None, _) => {}
         }
         Ok(after)
     }
@@ -302,6 +333,34 @@ fn whole_table(t: &mut Table) -> (Vec<Lease>, u64, usize) {
 fn held_by(expected: &Lease) -> impl Fn(Option<&Lease>) -> bool + Send + 'static {
     let (owner, counter) = (expected.owner.clone(), expected.counter);
     move |row| row.is_some_and(|r| r.owner == owner && r.counter == counter)
+}
+
+/// How a write is journaled.
+#[derive(Debug, Clone, Copy)]
+enum Logged {
+    /// One event, named after the write's operation.
+    AsIs,
+    /// A reset: its two effects, a `take` (the new owner on the old row) then a `checkpoint`
+    /// (the row written), at one instant.
+    TakeThenCheckpoint,
+}
+
+/// `update` written into `r`, as a checkpoint writes it: the owner-switch count reset, the
+/// counter bumped.
+fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
+    r.owner_switches_since_checkpoint = 0;
+    r.checkpoint = update.checkpoint;
+    r.pending_checkpoint = update.pending;
+    if !update.child_shard_ids.is_empty() {
+        r.child_shard_ids = update.child_shard_ids;
+    }
+    if update.start_timestamp.is_some() {
+        r.start_timestamp = update.start_timestamp;
+    }
+    if update.endpoint.is_some() {
+        r.endpoint = update.endpoint;
+    }
+    r.counter += 1;
 }
 
 fn missing(operation: &'static str) -> BackendError {
@@ -498,22 +557,39 @@ impl LeaseStore for MemoryLeaseStore {
         let row = self
             .write(Operation::Checkpoint, &held.key, condition, move |row| {
                 row.map(|mut r| {
-                    r.owner_switches_since_checkpoint = 0;
-                    r.checkpoint = update.checkpoint;
-                    r.pending_checkpoint = update.pending;
-                    if !update.child_shard_ids.is_empty() {
-                        r.child_shard_ids = update.child_shard_ids;
-                    }
-                    if update.start_timestamp.is_some() {
-                        r.start_timestamp = update.start_timestamp;
-                    }
-                    if update.endpoint.is_some() {
-                        r.endpoint = update.endpoint;
-                    }
-                    r.counter += 1;
+                    checkpointed(&mut r, update);
                     r
                 })
             })
+            .await?;
+        row.ok_or_else(|| missing("checkpoint"))
+    }
+
+    async fn reset(
+        &self,
+        observed: &Lease,
+        owner: &WorkerId,
+        update: &CheckpointUpdate,
+    ) -> Result<Lease, BackendError> {
+        let (owner, update) = (owner.clone(), update.clone());
+        // One write, counted as a checkpoint; journaled as its two effects, a `take` then a
+        // `checkpoint` by the reset's client, at one instant (the feed serves them together),
+        // as the simulation's checks read a reset.
+        let row = self
+            .write_logged(
+                Operation::Checkpoint,
+                Logged::TakeThenCheckpoint,
+                &observed.key,
+                held_by(observed),
+                move |row| {
+                    row.map(|mut r| {
+                        r.owner = Some(owner);
+                        r.handoff_to = None;
+                        checkpointed(&mut r, update);
+                        r
+                    })
+                },
+            )
             .await?;
         row.ok_or_else(|| missing("checkpoint"))
     }
