@@ -84,9 +84,15 @@ pub(crate) fn assign_within(
             _ => None,
         })
         .collect();
+    // Its own leases on their way to another worker count at that worker in `load`, but
+    // they are still the leader's until taken (and the target, full, may refuse them).
+    let leaving = leases
+        .iter()
+        .filter(|c| c.holder == Holder::Me && c.handoff_to.as_ref().is_some_and(|to| to != me))
+        .count();
     let room = |w: &WorkerId, n: usize| {
         if w == me {
-            n < limits.max_leases
+            n + leaving < limits.max_leases
         } else {
             active(w) && !suspects.contains(&w)
         }
@@ -651,6 +657,28 @@ mod tests {
         let a = assign(&me, &leases, limits, |_| true);
         assert_eq!(count(&a, "leader"), 1, "{a:?}");
         assert_eq!(count(&a, "a"), 3, "{a:?}");
+    }
+
+    /// Found by the simulation (seed 291 of 1,000, a fleet capped at 3): a leader at its
+    /// `max_leases` with one of its leases on its way to a full worker (who will refuse it)
+    /// counted that lease at the target and took a released lease as well: 4 of 3.
+    #[test]
+    fn a_leader_counts_its_leases_still_leaving_against_its_own_limit() {
+        let me = w("leader");
+        let mut leaving = lease("s0", Holder::Me);
+        leaving.handoff_to = Some(w("a"));
+        let leases = vec![
+            leaving,
+            lease("s1", Holder::Me),
+            lease("s2", Holder::Me),
+            lease("s3", Holder::Released),
+        ];
+        let limits = Limits {
+            max_leases: 3,
+            max_steal: 1,
+        };
+        let a = assign(&me, &leases, limits, |_| true);
+        assert_eq!(count(&a, "leader"), 0, "{a:?}");
     }
 
     /// Issue 34, item 7: a reset's placeholder owner (`kcl-admin/reset`) is no worker: it
