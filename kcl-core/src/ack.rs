@@ -43,6 +43,7 @@
 //!   lease counts for nothing (the new owner delivers the record again).
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use tokio::sync::Notify;
@@ -75,7 +76,7 @@ impl Ack {
         if let Some(watermark) = self.watermark.upgrade()
             && watermark.valid()
         {
-            watermark.finish(self.index, None);
+            watermark.finish(self.index..self.index + 1, None);
         }
     }
 
@@ -86,7 +87,7 @@ impl Ack {
     pub fn fail(mut self, error: impl Into<BoxError>) {
         self.settled = true;
         if let Some(watermark) = self.watermark.upgrade() {
-            watermark.finish(self.index, Some(error.into()));
+            watermark.finish(self.index..self.index + 1, Some(error.into()));
         }
     }
 
@@ -108,7 +109,7 @@ impl Drop for Ack {
             && let Some(watermark) = self.watermark.upgrade()
         {
             watermark.finish(
-                self.index,
+                self.index..self.index + 1,
                 Some("a record's Ack was dropped unacknowledged (its task panicked or was cancelled)".into()),
             );
         }
@@ -152,16 +153,9 @@ impl Drop for Reservation {
         let Some(watermark) = self.watermark.upgrade() else {
             return;
         };
-        for index in self.first..self.first + self.count {
-            if std::thread::panicking() {
-                watermark.finish(
-                    index,
-                    Some("a batch was dropped by a panicking task".into()),
-                );
-            } else {
-                watermark.finish(index, None);
-            }
-        }
+        let failure = std::thread::panicking()
+            .then(|| BoxError::from("a batch was dropped by a panicking task"));
+        watermark.finish(self.first..self.first + self.count, failure);
     }
 }
 
@@ -187,8 +181,6 @@ struct State {
     in_hook: Option<u64>,
     /// Records not finished.
     outstanding: usize,
-    /// Records the watermark passed since [`Watermark::take_advanced`] last looked.
-    advanced: u64,
     /// Records the watermark passed, ever.
     passed: u64,
     /// The first failure, until the shard task takes it.
@@ -271,29 +263,31 @@ impl Watermark {
         self.lock().in_hook = None;
     }
 
-    fn finish(&self, index: u64, failure: Option<BoxError>) {
+    /// Finishes (or, with a `failure`, fails) the records `indices`, under one lock: a whole
+    /// batch dropped in its hook costs one call, not one per record.
+    fn finish(&self, indices: Range<u64>, failure: Option<BoxError>) {
         let mut state = self.lock();
-        let Some(offset) = index
-            .checked_sub(state.base)
-            .and_then(|o| usize::try_from(o).ok())
-        else {
-            return;
-        };
-        let Some(entry) = state.entries.get_mut(offset) else {
-            return;
-        };
         if let Some(error) = failure {
-            // The record stays unfinished: the watermark never passes it.
+            // The records stay unfinished: the watermark never passes them.
             if state.failed.is_none() {
                 state.failed = Some(error);
             }
-        } else if !entry.finished {
-            entry.finished = true;
-            state.outstanding -= 1;
+        } else {
+            for index in indices {
+                let offset = index
+                    .checked_sub(state.base)
+                    .and_then(|o| usize::try_from(o).ok());
+                let Some(entry) = offset.and_then(|o| state.entries.get_mut(o)) else {
+                    continue;
+                };
+                if !entry.finished {
+                    entry.finished = true;
+                    state.outstanding -= 1;
+                }
+            }
             while state.entries.front().is_some_and(|e| e.finished) {
                 state.entries.pop_front();
                 state.base += 1;
-                state.advanced += 1;
                 state.passed += 1;
             }
         }
@@ -369,11 +363,6 @@ impl Watermark {
         self.lock().passed
     }
 
-    /// How many records the watermark passed since the last call.
-    pub(crate) fn take_advanced(&self) -> u64 {
-        std::mem::take(&mut self.lock().advanced)
-    }
-
     /// The first failure reported by an `Ack`, if one was.
     pub(crate) fn take_failure(&self) -> Option<BoxError> {
         self.lock().failed.take()
@@ -409,7 +398,7 @@ mod tests {
         assert_eq!(w.position(last.as_ref()), Some(at(0)), "1 is unfinished");
         first.done();
         assert_eq!(w.position(last.as_ref()), Some(at(2)));
-        assert_eq!(w.take_advanced(), 2);
+        assert_eq!(w.passed(), 2);
         fourth.done();
         assert_eq!(w.position(last.as_ref()), Some(at(2)));
         assert_eq!(w.outstanding(), 1);

@@ -25,8 +25,9 @@ pub(super) struct Acks {
     interval: Duration,
     /// How long a graceful stop waits for records in flight: half the shutdown timeout.
     drain_within: Duration,
-    /// Records the watermark passed since the last checkpoint of it, and since when.
-    finished: u64,
+    /// How many records the watermark had passed ([`Watermark::passed`]) at the last
+    /// checkpoint of it, and since when records passed it unwritten.
+    written: u64,
     since: Option<Instant>,
 }
 
@@ -38,7 +39,7 @@ impl Acks {
             every: config.ack_checkpoint_every,
             interval: config.ack_checkpoint_interval,
             drain_within: config.shutdown_timeout / 2,
-            finished: 0,
+            written: 0,
             since: None,
         }
     }
@@ -89,16 +90,18 @@ impl Acks {
                 source,
             });
         }
-        let advanced = self.watermark.take_advanced();
-        // A processor that never acknowledges later checkpoints for itself.
-        if advanced > 0 && self.watermark.used() {
-            self.finished += advanced;
+        let passed = self.watermark.passed();
+        if !self.watermark.used() {
+            // A processor that never acknowledges later checkpoints for itself.
+            self.written = passed;
+        } else if passed > self.written {
             self.since.get_or_insert_with(Instant::now);
         }
+        let finished = passed - self.written;
         let due = self
             .since
             .is_some_and(|s| s + self.interval <= Instant::now());
-        if self.finished >= self.every || (due && self.finished > 0) {
+        if finished >= self.every || (due && finished > 0) {
             return Ok(self.write(checkpointer).await);
         }
         Ok(None)
@@ -106,9 +109,10 @@ impl Acks {
 
     /// Checkpoints the watermark; a failed write is tried again an interval later.
     async fn write(&mut self, checkpointer: &mut Checkpointer) -> Option<Stop> {
+        let passed = self.watermark.passed();
         match checkpointer.checkpoint_finished().await {
             Ok(()) => {
-                self.finished = 0;
+                self.written = passed;
                 self.since = None;
                 None
             }
