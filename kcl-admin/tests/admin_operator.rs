@@ -426,3 +426,96 @@ async fn disabled_stream_stub(arn: String) -> anyhow::Result<String> {
     });
     Ok(url)
 }
+
+/// Issue 34, item 5: `release` onto a worker started with `--max-leases 1` leaves it within
+/// its cap. worker-a holds the stream's four shards, worker-b (capped at one) and worker-c
+/// join and the leader balances; `release --worker worker-a` asks the least loaded worker
+/// first (worker-b, by name among equals), which gives back what it has no room for, and
+/// worker-a's leases end with worker-c. worker-b's journal shows it never processed two
+/// shards at once; the table, once settled, names it on one lease at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_onto_a_capped_worker_leaves_it_within_its_cap() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("admin-release-capped").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(180), Box::pin(capped_run(ctx))).await
+}
+
+/// How many leases `owners` names `worker` on.
+fn count(owners: &std::collections::BTreeMap<String, Option<String>>, worker: &str) -> usize {
+    owners
+        .values()
+        .filter(|o| o.as_deref() == Some(worker))
+        .count()
+}
+
+async fn capped_run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(4).await?;
+    let bin = test_worker_bin()?;
+    let bin = bin.to_str().unwrap();
+    let a = WorkerProcess::spawn(bin, &ctx, "worker-a", &[])?;
+    wait_until(
+        "worker-a holds all four shards",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(count(&ctx.owners().await.unwrap_or_default(), "worker-a") == 4),
+    )
+    .await?;
+    let b = WorkerProcess::spawn(bin, &ctx, "worker-b", &["--max-leases", "1"])?;
+    let c = WorkerProcess::spawn(bin, &ctx, "worker-c", &[])?;
+    wait_until(
+        "worker-b and worker-c hold one shard each",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || {
+            let owners = ctx.owners().await?;
+            Ok(count(&owners, "worker-b") == 1 && count(&owners, "worker-c") >= 1)
+        },
+    )
+    .await?;
+    let out = admin(
+        &ctx,
+        &[
+            "release",
+            "--application-name",
+            &ctx.table,
+            "--worker",
+            "worker-a",
+            "--timeout",
+            "60s",
+        ],
+    )?;
+    anyhow::ensure!(out.status.success(), "release failed");
+    // Settled: every shard with worker-b (one at most) or worker-c, still so after worker-b
+    // has read which leases name it twice (every failover time / 2, 1.5 s).
+    let settled = async || -> anyhow::Result<bool> {
+        let owners = ctx.owners().await?;
+        let (b, c) = (count(&owners, "worker-b"), count(&owners, "worker-c"));
+        Ok(b <= 1 && b + c == 4)
+    };
+    wait_until(
+        "worker-a's leases settle on worker-b and worker-c",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        settled,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let owners = ctx.owners().await?;
+    let journal = b.events()?;
+    for w in [a, b, c] {
+        w.terminate()?;
+    }
+    anyhow::ensure!(settled().await?, "not settled: {owners:?}");
+    let (mut now, mut most) = (0_i64, 0_i64);
+    for e in &journal {
+        match e.event.as_str() {
+            "init" => now += 1,
+            "shard_end" | "shutdown_checkpoint" | "lease_lost" => now -= 1,
+            _ => {}
+        }
+        most = most.max(now);
+    }
+    anyhow::ensure!(most <= 1, "worker-b processed {most} shards at once");
+    Ok(())
+}

@@ -294,7 +294,7 @@ mod tests {
             .filter(|(op, t)| !op.is_read() && t.requests > 0)
             .map(|(op, t)| (op, t.requests))
             .collect();
-        assert_eq!(writes, vec![(Operation::Checkpoint, 1)], "one write");
+        assert_eq!(writes, vec![(Operation::Reset, 1)], "one write");
         let events: Vec<_> = store
             .journal()
             .into_iter()

@@ -679,13 +679,13 @@ impl LeaseStore for DynamoDbLeaseStore {
         update: &CheckpointUpdate,
     ) -> Result<Lease, BackendError> {
         // One UpdateItem: the take and the checkpoint, conditional on the owner and counter
-        // observed (counted as a checkpoint).
+        // observed.
         let mut e = Expr::held(observed);
         e.set(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()))
             .remove(HANDOFF_TO)
             .remove(CHECKPOINT_OWNER);
         e.checkpoint(&observed.key, update, observed.counter);
-        self.update(Operation::Checkpoint, &observed.key, e).await
+        self.update(Operation::Reset, &observed.key, e).await
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {

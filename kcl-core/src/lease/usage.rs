@@ -46,13 +46,15 @@ pub enum Operation {
     RequestHandoff,
     /// Writing a checkpoint.
     Checkpoint,
+    /// An operator's reset (`kcl-admin reset`): a take and a checkpoint in one write.
+    Reset,
     /// Deleting a lease.
     Delete,
 }
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::EnsureTable,
         Self::List,
         Self::Snapshot,
@@ -65,6 +67,7 @@ impl Operation {
         Self::Release,
         Self::RequestHandoff,
         Self::Checkpoint,
+        Self::Reset,
         Self::Delete,
     ];
 
@@ -83,6 +86,7 @@ impl Operation {
             Self::Release => "release",
             Self::RequestHandoff => "request_handoff",
             Self::Checkpoint => "checkpoint",
+            Self::Reset => "reset",
             Self::Delete => "delete",
         }
     }

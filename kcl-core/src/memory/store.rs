@@ -572,12 +572,12 @@ impl LeaseStore for MemoryLeaseStore {
         update: &CheckpointUpdate,
     ) -> Result<Lease, BackendError> {
         let (owner, update) = (owner.clone(), update.clone());
-        // One write, counted as a checkpoint; journaled as its two effects, a `take` then a
+        // One write; journaled as its two effects, a `take` then a
         // `checkpoint` by the reset's client, at one instant (the feed serves them together),
         // as the simulation's checks read a reset.
         let row = self
             .write_logged(
-                Operation::Checkpoint,
+                Operation::Reset,
                 Logged::TakeThenCheckpoint,
                 &observed.key,
                 held_by(observed),
@@ -591,7 +591,7 @@ impl LeaseStore for MemoryLeaseStore {
                 },
             )
             .await?;
-        row.ok_or_else(|| missing("checkpoint"))
+        row.ok_or_else(|| missing("reset"))
     }
 
     async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {

@@ -69,6 +69,9 @@ struct Args {
     /// Most handoffs asked for in one taker cycle.
     #[arg(long, default_value_t = 1)]
     max_steal: usize,
+    /// Most leases this worker holds (`max_leases`); unlimited if not given.
+    #[arg(long)]
+    max_leases: Option<usize>,
     /// Do not checkpoint after each batch (only at shard end and shutdown).
     #[arg(long)]
     no_batch_checkpoint: bool,
@@ -381,6 +384,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .parent_poll_interval(Duration::from_millis(200))
         .max_records(args.max_records)
         .max_leases_to_steal(args.max_steal)
+        .max_leases(args.max_leases.unwrap_or(usize::MAX))
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
         .coordination(coordination)
