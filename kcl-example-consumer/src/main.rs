@@ -8,7 +8,6 @@ mod cli;
 mod cost;
 mod demo;
 mod fault;
-#[cfg(feature = "aws")]
 mod settings;
 mod summary;
 

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
 
+#[cfg(feature = "aws")]
 mod aws;
 mod backend;
 mod fleet;

@@ -167,7 +167,24 @@ fn dynamodb(v: &Values, grace: Option<Duration>) -> Result<Input, SettingsError>
     Ok(Input::DynamoDb { table, arn })
 }
 
+/// Why a build without feature `aws` refuses a DynamoDB stream.
+#[cfg(not(feature = "aws"))]
+const NO_AWS: &str = "this build has no AWS backends: build with `--features aws`";
+
 /// The table of a DynamoDB stream ARN, or why `arn` is not one.
+#[cfg(not(feature = "aws"))]
+fn table_of(_arn: &str) -> Result<&str, String> {
+    Err(NO_AWS.into())
+}
+
+/// A comma-separated list of DynamoDB stream ARNs.
+#[cfg(not(feature = "aws"))]
+fn arns(_list: &str) -> Result<Vec<String>, String> {
+    Err(NO_AWS.into())
+}
+
+/// The table of a DynamoDB stream ARN, or why `arn` is not one.
+#[cfg(feature = "aws")]
 fn table_of(arn: &str) -> Result<&str, String> {
     kcl_aws::streams::table_of(arn).ok_or_else(|| {
         format!(
@@ -179,6 +196,7 @@ fn table_of(arn: &str) -> Result<&str, String> {
 }
 
 /// A comma-separated list of DynamoDB stream ARNs.
+#[cfg(feature = "aws")]
 fn arns(list: &str) -> Result<Vec<String>, String> {
     let arns = split(list)?;
     for arn in &arns {

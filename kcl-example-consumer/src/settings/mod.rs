@@ -167,7 +167,7 @@ pub(crate) struct Settings {
     /// HTTP listen address.
     pub(crate) listen: SocketAddr,
     /// Where the metrics are also pushed over OTLP, if anywhere.
-    pub(crate) otlp: Option<kcl_serve::Otlp>,
+    pub(crate) otlp: Option<kcl_serve::OtlpSettings>,
     /// Log format.
     pub(crate) log_format: LogFormat,
     /// Log filter.
@@ -203,11 +203,10 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// The summary job's settings.
 /// Where the metrics are also pushed over OTLP/HTTP, and how often: to a collector beside
 /// the process (plain HTTP), e.g. an ADOT sidecar whose `awsemf` exporter writes them to
 /// CloudWatch.
-fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::Otlp>, SettingsError> {
+fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::OtlpSettings>, SettingsError> {
     let every = v.parsed("otlp_interval", parse_duration)?;
     let Some(endpoint) = v.get("otlp_endpoint") else {
         if every.is_some() {
@@ -228,6 +227,29 @@ fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::Otlp>, Settings
     if every < Duration::from_secs(1) {
         return Err(v.fail("otlp_interval", "must be at least 1s".into()));
     }
+    otlp_to(v, endpoint, every, worker_id)
+}
+
+#[cfg(not(feature = "otlp"))]
+fn otlp_to(
+    v: &Values,
+    _endpoint: &str,
+    _every: Duration,
+    _worker_id: &str,
+) -> Result<Option<kcl_serve::OtlpSettings>, SettingsError> {
+    Err(v.fail(
+        "otlp_endpoint",
+        "this build has no OTLP exporter: build with `--features otlp`".into(),
+    ))
+}
+
+#[cfg(feature = "otlp")]
+fn otlp_to(
+    _v: &Values,
+    endpoint: &str,
+    every: Duration,
+    worker_id: &str,
+) -> Result<Option<kcl_serve::OtlpSettings>, SettingsError> {
     Ok(Some(kcl_serve::Otlp {
         endpoint: endpoint.to_owned(),
         every,
