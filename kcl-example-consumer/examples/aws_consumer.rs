@@ -3,6 +3,8 @@
 //! Credentials, region and endpoints come from the standard AWS configuration chain.
 #![allow(clippy::print_stdout)]
 
+use std::io::IsTerminal as _;
+
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{BoxError, Checkpointer, ProcessRecordsInput, RecordProcessor, ShardId, Worker};
 
@@ -30,9 +32,11 @@ async fn main() -> Result<(), BoxError> {
     let (Some(stream), Some(app)) = (args.next(), args.next()) else {
         return Err("usage: aws_consumer STREAM APPLICATION_NAME".into());
     };
-    // How the worker runs, and anything that costs more than it should, at start.
+    // How the worker runs, and anything that costs more than it should, at start: on stderr
+    // (stdout is the records'), coloured on a terminal only.
     tracing_subscriber::fmt()
-        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
     let source = KinesisShardSource::new(&sdk, stream);

@@ -2,9 +2,13 @@
 //! of record arrival time, emits one JSON line per window and checkpoints after it.
 //!
 //! Windows are per shard and aligned to the epoch (a 60 s window runs from :00 to :00). A
-//! window closes when a record of a later window arrives; the processor then emits it and
-//! checkpoints at its last record, so after a failover the next owner recounts only the
-//! window that was still open. Emission is at least once: a window emitted just before a
+//! window closes when a record of a later window arrives, or on time: when the worker calls
+//! with an empty batch (the shard is read to its tip and quiet; the binary sets
+//! `empty_batch_interval`) [`CLOSE_AFTER`] past the window's end, so the last window of a
+//! stream that goes quiet shows too. The processor then emits it and checkpoints at its last
+//! record, so after a failover the next owner recounts only the window that was still open.
+//! A record that arrives later than that for a closed window (its arrival time set by the
+//! service, more than [`CLOSE_AFTER`] before it could be read) gets a line of its own. Emission is at least once: a window emitted just before a
 //! crash, and not yet checkpointed, is emitted again by the next owner. A graceful shutdown
 //! or handoff emits the open window early, marked `"complete": false`, and checkpoints
 //! everything, so nothing is counted twice.
@@ -20,6 +24,10 @@ use kcl_core::{
     RecordProcessor, ShardId,
 };
 use serde::Serialize;
+
+/// How long past its end a window waits, on a quiet shard, for records that arrived before
+/// its end and are not readable yet, before it closes on time.
+pub const CLOSE_AFTER: Duration = Duration::from_secs(2);
 
 /// One window's counts for one shard: the line the processor emits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -146,6 +154,20 @@ impl Windows {
         closed
     }
 
+    /// Closes the open window if `now` is [`CLOSE_AFTER`] past its end (call it only when the
+    /// shard is read to its tip).
+    pub fn close_due(
+        &mut self,
+        now: DateTime<Utc>,
+    ) -> Option<(WindowSummary, ExtendedSequenceNumber)> {
+        let open = self.open.as_ref()?;
+        let due = open.start + self.length + TimeDelta::from_std(CLOSE_AFTER).unwrap_or_default();
+        if now < due {
+            return None;
+        }
+        self.close(true)
+    }
+
     /// Closes the open window, if any.
     pub fn close(&mut self, complete: bool) -> Option<(WindowSummary, ExtendedSequenceNumber)> {
         let open = self.open.take()?;
@@ -185,6 +207,22 @@ impl Windows {
 pub struct WindowCounter<S> {
     windows: Windows,
     sink: S,
+    clock: Clock,
+}
+
+/// The wall clock, read as its value at the processor's start plus the monotonic time since
+/// (so a wall-clock step does not close windows early, and tests on paused time run it).
+#[derive(Debug)]
+struct Clock {
+    wall: DateTime<Utc>,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = TimeDelta::from_std(self.start.elapsed()).unwrap_or_default();
+        self.wall + elapsed
+    }
 }
 
 impl<S: WindowSink> WindowCounter<S> {
@@ -193,6 +231,10 @@ impl<S: WindowSink> WindowCounter<S> {
         Self {
             windows: Windows::new(shard, window, top_keys),
             sink,
+            clock: Clock {
+                wall: Utc::now(),
+                start: tokio::time::Instant::now(),
+            },
         }
     }
 }
@@ -205,7 +247,7 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     ) -> Result<(), BoxError> {
         let started = Instant::now();
         let delay = input.records().first().map(|r| {
-            (Utc::now() - r.approximate_arrival)
+            (self.clock.now() - r.approximate_arrival)
                 .num_milliseconds()
                 .max(0)
         });
@@ -220,8 +262,19 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
                 done_up_to = Some(last);
             }
         }
+        // An empty batch: the shard is quiet and read to its tip.
+        if input.records().is_empty() {
+            if let Some((summary, last)) = self.windows.close_due(self.clock.now()) {
+                self.sink.emit(&summary)?;
+                emitted += 1;
+                done_up_to = Some(last);
+            }
+        }
         if let Some(position) = done_up_to {
             checkpoint(checkpointer.checkpoint_at(position).await)?;
+        }
+        if input.records().is_empty() && emitted == 0 {
+            return Ok(());
         }
         tracing::info!(
             shard = %checkpointer.shard_id(),
@@ -357,6 +410,56 @@ mod tests {
                 .push(summary.clone());
             Ok(())
         }
+    }
+
+    /// A stream that goes quiet: its last window is emitted on time (an empty batch past
+    /// its end), not at the next record or shutdown, and checkpointed at its last record.
+    #[tokio::test(start_paused = true)]
+    async fn the_last_window_of_a_quiet_stream_closes_on_time() {
+        let stream = MemoryStream::new(1);
+        let store = MemoryLeaseStore::new();
+        let sink = Arc::new(Collect::default());
+        let config = WorkerConfig::default()
+            .idle_time_between_reads(Duration::from_millis(100))
+            .empty_batch_interval(Some(Duration::from_millis(500)));
+        let factory = {
+            let sink = sink.clone();
+            move |shard: &ShardId| {
+                WindowCounter::new(shard, Duration::from_secs(10), 10, sink.clone())
+            }
+        };
+        let worker = Worker::new("w", config, stream.clone(), store.clone(), factory)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let shutdown = worker.shutdown_handle();
+        let running = tokio::spawn(worker.run());
+        for i in 0..5 {
+            stream.put(&format!("key-{i}"), format!("record-{i}"));
+        }
+        // The window ends within 10 s; closing waits CLOSE_AFTER past its end.
+        tokio::time::sleep(Duration::from_secs(10) + CLOSE_AFTER + Duration::from_secs(1)).await;
+        let windows = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(
+            windows.len(),
+            1,
+            "the quiet stream's window is out: {windows:?}"
+        );
+        assert!(windows[0].complete);
+        assert_eq!(windows[0].records, 5);
+        let last = stream
+            .records(&ShardId::from("shardId-000000000000"))
+            .last()
+            .map(Record::position);
+        let shard = ShardId::from("shardId-000000000000");
+        let lease = store.leases().into_iter().find(|l| l.key == shard);
+        let lease = lease.unwrap_or_else(|| panic!("no lease"));
+        assert_eq!(
+            lease.checkpoint,
+            Checkpoint::Sequence(last.unwrap_or_else(|| panic!("no record")))
+        );
+        shutdown.shutdown();
+        assert!(matches!(running.await, Ok(Ok(()))));
+        let after = sink.0.lock().map(|v| v.len()).unwrap_or_default();
+        assert_eq!(after, 1, "nothing left open at shutdown");
     }
 
     /// Through a real worker: windows close as time passes, every record is counted once,

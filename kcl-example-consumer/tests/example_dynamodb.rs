@@ -1,7 +1,10 @@
 //! `examples/dynamodb_streams.rs`, the code `docs/dynamodb-streams.md` shows, as a user runs
 //! it: two processes with every default on one table's stream (moto), items inserted,
 //! updated and deleted while the one reading is SIGTERMed. The other takes the lease over
-//! from the handed-back checkpoint: every change is printed, none twice.
+//! from the handed-back checkpoint: every change is printed, none twice. The first item is
+//! not an order (its `v` a string, with a binary and a list): it is printed as JSON like the
+//! others and the changes after it flow (the example once failed its shard on it forever).
+//! Logs go to stderr, without colour codes: stdout carries only the changes.
 
 #![allow(clippy::print_stderr)]
 
@@ -25,7 +28,23 @@ async fn two_processes_of_the_example_hand_a_table_stream_over_at_sigterm() -> a
 
 /// What the example prints for a change (after `<shard> <partition key>: `).
 fn printed(w: &Written) -> String {
-    format!("{} {} {}", w.event, w.id, w.v)
+    format!("{} {}", w.event, serde_json::json!({"id": w.id, "v": w.v}))
+}
+
+/// An item of another shape than the example's `Order`, and what the example prints for it.
+async fn put_odd_item(ctx: &Context, table: &str) -> anyhow::Result<String> {
+    use aws_sdk_dynamodb::primitives::Blob;
+    use aws_sdk_dynamodb::types::AttributeValue as A;
+    ctx.dynamodb
+        .put_item()
+        .table_name(table)
+        .item("id", A::S("odd-1".into()))
+        .item("v", A::S("not a number".into()))
+        .item("b", A::B(Blob::new(vec![1, 2])))
+        .item("l", A::L(vec![A::N("1".into()), A::S("x".into())]))
+        .send()
+        .await?;
+    Ok(r#"INSERT {"b":"AQI=","id":"odd-1","l":[1,"x"],"v":"not a number"}"#.to_owned())
 }
 
 /// The index in `fleet` of the process holding the stream's one lease, if any.
@@ -42,6 +61,7 @@ async fn holder(ctx: &Context, fleet: &[Example]) -> anyhow::Result<Option<usize
 async fn run(ctx: Context) -> anyhow::Result<()> {
     let table = format!("{}-items", ctx.table);
     items::create(&ctx, &table, true).await?;
+    let odd = put_odd_item(&ctx, &table).await?;
     let mut writer = Writer::new(&ctx, &table, 5);
     writer.write_n(20).await?;
     let binary = example::binary("dynamodb_streams")?;
@@ -52,7 +72,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     ];
     let mut first = 0;
     wait_until(
-        "one process to hold the lease and print the first 20 changes",
+        "one process to hold the lease and print the first 21 changes",
         Duration::from_secs(60),
         Duration::from_millis(200),
         async || {
@@ -60,7 +80,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
                 return Ok(false);
             };
             first = i;
-            Ok(printed_payloads(&fleet[i].stdout()).len() >= 20)
+            Ok(printed_payloads(&fleet[i].stdout()).len() >= 21)
         },
     )
     .await
@@ -84,7 +104,8 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let writer = live.stop().await?;
 
-    let want: BTreeSet<String> = writer.written.iter().map(printed).collect();
+    let mut want: BTreeSet<String> = writer.written.iter().map(printed).collect();
+    want.insert(odd);
     wait_until(
         "every change printed",
         Duration::from_secs(30),
@@ -101,6 +122,9 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     .map_err(|e| e.context(fleet[other].output()))?;
     fleet[other].signal("TERM")?;
     fleet[other].wait_exit(Duration::from_secs(30)).await?;
+    for process in &fleet {
+        process.logs_apart()?;
+    }
     let (a, b) = (
         printed_payloads(&fleet[first].stdout()),
         printed_payloads(&fleet[other].stdout()),

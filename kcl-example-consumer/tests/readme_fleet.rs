@@ -2,7 +2,8 @@
 //! (a plain `DynamoDbLeaseStore::new`, every default: `Coordination::Leader`, per-lease
 //! renewals, 10 s failover) on one 8-shard stream. Every process stays up, the leases balance,
 //! every record is printed; SIGKILL of the leader and then of a follower loses nothing while
-//! a producer writes; SIGTERM of the rest hands every row back.
+//! a producer writes; SIGTERM of the rest hands every row back. Logs go to stderr without
+//! colour codes; stdout carries only the records.
 //!
 //! Our own test worker wires the store as the binary does, so only this test catches what
 //! the README's code alone would do (it once made every worker but the leader and the
@@ -104,6 +105,9 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
             "pid {pid} exits cleanly on SIGTERM ({status}):\n{}",
             example.output()
         );
+    }
+    for example in fleet.examples.values().chain(&fleet.killed) {
+        example.logs_apart()?;
     }
     let held: Vec<_> = ctx
         .store()

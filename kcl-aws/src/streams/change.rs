@@ -123,6 +123,21 @@ impl Change {
             })
     }
 
+    /// The item as the change leaves it (its new image; its old one for a removal) as plain
+    /// JSON ([`to_json`]); `None` if the stream's records carry neither image (`KEYS_ONLY`).
+    ///
+    /// It never fails, whatever the item's shape: a processor can print, forward or park any
+    /// item of the table, and type the ones it knows with [`new_image_as`](Self::new_image_as)
+    /// as a second step, without one odd item failing its shard.
+    pub fn item_json(&self) -> Option<Value> {
+        let (first, second) = if self.event == OperationType::Remove {
+            (&self.old_image, &self.new_image)
+        } else {
+            (&self.new_image, &self.old_image)
+        };
+        first.as_ref().or(second.as_ref()).map(to_json)
+    }
+
     /// The new image as a `T` (through `serde_dynamo`); `None` without one.
     pub fn new_image_as<T: DeserializeOwned>(&self) -> Result<Option<T>, ChangeError> {
         self.image_as("new image", self.new_image.as_ref())
@@ -148,6 +163,53 @@ impl Change {
             })
         })
         .transpose()
+    }
+}
+
+/// An item (or keys, or an image) as plain JSON: strings, booleans, null, lists and maps as
+/// themselves; numbers as JSON numbers when they fit one exactly (integers in 64 bits,
+/// decimals an `f64` writes back the same), otherwise as the string DynamoDB holds, so no
+/// digit is lost; sets as arrays; binary values as base64 strings. Map keys are sorted.
+pub fn to_json(item: &Item) -> Value {
+    Value::Object(
+        item.iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+fn value_json(v: &sdk::AttributeValue) -> Value {
+    use base64::Engine as _;
+    use sdk::AttributeValue as A;
+    let base64 = |b: &aws_smithy_types::Blob| {
+        Value::String(base64::engine::general_purpose::STANDARD.encode(b.as_ref()))
+    };
+    match v {
+        A::S(s) => Value::String(s.clone()),
+        A::N(n) => number_json(n),
+        A::Bool(b) => Value::Bool(*b),
+        A::B(b) => base64(b),
+        A::Ss(set) => set.iter().cloned().map(Value::String).collect(),
+        A::Ns(set) => set.iter().map(|n| number_json(n)).collect(),
+        A::Bs(set) => set.iter().map(base64).collect(),
+        A::L(list) => list.iter().map(value_json).collect(),
+        A::M(map) => to_json(map),
+        // `Null`, and a type newer than this SDK.
+        _ => Value::Null,
+    }
+}
+
+/// A DynamoDB number (up to 38 digits) as a JSON number if one holds it exactly.
+fn number_json(n: &str) -> Value {
+    if let Ok(i) = n.parse::<i64>() {
+        return i.into();
+    }
+    if let Ok(u) = n.parse::<u64>() {
+        return u.into();
+    }
+    match n.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
+        Some(f) if f.to_string() == n => Value::Number(f),
+        _ => Value::String(n.to_owned()),
     }
 }
 

@@ -39,7 +39,7 @@ mod shards;
 #[cfg(test)]
 mod tests;
 
-pub use change::{Change, ChangeError, Item};
+pub use change::{Change, ChangeError, Item, to_json};
 pub use multi::{stream_arn, stream_id, table_of};
 
 /// The most records one `GetRecords` returns on DynamoDB Streams.

@@ -438,3 +438,68 @@ async fn a_shard_end_names_the_children_the_stream_lists_for_it() {
         .unwrap_err();
     assert!(error.kind().is_permanent(), "{error}");
 }
+
+/// `to_json` takes an item of any shape: every attribute type, numbers kept exact (as text
+/// beyond what a JSON number holds), binary as base64; `item_json` is the new image, or the
+/// old one for a removal.
+#[test]
+fn any_item_reads_as_plain_json() {
+    use serde_json::json;
+    let item: HashMap<String, AttributeValue> = [
+        ("s", AttributeValue::S("text".into())),
+        ("i", AttributeValue::N("-42".into())),
+        ("d", AttributeValue::N("1.5".into())),
+        (
+            "big",
+            AttributeValue::N("12345678901234567890123456789".into()),
+        ),
+        ("t", AttributeValue::Bool(true)),
+        ("none", AttributeValue::Null(true)),
+        ("b", AttributeValue::B(Blob::new(b"hi".to_vec()))),
+        ("ss", AttributeValue::Ss(vec!["a".into(), "b".into()])),
+        ("ns", AttributeValue::Ns(vec!["1".into(), "2.25".into()])),
+        ("bs", AttributeValue::Bs(vec![Blob::new(b"x".to_vec())])),
+        (
+            "l",
+            AttributeValue::L(vec![
+                AttributeValue::S("x".into()),
+                AttributeValue::N("3".into()),
+            ]),
+        ),
+        (
+            "m",
+            AttributeValue::M([("k".to_owned(), AttributeValue::Bool(false))].into()),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let want = json!({
+        "s": "text", "i": -42, "d": 1.5, "big": "12345678901234567890123456789",
+        "t": true, "none": null, "b": "aGk=", "ss": ["a", "b"], "ns": [1, 2.25], "bs": ["eA=="],
+        "l": ["x", 3], "m": {"k": false},
+    });
+    assert_eq!(super::to_json(&item), want);
+
+    let old: HashMap<String, AttributeValue> =
+        [("id".to_owned(), AttributeValue::S("gone".into()))].into();
+    let mut change = Change {
+        event_id: "e".into(),
+        event: OperationType::Remove,
+        keys: old.clone(),
+        new_image: None,
+        old_image: Some(old),
+        sequence_number: "1".into(),
+        approximate_creation: chrono::Utc::now(),
+        size_bytes: None,
+        view_type: None,
+        user_identity: None,
+    };
+    assert_eq!(change.item_json(), Some(json!({"id": "gone"})));
+    change.event = OperationType::Insert;
+    change.new_image = Some(item);
+    assert_eq!(change.item_json(), Some(want));
+    change.new_image = None;
+    change.old_image = None;
+    assert_eq!(change.item_json(), None);
+}

@@ -475,14 +475,16 @@ fn build(
         ));
     }
     let worker_id = v.required("worker_id")?;
-    let worker = worker_config(&v, &application_name)?;
-
     let window = v
         .parsed("window", parse_duration)?
         .unwrap_or(Duration::from_secs(60));
     if window < Duration::from_secs(1) {
         return Err(v.fail("window", "must be at least 1s".into()));
     }
+    // An empty batch on a quiet shard every quarter window (1 to 5 s): the open window
+    // closes on time, not at the next record.
+    let quiet = (window / 4).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let worker = worker_config(&v, &application_name)?.empty_batch_interval(Some(quiet));
     let top_keys = v.parsed("top_keys", parse_count)?.unwrap_or(20);
     let listen = v
         .parsed("listen", |s: &str| {

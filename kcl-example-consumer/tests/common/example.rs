@@ -89,6 +89,24 @@ impl Example {
         format!("stdout:\n{}\nstderr:\n{stderr}", self.stdout())
     }
 
+    /// Fails unless its logs went to stderr without colour codes (a file is no terminal) and
+    /// its stdout holds only what the program prints (`shardId-…` lines).
+    pub(crate) fn logs_apart(&self) -> anyhow::Result<()> {
+        let stderr = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let stdout = self.stdout();
+        let other = stdout.lines().find(|l| !l.starts_with("shardId-"));
+        anyhow::ensure!(other.is_none(), "not a record on stdout: {other:?}");
+        anyhow::ensure!(
+            stderr.contains(" INFO "),
+            "no log line on stderr:\n{stderr}"
+        );
+        anyhow::ensure!(
+            !stderr.contains('\u{1b}'),
+            "colour codes in the logs:\n{stderr}"
+        );
+        Ok(())
+    }
+
     /// Fails, with its output, if the process has exited.
     pub(crate) fn ensure_running(&mut self, what: &str) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
