@@ -263,12 +263,12 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
             }
         }
         // An empty batch: the shard is quiet and read to its tip.
-        if input.records().is_empty() {
-            if let Some((summary, last)) = self.windows.close_due(self.clock.now()) {
-                self.sink.emit(&summary)?;
-                emitted += 1;
-                done_up_to = Some(last);
-            }
+        if input.records().is_empty()
+            && let Some((summary, last)) = self.windows.close_due(self.clock.now())
+        {
+            self.sink.emit(&summary)?;
+            emitted += 1;
+            done_up_to = Some(last);
         }
         if let Some(position) = done_up_to {
             checkpoint(checkpointer.checkpoint_at(position).await)?;
