@@ -89,6 +89,14 @@ impl Cause {
             SdkError::ServiceError(ctx) => Self::from_code(ctx.err().code(), ctx.raw().status()),
             // No request was sent: a bug or a missing setting (region, credentials).
             SdkError::ConstructionFailure(_) => Self::Invalid,
+            // No region: no call can be signed or routed until the setting is fixed.
+            SdkError::DispatchFailure(failure)
+                if failure
+                    .as_connector_error()
+                    .is_some_and(|e| is_missing_region(&kcl_core::error_chain(e))) =>
+            {
+                Self::Invalid
+            }
             // Timeouts, connection failures and unparseable answers: the call may be retried.
             SdkError::TimeoutError(_)
             | SdkError::DispatchFailure(_)
@@ -166,8 +174,18 @@ where
     BackendError::new(cause.kind(), operation, message)
 }
 
+/// Whether an SDK error's text says no region is set (`missing signing region`, or the
+/// endpoint resolver's `Missing Region`).
+fn is_missing_region(detail: &str) -> bool {
+    let lower = detail.to_ascii_lowercase();
+    lower.contains("missing signing region") || lower.contains("missing region")
+}
+
 /// What to check when an error is, most likely, a setting.
 fn hint(code: Option<&str>, detail: &str) -> Option<&'static str> {
+    if is_missing_region(detail) {
+        return Some("set AWS_REGION (or a profile's region)");
+    }
     let lower = detail.to_ascii_lowercase();
     let credentials = matches!(
         code,
@@ -256,6 +274,23 @@ mod tests {
             ErrorKind::Retryable
         );
         assert_eq!(Cause::from_code(None, None).kind(), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn a_missing_region_says_to_set_one() {
+        for detail in [
+            "dispatch failure: other: missing signing region",
+            "dispatch failure: other: Invalid Configuration: Missing Region",
+        ] {
+            assert_eq!(
+                hint(None, detail),
+                Some("set AWS_REGION (or a profile's region)")
+            );
+            assert!(is_missing_region(detail));
+        }
+        assert!(!is_missing_region(
+            "dispatch failure: io error: connection refused"
+        ));
     }
 
     #[test]

@@ -105,5 +105,6 @@ pub use types::{
     SequenceNumber, ShardId, StartingPosition, WorkerId,
 };
 pub use worker::{
-    Phase, Problem, ProblemKind, ShutdownHandle, Signals, Status, Worker, WorkerBuilder,
+    Phase, Problem, ProblemKind, ShardStatus, ShutdownHandle, Signals, Status, Worker,
+    WorkerBuilder,
 };

@@ -173,3 +173,42 @@ fn reported_failing(hook: &str) {
     assert!(status.contains("on purpose (--inject-failure)"), "{status}");
     assert!(status.contains("\"ready\":false"), "{status}");
 }
+
+/// `/status` answers the on-call questions (issue 35): which worker leads (this one, alone),
+/// whether it is draining, and per shard the owner, checkpoint, lag behind the stream's tip
+/// and the time since it last progressed.
+#[test]
+fn status_names_the_leader_and_each_shards_checkpoint_lag_and_progress() {
+    let c = Consumer::spawn(&["--window", "1s", "--worker-id", "w-status"]);
+    let status = within(Duration::from_secs(30), || {
+        let status: serde_json::Value =
+            serde_json::from_str(&c.get("/status").1).unwrap_or_default();
+        let shards = status["shards"].as_array().cloned().unwrap_or_default();
+        let complete = shards.len() == 4
+            && shards.iter().all(|s| {
+                s["checkpoint"]
+                    .as_str()
+                    .is_some_and(|c| c != "TRIM_HORIZON")
+                    && s["millis_behind_latest"].is_u64()
+                    && s["last_progress_seconds_ago"].is_u64()
+            });
+        (complete && status["leader"].is_string()).then_some(status)
+    });
+    let Some((status, _)) = status else {
+        panic!("/status never complete: {}", c.get("/status").1);
+    };
+    assert_eq!(status["leader"], "w-status", "{status}");
+    assert_eq!(status["draining"], false, "{status}");
+    for shard in status["shards"].as_array().into_iter().flatten() {
+        assert_eq!(shard["owner"], "w-status", "{shard}");
+        assert!(
+            shard["shard"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("shardId-"))
+        );
+        let ago = shard["last_progress_seconds_ago"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        assert!(ago < 5, "a busy shard progressed lately: {shard}");
+    }
+}

@@ -360,6 +360,15 @@ async fn status_json(State(state): State<AppState>) -> Response {
             "detail": p.detail,
         })).collect::<Vec<_>>(),
         "leases": status.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "leader": status.leader.as_ref().map(ToString::to_string),
+        "draining": status.draining,
+        "shards": status.shards.iter().map(|shard| serde_json::json!({
+            "shard": shard.shard.to_string(),
+            "owner": state.worker_id,
+            "checkpoint": shard.checkpoint.as_ref().map(ToString::to_string),
+            "millis_behind_latest": shard.millis_behind_latest,
+            "last_progress_seconds_ago": shard.last_progress.map(|at| at.elapsed().as_secs()),
+        })).collect::<Vec<_>>(),
     }))
     .into_response()
 }

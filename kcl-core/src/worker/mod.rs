@@ -88,6 +88,29 @@ pub struct Status {
     /// When the last taker cycle completed with a successful read of the lease table. A
     /// readiness probe fails when this is old: the worker cannot coordinate with its fleet.
     pub last_cycle: Option<Instant>,
+    /// The worker leading the fleet (`Coordination::Leader`), as this worker last saw its
+    /// row; `None` under `Coordination::EveryWorker` or while none is known.
+    pub leader: Option<WorkerId>,
+    /// Whether this worker was asked to drain (`kcl-admin release`), as its last read of
+    /// the whole table showed: it takes nothing and hands over what it holds.
+    pub draining: bool,
+    /// Each held shard, for an operator: checkpoint, lag, last progress.
+    pub shards: Vec<ShardStatus>,
+}
+
+/// One held shard in [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStatus {
+    /// The shard (its lease key).
+    pub shard: ShardId,
+    /// The lease's checkpoint, as this worker last wrote or read it.
+    pub checkpoint: Option<crate::types::Checkpoint>,
+    /// How far behind the stream's tip the shard's last read was (`millisBehindLatest`).
+    pub millis_behind_latest: Option<u64>,
+    /// When the shard last progressed (its checkpoint moved, or a batch was processed
+    /// without an error); `None` if it has not in this tenure.
+    pub last_progress: Option<Instant>,
 }
 
 /// Consumes a stream as one member of a fleet.

@@ -5,14 +5,17 @@ use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
-use super::Worker;
 use super::cycle::Coordinator;
 use super::problems;
+use super::{ShardStatus, Worker};
 use crate::lease::LeaseStore;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
-use crate::types::ShardId;
+use crate::types::{ShardId, WorkerId};
+
+/// Problems by shard: why each is stalled or failing.
+type ByShard = BTreeMap<String, String>;
 
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// A failure that retrying may fix. The first of a kind is logged at WARN, and it is kept
@@ -69,7 +72,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state
             .problems
             .replace(problems::ProblemKind::ReadFailing, failing);
-        let (stalled, failing) = self.progress(state);
+        let (stalled, failing, shards) = self.progress(state);
         state
             .problems
             .replace(problems::ProblemKind::Stalled, stalled);
@@ -79,9 +82,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         state.problems.refresh();
         let problems = state.problems.list();
         self.status.send_if_modified(|s| {
-            let changed = s.held != held || s.problems != problems;
+            let changed = s.held != held || s.problems != problems || s.shards != shards;
             s.held = held;
             s.problems = problems;
+            s.shards = shards;
             s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
             changed
         });
@@ -91,19 +95,25 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// `shard_consumer::progress`). A lease whose validity ran out (the process was frozen,
     /// or cut off from the table) is neither: another worker may hold it and move its
     /// checkpoint, and this one's task stops as soon as it runs.
-    fn progress(
-        &self,
-        state: &Coordinator,
-    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    fn progress(&self, state: &Coordinator) -> (ByShard, ByShard, Vec<ShardStatus>) {
         let (mut stalled, mut failing) = (BTreeMap::new(), BTreeMap::new());
+        let mut shards = Vec::new();
         for (key, held) in state.shards.iter() {
             // A move the shard task has not looked at yet: it looks between batches, not while
             // a hook runs or a graceful stop waits for the records in flight.
-            if let Some(checkpoint) = held.tenure.checkpoint_now()
+            let checkpoint = held.tenure.checkpoint_now();
+            if let Some(checkpoint) = &checkpoint
                 && !mutation::on(Mutation::StallAgeSeenByTaskOnly)
             {
-                held.control.observe(&checkpoint, None);
+                held.control.observe(checkpoint, None);
             }
+            let (last_progress, millis_behind_latest) = held.control.seen();
+            shards.push(ShardStatus {
+                shard: key.clone(),
+                checkpoint,
+                millis_behind_latest,
+                last_progress,
+            });
             let age = held.control.stall_age();
             let shard = key.to_string();
             ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
@@ -123,7 +133,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 stalled.insert(shard, why);
             }
         }
-        (stalled, failing)
+        (stalled, failing, shards)
+    }
+
+    /// The fleet's leader as last seen, and whether this worker is asked to drain.
+    pub(super) fn publish_roles(&self, leader: Option<WorkerId>, draining: bool) {
+        self.status.send_if_modified(|s| {
+            let changed = s.leader != leader || s.draining != draining;
+            s.leader = leader;
+            s.draining = draining;
+            changed
+        });
     }
 
     /// A cycle completed with a successful read: says so in `Status`.
@@ -214,6 +234,67 @@ mod tests {
             let stalled = s.problems.iter().any(|p| p.kind == ProblemKind::Stalled);
             assert!(!stalled, "at {:?}: {:?}", started.elapsed(), s.problems);
         }
+        shutdown.shutdown();
+        task.await.unwrap().unwrap();
+    }
+
+    /// `Status` names the leader (this worker, alone) and each held shard with its checkpoint,
+    /// lag and last progress; once `admin::release` asks the worker to drain, it says so.
+    #[tokio::test(start_paused = true)]
+    async fn status_names_the_leader_each_shard_and_a_drain() {
+        struct Checkpointing;
+        impl RecordProcessor for Checkpointing {
+            async fn process_records(
+                &mut self,
+                _: ProcessRecordsInput<'_>,
+                cp: &mut Checkpointer,
+            ) -> Result<(), BoxError> {
+                cp.checkpoint().await?;
+                Ok(())
+            }
+        }
+        let stream = MemoryStream::new(2);
+        let store = MemoryLeaseStore::new();
+        for i in 0..20 {
+            stream.put(&format!("key-{i}"), format!("record-{i}"));
+        }
+        let worker = Worker::builder(stream, store.clone())
+            .id("w")
+            .config(WorkerConfig::default().idle_time_between_reads(Duration::from_millis(200)))
+            .build(|_| Checkpointing)
+            .unwrap();
+        let status = worker.status();
+        let shutdown = worker.shutdown_handle();
+        let task = tokio::spawn(worker.run());
+        sleep(Duration::from_secs(20)).await;
+        {
+            let s = status.borrow();
+            assert_eq!(s.leader.as_ref().map(|w| w.as_str()), Some("w"));
+            assert!(!s.draining);
+            assert_eq!(s.shards.len(), 2, "{:?}", s.shards);
+            for shard in &s.shards {
+                let moved = shard
+                    .checkpoint
+                    .as_ref()
+                    .is_some_and(|c| matches!(c, crate::types::Checkpoint::Sequence(_)));
+                assert!(moved, "{shard:?}");
+                assert_eq!(shard.millis_behind_latest, Some(0), "{shard:?}");
+                assert!(shard.last_progress.is_some(), "{shard:?}");
+            }
+        }
+        // No other worker shows in the table: the drain row only, then the worker drains.
+        let me = crate::types::WorkerId::from("w");
+        let drain = crate::lease::Lease::new(
+            crate::singleton::drain_key(&me),
+            crate::types::Checkpoint::TrimHorizon,
+        );
+        assert!(
+            crate::lease::LeaseStore::create(&store, &drain)
+                .await
+                .unwrap()
+        );
+        sleep(Duration::from_secs(5)).await;
+        assert!(status.borrow().draining, "{:?}", status.borrow());
         shutdown.shutdown();
         task.await.unwrap().unwrap();
     }

@@ -48,6 +48,8 @@ pub(super) struct Roles {
     standby: watch::Receiver<bool>,
     /// The leader row as this worker's reads of the table show it, for its leader candidate.
     leader_row: Arc<Sighting>,
+    /// Who holds the leader row, as last seen.
+    holder: watch::Receiver<Option<WorkerId>>,
     stop: CancellationToken,
     /// Aborted when dropped: a worker that crashes (its future dropped) stops competing.
     tasks: Vec<AbortOnDropHandle<()>>,
@@ -77,6 +79,7 @@ impl Roles {
             leader: watch::Sender::new(false).subscribe(),
             standby: watch::Sender::new(false).subscribe(),
             leader_row: Arc::default(),
+            holder: watch::Sender::new(None).subscribe(),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
         }
@@ -115,6 +118,7 @@ impl Roles {
             fast: config.taker_interval,
             slow: config.failover_time * 6,
         };
+        let holder = lead.holder();
         let settled = settle(lead.holder(), config.failover_time);
         let (stopped, leading) = (stop.clone(), leader.clone());
         let tasks = vec![
@@ -137,6 +141,7 @@ impl Roles {
             leader,
             standby,
             leader_row,
+            holder,
             stop,
             tasks,
         }
@@ -167,6 +172,11 @@ impl Roles {
                 return;
             }
         }
+    }
+
+    /// The worker holding the leader row, as last seen.
+    pub(super) fn leader(&self) -> Option<WorkerId> {
+        self.holder.borrow().clone()
     }
 
     /// The role held now.

@@ -95,6 +95,14 @@ impl Mode {
         }
     }
 
+    /// The fleet's leader as last seen (none under `EveryWorker`).
+    pub(super) fn leader(&self) -> Option<WorkerId> {
+        match self {
+            Self::Led(led) => led.roles.leader(),
+            Self::EveryWorker => None,
+        }
+    }
+
     /// Gives up the roles, if any (within `limit`): a successor leads at once.
     pub(super) async fn stop(self, limit: std::time::Duration) {
         if let Self::Led(led) = self {
@@ -121,6 +129,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             Mode::Led(led) => led.cycle(self, state, ctx).await?,
         }
         self.publish(state);
+        self.publish_roles(mode.leader(), state.view.is_drained(&self.id));
         Ok(())
     }
 }

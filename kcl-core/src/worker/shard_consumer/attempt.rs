@@ -316,6 +316,9 @@ async fn hand_over(
         return Ok(Handed::Lost);
     }
     let end = batch.next_iterator.is_none();
+    if let Some(millis) = batch.millis_behind_latest {
+        control.behind_latest(millis);
+    }
     let children: Vec<_> = batch.child_shards.iter().map(|s| s.id.clone()).collect();
     if !batch.records.is_empty() {
         control.set_covered(false);

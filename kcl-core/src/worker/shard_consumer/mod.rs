@@ -153,6 +153,16 @@ impl Control {
         self.progress().progressed();
     }
 
+    /// A read was `millis` behind the stream's tip.
+    fn behind_latest(&self, millis: u64) {
+        self.progress().behind_latest(millis);
+    }
+
+    /// When the shard last progressed, and how far behind the tip its last read was.
+    pub(crate) fn seen(&self) -> (Option<tokio::time::Instant>, Option<u64>) {
+        self.progress().seen()
+    }
+
     /// Why reading the shard fails in a way retrying cannot fix, if it does (see the module
     /// docs).
     pub(crate) fn read_failing(&self) -> Option<String> {

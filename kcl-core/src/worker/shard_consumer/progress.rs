@@ -44,6 +44,10 @@ pub(crate) struct Progress {
     failures: u32,
     /// The last of those failures, once there are [`FAILING_AFTER`].
     failing: Option<String>,
+    /// When the shard last progressed (for `/status`).
+    progressed_at: Option<Instant>,
+    /// How far behind the stream's tip the last read was, in milliseconds.
+    behind_latest: Option<u64>,
 }
 
 impl Progress {
@@ -110,6 +114,17 @@ impl Progress {
     pub(crate) fn progressed(&mut self) {
         self.failures = 0;
         self.failing = None;
+        self.progressed_at = Some(Instant::now());
+    }
+
+    /// A read was `millis` behind the stream's tip.
+    pub(crate) fn behind_latest(&mut self, millis: u64) {
+        self.behind_latest = Some(millis);
+    }
+
+    /// When the shard last progressed, and how far behind the tip its last read was.
+    pub(crate) fn seen(&self) -> (Option<Instant>, Option<u64>) {
+        (self.progressed_at, self.behind_latest)
     }
 
     /// An attempt failed with `error`.
