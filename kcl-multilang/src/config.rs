@@ -14,7 +14,6 @@
 //! kcl's own settings have keys of their own (`coordination`, `liveness`, `tableSetup`,
 //! `stalledAfterSeconds`).
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,6 +22,7 @@ use kcl_core::{Coordination, InitialPosition, Liveness, Retrieval, WorkerConfig}
 use crate::child::ChildCommand;
 use crate::properties::Properties;
 
+mod describe;
 mod keys;
 
 pub use keys::{KEYS, Use};
@@ -37,6 +37,25 @@ pub struct KeyError {
     /// What is wrong.
     pub reason: String,
 }
+
+/// Every key of a properties file that is missing or wrong, in the order the keys are read:
+/// a file with several mistakes is reported whole, not one mistake per run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyErrors(pub Vec<KeyError>);
+
+impl std::fmt::Display for KeyErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for KeyErrors {}
 
 fn key_error(key: &'static str, reason: impl Into<String>) -> KeyError {
     KeyError {
@@ -122,12 +141,29 @@ pub struct DaemonConfig {
     pub unknown: Vec<(String, Option<&'static str>)>,
 }
 
-/// Reads properties for the keys of [`KEYS`].
+/// Reads properties for the keys of [`KEYS`], keeping every error met on the way.
 struct Reader<'a> {
     properties: &'a Properties,
+    errors: std::cell::RefCell<Vec<KeyError>>,
 }
 
 impl Reader<'_> {
+    /// `result`'s value, or `None` with its error kept.
+    fn keep<T>(&self, result: Result<T, KeyError>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(error) => {
+                self.errors.borrow_mut().push(error);
+                None
+            }
+        }
+    }
+
+    /// A key's parsed value, if given and valid (its error kept otherwise).
+    fn optional<T>(&self, result: Result<Option<T>, KeyError>) -> Option<T> {
+        self.keep(result).flatten()
+    }
+
     fn get(&self, key: &'static str) -> Option<&str> {
         self.properties
             .entries()
@@ -176,44 +212,51 @@ impl DaemonConfig {
     pub fn from_properties(
         properties: &Properties,
         default_worker_id: &str,
-    ) -> Result<Self, KeyError> {
-        let r = Reader { properties };
-        let executable = r.required("executableName")?;
-        let mut command =
-            ChildCommand::parse(executable).ok_or_else(|| key_error("executableName", "empty"))?;
-        command.timeout = r
-            .number::<u64>("timeoutInSeconds")?
-            .filter(|s| *s > 0)
-            .map(Duration::from_secs);
-        let stream = match (r.get("streamArn"), r.get("streamName")) {
-            (Some(arn), _) => {
-                if !arn.starts_with("arn:") {
-                    return Err(key_error("streamArn", format!("`{arn}` is not an ARN")));
-                }
-                arn.to_owned()
-            }
-            (None, Some(name)) => name.to_owned(),
-            (None, None) => {
-                return Err(key_error(
-                    "streamName",
-                    "missing (give streamName or streamArn)",
-                ));
-            }
+    ) -> Result<Self, KeyErrors> {
+        let r = Reader {
+            properties,
+            errors: std::cell::RefCell::default(),
         };
-        let application_name = r.required("applicationName")?.to_owned();
-        let table_name = r.get("tableName").unwrap_or(&application_name).to_owned();
-        let region = r
-            .get("regionName")
-            .map(str::to_owned)
-            .or_else(|| arn_region(&stream));
-        let worker = worker_config(&r, &application_name)?;
-        let (ignored, unknown) = notes(properties);
-        Ok(Self {
+        let command = r.keep(child_command(&r));
+        let stream = r.keep(stream(&r));
+        let application_name = r.keep(r.required("applicationName").map(str::to_owned));
+        let worker = worker_config(&r, application_name.as_deref().unwrap_or_default());
+        let credentials = r.keep(credentials(r.get("AwsCredentialsProvider")));
+        let table_setup = r.keep(table_setup(&r));
+        let billing = r.keep(billing(&r));
+        let errors = r.errors.take();
+        let (
+            Some(command),
+            Some(stream),
+            Some(application_name),
+            Some(worker),
+            Some(credentials),
+            Some(table_setup),
+            Some(billing),
+            true,
+        ) = (
             command,
             stream,
             application_name,
-            table_name,
-            region,
+            worker,
+            credentials,
+            table_setup,
+            billing,
+            errors.is_empty(),
+        )
+        else {
+            return Err(KeyErrors(errors));
+        };
+        let (ignored, unknown) = notes(properties);
+        Ok(Self {
+            command,
+            table_name: r.get("tableName").unwrap_or(&application_name).to_owned(),
+            region: r
+                .get("regionName")
+                .map(str::to_owned)
+                .or_else(|| arn_region(&stream)),
+            stream,
+            application_name,
             kinesis: ClientSettings {
                 region: r.get("kinesisClient.region").map(str::to_owned),
                 endpoint: r.get("kinesisEndpoint").map(str::to_owned),
@@ -222,183 +265,177 @@ impl DaemonConfig {
                 region: r.get("dynamoDbClient.region").map(str::to_owned),
                 endpoint: r.get("dynamoDBEndpoint").map(str::to_owned),
             },
-            credentials: credentials(r.get("AwsCredentialsProvider"))?,
+            credentials,
             worker_id: r.get("workerId").unwrap_or(default_worker_id).to_owned(),
-            table_setup: match r.get("tableSetup").map(str::to_ascii_lowercase).as_deref() {
-                None | Some("managed") => TableSetup::Managed,
-                Some("external") => TableSetup::External,
-                Some(other) => {
-                    return Err(key_error(
-                        "tableSetup",
-                        format!("`{other}`: use managed or external"),
-                    ));
-                }
-            },
-            billing: billing(&r)?,
+            table_setup,
+            billing,
             worker,
             ignored,
             unknown,
         })
     }
+}
 
-    /// The mapping, for `--print-config`: every key given and what it became, then the
-    /// resulting settings.
-    pub fn describe(&self, properties: &Properties) -> String {
-        let mut out = String::from("# keys given\n");
-        for entry in properties.entries() {
-            let what = match canonical(&entry.key) {
-                Some((known, Use::Mapped(to))) if known != entry.key => {
-                    format!("mapped as `{known}`: {to}")
-                }
-                Some((_, Use::Mapped(to))) => format!("mapped: {to}"),
-                Some((_, Use::Ignored(why))) => format!("no equivalent, ignored: {why}"),
-                None => match near(&entry.key) {
-                    Some(known) => {
-                        format!("unknown: ignored (keys are case-sensitive: `{known}`?)")
-                    }
-                    None => "unknown: ignored".to_owned(),
-                },
-            };
-            let _ = writeln!(out, "{} = {}    # {what}", entry.key, entry.value);
+/// The child (`executableName`) and its hooks' deadline (`timeoutInSeconds`).
+fn child_command(r: &Reader<'_>) -> Result<ChildCommand, KeyError> {
+    let timeout = r.optional(r.number::<u64>("timeoutInSeconds"));
+    let executable = r.required("executableName")?;
+    let mut command =
+        ChildCommand::parse(executable).ok_or_else(|| key_error("executableName", "empty"))?;
+    command.timeout = timeout.filter(|s| *s > 0).map(Duration::from_secs);
+    Ok(command)
+}
+
+/// The stream: `streamArn`, else `streamName`.
+fn stream(r: &Reader<'_>) -> Result<String, KeyError> {
+    match (r.get("streamArn"), r.get("streamName")) {
+        (Some(arn), _) if !arn.starts_with("arn:") => {
+            Err(key_error("streamArn", format!("`{arn}` is not an ARN")))
         }
-        let _ = writeln!(out, "\n# what runs");
-        let _ = writeln!(
-            out,
-            "child = {:?} {:?}",
-            self.command.program, self.command.args
-        );
-        let _ = writeln!(
-            out,
-            "child hook timeout (timeoutInSeconds) = {:?}",
-            self.command.timeout
-        );
-        let _ = writeln!(out, "stream = {}", self.stream);
-        let _ = writeln!(
-            out,
-            "lease table = {} ({:?}, {:?})",
-            self.table_name, self.table_setup, self.billing
-        );
-        let _ = writeln!(out, "worker id = {}", self.worker_id);
-        let _ = writeln!(
-            out,
-            "region = {}",
-            self.region.as_deref().unwrap_or("(from the environment)")
-        );
-        let _ = writeln!(out, "credentials = {:?}", self.credentials);
-        for (what, client) in [("kinesis", &self.kinesis), ("dynamodb", &self.dynamodb)] {
-            if let Some(region) = &client.region {
-                let _ = writeln!(out, "{what} region = {region}");
-            }
-            if let Some(endpoint) = &client.endpoint {
-                let _ = writeln!(out, "{what} endpoint = {endpoint}");
-            }
-        }
-        let _ = writeln!(out, "worker = {:#?}", self.worker);
-        out
+        (Some(arn), _) => Ok(arn.to_owned()),
+        (None, Some(name)) => Ok(name.to_owned()),
+        (None, None) => Err(key_error(
+            "streamName",
+            "missing (give streamName or streamArn)",
+        )),
     }
 }
 
-/// The worker settings the properties give, on kcl's defaults where they give none.
-fn worker_config(r: &Reader<'_>, application_name: &str) -> Result<WorkerConfig, KeyError> {
+/// Who looks after the lease table (`tableSetup`).
+fn table_setup(r: &Reader<'_>) -> Result<TableSetup, KeyError> {
+    match r.get("tableSetup").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("managed") => Ok(TableSetup::Managed),
+        Some("external") => Ok(TableSetup::External),
+        Some(other) => Err(key_error(
+            "tableSetup",
+            format!("`{other}`: use managed or external"),
+        )),
+    }
+}
+
+/// The worker settings the properties give, on kcl's defaults where they give none; `None`
+/// if a key is wrong (each error kept in `r`).
+fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig> {
+    let before = r.errors.borrow().len();
     let mut worker = WorkerConfig::default();
-    if let Some(failover) = r.millis("failoverTimeMillis")? {
+    if let Some(failover) = r.optional(r.millis("failoverTimeMillis")) {
         worker = worker.failover_time(failover);
     }
-    worker.initial_position = initial_position(r)?;
-    if let Some(n) = r.number("maxRecords")? {
+    if let Some(position) = r.keep(initial_position(r)) {
+        worker.initial_position = position;
+    }
+    if let Some(n) = r.optional(r.number("maxRecords")) {
         worker.max_records = n;
     }
     // The Java daemon's polling default is 1.5 s (kcl's own: 1 s).
     worker.idle_time_between_reads = r
-        .millis("idleTimeBetweenReadsInMillis")?
+        .optional(r.millis("idleTimeBetweenReadsInMillis"))
         .unwrap_or(Duration::from_millis(1500));
-    if r.boolean("callProcessRecordsEvenForEmptyRecordList")? == Some(true) {
+    if r.optional(r.boolean("callProcessRecordsEvenForEmptyRecordList")) == Some(true) {
         worker.empty_batch_interval = Some(worker.idle_time_between_reads);
     }
-    if let Some(poll) = r.millis("parentShardPollIntervalMillis")? {
+    if let Some(poll) = r.optional(r.millis("parentShardPollIntervalMillis")) {
         worker.parent_poll_interval = poll;
     }
-    if let Some(sync) = r.millis("shardSyncIntervalMillis")? {
+    if let Some(sync) = r.optional(r.millis("shardSyncIntervalMillis")) {
         worker.shard_sync_interval = sync;
     }
-    if let Some(n) = r.number("maxLeasesForWorker")? {
+    if let Some(n) = r.optional(r.number("maxLeasesForWorker")) {
         worker.max_leases = n;
     }
-    if let Some(n) = r.number("maxLeasesToStealAtOneTime")? {
+    if let Some(n) = r.optional(r.number("maxLeasesToStealAtOneTime")) {
         worker.max_leases_to_steal = n;
     }
-    if let Some(backoff) = r.millis("taskBackoffTimeMillis")? {
+    if let Some(backoff) = r.optional(r.millis("taskBackoffTimeMillis")) {
         worker.min_backoff = backoff;
     }
-    if let Some(grace) = r.millis("shutdownGraceMillis")?.filter(|g| !g.is_zero()) {
+    if let Some(grace) = r
+        .optional(r.millis("shutdownGraceMillis"))
+        .filter(|g| !g.is_zero())
+    {
         worker.shutdown_timeout = grace;
     }
-    // As in the Java daemon, DEFAULT (or no key) is fan-out unless a polling key is given.
+    if let Some(retrieval) = r.keep(retrieval(r, application_name)) {
+        worker.retrieval = retrieval;
+    }
+    kcl_own(r, &mut worker);
+    if r.errors.borrow().len() > before {
+        return None;
+    }
+    // The worker's own checks, once every key parsed (so that they judge what was given).
+    r.keep(
+        worker
+            .validate()
+            .map_err(|e| key_error(java_key(e.key), e.reason)),
+    )?;
+    Some(worker)
+}
+
+/// How records are read (`retrievalMode`): as in the Java daemon, `DEFAULT` (or no key) is
+/// fan-out unless a polling key is given.
+fn retrieval(r: &Reader<'_>, application_name: &str) -> Result<Retrieval, KeyError> {
     let polling_key = POLLING_KEYS.iter().any(|k| r.get(k).is_some());
-    worker.retrieval = match r
+    match r
         .get("retrievalMode")
         .map(str::to_ascii_uppercase)
         .as_deref()
     {
-        None | Some("DEFAULT") if polling_key => Retrieval::Polling,
-        None | Some("FANOUT" | "DEFAULT") => Retrieval::FanOut {
+        None | Some("DEFAULT") if polling_key => Ok(Retrieval::Polling),
+        None | Some("FANOUT" | "DEFAULT") => Ok(Retrieval::FanOut {
             consumer_name: consumer_name(r)?.unwrap_or(application_name).to_owned(),
-        },
-        Some("POLLING") => Retrieval::Polling,
-        Some(other) => {
-            return Err(key_error(
-                "retrievalMode",
-                format!("`{other}`: use FANOUT, POLLING or DEFAULT"),
-            ));
-        }
-    };
-    worker = kcl_own(r, worker)?;
-    worker
-        .validate()
-        .map_err(|e| key_error(java_key(e.key), e.reason))?;
-    Ok(worker)
+        }),
+        Some("POLLING") => Ok(Retrieval::Polling),
+        Some(other) => Err(key_error(
+            "retrievalMode",
+            format!("`{other}`: use FANOUT, POLLING or DEFAULT"),
+        )),
+    }
 }
 
 /// kcl's own settings, which KCL Java does not have: `coordination`, `liveness`,
-/// `stalledAfterSeconds`.
-fn kcl_own(r: &Reader<'_>, mut worker: WorkerConfig) -> Result<WorkerConfig, KeyError> {
-    worker.coordination = match r
+/// `stalledAfterSeconds` (errors kept in `r`).
+fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
+    let coordination = match r
         .get("coordination")
         .map(str::to_ascii_lowercase)
         .as_deref()
     {
-        None | Some("leader") => Coordination::Leader,
-        Some("every-worker") => Coordination::EveryWorker,
-        Some(other) => {
-            return Err(key_error(
-                "coordination",
-                format!("`{other}`: use leader or every-worker"),
-            ));
-        }
+        None | Some("leader") => Ok(Coordination::Leader),
+        Some("every-worker") => Ok(Coordination::EveryWorker),
+        Some(other) => Err(key_error(
+            "coordination",
+            format!("`{other}`: use leader or every-worker"),
+        )),
     };
+    if let Some(coordination) = r.keep(coordination) {
+        worker.coordination = coordination;
+    }
     let liveness = match r.get("liveness").map(str::to_ascii_lowercase).as_deref() {
-        None | Some("per-lease") => Liveness::PerLease,
-        Some("heartbeat") => Liveness::Heartbeat,
-        Some(other) => {
-            return Err(key_error(
-                "liveness",
-                format!("`{other}`: use per-lease or heartbeat"),
-            ));
-        }
+        None | Some("per-lease") => Ok(Liveness::PerLease),
+        Some("heartbeat") => Ok(Liveness::Heartbeat),
+        Some(other) => Err(key_error(
+            "liveness",
+            format!("`{other}`: use per-lease or heartbeat"),
+        )),
     };
-    worker = worker.liveness(liveness);
+    if let Some(liveness) = r.keep(liveness) {
+        *worker = std::mem::take(worker).liveness(liveness);
+    }
     let key = "stalledAfterSeconds";
-    worker = match r.get(key) {
-        None => worker,
-        Some(off) if off.eq_ignore_ascii_case("off") => worker.stalled_after(None),
+    match r.get(key) {
+        None => {}
+        Some(off) if off.eq_ignore_ascii_case("off") => {
+            *worker = std::mem::take(worker).stalled_after(None);
+        }
         Some(_) => {
             let seconds = r
                 .number::<u64>(key)
-                .map_err(|e| key_error(key, format!("{}; or off", e.reason)))?;
-            worker.stalled_after(seconds.map(Duration::from_secs))
+                .map_err(|e| key_error(key, format!("{}; or off", e.reason)));
+            if let Some(seconds) = r.optional(seconds) {
+                *worker = std::mem::take(worker).stalled_after(Some(Duration::from_secs(seconds)));
+            }
         }
-    };
-    Ok(worker)
+    }
 }
 
 /// The fan-out consumer's name, if given: from `fanoutConfig.consumerArn`
@@ -484,10 +521,14 @@ fn timestamp(key: &'static str, given: &str) -> Result<DateTime<Utc>, KeyError> 
 fn billing(r: &Reader<'_>) -> Result<Billing, KeyError> {
     match r.get("billingMode").map(str::to_ascii_uppercase).as_deref() {
         None | Some("PAY_PER_REQUEST") => Ok(Billing::OnDemand),
-        Some("PROVISIONED") => Ok(Billing::Provisioned {
-            read: r.number("initialLeaseTableReadCapacity")?.unwrap_or(10),
-            write: r.number("initialLeaseTableWriteCapacity")?.unwrap_or(10),
-        }),
+        Some("PROVISIONED") => {
+            let read = r.number("initialLeaseTableReadCapacity");
+            let write = r.optional(r.number("initialLeaseTableWriteCapacity"));
+            Ok(Billing::Provisioned {
+                read: read?.unwrap_or(10),
+                write: write.unwrap_or(10),
+            })
+        }
         Some(other) => Err(key_error(
             "billingMode",
             format!("`{other}`: use PAY_PER_REQUEST or PROVISIONED"),

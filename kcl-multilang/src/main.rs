@@ -105,10 +105,16 @@ fn main() -> ExitCode {
         &kcl_serve::default_worker_id(|name| std::env::var(name).ok()),
     ) {
         Ok(c) => c,
-        Err(e) => return fail(&format!("{path}: {e}"), EXIT_USAGE),
+        Err(errors) => {
+            // Every mistake of the file, one line each.
+            for error in &errors.0 {
+                fail(&format!("{path}: {error}"), EXIT_USAGE);
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
     };
     if cli.print_config {
-        return print(&config.describe(&properties));
+        return print(&config.describe(&properties, &|name| std::env::var(name).ok()));
     }
     // A child that cannot be started would fail every shard's, over and over.
     let program = match config.command.locate() {

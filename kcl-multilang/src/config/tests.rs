@@ -2,8 +2,10 @@
 
 use super::*;
 
+/// The config `text` gives, or its first error.
 fn config(text: &str) -> Result<DaemonConfig, KeyError> {
     DaemonConfig::from_properties(&Properties::parse(text).unwrap(), "host-1")
+        .map_err(|errors| errors.0.into_iter().next().unwrap())
 }
 
 const MINIMAL: &str =
@@ -177,7 +179,7 @@ fn keys_without_an_equivalent_and_unknown_keys_are_reported() {
     );
     // As in the Java daemon, a key in other capitals sets nothing.
     assert_eq!(c.worker.max_records, 10_000);
-    let described = c.describe(&Properties::parse(&text).unwrap());
+    let described = c.describe(&Properties::parse(&text).unwrap(), &|_| None);
     assert!(described.contains("executablename2 = typo    # unknown"));
     assert!(
         described.contains("case-sensitive: `maxRecords`?"),
@@ -402,4 +404,77 @@ fn stalled_after_is_a_number_of_seconds_or_off() {
         let e = stalled_after(&format!("stalledAfterSeconds = {bad}\n")).unwrap_err();
         assert_eq!(e.key, "stalledAfterSeconds", "{e}");
     }
+}
+
+/// A file with several mistakes is reported whole: every wrong or missing key, once each, in
+/// one run (not one per run).
+#[test]
+fn every_mistake_of_a_file_is_reported_at_once() {
+    let text = "executableName = python3 app.py\n\
+                applicationName = app\n\
+                failoverTimeMillis = 10s\n\
+                maxRecords = many\n\
+                initialPositionInStream = OLDEST\n\
+                liveness = sometimes\n\
+                billingMode = FREE\n";
+    let errors =
+        DaemonConfig::from_properties(&Properties::parse(text).unwrap(), "host-1").unwrap_err();
+    let keys: Vec<&str> = errors.0.iter().map(|e| e.key).collect();
+    assert_eq!(
+        keys,
+        [
+            "streamName",
+            "failoverTimeMillis",
+            "initialPositionInStream",
+            "maxRecords",
+            "liveness",
+            "billingMode",
+        ],
+        "{errors}"
+    );
+    assert_eq!(errors.to_string().lines().count(), 6, "{errors}");
+}
+
+/// `--print-config` says what the environment adds (region, endpoints, the credentials'
+/// source by name, never a secret) and "unlimited" for a limit not given.
+#[test]
+fn print_config_shows_what_the_environment_adds() {
+    let c = config(MINIMAL).unwrap();
+    let env = |name: &str| {
+        let value = match name {
+            "AWS_REGION" => "eu-west-1",
+            "AWS_ENDPOINT_URL_KINESIS" => "http://127.0.0.1:4568",
+            "AWS_ENDPOINT_URL" => "http://127.0.0.1:5000",
+            "AWS_ACCESS_KEY_ID" => "AKIASECRETLOOKING",
+            "AWS_SECRET_ACCESS_KEY" => "very-secret",
+            _ => return None,
+        };
+        Some(value.to_owned())
+    };
+    let described = c.describe(&Properties::parse(MINIMAL).unwrap(), &env);
+    assert!(
+        described.contains("region = eu-west-1 (from AWS_REGION)"),
+        "{described}"
+    );
+    assert!(
+        described
+            .contains("kinesis endpoint = http://127.0.0.1:4568 (from AWS_ENDPOINT_URL_KINESIS)"),
+        "{described}"
+    );
+    assert!(
+        described.contains("dynamodb endpoint = http://127.0.0.1:5000 (from AWS_ENDPOINT_URL)"),
+        "{described}"
+    );
+    assert!(
+        described.contains(
+            "credentials = the standard chain; here: the environment (AWS_ACCESS_KEY_ID is set)"
+        ),
+        "{described}"
+    );
+    assert!(described.contains("max_leases: unlimited"), "{described}");
+    assert!(!described.contains(&usize::MAX.to_string()), "{described}");
+    assert!(!described.contains("AKIASECRETLOOKING") && !described.contains("very-secret"));
+    let bare = c.describe(&Properties::parse(MINIMAL).unwrap(), &|_| None);
+    assert!(bare.contains("kinesis endpoint = AWS's"), "{bare}");
+    assert!(bare.contains("set regionName or AWS_REGION"), "{bare}");
 }
