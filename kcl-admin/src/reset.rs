@@ -10,7 +10,7 @@ use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseStore, SequenceNumber, Shard, ShardId,
-    ShardSource,
+    ShardSource, StartingPosition,
 };
 
 /// Arguments of `kcl-admin reset`.
@@ -84,26 +84,28 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         anyhow::bail!("--stream is required (or --table with --source dynamodb-streams)");
     };
     let listed = source.list_shards().await?;
-    let shards: Vec<ShardId> = if args.all {
+    let leases = store.list().await?;
+    let mut shards: Vec<ShardId> = Vec::new();
+    if args.all {
         if matches!(to.checkpoint, Checkpoint::Sequence(_)) {
             anyhow::bail!(
                 "--all with a sequence number: a sequence number belongs to one shard; name it with --shard"
             );
         }
-        let leases = store.list().await?;
-        leases
-            .into_iter()
-            .filter(|l| !is_coordination_key(&l.key) && !l.is_finished())
-            .map(|l| l.key)
-            .collect()
+        shards = of_stream(&args.stream, &listed, &leases);
     } else {
-        let leases = store.list().await?;
-        let mut keys = Vec::new();
         for given in &args.shard {
-            keys.push(lease_key(given, &args.stream, &listed, &leases)?);
+            let key = lease_key(given, &args.stream, &listed, &leases)?;
+            if !shards.contains(&key) {
+                shards.push(key);
+            }
         }
-        keys
-    };
+    }
+    if let Checkpoint::Sequence(at) = &to.checkpoint {
+        for key in &shards {
+            has_record(&source, key, &at.sequence).await?;
+        }
+    }
     report(&format!(
         "resetting {} shard(s) of {} to {}",
         shards.len(),
@@ -111,13 +113,29 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         args.to.join(" ")
     ));
     if args.dry_run {
+        let mut refused = 0;
         for shard in &shards {
-            let now = match store.get(shard).await? {
-                Some(row) => format!("checkpoint {}", shown(&row)),
-                None => "no lease".to_owned(),
+            let line = match store.get(shard).await? {
+                Some(row) if row.is_finished() => {
+                    refused += 1;
+                    format!(
+                        "would not reset {shard}: it is finished ({})",
+                        row.checkpoint
+                    )
+                }
+                Some(row) => format!("would reset {shard} (now checkpoint {})", shown(&row)),
+                None => {
+                    refused += 1;
+                    format!("would not reset {shard}: it has no lease")
+                }
             };
-            report(&format!("  would reset {shard} (now {now})"));
+            report(&format!("  {line}"));
         }
+        anyhow::ensure!(
+            refused == 0,
+            "{refused} of {} shard(s) would not be reset",
+            shards.len()
+        );
         return Ok(());
     }
     let mut failed = 0;
@@ -139,6 +157,10 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
             }
         }
     }
+    anyhow::ensure!(
+        failed < shards.len(),
+        "no shard reset: nothing written, nothing to wait for"
+    );
     let wait = args.failover_time * RESET_SETTLES_AFTER;
     report(&format!(
         "waiting {} (the failover time) until no worker can still be reading from the old checkpoints",
@@ -151,6 +173,56 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         shards.len()
     );
     report("done: each shard is taken from its new checkpoint by a worker within a failover time");
+    Ok(())
+}
+
+/// The unfinished leases of the stream named: in a single-stream table, those of the shards
+/// it lists; in a multi-stream table, those whose key names it (of its newest creation, if
+/// it was recreated) and one of its shards. Never another stream's.
+fn of_stream(
+    stream: &crate::source::StreamArgs,
+    listed: &[Shard],
+    leases: &[Lease],
+) -> Vec<ShardId> {
+    let listed_shard = |s: &ShardId| listed.iter().any(|l| l.id == *s);
+    let live = leases
+        .iter()
+        .filter(|l| !is_coordination_key(&l.key) && !l.is_finished());
+    let newest = leases
+        .iter()
+        .filter_map(|l| StreamId::split_key(&l.key))
+        .filter(|(id, _)| stream.names(&id.name))
+        .map(|(id, _)| id.creation_epoch)
+        .max();
+    live.filter(|l| match StreamId::split_key(&l.key) {
+        Some((id, shard)) => {
+            stream.names(&id.name) && Some(id.creation_epoch) == newest && listed_shard(&shard)
+        }
+        None => listed_shard(&l.key),
+    })
+    .map(|l| l.key.clone())
+    .collect()
+}
+
+/// Refuses a sequence number that `key`'s shard does not have: its holder could not read on
+/// from it, and the shard would stop.
+async fn has_record(
+    source: &impl ShardSource,
+    key: &ShardId,
+    sequence: &SequenceNumber,
+) -> anyhow::Result<()> {
+    let shard = StreamId::split_key(key).map_or_else(|| key.clone(), |(_, shard)| shard);
+    let position = StartingPosition::AfterSequence(sequence.clone());
+    source
+        .shard_iterator(&shard, &position)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "invalid --to {sequence}: shard {shard} has no such record ({}); a reset to it \
+             would stop the shard",
+                kcl_core::error_chain(&e)
+            )
+        })?;
     Ok(())
 }
 

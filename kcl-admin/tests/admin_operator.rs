@@ -269,6 +269,55 @@ async fn leases_and_reset_take_multi_stream_lease_keys() -> anyhow::Result<()> {
     // Another stream's lease, with this stream named: refused.
     let out = reset(other_key.as_str())?;
     anyhow::ensure!(!out.status.success(), "another stream's lease was reset");
+
+    // --all: this stream's leases only (it once reset every stream's of the table).
+    let out = admin(
+        &ctx,
+        &[
+            "reset",
+            "--application-name",
+            &ctx.table,
+            "--stream",
+            &ctx.stream,
+            "--all",
+            "--to",
+            "LATEST",
+            "--failover-time",
+            "1s",
+        ],
+    )?;
+    anyhow::ensure!(out.status.success(), "reset --all failed");
+    let row = ctx.store().get(&key).await?.expect("the lease");
+    anyhow::ensure!(row.checkpoint == Checkpoint::Latest, "{row:?}");
+    let other_row = ctx.store().get(&other_key).await?.expect("the other lease");
+    anyhow::ensure!(
+        other_row.checkpoint == Checkpoint::TrimHorizon,
+        "another stream's lease was reset by --all: {other_row:?}"
+    );
+
+    // A sequence number the shard does not have is refused before anything is written.
+    ctx.put(&[("pk".to_owned(), "a record".to_owned())]).await?;
+    let out = admin(
+        &ctx,
+        &[
+            "reset",
+            "--application-name",
+            &ctx.table,
+            "--stream",
+            &ctx.stream,
+            "--shard",
+            SHARD,
+            "--to",
+            "123",
+            "--failover-time",
+            "1s",
+        ],
+    )?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(!out.status.success(), "a reset to a record the shard lacks");
+    anyhow::ensure!(stderr.contains("has no such record"), "{stderr}");
+    let row = ctx.store().get(&key).await?.expect("the lease");
+    anyhow::ensure!(row.checkpoint == Checkpoint::Latest, "written: {row:?}");
     Ok(())
 }
 
@@ -483,6 +532,8 @@ async fn capped_run(ctx: Context) -> anyhow::Result<()> {
             "worker-a",
             "--timeout",
             "60s",
+            "--failover-time",
+            "3s",
         ],
     )?;
     anyhow::ensure!(out.status.success(), "release failed");
@@ -502,11 +553,12 @@ async fn capped_run(ctx: Context) -> anyhow::Result<()> {
     .await?;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let owners = ctx.owners().await?;
+    let still = settled().await?;
     let journal = b.events()?;
     for w in [a, b, c] {
         w.terminate()?;
     }
-    anyhow::ensure!(settled().await?, "not settled: {owners:?}");
+    anyhow::ensure!(still, "not settled: {owners:?}");
     let (mut now, mut most) = (0_i64, 0_i64);
     for e in &journal {
         match e.event.as_str() {
@@ -517,5 +569,77 @@ async fn capped_run(ctx: Context) -> anyhow::Result<()> {
         most = most.max(now);
     }
     anyhow::ensure!(most <= 1, "worker-b processed {most} shards at once");
+    Ok(())
+}
+
+/// Issue 34, item 5 (found from outside): draining the only worker with room onto a worker at
+/// its `--max-leases` left three shards with nobody, and `release` said all was well; then
+/// draining that worker handed its shard to the drained one. Now the first fails, naming the
+/// shards nobody holds, and the second is refused, naming the drained worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_says_when_nobody_has_room() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("admin-release-no-room").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(180), Box::pin(no_room_run(ctx))).await
+}
+
+async fn no_room_run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(4).await?;
+    let bin = test_worker_bin()?;
+    let bin = bin.to_str().unwrap();
+    let a = WorkerProcess::spawn(bin, &ctx, "worker-a", &[])?;
+    wait_until(
+        "worker-a holds all four shards",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(count(&ctx.owners().await.unwrap_or_default(), "worker-a") == 4),
+    )
+    .await?;
+    let b = WorkerProcess::spawn(bin, &ctx, "worker-b", &["--max-leases", "1"])?;
+    wait_until(
+        "worker-b holds one shard",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(count(&ctx.owners().await?, "worker-b") == 1),
+    )
+    .await?;
+    let release = |worker: &str| {
+        admin(
+            &ctx,
+            &[
+                "release",
+                "--application-name",
+                &ctx.table,
+                "--worker",
+                worker,
+                "--timeout",
+                "10s",
+                "--failover-time",
+                "3s",
+            ],
+        )
+    };
+    let out = release("worker-a")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let drained_a = !out.status.success() && stderr.contains("nobody holds");
+    let out = release("worker-b")?;
+    let stderr_b = String::from_utf8_lossy(&out.stderr).into_owned();
+    let owners = ctx.owners().await?;
+    a.terminate()?;
+    b.terminate()?;
+    anyhow::ensure!(
+        drained_a,
+        "release onto a full fleet did not fail: {stderr}"
+    );
+    anyhow::ensure!(
+        !out.status.success(),
+        "release onto a drained worker succeeded"
+    );
+    anyhow::ensure!(
+        stderr_b.contains("worker-a drained already"),
+        "the drained worker is not named: {stderr_b}"
+    );
+    anyhow::ensure!(count(&owners, "worker-b") <= 1, "{owners:?}");
     Ok(())
 }

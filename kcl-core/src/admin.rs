@@ -37,7 +37,7 @@ use crate::error::{BackendError, ErrorKind};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
 use crate::singleton::{
-    drain_key, heartbeat_key, heartbeat_of, is_coordination_key, is_worker_row,
+    drain_key, drained_by, heartbeat_key, heartbeat_of, is_coordination_key, is_worker_row,
 };
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
@@ -192,10 +192,20 @@ pub async fn release<L: LeaseStore>(
         );
         return Err(BackendError::new(ErrorKind::NotFound, "release", text));
     }
+    // Workers asked to drain already take nothing: not a place for these leases.
+    let drained: Vec<WorkerId> = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
+    load.retain(|w, _| !drained.contains(w));
     if !mine.is_empty() && load.is_empty() {
+        let also = drained.iter().filter(|w| *w != worker);
+        let also: Vec<String> = also.map(ToString::to_string).collect();
+        let drained = if also.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} drained already)", also.join(", "))
+        };
         let text = format!(
-            "no other worker shows in the table to take {worker}'s {} lease(s): start one \
-             first, or stop {worker} (a SIGTERM hands its leases back)",
+            "no other worker shows in the table to take {worker}'s {} lease(s){drained}: start \
+             one first, or stop {worker} (a SIGTERM hands its leases back)",
             mine.len()
         );
         return Err(BackendError::new(ErrorKind::Fatal, "release", text));

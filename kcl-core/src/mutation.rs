@@ -93,6 +93,9 @@ pub enum Mutation {
     /// A shard's checkpoint moves are seen by its task only (between batches), not by the
     /// coordinator as it publishes the stall age.
     StallAgeSeenByTaskOnly,
+    /// The leader does not learn a worker's cap from its refusals, and balances onto it
+    /// again and again.
+    LeaderForgetsCaps,
 }
 
 impl Mutation {
@@ -135,6 +138,7 @@ impl Mutation {
         Self::RefusalSeenOnlyWhileMoving,
         Self::RefusalTakenForRequest,
         Self::StallAgeSeenByTaskOnly,
+        Self::LeaderForgetsCaps,
     ];
 }
 
@@ -151,6 +155,10 @@ impl Mutation {
             // flight), not in the mutation check's 200.
             Self::StallAgeSeenByTaskOnly => Some(
                 "worker::report::tests::a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall",
+            ),
+            // Churn, not loss: no invariant of the simulation is broken by it.
+            Self::LeaderForgetsCaps => Some(
+                "lease::leader::tests::a_worker_that_refused_is_not_balanced_onto_past_its_cap",
             ),
             _ => None,
         }

@@ -80,3 +80,67 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     assert!(b.wait_exit(Duration::from_secs(20)).await?.success());
     Ok(())
 }
+
+/// A worker started with `--max-leases 1` beside one without a cap, on 4 shards: the fleet
+/// settles at 3 and 1 and stays there. The leader once balanced towards 2 and 2 every cycle:
+/// it handed the capped worker a lease, which gave it back, which the leader took again, a
+/// new processor each way every second (issue 34). Judged from the workers' journals: no
+/// processor starts after the settling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_worker_settles_without_churn() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("balance-capped").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), capped(ctx)).await
+}
+
+async fn capped(ctx: Context) -> anyhow::Result<()> {
+    use kcl_integration_tests::process::WorkerProcess;
+    ctx.create_stream(4).await?;
+    let a = WorkerProcess::spawn(WORKER, &ctx, "worker-a", &[])?;
+    let held = |owners: &std::collections::BTreeMap<String, Option<String>>, w: &str| {
+        owners.values().filter(|o| o.as_deref() == Some(w)).count()
+    };
+    wait_until(
+        "worker-a holds the four shards",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(held(&ctx.owners().await.unwrap_or_default(), "worker-a") == 4),
+    )
+    .await?;
+    let b = WorkerProcess::spawn(WORKER, &ctx, "worker-b", &["--max-leases", "1"])?;
+    wait_until(
+        "worker-b holds one shard",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(held(&ctx.owners().await?, "worker-b") == 1),
+    )
+    .await?;
+    // A few taker cycles for a refusal, if there is one, to be learnt.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let starts = |w: &WorkerProcess| -> anyhow::Result<usize> {
+        Ok(w.events()?.iter().filter(|e| e.event == "init").count())
+    };
+    let (a_before, b_before) = (starts(&a)?, starts(&b)?);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (a_after, b_after) = (starts(&a)?, starts(&b)?);
+    let owners = ctx.owners().await?;
+    a.terminate()?;
+    b.terminate()?;
+    eprintln!(
+        "processors started in 10 s: worker-a {}, worker-b {}",
+        a_after - a_before,
+        b_after - b_before
+    );
+    anyhow::ensure!(
+        a_after == a_before && b_after == b_before,
+        "churn: worker-a started {} processors and worker-b {} in 10 s ({owners:?})",
+        a_after - a_before,
+        b_after - b_before
+    );
+    anyhow::ensure!(
+        held(&owners, "worker-a") == 3 && held(&owners, "worker-b") == 1,
+        "{owners:?}"
+    );
+    Ok(())
+}

@@ -38,6 +38,7 @@ use super::Lease;
 const REFUSALS_KEPT_FOR: u32 = 30;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::mutation::{self, Mutation};
+use crate::singleton::is_coordination_key;
 use crate::types::{ShardId, WorkerId};
 
 /// What the leader does this round.
@@ -60,18 +61,21 @@ pub(crate) fn assign(
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
 ) -> Assignment {
-    assign_within(me, leases, limits, active, |_, _| false)
+    assign_within(me, leases, limits, active, |_, _| false, |_| None)
 }
 
 /// As `assign`, knowing which workers gave which leases back lately for want of room
 /// (`refused`; see the module docs): such a lease is not written to that worker again, and a
-/// lease no worker can take is [`unplaced`](Assignment::unplaced).
+/// lease no worker can take is [`unplaced`](Assignment::unplaced). `cap` is the most leases
+/// a worker is known to take (learned from its refusals): it is given, and balanced,
+/// nothing beyond it.
 pub(crate) fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
     refused: impl Fn(&ShardId, &WorkerId) -> bool,
+    cap: impl Fn(&WorkerId) -> Option<usize>,
 ) -> Assignment {
     let mut assignment = Assignment::default();
     let (mut load, movable) = loads(me, leases, limits.max_leases, &active, &mut assignment);
@@ -94,7 +98,7 @@ pub(crate) fn assign_within(
         if w == me {
             n + leaving < limits.max_leases
         } else {
-            active(w) && !suspects.contains(&w)
+            active(w) && !suspects.contains(&w) && cap(w).is_none_or(|cap| n < cap)
         }
     };
     place(me, leases, &mut load, &room, &refused, &mut assignment);
@@ -269,6 +273,9 @@ pub(crate) struct Moves {
     /// The row's counter at each refusal seen, so that a row still showing one is not taken
     /// for a new one once it is forgotten.
     refusal_counters: BTreeMap<(ShardId, WorkerId), u64>,
+    /// What each worker that refused held when the refusal was seen: the most it takes (its
+    /// `max_leases`, which the table does not show), while its refusals are remembered.
+    caps: BTreeMap<WorkerId, usize>,
 }
 
 impl Moves {
@@ -282,6 +289,12 @@ impl Moves {
     /// [`REFUSALS_KEPT_FOR`] failover times: it may have room again by then).
     pub(crate) fn refused(&self, key: &ShardId, worker: &WorkerId) -> bool {
         self.refusals.contains_key(&(key.clone(), worker.clone()))
+    }
+
+    /// The most leases `worker` is known to take, if it refused one lately: a leader that
+    /// balances onto it again would only have the lease given back again, and again.
+    pub(crate) fn cap(&self, worker: &WorkerId) -> Option<usize> {
+        self.caps.get(worker).copied()
     }
 
     /// Forgets the moves `leases` show done (the row names the target, or is gone) or made
@@ -308,6 +321,13 @@ impl Moves {
             if self.refusal_counters.get(&refusal) != Some(&row.counter) {
                 self.refusal_counters.insert(refusal.clone(), row.counter);
                 self.refusals.insert(refusal, now);
+                let held = leases
+                    .iter()
+                    .filter(|l| !is_coordination_key(&l.key) && l.is_owned_by(by))
+                    .count();
+                if !mutation::on(Mutation::LeaderForgetsCaps) {
+                    self.caps.insert(by.clone(), held);
+                }
             }
         }
         self.refusal_counters
@@ -325,6 +345,8 @@ impl Moves {
         });
         self.refusals
             .retain(|_, at| now.saturating_duration_since(*at) < within * REFUSALS_KEPT_FOR);
+        let refusing: Vec<&WorkerId> = self.refusals.keys().map(|(_, w)| w).collect();
+        self.caps.retain(|w, _| refusing.contains(&w));
         for c in candidates {
             let Some((to, _, _)) = self.pending.get(&c.key) else {
                 continue;
@@ -434,12 +456,90 @@ mod tests {
             max_leases: 0,
             ..LIMITS
         };
-        let plan = assign_within(&me, &seen, full, |_| true, |k, w| moves.refused(k, w));
+        let plan = assign_within(
+            &me,
+            &seen,
+            full,
+            |_| true,
+            |k, w| moves.refused(k, w),
+            |w| moves.cap(w),
+        );
         assert_eq!(plan.unplaced, [ShardId::from("s0")], "{plan:?}");
         // Remembered for a while, not for ever (the row unchanged meanwhile).
         let later = now + within * REFUSALS_KEPT_FOR;
         moves.overlay(std::slice::from_ref(&refused), &mut seen, later, within);
         assert!(!moves.refused(&refused.key, &b));
+    }
+
+    /// A worker that gave a lease back for want of room is not balanced onto again while the
+    /// refusal is remembered: the leader with 3 of 4 leases and b, capped at 1 and holding
+    /// 1, stay so (the leader once handed b a lease every cycle, b gave it back, the leader
+    /// took it, for ever). Once the refusal is forgotten, b is tried again.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_refused_is_not_balanced_onto_past_its_cap() {
+        // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+        #[cfg(feature = "mutation-testing")]
+        if let Ok(name) = std::env::var("KCL_MUTATION") {
+            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
+            crate::mutation::set(found.copied());
+        }
+        use crate::types::Checkpoint;
+        let (me, b) = (w("leader"), w("b"));
+        let row = |key: &str, owner: Option<&WorkerId>| {
+            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
+            l.owner = owner.cloned();
+            l
+        };
+        // b holds s3 and gave s0 back (unowned, naming b in handoffTo).
+        let mut refused = row("s0", None);
+        refused.handoff_to = Some(b.clone());
+        refused.counter = 2;
+        let leases = vec![
+            refused,
+            row("s1", Some(&me)),
+            row("s2", Some(&me)),
+            row("s3", Some(&b)),
+        ];
+        let mut moves = Moves::default();
+        let (now, within) = (Instant::now(), Duration::from_secs(10));
+        let mut seen = vec![
+            lease("s0", Holder::Released),
+            lease("s1", Holder::Me),
+            lease("s2", Holder::Me),
+            lease("s3", Holder::Other(b.clone())),
+        ];
+        moves.overlay(&leases, &mut seen, now, within);
+        assert_eq!(moves.cap(&b), Some(1));
+        let plan = |seen: &[Candidate], moves: &Moves| {
+            assign_within(
+                &me,
+                seen,
+                LIMITS,
+                |_| true,
+                |k, w| moves.refused(k, w),
+                |w| moves.cap(w),
+            )
+        };
+        // The leader takes s0 back itself and asks nothing of b.
+        let first = plan(&seen, &moves);
+        assert_eq!(first.take, [(ShardId::from("s0"), me.clone())], "{first:?}");
+        assert!(first.request_handoff.is_empty(), "{first:?}");
+        // The next cycle: the leader holds 3, b 1; still nothing for b.
+        let seen = vec![
+            lease("s0", Holder::Me),
+            lease("s1", Holder::Me),
+            lease("s2", Holder::Me),
+            lease("s3", Holder::Other(b.clone())),
+        ];
+        let next = plan(&seen, &moves);
+        assert!(next.request_handoff.is_empty(), "{next:?}");
+        // Once the refusal is forgotten, b is tried again (it may have room by then).
+        let later = now + within * REFUSALS_KEPT_FOR;
+        let mut seen = seen;
+        moves.overlay(&leases[1..], &mut seen, later, within);
+        assert_eq!(moves.cap(&b), None);
+        let again = plan(&seen, &moves);
+        assert_eq!(again.request_handoff.len(), 1, "{again:?}");
     }
 
     #[tokio::test(start_paused = true)]
