@@ -58,8 +58,8 @@ pub(super) struct Coordinator {
 pub(super) enum Mode {
     /// Every worker reads the whole table and plans for itself.
     EveryWorker,
-    /// A leader plans for the fleet; see [`Led`].
-    Led(Led),
+    /// A leader plans for the fleet; see [`Led`] (boxed: the larger by far).
+    Led(Box<Led>),
 }
 
 /// A worker under `Coordination::Leader`: its role, and what each role keeps.
@@ -78,11 +78,11 @@ impl Mode {
     ) -> Self {
         match config.coordination {
             Coordination::EveryWorker => Self::EveryWorker,
-            Coordination::Leader => Self::Led(Led {
+            Coordination::Leader => Self::Led(Box::new(Led {
                 roles: Roles::start(me, store, config),
                 leading: Leading::default(),
                 following: Following::default(),
-            }),
+            })),
         }
     }
 
