@@ -11,6 +11,9 @@ use std::time::Duration;
 use kcl_core::LeaseStore;
 use kcl_core::singleton::is_coordination_key;
 
+/// The shortest failover time the watch assumes: kcl's default.
+const MIN_WATCH: Duration = Duration::from_secs(10);
+
 /// Arguments of `kcl-admin remove-kcl-rows`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
@@ -19,8 +22,9 @@ pub(crate) struct Args {
     application_name: String,
     /// The fleet's failover time (its `failover_time`, 10 s by default): a running worker
     /// renews its rows at least every half of it, so the command watches the rows for the
-    /// failover time and a second before it deletes them. Required: a watch shorter than
-    /// the fleet's renewals would delete a running fleet's rows.
+    /// failover time and a second before it deletes them (for 10 s and a second at least:
+    /// a shorter value, such as 0s, is taken as 10 s). Required: a watch shorter than the
+    /// fleet's renewals would delete a running fleet's rows.
     #[arg(long, value_parser = humantime::parse_duration)]
     failover_time: Duration,
 }
@@ -37,9 +41,11 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         report("no kcl rows: nothing to remove");
         return Ok(());
     }
-    let observe = args.failover_time + Duration::from_secs(1);
+    // Never shorter than kcl's default failover time: a mistyped value (0s, 1ms) must not
+    // make a default fleet's renewals invisible.
+    let observe = args.failover_time.max(MIN_WATCH) + Duration::from_secs(1);
     report(&format!(
-        "watching {} kcl row(s) for {} (the failover time and a second) to make sure the kcl fleet has stopped",
+        "watching {} kcl row(s) for {} (the failover time, 10 s at least, and a second) to make sure the kcl fleet has stopped",
         rows.len(),
         humantime::format_duration(observe)
     ));

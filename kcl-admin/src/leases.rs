@@ -129,7 +129,11 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let out = if args.json {
         json_out(&lines, &unreadable, args.stream.given())
     } else {
-        table(&lines, &unreadable, args.stream.given())
+        let mut out = table(&lines, &unreadable, args.stream.given());
+        if lines.iter().any(|l| l.moving == Some(false)) {
+            out.push_str(&still_note(args.observe));
+        }
+        out
     };
     print(&out);
     Ok(())
@@ -209,6 +213,17 @@ fn owner(line: &Line) -> String {
             .as_ref()
             .map_or_else(|| "(none)".to_owned(), ToString::to_string),
     }
+}
+
+/// What MOVING `no` means, and does not: a counter still for the time watched.
+fn still_note(observe: Duration) -> String {
+    format!(
+        "\nMOVING no: the counter did not change in the {} watched. A worker renews its leases \
+         every failover time / 3 (its heartbeat row, under heartbeats, every / 2): 3.3 s \
+         (5 s) at the default 10 s. For a longer failover time, watch longer (--observe) \
+         before taking the owner for gone.\n",
+        humantime::format_duration(observe)
+    )
 }
 
 fn moving_text(line: &Line) -> &'static str {

@@ -71,6 +71,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Errors name the command, before the operation that failed in it.
+    let name = match &cli.command {
+        Command::Leases(_) => "leases",
+        Command::Reset(_) => "reset",
+        Command::Release(_) => "release",
+        Command::Copy(_) => "copy",
+        Command::RemoveKclRows(_) => "remove-kcl-rows",
+    };
     let result = runtime.block_on(async {
         let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
         match cli.command {
@@ -84,7 +92,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln_error(&e);
+            eprintln_error(&e.context(name));
             ExitCode::FAILURE
         }
     }

@@ -14,7 +14,7 @@ pub(crate) struct Args {
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
     /// The worker to drain (its `leaseOwner`, the worker id).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     worker: String,
     /// How long to wait until it holds nothing.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]

@@ -643,3 +643,55 @@ async fn no_room_run(ctx: Context) -> anyhow::Result<()> {
     anyhow::ensure!(count(&owners, "worker-b") <= 1, "{owners:?}");
     Ok(())
 }
+
+/// Issue 34, item 6 (found from outside): `remove-kcl-rows --failover-time 0s` watched for a
+/// second and deleted a running fleet's rows. The watch is never shorter than kcl's default
+/// failover time: a worker with the default timing (rows renewed every 5 s) is seen running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_kcl_rows_with_a_zero_failover_time_deletes_nothing_of_a_live_fleet()
+-> anyhow::Result<()> {
+    let Some(ctx) = Context::new("admin-remove-zero").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), Box::pin(remove_zero_run(ctx))).await
+}
+
+async fn remove_zero_run(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(1).await?;
+    let bin = test_worker_bin()?;
+    let worker = WorkerProcess::spawn(
+        bin.to_str().unwrap(),
+        &ctx,
+        "worker-a",
+        &["--failover-ms", "10000"],
+    )?;
+    wait_until(
+        "worker-a holds the shard",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(count(&ctx.owners().await.unwrap_or_default(), "worker-a") == 1),
+    )
+    .await?;
+    let out = admin(
+        &ctx,
+        &[
+            "remove-kcl-rows",
+            "--application-name",
+            &ctx.table,
+            "--failover-time",
+            "0s",
+        ],
+    );
+    let rows = ctx.store().list().await;
+    worker.terminate()?;
+    let out = out?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(!out.status.success(), "removed the rows of a running fleet");
+    anyhow::ensure!(stderr.contains("still running"), "{stderr}");
+    let leader = format!("{}worker-leader", kcl_core::singleton::COORDINATION_PREFIX);
+    anyhow::ensure!(
+        rows?.iter().any(|l| l.key.as_str() == leader),
+        "the leader's row was deleted"
+    );
+    Ok(())
+}

@@ -654,7 +654,7 @@ async fn forward_stderr(stderr: tokio::process::ChildStderr) {
         match line {
             Ok(Line::Text(line)) => tracing::info!(target: "kcl_multilang::child", "{line}"),
             Ok(Line::TooLong) => {
-                tracing::info!(target: "kcl_multilang::child", "(a line over 1 MiB, skipped)");
+                tracing::warn!(target: "kcl_multilang::child", "skipping a line over 1 MiB on the child's stderr");
             }
             Ok(Line::NotUtf8) => {
                 tracing::info!(target: "kcl_multilang::child", "(a line that is not UTF-8, skipped)");

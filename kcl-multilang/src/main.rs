@@ -114,7 +114,7 @@ fn main() -> ExitCode {
         }
     };
     if cli.print_config {
-        return print(&config.describe(&properties, &|name| std::env::var(name).ok()));
+        print(&config.describe(&properties, &|name| std::env::var(name).ok()));
     }
     // A child that cannot be started would fail every shard's, over and over.
     let program = match config.command.locate() {
@@ -127,6 +127,9 @@ fn main() -> ExitCode {
             return fail(&format!("{path}: {error}"), EXIT_USAGE);
         }
     };
+    if cli.print_config {
+        return print(&format!("child program = {}\n", program.display()));
+    }
     let logging = LogFormat::parse(&cli.log_format)
         .map_err(|e| format!("invalid setting `log-format`: {e}"))
         .and_then(|format| kcl_serve::init_logging(format, &cli.log_filter));
