@@ -42,6 +42,9 @@ pub const LEASES_ASSIGNED: &str = "kcl_leases_assigned_total";
 pub const LEASES_STOLEN: &str = "kcl_lease_handoffs_requested_total";
 /// Leases lost: taken by others or expired locally (counter).
 pub const LEASES_LOST: &str = "kcl_leases_lost_total";
+/// Leases handed back or over gracefully: at shutdown, to another worker, on a drain
+/// (counter).
+pub const LEASES_RELEASED: &str = "kcl_leases_released_total";
 /// Successful checkpoint writes (counter).
 pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
 /// Processor failures (error or panic) that restarted a shard (counter).
@@ -90,7 +93,7 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 28] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 29] = [
     (
         RECORDS,
         Kind::Counter,
@@ -150,6 +153,12 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 28] = [
         Kind::Counter,
         Some(Unit::Count),
         "Leases lost: taken by others or expired locally",
+    ),
+    (
+        LEASES_RELEASED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Leases handed back or over gracefully (shutdown, handoff, drain)",
     ),
     (
         CHECKPOINTS,
@@ -302,6 +311,7 @@ pub(crate) fn refresh_worker_series() {
         LEASES_STOLEN,
         LEASES_ASSIGNED,
         LEASES_LOST,
+        LEASES_RELEASED,
         CHECKPOINTS,
         PROCESSOR_FAILURES,
         READ_FAILURES,

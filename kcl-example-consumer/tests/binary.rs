@@ -244,6 +244,17 @@ fn sigterm_shuts_down_gracefully() {
     assert!(windows.len() >= 2, "{stdout}");
     // The graceful stop emitted the open windows early.
     assert!(windows.iter().any(|w| w["complete"] == false), "{stdout}");
+    // One summary line at the end: the records processed (every one counted in a window)
+    // and the four leases handed back.
+    let counted: u64 = windows.iter().filter_map(|w| w["records"].as_u64()).sum();
+    let summaries: Vec<&String> = logs.iter().filter(|l| l.contains("stopped: ")).collect();
+    assert_eq!(summaries.len(), 1, "{all_logs}");
+    let want = format!("stopped: {counted} records processed, 4 leases handed back");
+    assert!(
+        summaries[0].contains(&want),
+        "want {want:?} in {}",
+        summaries[0]
+    );
 }
 
 /// An endpoint nobody answers on: one WARN that says what to check, then quiet retries, and

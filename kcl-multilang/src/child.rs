@@ -480,7 +480,7 @@ impl ChildProcessor {
             }
         };
         match tokio::time::timeout(grace, exited).await {
-            Ok(Ok(status)) => tracing::info!(status = %describe(status), "child exited"),
+            Ok(Ok(status)) => tracing::info!(status = %counted(status), "child exited"),
             Ok(Err(error)) => tracing::warn!(%error, "waiting for the child failed"),
             Err(_) => tracing::warn!(?grace, "the child did not exit: killing its process group"),
         }
@@ -621,11 +621,22 @@ impl Session {
     async fn exit_status(&mut self) -> String {
         let waited = tokio::time::timeout(Duration::from_secs(1), self.group.exited()).await;
         match waited {
-            Ok(Ok(status)) => describe(status),
+            Ok(Ok(status)) => counted(status),
             Ok(Err(error)) => format!("unknown: {error}"),
             Err(_) => "still running, its stdout closed".to_owned(),
         }
     }
+}
+
+/// Children that exited with a status other than 0, or were killed (counter).
+pub const CHILDREN_FAILED: &str = "kcl_multilang_children_failed_total";
+
+/// A child's exit, counted in [`CHILDREN_FAILED`] unless it succeeded, and described.
+fn counted(status: ExitStatus) -> String {
+    if !status.success() {
+        ::metrics::counter!(CHILDREN_FAILED).increment(1);
+    }
+    describe(status)
 }
 
 fn describe(status: ExitStatus) -> String {

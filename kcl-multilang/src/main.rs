@@ -284,6 +284,10 @@ async fn run(
     );
     let options = kcl_serve::Options {
         exit,
+        summary: vec![(
+            kcl_multilang::child::CHILDREN_FAILED,
+            "children exited non-zero",
+        )],
         ..kcl_serve::Options::default()
     };
     match serving.run(worker, config.worker_id.clone(), options).await {

@@ -35,6 +35,10 @@ pub struct Options {
     pub on_signal: CancellationToken,
     /// Cancelled by the process when it must exit at once: the worker is stopped by force.
     pub exit: CancellationToken,
+    /// More counters for the summary line logged at the end of the run, each a metric name
+    /// and what it counts (e.g. `("kcl_multilang_children_failed_total", "children exited
+    /// non-zero")`), after the records processed and the leases handed back.
+    pub summary: Vec<(&'static str, &'static str)>,
 }
 
 /// How a run ended.
@@ -51,6 +55,27 @@ pub enum Ended {
 }
 
 impl Serving {
+    /// One line of what this process did, from its own counters: records processed, leases
+    /// handed back, and `more` (metric, what it counts).
+    fn summary(metrics: &Metrics, more: &[(&'static str, &'static str)]) -> String {
+        let text = metrics.prometheus.render();
+        let mut parts = vec![
+            format!(
+                "{} records processed",
+                total(&text, kcl_core::metrics::RECORDS)
+            ),
+            format!(
+                "{} leases handed back",
+                total(&text, kcl_core::metrics::LEASES_RELEASED)
+            ),
+        ];
+        parts.extend(
+            more.iter()
+                .map(|(metric, what)| format!("{} {what}", total(&text, metric))),
+        );
+        parts.join(", ")
+    }
+
     /// Raises the open file limit, installs the Prometheus recorder and binds `listen`, for a
     /// worker that will run with `config`.
     pub async fn start(listen: SocketAddr, config: &WorkerConfig) -> Result<Self, ServeError> {
@@ -134,16 +159,48 @@ impl Serving {
             Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
             Ok(Ok(Ok(()))) | Err(_) => {}
         }
+        let summary = Self::summary(&self.metrics, &options.summary);
         match &ended {
-            Ended::Stopped => tracing::info!("stopped"),
+            Ended::Stopped => tracing::info!("stopped: {summary}"),
             Ended::Forced => {
                 tracing::warn!(
-                    "stopped by force: leases not handed back move after the failover time"
+                    "stopped by force: {summary}; leases not handed back move after the failover time"
                 );
             }
-            Ended::Exited | Ended::Failed(_) => {}
+            Ended::Exited | Ended::Failed(_) => tracing::info!("ended: {summary}"),
         }
         self.metrics.last_push().await;
         ended
+    }
+}
+
+/// The sum of a counter's samples (every label set) in a Prometheus exposition.
+fn total(text: &str, metric: &str) -> u64 {
+    let samples = text.lines().filter_map(|line| {
+        let rest = line.strip_prefix(metric)?;
+        let value = match rest.strip_prefix('{') {
+            Some(labelled) => labelled.split_once("} ")?.1,
+            None => rest.strip_prefix(' ')?,
+        };
+        value.trim().parse::<f64>().ok()
+    });
+    // Counters are whole numbers well within f64's exact range.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let sum = samples.sum::<f64>().round() as u64;
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_counter_is_summed_over_its_label_sets() {
+        let text = "# TYPE kcl_records_processed_total counter\n\
+                    kcl_records_processed_total{shard=\"a\"} 3\n\
+                    kcl_records_processed_total{shard=\"b\"} 4\n\
+                    kcl_records_processed_total_other 100\n\
+                    kcl_leases_released_total 2\n";
+        assert_eq!(super::total(text, "kcl_records_processed_total"), 7);
+        assert_eq!(super::total(text, "kcl_leases_released_total"), 2);
+        assert_eq!(super::total(text, "kcl_missing_total"), 0);
     }
 }

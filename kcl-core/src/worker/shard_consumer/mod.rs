@@ -335,7 +335,10 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
                 None => tenure.release().await,
             };
             match result {
-                Ok(()) => Exit::Released,
+                Ok(()) => {
+                    ::metrics::counter!(crate::metrics::LEASES_RELEASED).increment(1);
+                    Exit::Released
+                }
                 Err(error) => {
                     tracing::warn!(?error, "could not hand the lease back; it will expire");
                     Exit::ReleaseFailed
