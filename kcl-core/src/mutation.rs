@@ -93,9 +93,8 @@ pub enum Mutation {
     /// A shard's checkpoint moves are seen by its task only (between batches), not by the
     /// coordinator as it publishes the stall age.
     StallAgeSeenByTaskOnly,
-    /// The leader does not learn a worker's cap from its refusals, and balances onto it
-    /// again and again.
-    LeaderForgetsCaps,
+    /// The leader balances onto a worker that refused a lease lately, again and again.
+    LeaderBalancesOntoRefusers,
 }
 
 impl Mutation {
@@ -138,7 +137,7 @@ impl Mutation {
         Self::RefusalSeenOnlyWhileMoving,
         Self::RefusalTakenForRequest,
         Self::StallAgeSeenByTaskOnly,
-        Self::LeaderForgetsCaps,
+        Self::LeaderBalancesOntoRefusers,
     ];
 }
 
@@ -157,9 +156,9 @@ impl Mutation {
                 "worker::report::tests::a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall",
             ),
             // Churn, not loss: no invariant of the simulation is broken by it.
-            Self::LeaderForgetsCaps => Some(
-                "lease::leader::tests::a_worker_that_refused_is_not_balanced_onto_past_its_cap",
-            ),
+            Self::LeaderBalancesOntoRefusers => {
+                Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
+            }
             _ => None,
         }
     }

@@ -38,7 +38,6 @@ use super::Lease;
 const REFUSALS_KEPT_FOR: u32 = 30;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::mutation::{self, Mutation};
-use crate::singleton::is_coordination_key;
 use crate::types::{ShardId, WorkerId};
 
 /// What the leader does this round.
@@ -61,21 +60,21 @@ pub(crate) fn assign(
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
 ) -> Assignment {
-    assign_within(me, leases, limits, active, |_, _| false, |_| None)
+    assign_within(me, leases, limits, active, |_, _| false, |_| false)
 }
 
 /// As `assign`, knowing which workers gave which leases back lately for want of room
 /// (`refused`; see the module docs): such a lease is not written to that worker again, and a
-/// lease no worker can take is [`unplaced`](Assignment::unplaced). `cap` is the most leases
-/// a worker is known to take (learned from its refusals): it is given, and balanced,
-/// nothing beyond it.
+/// lease no worker can take is [`unplaced`](Assignment::unplaced). A worker that refused any
+/// lease lately (`refuser`) is not balanced onto: balancing is never needed, and one more
+/// lease would only be given back again (placing a lease nobody holds still may pick it).
 pub(crate) fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
     refused: impl Fn(&ShardId, &WorkerId) -> bool,
-    cap: impl Fn(&WorkerId) -> Option<usize>,
+    refuser: impl Fn(&WorkerId) -> bool,
 ) -> Assignment {
     let mut assignment = Assignment::default();
     let (mut load, movable) = loads(me, leases, limits.max_leases, &active, &mut assignment);
@@ -98,11 +97,20 @@ pub(crate) fn assign_within(
         if w == me {
             n + leaving < limits.max_leases
         } else {
-            active(w) && !suspects.contains(&w) && cap(w).is_none_or(|cap| n < cap)
+            active(w) && !suspects.contains(&w)
         }
     };
     place(me, leases, &mut load, &room, &refused, &mut assignment);
-    balance(&mut load, movable, &room, limits.max_steal, &mut assignment);
+    let room_to_balance = |w: &WorkerId, n: usize| {
+        room(w, n) && (w == me || !refuser(w) || mutation::on(Mutation::LeaderBalancesOntoRefusers))
+    };
+    balance(
+        &mut load,
+        movable,
+        &room_to_balance,
+        limits.max_steal,
+        &mut assignment,
+    );
     assignment
 }
 
@@ -273,9 +281,6 @@ pub(crate) struct Moves {
     /// The row's counter at each refusal seen, so that a row still showing one is not taken
     /// for a new one once it is forgotten.
     refusal_counters: BTreeMap<(ShardId, WorkerId), u64>,
-    /// What each worker that refused held when the refusal was seen: the most it takes (its
-    /// `max_leases`, which the table does not show), while its refusals are remembered.
-    caps: BTreeMap<WorkerId, usize>,
 }
 
 impl Moves {
@@ -291,10 +296,10 @@ impl Moves {
         self.refusals.contains_key(&(key.clone(), worker.clone()))
     }
 
-    /// The most leases `worker` is known to take, if it refused one lately: a leader that
-    /// balances onto it again would only have the lease given back again, and again.
-    pub(crate) fn cap(&self, worker: &WorkerId) -> Option<usize> {
-        self.caps.get(worker).copied()
+    /// Whether `worker` gave any lease back for want of room lately: a leader that balances
+    /// onto it again would only have the lease given back again, and again.
+    pub(crate) fn refused_lately(&self, worker: &WorkerId) -> bool {
+        self.refusals.keys().any(|(_, w)| w == worker)
     }
 
     /// Forgets the moves `leases` show done (the row names the target, or is gone) or made
@@ -321,13 +326,6 @@ impl Moves {
             if self.refusal_counters.get(&refusal) != Some(&row.counter) {
                 self.refusal_counters.insert(refusal.clone(), row.counter);
                 self.refusals.insert(refusal, now);
-                let held = leases
-                    .iter()
-                    .filter(|l| !is_coordination_key(&l.key) && l.is_owned_by(by))
-                    .count();
-                if !mutation::on(Mutation::LeaderForgetsCaps) {
-                    self.caps.insert(by.clone(), held);
-                }
             }
         }
         self.refusal_counters
@@ -345,8 +343,6 @@ impl Moves {
         });
         self.refusals
             .retain(|_, at| now.saturating_duration_since(*at) < within * REFUSALS_KEPT_FOR);
-        let refusing: Vec<&WorkerId> = self.refusals.keys().map(|(_, w)| w).collect();
-        self.caps.retain(|w, _| refusing.contains(&w));
         for c in candidates {
             let Some((to, _, _)) = self.pending.get(&c.key) else {
                 continue;
@@ -462,7 +458,7 @@ mod tests {
             full,
             |_| true,
             |k, w| moves.refused(k, w),
-            |w| moves.cap(w),
+            |w| moves.refused_lately(w),
         );
         assert_eq!(plan.unplaced, [ShardId::from("s0")], "{plan:?}");
         // Remembered for a while, not for ever (the row unchanged meanwhile).
@@ -476,7 +472,7 @@ mod tests {
     /// 1, stay so (the leader once handed b a lease every cycle, b gave it back, the leader
     /// took it, for ever). Once the refusal is forgotten, b is tried again.
     #[tokio::test(start_paused = true)]
-    async fn a_worker_that_refused_is_not_balanced_onto_past_its_cap() {
+    async fn a_worker_that_refused_is_not_balanced_onto() {
         // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
         #[cfg(feature = "mutation-testing")]
         if let Ok(name) = std::env::var("KCL_MUTATION") {
@@ -509,7 +505,7 @@ mod tests {
             lease("s3", Holder::Other(b.clone())),
         ];
         moves.overlay(&leases, &mut seen, now, within);
-        assert_eq!(moves.cap(&b), Some(1));
+        assert!(moves.refused_lately(&b));
         let plan = |seen: &[Candidate], moves: &Moves| {
             assign_within(
                 &me,
@@ -517,7 +513,7 @@ mod tests {
                 LIMITS,
                 |_| true,
                 |k, w| moves.refused(k, w),
-                |w| moves.cap(w),
+                |w| moves.refused_lately(w),
             )
         };
         // The leader takes s0 back itself and asks nothing of b.
@@ -537,7 +533,7 @@ mod tests {
         let later = now + within * REFUSALS_KEPT_FOR;
         let mut seen = seen;
         moves.overlay(&leases[1..], &mut seen, later, within);
-        assert_eq!(moves.cap(&b), None);
+        assert!(!moves.refused_lately(&b));
         let again = plan(&seen, &moves);
         assert_eq!(again.request_handoff.len(), 1, "{again:?}");
     }

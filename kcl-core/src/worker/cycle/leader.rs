@@ -99,7 +99,7 @@ impl Leading {
                         || mutation::on(Mutation::LeaderIgnoresActivity))
             },
             |key, w| moves.refused(key, w),
-            |w| moves.cap(w),
+            |w| moves.refused_lately(w),
         )
     }
 
