@@ -38,6 +38,7 @@ use super::Lease;
 const REFUSALS_KEPT_FOR: u32 = 30;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::mutation::{self, Mutation};
+use crate::singleton::is_coordination_key;
 use crate::types::{ShardId, WorkerId};
 
 /// What the leader does this round.
@@ -60,21 +61,22 @@ pub(crate) fn assign(
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
 ) -> Assignment {
-    assign_within(me, leases, limits, active, |_, _| false, |_| false)
+    assign_within(me, leases, limits, active, |_, _| false, |_| None)
 }
 
 /// As `assign`, knowing which workers gave which leases back lately for want of room
 /// (`refused`; see the module docs): such a lease is not written to that worker again, and a
-/// lease no worker can take is [`unplaced`](Assignment::unplaced). A worker that refused any
-/// lease lately (`refuser`) is not balanced onto: balancing is never needed, and one more
-/// lease would only be given back again (placing a lease nobody holds still may pick it).
+/// lease no worker can take is [`unplaced`](Assignment::unplaced). A worker is balanced onto
+/// only below its `cap`, the most it was seen holding since it gave a lease back for want of
+/// room (see [`Moves::cap`]): one more would only be given back again, and again. Placing a
+/// lease nobody holds ignores the cap (the worker refuses it if it must).
 pub(crate) fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
     refused: impl Fn(&ShardId, &WorkerId) -> bool,
-    refuser: impl Fn(&WorkerId) -> bool,
+    cap: impl Fn(&WorkerId) -> Option<usize>,
 ) -> Assignment {
     let mut assignment = Assignment::default();
     let (mut load, movable) = loads(me, leases, limits.max_leases, &active, &mut assignment);
@@ -102,7 +104,8 @@ pub(crate) fn assign_within(
     };
     place(me, leases, &mut load, &room, &refused, &mut assignment);
     let room_to_balance = |w: &WorkerId, n: usize| {
-        room(w, n) && (w == me || !refuser(w) || mutation::on(Mutation::LeaderBalancesOntoRefusers))
+        let capped = cap(w).is_some_and(|cap| n >= cap);
+        room(w, n) && (!capped || mutation::on(Mutation::LeaderBalancesOntoRefusers))
     };
     balance(
         &mut load,
@@ -281,6 +284,9 @@ pub(crate) struct Moves {
     /// The row's counter at each refusal seen, so that a row still showing one is not taken
     /// for a new one once it is forgotten.
     refusal_counters: BTreeMap<(ShardId, WorkerId), u64>,
+    /// The most leases each worker that refused lately was seen holding since: its
+    /// `max_leases` as far as the leader can tell (the table does not show it).
+    caps: BTreeMap<WorkerId, usize>,
 }
 
 impl Moves {
@@ -296,10 +302,28 @@ impl Moves {
         self.refusals.contains_key(&(key.clone(), worker.clone()))
     }
 
-    /// Whether `worker` gave any lease back for want of room lately: a leader that balances
-    /// onto it again would only have the lease given back again, and again.
-    pub(crate) fn refused_lately(&self, worker: &WorkerId) -> bool {
-        self.refusals.keys().any(|(_, w)| w == worker)
+    /// The most leases `worker` takes as far as the leader can tell, if it gave one back for
+    /// want of room lately: the most it was seen holding since. A refusal gives a worker's
+    /// limit away only while it is full; a worker asked to drain refuses everything, and
+    /// learns nothing here (`drained`).
+    pub(crate) fn cap(&self, worker: &WorkerId) -> Option<usize> {
+        self.caps.get(worker).copied()
+    }
+
+    /// Updates [`cap`](Self::cap) from `leases` (the table now): each worker that refused
+    /// lately, and is not `drained`, takes at least what it holds.
+    pub(crate) fn learn_caps(&mut self, leases: &[Lease], drained: impl Fn(&WorkerId) -> bool) {
+        let refusers: std::collections::BTreeSet<&WorkerId> =
+            self.refusals.keys().map(|(_, w)| w).collect();
+        self.caps.retain(|w, _| refusers.contains(w) && !drained(w));
+        for worker in refusers.into_iter().filter(|w| !drained(w)) {
+            let held = leases
+                .iter()
+                .filter(|l| !is_coordination_key(&l.key) && l.is_owned_by(worker))
+                .count();
+            let cap = self.caps.entry(worker.clone()).or_default();
+            *cap = (*cap).max(held);
+        }
     }
 
     /// Forgets the moves `leases` show done (the row names the target, or is gone) or made
@@ -458,7 +482,7 @@ mod tests {
             full,
             |_| true,
             |k, w| moves.refused(k, w),
-            |w| moves.refused_lately(w),
+            |w| moves.cap(w),
         );
         assert_eq!(plan.unplaced, [ShardId::from("s0")], "{plan:?}");
         // Remembered for a while, not for ever (the row unchanged meanwhile).
@@ -505,7 +529,8 @@ mod tests {
             lease("s3", Holder::Other(b.clone())),
         ];
         moves.overlay(&leases, &mut seen, now, within);
-        assert!(moves.refused_lately(&b));
+        moves.learn_caps(&leases, |_| false);
+        assert_eq!(moves.cap(&b), Some(1));
         let plan = |seen: &[Candidate], moves: &Moves| {
             assign_within(
                 &me,
@@ -513,7 +538,7 @@ mod tests {
                 LIMITS,
                 |_| true,
                 |k, w| moves.refused(k, w),
-                |w| moves.refused_lately(w),
+                |w| moves.cap(w),
             )
         };
         // The leader takes s0 back itself and asks nothing of b.
@@ -533,9 +558,66 @@ mod tests {
         let later = now + within * REFUSALS_KEPT_FOR;
         let mut seen = seen;
         moves.overlay(&leases[1..], &mut seen, later, within);
-        assert!(!moves.refused_lately(&b));
+        moves.learn_caps(&leases[1..], |_| false);
+        assert_eq!(moves.cap(&b), None);
         let again = plan(&seen, &moves);
         assert_eq!(again.request_handoff.len(), 1, "{again:?}");
+    }
+
+    /// A worker's cap is the most it was seen holding since it refused: below it, it is
+    /// balanced onto again (simulation seed 835: a worker that refused while full, then
+    /// lost a lease, was left short); a worker asked to drain refuses for that reason, and
+    /// teaches no cap.
+    #[tokio::test(start_paused = true)]
+    async fn a_refusers_cap_is_what_it_held_and_a_drain_teaches_none() {
+        use crate::types::Checkpoint;
+        let (me, b) = (w("leader"), w("b"));
+        let row = |key: &str, owner: Option<&WorkerId>| {
+            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
+            l.owner = owner.cloned();
+            l
+        };
+        let mut refused = row("s0", None);
+        refused.handoff_to = Some(b.clone());
+        refused.counter = 2;
+        let full = vec![
+            refused,
+            row("s1", Some(&me)),
+            row("s2", Some(&me)),
+            row("s3", Some(&me)),
+            row("s4", Some(&b)),
+            row("s5", Some(&b)),
+        ];
+        let (now, within) = (Instant::now(), Duration::from_secs(10));
+        let mut seen: Vec<Candidate> = Vec::new();
+        let mut drained = Moves::default();
+        drained.overlay(&full, &mut seen, now, within);
+        drained.learn_caps(&full, |w| *w == b);
+        assert_eq!(drained.cap(&b), None, "a drained worker's refusal");
+        let mut moves = Moves::default();
+        moves.overlay(&full, &mut seen, now, within);
+        moves.learn_caps(&full, |_| false);
+        assert_eq!(moves.cap(&b), Some(2));
+        // b's s5 ended: b holds 1 of its 2, the leader 4 (s0 taken back).
+        let now_held = [&full[1..4], &full[4..5]].concat();
+        moves.learn_caps(&now_held, |_| false);
+        assert_eq!(moves.cap(&b), Some(2), "a cap never falls");
+        let seen = vec![
+            lease("s0", Holder::Me),
+            lease("s1", Holder::Me),
+            lease("s2", Holder::Me),
+            lease("s3", Holder::Me),
+            lease("s4", Holder::Other(b.clone())),
+        ];
+        let plan = assign_within(
+            &me,
+            &seen,
+            LIMITS,
+            |_| true,
+            |k, w| moves.refused(k, w),
+            |w| moves.cap(w),
+        );
+        assert_eq!(plan.request_handoff.len(), 1, "{plan:?}");
     }
 
     #[tokio::test(start_paused = true)]

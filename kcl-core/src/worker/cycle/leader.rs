@@ -80,6 +80,7 @@ impl Leading {
     ) -> Assignment {
         let (now, failover) = (Instant::now(), worker.config.failover_time);
         self.moves.overlay(leases, candidates, now, failover);
+        self.moves.learn_caps(leases, |w| state.view.is_drained(w));
         let observer = &mut state.view.observer;
         observer.forget_inactive(now, failover * 10);
         for c in candidates.iter() {
@@ -99,7 +100,7 @@ impl Leading {
                         || mutation::on(Mutation::LeaderIgnoresActivity))
             },
             |key, w| moves.refused(key, w),
-            |w| moves.refused_lately(w),
+            |w| moves.cap(w),
         )
     }
 
