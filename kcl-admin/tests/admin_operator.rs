@@ -498,11 +498,13 @@ fn count(owners: &std::collections::BTreeMap<String, Option<String>>, worker: &s
         .count()
 }
 
-async fn capped_run(ctx: Context) -> anyhow::Result<()> {
+/// A 4-shard stream read by worker-a alone, then by worker-b too, started with
+/// `--max-leases 1`, once it holds its one shard.
+async fn a_and_capped_b(ctx: &Context) -> anyhow::Result<(WorkerProcess, WorkerProcess)> {
     ctx.create_stream(4).await?;
     let bin = test_worker_bin()?;
     let bin = bin.to_str().unwrap();
-    let a = WorkerProcess::spawn(bin, &ctx, "worker-a", &[])?;
+    let a = WorkerProcess::spawn(bin, ctx, "worker-a", &[])?;
     wait_until(
         "worker-a holds all four shards",
         Duration::from_secs(60),
@@ -510,16 +512,26 @@ async fn capped_run(ctx: Context) -> anyhow::Result<()> {
         async || Ok(count(&ctx.owners().await.unwrap_or_default(), "worker-a") == 4),
     )
     .await?;
-    let b = WorkerProcess::spawn(bin, &ctx, "worker-b", &["--max-leases", "1"])?;
-    let c = WorkerProcess::spawn(bin, &ctx, "worker-c", &[])?;
+    let b = WorkerProcess::spawn(bin, ctx, "worker-b", &["--max-leases", "1"])?;
     wait_until(
-        "worker-b and worker-c hold one shard each",
+        "worker-b holds one shard",
         Duration::from_secs(60),
         Duration::from_millis(250),
-        async || {
-            let owners = ctx.owners().await?;
-            Ok(count(&owners, "worker-b") == 1 && count(&owners, "worker-c") >= 1)
-        },
+        async || Ok(count(&ctx.owners().await?, "worker-b") == 1),
+    )
+    .await?;
+    Ok((a, b))
+}
+
+async fn capped_run(ctx: Context) -> anyhow::Result<()> {
+    let (a, b) = a_and_capped_b(&ctx).await?;
+    let bin = test_worker_bin()?;
+    let c = WorkerProcess::spawn(bin.to_str().unwrap(), &ctx, "worker-c", &[])?;
+    wait_until(
+        "worker-c holds a shard",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        async || Ok(count(&ctx.owners().await?, "worker-c") >= 1),
     )
     .await?;
     let out = admin(
@@ -585,25 +597,7 @@ async fn release_says_when_nobody_has_room() -> anyhow::Result<()> {
 }
 
 async fn no_room_run(ctx: Context) -> anyhow::Result<()> {
-    ctx.create_stream(4).await?;
-    let bin = test_worker_bin()?;
-    let bin = bin.to_str().unwrap();
-    let a = WorkerProcess::spawn(bin, &ctx, "worker-a", &[])?;
-    wait_until(
-        "worker-a holds all four shards",
-        Duration::from_secs(60),
-        Duration::from_millis(250),
-        async || Ok(count(&ctx.owners().await.unwrap_or_default(), "worker-a") == 4),
-    )
-    .await?;
-    let b = WorkerProcess::spawn(bin, &ctx, "worker-b", &["--max-leases", "1"])?;
-    wait_until(
-        "worker-b holds one shard",
-        Duration::from_secs(60),
-        Duration::from_millis(250),
-        async || Ok(count(&ctx.owners().await?, "worker-b") == 1),
-    )
-    .await?;
+    let (a, b) = a_and_capped_b(&ctx).await?;
     let release = |worker: &str| {
         admin(
             &ctx,

@@ -95,6 +95,9 @@ pub enum Mutation {
     StallAgeSeenByTaskOnly,
     /// The leader balances onto a worker that refused a lease lately, again and again.
     LeaderBalancesOntoRefusers,
+    /// A worker seen releasing rows is active again if another of its rows moved in the same
+    /// read or after (its last checkpoints while it shuts down).
+    ReleaseOutweighedByRenewals,
 }
 
 impl Mutation {
@@ -138,6 +141,7 @@ impl Mutation {
         Self::RefusalTakenForRequest,
         Self::StallAgeSeenByTaskOnly,
         Self::LeaderBalancesOntoRefusers,
+        Self::ReleaseOutweighedByRenewals,
     ];
 }
 
@@ -159,6 +163,9 @@ impl Mutation {
             Self::LeaderBalancesOntoRefusers => {
                 Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
             }
+            Self::ReleaseOutweighedByRenewals => Some(
+                "lease::observer::tests::a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves",
+            ),
             _ => None,
         }
     }

@@ -408,6 +408,21 @@ mod tests {
         max_steal: 1,
     };
 
+    /// A row of `key`, held by `owner`.
+    fn row(key: &str, owner: Option<&WorkerId>) -> Lease {
+        let mut l = Lease::new(ShardId::from(key), crate::types::Checkpoint::TrimHorizon);
+        l.owner = owner.cloned();
+        l
+    }
+
+    /// A row of `key` that `by` gave back for want of room.
+    fn refused_by(key: &str, by: &WorkerId) -> Lease {
+        let mut l = row(key, None);
+        l.handoff_to = Some(by.clone());
+        l.counter = 2;
+        l
+    }
+
     fn count(a: &Assignment, to: &str) -> usize {
         a.take.iter().filter(|(_, t)| t.as_str() == to).count()
     }
@@ -503,19 +518,10 @@ mod tests {
             let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
             crate::mutation::set(found.copied());
         }
-        use crate::types::Checkpoint;
         let (me, b) = (w("leader"), w("b"));
-        let row = |key: &str, owner: Option<&WorkerId>| {
-            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
-            l.owner = owner.cloned();
-            l
-        };
         // b holds s3 and gave s0 back (unowned, naming b in handoffTo).
-        let mut refused = row("s0", None);
-        refused.handoff_to = Some(b.clone());
-        refused.counter = 2;
         let leases = vec![
-            refused,
+            refused_by("s0", &b),
             row("s1", Some(&me)),
             row("s2", Some(&me)),
             row("s3", Some(&b)),
@@ -570,18 +576,9 @@ mod tests {
     /// teaches no cap.
     #[tokio::test(start_paused = true)]
     async fn a_refusers_cap_is_what_it_held_and_a_drain_teaches_none() {
-        use crate::types::Checkpoint;
         let (me, b) = (w("leader"), w("b"));
-        let row = |key: &str, owner: Option<&WorkerId>| {
-            let mut l = Lease::new(ShardId::from(key), Checkpoint::TrimHorizon);
-            l.owner = owner.cloned();
-            l
-        };
-        let mut refused = row("s0", None);
-        refused.handoff_to = Some(b.clone());
-        refused.counter = 2;
         let full = vec![
-            refused,
+            refused_by("s0", &b),
             row("s1", Some(&me)),
             row("s2", Some(&me)),
             row("s3", Some(&me)),

@@ -11,9 +11,11 @@
 //! row that keeps its owner and bumps its counter), or when it asks for a lease (a new
 //! handoff request naming it). A leader gives work only to active workers, so a worker that
 //! died is not handed leases it would never process. A worker seen releasing a row (what a
-//! worker shutting down does with every row it holds) is not active until a row of its moves
-//! again, so a leaving worker is not handed leases either; nor is a worker one of whose
-//! leases expired, until a row of its moves again.
+//! worker shutting down does with every row it holds; not a finished lease, nor one it gave
+//! back for want of room, naming itself) is *leaving*: not active, whatever else of its rows
+//! moved in the same read or moves afterwards (its other processors' last checkpoints come
+//! after the first releases), until it takes a lease again or a failover time has passed.
+//! Nor is a worker one of whose leases expired active, until a row of its moves again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,12 +23,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Lease;
+use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
 #[derive(Debug, Default)]
 pub(crate) struct Observer {
     seen: BTreeMap<ShardId, Seen>,
     active: BTreeMap<WorkerId, Instant>,
+    /// Workers seen releasing a row, and when (see the module docs).
+    leaving: BTreeMap<WorkerId, Instant>,
     /// Handoff requests this worker wrote on others' behalf: not a sign of their life.
     requested: BTreeMap<ShardId, WorkerId>,
 }
@@ -43,6 +48,7 @@ impl Observer {
     /// Records the counters in `leases`, observed at `now`, and forgets leases no longer listed.
     pub(crate) fn update(&mut self, leases: &[Lease], now: Instant) {
         let mut next = BTreeMap::new();
+        let mut released = Vec::new();
         for lease in leases {
             let before = self.seen.get(&lease.key);
             let since = match before {
@@ -61,6 +67,17 @@ impl Observer {
                     && let Some(owner) = &seen.owner
                 {
                     self.active.remove(owner);
+                    let refusal = lease.handoff_to.as_ref() == Some(owner);
+                    if !refusal && !lease.is_finished() {
+                        released.push(owner.clone());
+                    }
+                }
+                if let Some(owner) = lease
+                    .owner
+                    .as_ref()
+                    .filter(|o| seen.owner.as_ref() != Some(*o))
+                {
+                    self.leaving.remove(owner);
                 }
                 if let Some(to) = &lease.handoff_to
                     && seen.handoff_to.as_ref() != Some(to)
@@ -81,6 +98,13 @@ impl Observer {
         }
         self.seen = next;
         self.requested.clear();
+        if mutation::on(Mutation::ReleaseOutweighedByRenewals) {
+            return;
+        }
+        for worker in released {
+            self.active.remove(&worker);
+            self.leaving.insert(worker, now);
+        }
     }
 
     /// Notes that this worker asked for `key` to go to `to` (so that the request, seen in the
@@ -99,14 +123,22 @@ impl Observer {
 
     /// Whether `worker` was seen active (see the module docs) within `within` of `now`.
     pub(crate) fn is_active(&self, worker: &WorkerId, now: Instant, within: Duration) -> bool {
-        self.active
+        let leaving = self
+            .leaving
             .get(worker)
-            .is_some_and(|at| now.saturating_duration_since(*at) < within)
+            .is_some_and(|at| now.saturating_duration_since(*at) < within);
+        !leaving
+            && self
+                .active
+                .get(worker)
+                .is_some_and(|at| now.saturating_duration_since(*at) < within)
     }
 
     /// Forgets workers not seen active for `after` (workers that left).
     pub(crate) fn forget_inactive(&mut self, now: Instant, after: Duration) {
         self.active
+            .retain(|_, at| now.saturating_duration_since(*at) < after);
+        self.leaving
             .retain(|_, at| now.saturating_duration_since(*at) < after);
     }
 
@@ -142,6 +174,70 @@ mod tests {
         assert_eq!(o.idle(&lease, Instant::now()), Duration::from_secs(3));
         o.update(&[], Instant::now());
         assert_eq!(o.idle(&lease, Instant::now()), Duration::ZERO);
+    }
+
+    /// A worker shutting down releases its leases while its other processors still write
+    /// their last checkpoints: seen in one read (graceful-shutdown test under fan-out in CI:
+    /// the leader handed three leases to a worker that had just stopped, and they waited a
+    /// failover time), and in the reads after. It is leaving until it takes a lease again, or
+    /// for a failover time; a refusal or a finished lease is not a departure.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves() {
+        // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+        #[cfg(feature = "mutation-testing")]
+        if let Ok(name) = std::env::var("KCL_MUTATION") {
+            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
+            crate::mutation::set(found.copied());
+        }
+        let failover = Duration::from_secs(10);
+        let b = WorkerId::new("b");
+        let row = |key: &str, counter: u64, owner: Option<&WorkerId>| {
+            let mut l = Lease::new(ShardId::new(key), Checkpoint::TrimHorizon);
+            l.owner = owner.cloned();
+            l.counter = counter;
+            l
+        };
+        let mut o = Observer::default();
+        o.update(
+            &[row("s1", 1, Some(&b)), row("s2", 1, Some(&b))],
+            Instant::now(),
+        );
+        o.update(
+            &[row("s1", 2, Some(&b)), row("s2", 2, Some(&b))],
+            Instant::now(),
+        );
+        assert!(o.is_active(&b, Instant::now(), failover));
+        // One read: s1 released, s2 checkpointed (it comes later in key order, too).
+        o.update(
+            &[row("s1", 3, None), row("s2", 3, Some(&b))],
+            Instant::now(),
+        );
+        assert!(!o.is_active(&b, Instant::now(), failover), "released s1");
+        // The next read: s2's last checkpoint.
+        o.update(
+            &[row("s1", 3, None), row("s2", 4, Some(&b))],
+            Instant::now(),
+        );
+        assert!(!o.is_active(&b, Instant::now(), failover), "still leaving");
+        // It takes a lease again: back, once a row of its moves.
+        o.update(
+            &[row("s1", 4, Some(&b)), row("s2", 4, Some(&b))],
+            Instant::now(),
+        );
+        o.update(
+            &[row("s1", 5, Some(&b)), row("s2", 4, Some(&b))],
+            Instant::now(),
+        );
+        assert!(
+            o.is_active(&b, Instant::now(), failover),
+            "took s1 and renewed it"
+        );
+        // A lease given back for want of room (naming itself) is no departure.
+        let mut refused = row("s1", 6, None);
+        refused.handoff_to = Some(b.clone());
+        o.update(&[refused.clone(), row("s2", 5, Some(&b))], Instant::now());
+        o.update(&[refused, row("s2", 6, Some(&b))], Instant::now());
+        assert!(o.is_active(&b, Instant::now(), failover), "a refusal");
     }
 
     #[tokio::test(start_paused = true)]
