@@ -286,6 +286,7 @@ async fn run(
         exit,
         summary: vec![(
             kcl_multilang::child::CHILDREN_FAILED,
+            "child exited non-zero",
             "children exited non-zero",
         )],
         ..kcl_serve::Options::default()

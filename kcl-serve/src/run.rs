@@ -36,9 +36,10 @@ pub struct Options {
     /// Cancelled by the process when it must exit at once: the worker is stopped by force.
     pub exit: CancellationToken,
     /// More counters for the summary line logged at the end of the run, each a metric name
-    /// and what it counts (e.g. `("kcl_multilang_children_failed_total", "children exited
-    /// non-zero")`), after the records processed and the leases handed back.
-    pub summary: Vec<(&'static str, &'static str)>,
+    /// and what one and several count (e.g. `("kcl_multilang_children_failed_total", "child
+    /// exited non-zero", "children exited non-zero")`), after the records processed and the
+    /// leases handed back or over.
+    pub summary: Vec<(&'static str, &'static str, &'static str)>,
 }
 
 /// How a run ended.
@@ -56,22 +57,29 @@ pub enum Ended {
 
 impl Serving {
     /// One line of what this process did, from its own counters: records processed, leases
-    /// handed back, and `more` (metric, what it counts).
-    fn summary(metrics: &Metrics, more: &[(&'static str, &'static str)]) -> String {
+    /// handed back (at shutdown) or over (to another worker), and `more` (metric, what one
+    /// counts, what several count).
+    fn summary(metrics: &Metrics, more: &[(&'static str, &'static str, &'static str)]) -> String {
         let text = metrics.prometheus.render();
+        let count = |metric: &str, one: &str, many: &str| {
+            let n = total(&text, metric);
+            format!("{n} {}", if n == 1 { one } else { many })
+        };
         let mut parts = vec![
-            format!(
-                "{} records processed",
-                total(&text, kcl_core::metrics::RECORDS)
+            count(
+                kcl_core::metrics::RECORDS,
+                "record processed",
+                "records processed",
             ),
-            format!(
-                "{} leases handed back",
-                total(&text, kcl_core::metrics::LEASES_RELEASED)
+            count(
+                kcl_core::metrics::LEASES_RELEASED,
+                "lease handed back or over",
+                "leases handed back or over",
             ),
         ];
         parts.extend(
             more.iter()
-                .map(|(metric, what)| format!("{} {what}", total(&text, metric))),
+                .map(|(metric, one, many)| count(metric, one, many)),
         );
         parts.join(", ")
     }
