@@ -1,5 +1,6 @@
 //! `kcl-admin release`: drains a worker before maintenance, through
-//! [`kcl_core::admin::release`], then waits until it holds nothing.
+//! [`kcl_core::admin::release`], then waits until it holds nothing and another worker took
+//! each lease it handed over (see [`Taken`]).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ pub(crate) struct Args {
     /// The worker to drain (its `leaseOwner`, the worker id).
     #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     worker: String,
-    /// How long to wait until it holds nothing.
+    /// How long to wait until it holds nothing and its leases were taken.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     timeout: Duration,
     /// The fleet's failover time: a worker handed a lease takes it, or gives it back for
