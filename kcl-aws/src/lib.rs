@@ -39,9 +39,11 @@ pub mod dynamodb;
 mod error;
 pub mod kinesis;
 pub mod producer;
+mod settings;
 pub mod streams;
 mod timeouts;
 
-pub use dynamodb::{DynamoDbLeaseStore, TableBilling, TableSetup};
+pub use dynamodb::DynamoDbLeaseStore;
 pub use kinesis::{KinesisShardSource, StreamRef};
+pub use settings::{TableBilling, TableSetup};
 pub use streams::DynamoDbStreamsSource;

@@ -91,7 +91,9 @@ mod worker;
 pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
-pub use config::{Coordination, Liveness, MAX_DURATION, Retrieval, WorkerConfig};
+pub use config::{
+    Coordination, Liveness, MAX_DURATION, ParseModeError, Retrieval, RetrievalMode, WorkerConfig,
+};
 pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
 };

@@ -26,12 +26,8 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
     // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let setup = match settings.table_setup {
-        crate::settings::TableSetup::Managed => kcl_aws::TableSetup::Managed,
-        crate::settings::TableSetup::External => kcl_aws::TableSetup::External,
-    };
     let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
-        .with_table_setup(setup);
+        .with_table_setup(settings.table_setup);
     let factory = crate::window_counters(&settings);
     match &settings.input {
         Input::Stream(stream) => {

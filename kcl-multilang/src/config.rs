@@ -17,7 +17,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kcl_core::{Coordination, InitialPosition, Liveness, Retrieval, WorkerConfig};
+use kcl_aws::{TableBilling, TableSetup};
+use kcl_core::{InitialPosition, Retrieval, RetrievalMode, WorkerConfig};
 
 use crate::child::ChildCommand;
 use crate::properties::Properties;
@@ -75,29 +76,6 @@ pub enum Credentials {
     Profile(Option<String>),
 }
 
-/// Where the lease table's shape is looked after (`tableSetup`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TableSetup {
-    /// Created and given what the coordination uses, as kcl-aws does by default.
-    Managed,
-    /// Managed elsewhere: nothing is created or changed.
-    External,
-}
-
-/// How the lease table is billed when the daemon creates it (`billingMode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Billing {
-    /// `PAY_PER_REQUEST`, the default.
-    OnDemand,
-    /// `PROVISIONED`, with `initialLeaseTableReadCapacity` / `…WriteCapacity`.
-    Provisioned {
-        /// Read capacity units.
-        read: i64,
-        /// Write capacity units.
-        write: i64,
-    },
-}
-
 /// One AWS client's overrides (`kinesisEndpoint`, `kinesisClient.region`, …).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientSettings {
@@ -131,7 +109,7 @@ pub struct DaemonConfig {
     /// Who looks after the lease table.
     pub table_setup: TableSetup,
     /// How a lease table the daemon creates is billed.
-    pub billing: Billing,
+    pub billing: TableBilling,
     /// The worker's settings.
     pub worker: WorkerConfig,
     /// Keys given that have no effect here, each with why: logged once at start.
@@ -191,6 +169,17 @@ impl Reader<'_> {
             .transpose()
     }
 
+    /// A key's value read by its type ([`FromStr`](std::str::FromStr)): a mode of kcl-core
+    /// or kcl-aws, whose error says what was given and what is accepted.
+    fn parsed<T: std::str::FromStr>(&self, key: &'static str) -> Result<Option<T>, KeyError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.get(key)
+            .map(|v| v.parse::<T>().map_err(|e| key_error(key, e.to_string())))
+            .transpose()
+    }
+
     fn millis(&self, key: &'static str) -> Result<Option<Duration>, KeyError> {
         Ok(self.number::<u64>(key)?.map(Duration::from_millis))
     }
@@ -222,7 +211,7 @@ impl DaemonConfig {
         let application_name = r.keep(r.required("applicationName").map(str::to_owned));
         let worker = worker_config(&r, application_name.as_deref().unwrap_or_default());
         let credentials = r.keep(credentials(r.get("AwsCredentialsProvider")));
-        let table_setup = r.keep(table_setup(&r));
+        let table_setup = r.keep(r.parsed("tableSetup").map(Option::unwrap_or_default));
         let billing = r.keep(billing(&r));
         let errors = r.errors.take();
         let (
@@ -301,18 +290,6 @@ fn stream(r: &Reader<'_>) -> Result<String, KeyError> {
     }
 }
 
-/// Who looks after the lease table (`tableSetup`).
-fn table_setup(r: &Reader<'_>) -> Result<TableSetup, KeyError> {
-    match r.get("tableSetup").map(str::to_ascii_lowercase).as_deref() {
-        None | Some("managed") => Ok(TableSetup::Managed),
-        Some("external") => Ok(TableSetup::External),
-        Some(other) => Err(key_error(
-            "tableSetup",
-            format!("`{other}`: use managed or external"),
-        )),
-    }
-}
-
 /// The worker settings the properties give, on kcl's defaults where they give none; `None`
 /// if a key is wrong (each error kept in `r`).
 fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig> {
@@ -374,51 +351,31 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig>
 /// How records are read (`retrievalMode`): as in the Java daemon, `DEFAULT` (or no key) is
 /// fan-out unless a polling key is given.
 fn retrieval(r: &Reader<'_>, application_name: &str) -> Result<Retrieval, KeyError> {
-    let polling_key = POLLING_KEYS.iter().any(|k| r.get(k).is_some());
-    match r
-        .get("retrievalMode")
-        .map(str::to_ascii_uppercase)
-        .as_deref()
-    {
-        None | Some("DEFAULT") if polling_key => Ok(Retrieval::Polling),
-        None | Some("FANOUT" | "DEFAULT") => Ok(Retrieval::FanOut {
-            consumer_name: consumer_name(r)?.unwrap_or(application_name).to_owned(),
-        }),
-        Some("POLLING") => Ok(Retrieval::Polling),
-        Some(other) => Err(key_error(
-            "retrievalMode",
-            format!("`{other}`: use FANOUT, POLLING or DEFAULT"),
-        )),
+    let key = "retrievalMode";
+    // Java's FANOUT and POLLING are kcl's spellings in capitals; DEFAULT is Java's alone.
+    let mode = match r.get(key) {
+        Some(given) if !given.eq_ignore_ascii_case("DEFAULT") => {
+            given.parse().map_err(|e: kcl_core::ParseModeError| {
+                let expected = "FANOUT, POLLING or DEFAULT";
+                key_error(key, kcl_core::ParseModeError { expected, ..e }.to_string())
+            })?
+        }
+        _ if POLLING_KEYS.iter().any(|k| r.get(k).is_some()) => RetrievalMode::Polling,
+        _ => RetrievalMode::FanOut,
+    };
+    match mode {
+        RetrievalMode::Polling => Ok(Retrieval::Polling),
+        fan_out => Ok(fan_out.with_consumer(consumer_name(r)?.unwrap_or(application_name))),
     }
 }
 
 /// kcl's own settings, which KCL Java does not have: `coordination`, `liveness`,
 /// `stalledAfterSeconds` (errors kept in `r`).
 fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
-    let coordination = match r
-        .get("coordination")
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        None | Some("leader") => Ok(Coordination::Leader),
-        Some("every-worker") => Ok(Coordination::EveryWorker),
-        Some(other) => Err(key_error(
-            "coordination",
-            format!("`{other}`: use leader or every-worker"),
-        )),
-    };
-    if let Some(coordination) = r.keep(coordination) {
+    if let Some(coordination) = r.optional(r.parsed("coordination")) {
         worker.coordination = coordination;
     }
-    let liveness = match r.get("liveness").map(str::to_ascii_lowercase).as_deref() {
-        None | Some("per-lease") => Ok(Liveness::PerLease),
-        Some("heartbeat") => Ok(Liveness::Heartbeat),
-        Some(other) => Err(key_error(
-            "liveness",
-            format!("`{other}`: use per-lease or heartbeat"),
-        )),
-    };
-    if let Some(liveness) = r.keep(liveness) {
+    if let Some(liveness) = r.optional(r.parsed("liveness")) {
         *worker = std::mem::take(worker).liveness(liveness);
     }
     let key = "stalledAfterSeconds";
@@ -518,21 +475,22 @@ fn timestamp(key: &'static str, given: &str) -> Result<DateTime<Utc>, KeyError> 
         })
 }
 
-fn billing(r: &Reader<'_>) -> Result<Billing, KeyError> {
-    match r.get("billingMode").map(str::to_ascii_uppercase).as_deref() {
-        None | Some("PAY_PER_REQUEST") => Ok(Billing::OnDemand),
-        Some("PROVISIONED") => {
+/// How a table the daemon creates is billed (`billingMode`), with the capacities of
+/// `PROVISIONED`.
+fn billing(r: &Reader<'_>) -> Result<TableBilling, KeyError> {
+    match r.parsed("billingMode")?.unwrap_or_default() {
+        TableBilling::Provisioned {
+            read_capacity_units,
+            write_capacity_units,
+        } => {
             let read = r.number("initialLeaseTableReadCapacity");
             let write = r.optional(r.number("initialLeaseTableWriteCapacity"));
-            Ok(Billing::Provisioned {
-                read: read?.unwrap_or(10),
-                write: write.unwrap_or(10),
+            Ok(TableBilling::Provisioned {
+                read_capacity_units: read?.unwrap_or(read_capacity_units),
+                write_capacity_units: write.unwrap_or(write_capacity_units),
             })
         }
-        Some(other) => Err(key_error(
-            "billingMode",
-            format!("`{other}`: use PAY_PER_REQUEST or PROVISIONED"),
-        )),
+        on_demand => Ok(on_demand),
     }
 }
 

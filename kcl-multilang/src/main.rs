@@ -6,11 +6,9 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource, TableBilling};
+use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{ShardId, Worker};
-use kcl_multilang::config::{
-    Billing, ClientSettings, Credentials, DaemonConfig, KeyError, TableSetup,
-};
+use kcl_multilang::config::{ClientSettings, Credentials, DaemonConfig, KeyError};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
 use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
@@ -247,17 +245,8 @@ async fn run(
         )));
     }
     let store = store
-        .with_table_setup(match config.table_setup {
-            TableSetup::Managed => kcl_aws::TableSetup::Managed,
-            TableSetup::External => kcl_aws::TableSetup::External,
-        })
-        .with_billing(match config.billing {
-            Billing::OnDemand => TableBilling::OnDemand,
-            Billing::Provisioned { read, write } => TableBilling::Provisioned {
-                read_capacity_units: read,
-                write_capacity_units: write,
-            },
-        });
+        .with_table_setup(config.table_setup)
+        .with_billing(config.billing);
 
     let exit = CancellationToken::new();
     let policy = FailurePolicy {

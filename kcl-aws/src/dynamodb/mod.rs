@@ -54,40 +54,7 @@ use self::schema::{
     PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, START_TIMESTAMP, VAL_COUNTER, VAL_OWNER,
 };
 use crate::error::backend_error;
-
-/// How a lease table created by [`LeaseStore::ensure_table`] is billed. An existing table is
-/// used as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum TableBilling {
-    /// On-demand (`PAY_PER_REQUEST`), as KCL Java creates it. The default.
-    #[default]
-    OnDemand,
-    /// Provisioned capacity.
-    Provisioned {
-        /// Read capacity units.
-        read_capacity_units: i64,
-        /// Write capacity units.
-        write_capacity_units: i64,
-    },
-}
-
-/// Who looks after the lease table's shape: its creation, its index and its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum TableSetup {
-    /// The default. [`LeaseStore::ensure_table`] creates the table if it is missing (as KCL
-    /// Java does) and adds what the worker's coordination uses: under `Coordination::Leader`
-    /// the `leaseOwner` index (keys only, as KCL Java 3.x adds it) and a `NEW_IMAGE` stream.
-    /// Needs `dynamodb:CreateTable` and `dynamodb:UpdateTable` (see `deploy/iam-policy.json`).
-    #[default]
-    Managed,
-    /// The table is managed elsewhere (Terraform, CloudFormation, a DBA): the store creates
-    /// and changes nothing. It uses the index and the stream where the table has them and
-    /// reads the whole table where it has not (the worker says so at start); a missing table
-    /// is an error naming what to create.
-    External,
-}
+pub use crate::settings::{TableBilling, TableSetup};
 
 /// A [`LeaseStore`] on a DynamoDB table named after the application. See the module docs.
 #[derive(Debug, Clone)]

@@ -8,8 +8,10 @@ use crate::types::InitialPosition;
 mod modes;
 #[cfg(feature = "serde")]
 mod off_or_duration;
+mod parse;
 
 pub use modes::{Coordination, Liveness, Retrieval};
+pub use parse::{ParseModeError, RetrievalMode};
 
 /// How a [`Worker`](crate::Worker) coordinates and consumes.
 ///

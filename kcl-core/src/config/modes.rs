@@ -13,7 +13,10 @@ use crate::lease::TableFeatures;
 /// failover time. See `docs/design/coordination.md`, "Heartbeats".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+#[cfg_attr(
+    feature = "serde",
+    serde(rename_all = "kebab-case", try_from = "String")
+)]
 #[non_exhaustive]
 pub enum Liveness {
     /// The default, as KCL Java: each held lease is renewed (its counter bumped) every
@@ -38,7 +41,10 @@ pub enum Liveness {
 /// change, for example). See `docs/design/coordination.md` for the design and its costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
+#[cfg_attr(
+    feature = "serde",
+    serde(rename_all = "kebab-case", try_from = "String")
+)]
 #[non_exhaustive]
 pub enum Coordination {
     /// Every worker reads the whole table each taker interval, takes available leases for

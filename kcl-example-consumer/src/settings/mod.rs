@@ -129,26 +129,6 @@ impl Backend {
     }
 }
 
-/// Who looks after the lease table (kcl-aws's `TableSetup`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "aws"), allow(dead_code))]
-pub(crate) enum TableSetup {
-    /// Created and given its index and stream by the workers.
-    Managed,
-    /// Made and changed elsewhere.
-    External,
-}
-
-impl TableSetup {
-    fn parse(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "managed" => Ok(Self::Managed),
-            "external" => Ok(Self::External),
-            _ => Err(format!("expected managed or external, got {s:?}")),
-        }
-    }
-}
-
 /// Everything `run` needs, validated.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -175,8 +155,8 @@ pub(crate) struct Settings {
     /// Backends.
     pub(crate) backend: Backend,
     /// Who looks after the lease table (used by the AWS backend only).
-    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
-    pub(crate) table_setup: TableSetup,
+    #[cfg(feature = "aws")]
+    pub(crate) table_setup: kcl_aws::TableSetup,
     /// The fleet's summary job, if configured.
     pub(crate) summary: Option<Summary>,
     /// The failure injected into the processor (`--inject-failure`), if any.
@@ -505,9 +485,11 @@ fn build(
     }
     let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
     fits_dynamodb(&v, &input, backend, &worker)?;
+    // Without the AWS backends (feature `aws`), nothing reads it.
+    #[cfg(feature = "aws")]
     let table_setup = v
-        .parsed("table_setup", TableSetup::parse)?
-        .unwrap_or(TableSetup::Managed);
+        .parsed("table_setup", parse::from_str)?
+        .unwrap_or_default();
     let summary = summary(&v)?;
     let fault = v
         .parsed("inject_failure", crate::fault::Fault::parse)?
@@ -525,6 +507,7 @@ fn build(
         log_format,
         log_filter,
         backend,
+        #[cfg(feature = "aws")]
         table_setup,
         summary,
         fault,

@@ -1,9 +1,9 @@
 //! Parsers of single values: each returns the reason a value is rejected.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kcl_core::{Coordination, Liveness};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) enum Position {
@@ -21,22 +21,6 @@ pub(super) fn parse_position(s: &str) -> Result<Position, String> {
         _ => Err(format!(
             "expected TRIM_HORIZON, LATEST or AT_TIMESTAMP, got {s:?}"
         )),
-    }
-}
-
-pub(super) fn parse_coordination(s: &str) -> Result<Coordination, String> {
-    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
-        "every-worker" => Ok(Coordination::EveryWorker),
-        "leader" => Ok(Coordination::Leader),
-        _ => Err(format!("expected every-worker or leader, got {s:?}")),
-    }
-}
-
-pub(super) fn parse_liveness(s: &str) -> Result<Liveness, String> {
-    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
-        "per-lease" => Ok(Liveness::PerLease),
-        "heartbeat" => Ok(Liveness::Heartbeat),
-        _ => Err(format!("expected per-lease or heartbeat, got {s:?}")),
     }
 }
 
@@ -74,19 +58,13 @@ pub(super) fn is_table_name(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
-/// How records are read; fan-out registers a consumer named after the application.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reading {
-    Polling,
-    FanOut,
-}
-
-pub(super) fn parse_retrieval(s: &str) -> Result<Reading, String> {
-    match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
-        "polling" => Ok(Reading::Polling),
-        "fan-out" | "fanout" => Ok(Reading::FanOut),
-        _ => Err(format!("expected polling or fan-out, got {s:?}")),
-    }
+/// A value of a type that reads itself ([`FromStr`]): a mode of kcl-core or kcl-aws, whose
+/// error says what was given and what is accepted.
+pub(super) fn from_str<T: FromStr>(s: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.parse().map_err(|e: T::Err| e.to_string())
 }
 
 /// A duration such as `10m`, or `off` (`None`).

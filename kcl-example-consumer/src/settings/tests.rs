@@ -142,8 +142,10 @@ fn toml_datetimes_are_accepted_for_the_timestamp() {
     ));
 }
 
+#[cfg(feature = "aws")]
 #[test]
 fn the_table_is_managed_unless_external_is_asked_for() {
+    use kcl_aws::TableSetup;
     let s = resolve_ok(REQUIRED, None);
     assert_eq!(s.table_setup, TableSetup::Managed);
     let s = resolve_ok(&[REQUIRED, &["--table-setup", "external"]].concat(), None);

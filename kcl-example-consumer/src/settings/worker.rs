@@ -1,11 +1,11 @@
 //! The worker's configuration from the settings: kcl-core's [`WorkerConfig`], validated by
 //! it, its errors named by our keys.
 
-use kcl_core::{InitialPosition, Retrieval, WorkerConfig};
+use kcl_core::{Coordination, InitialPosition, Liveness, RetrievalMode, WorkerConfig};
 
 use super::parse::{
-    Position, Reading, parse_coordination, parse_count, parse_liveness, parse_max_leases,
-    parse_position, parse_retrieval, parse_stalled_after, parse_timestamp, parse_u32,
+    Position, from_str, parse_count, parse_max_leases, parse_position, parse_stalled_after,
+    parse_timestamp, parse_u32,
 };
 use super::{SettingsError, Values};
 use crate::cli::parse_duration;
@@ -53,16 +53,14 @@ pub(super) fn worker_config(
     if let Some(n) = v.parsed("max_concurrent_reads", parse_count)? {
         worker = worker.max_concurrent_reads(n);
     }
-    if let Some(mode) = v.parsed("coordination", parse_coordination)? {
+    if let Some(mode) = v.parsed("coordination", from_str::<Coordination>)? {
         worker = worker.coordination(mode);
     }
-    if let Some(mode) = v.parsed("liveness", parse_liveness)? {
+    if let Some(mode) = v.parsed("liveness", from_str::<Liveness>)? {
         worker = worker.liveness(mode);
     }
-    if let Some(Reading::FanOut) = v.parsed("retrieval", parse_retrieval)? {
-        worker = worker.retrieval(Retrieval::FanOut {
-            consumer_name: application_name.to_owned(),
-        });
+    if let Some(mode) = v.parsed("retrieval", from_str::<RetrievalMode>)? {
+        worker = worker.retrieval(mode.with_consumer(application_name));
     }
     if let Some(d) = v.parsed("shutdown_timeout", parse_duration)? {
         worker = worker.shutdown_timeout(d);

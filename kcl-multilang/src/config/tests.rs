@@ -1,5 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
+use kcl_core::{Coordination, Liveness};
+
 use super::*;
 
 /// The config `text` gives, or its first error.
