@@ -72,6 +72,8 @@ struct Behind {
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
+    // A mistake in the stream flags, before any call.
+    args.stream.spec()?;
     let store = crate::store(sdk, &args.application_name);
     let leases = store.list().await?;
     let unreadable = store.unreadable();

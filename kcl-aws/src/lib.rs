@@ -34,6 +34,7 @@
 //! What the lease table will cost a fleet, by mode and next to KCL Java 3.x's bill, is in
 //! [`cost`].
 
+mod any;
 pub mod cost;
 pub mod dynamodb;
 mod error;
@@ -43,6 +44,7 @@ mod settings;
 pub mod streams;
 mod timeouts;
 
+pub use any::AnySource;
 pub use dynamodb::DynamoDbLeaseStore;
 pub use kinesis::{KinesisShardSource, StreamRef};
 pub use settings::{TableBilling, TableSetup};

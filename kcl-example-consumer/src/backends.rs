@@ -8,7 +8,7 @@ use std::time::Duration;
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::multi_stream::{MultiStreamSource, StreamId, Streams};
 
-use crate::settings::{Backend, Input, Settings};
+use crate::settings::{Backend, Settings, SourceSpec};
 
 /// Consumes the stream of `settings` until shut down.
 pub(crate) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
@@ -21,7 +21,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
 /// Kinesis and DynamoDB.
 #[cfg(feature = "aws")]
 async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
-    use kcl_aws::KinesisShardSource;
+    use kcl_aws::{AnySource, KinesisShardSource};
     // The standard chain: env, profile, web identity (IRSA), ECS task role, IMDS; endpoints
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
     // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
@@ -30,11 +30,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
         .with_table_setup(settings.table_setup);
     let factory = crate::window_counters(&settings);
     match &settings.input {
-        Input::Stream(stream) => {
-            let source = KinesisShardSource::new(&sdk, stream.clone());
-            crate::run_worker(&settings, source, store, factory).await
-        }
-        Input::Streams {
+        SourceSpec::Streams {
             names,
             removal_grace,
         } => {
@@ -58,7 +54,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             });
             crate::run_worker(&settings, source, store, factory).await
         }
-        Input::DynamoDbStreams {
+        SourceSpec::DynamoDbStreams {
             arns,
             removal_grace,
         } => {
@@ -66,7 +62,11 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             // by the adapter's multi-stream id, which leads back to its ARN.
             let mut ids = Vec::new();
             for arn in arns {
-                dynamodb_stream(&sdk, None, Some(arn)).await?;
+                let one = SourceSpec::DynamoDb {
+                    table: None,
+                    arn: Some(arn.clone()),
+                };
+                open(&sdk, &one).await?;
                 ids.push(kcl_aws::streams::stream_id(arn).ok_or_else(|| {
                     anyhow::anyhow!("invalid setting `streams`: {arn} has no multi-stream id")
                 })?);
@@ -76,36 +76,35 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             });
             crate::run_worker(&settings, source, store, factory).await
         }
-        Input::DynamoDb { table, arn } => {
-            let source = dynamodb_stream(&sdk, table.as_deref(), arn.as_deref()).await?;
-            tracing::info!(
-                table = source.table(),
-                stream = source.arn(),
-                "reading a DynamoDB stream"
-            );
+        one @ (SourceSpec::Stream(_) | SourceSpec::DynamoDb { .. }) => {
+            let source = open(&sdk, one).await?;
+            if let AnySource::DynamoDb(stream) = &source {
+                tracing::info!(
+                    table = stream.table(),
+                    stream = stream.arn(),
+                    "reading a DynamoDB stream"
+                );
+            }
             crate::run_worker(&settings, source, store, factory).await
         }
     }
 }
 
-/// The table's current stream, or the stream ARN given (checked to be the table's). A
-/// refusal names the setting to fix.
+/// The one stream `spec` names, opened: a DynamoDB table's current stream, or the stream ARN
+/// given (checked to be the table's). A refusal names the setting to fix.
 #[cfg(feature = "aws")]
-async fn dynamodb_stream(
+async fn open(
     sdk: &aws_config::SdkConfig,
-    table: Option<&str>,
-    arn: Option<&str>,
-) -> anyhow::Result<kcl_aws::DynamoDbStreamsSource> {
-    let key = if arn.is_some() { "stream" } else { "table" };
-    kcl_aws::DynamoDbStreamsSource::find(sdk, table, arn)
-        .await
-        .map_err(|e| {
-            if e.kind().is_permanent() {
-                anyhow::anyhow!("invalid setting `{key}`: {e}")
-            } else {
-                anyhow::anyhow!("cannot look up the DynamoDB stream: {e}")
-            }
-        })
+    spec: &SourceSpec,
+) -> anyhow::Result<kcl_aws::AnySource> {
+    match spec.open_one(sdk).await {
+        Ok(Some(source)) => Ok(source),
+        Ok(None) => anyhow::bail!("{spec}: several streams, read in multi-stream mode"),
+        Err(e) if e.kind().is_permanent() => {
+            anyhow::bail!("invalid setting `{}`: {e}", spec.key().name())
+        }
+        Err(e) => anyhow::bail!("cannot look up the DynamoDB stream: {e}"),
+    }
 }
 
 #[cfg(not(feature = "aws"))]
@@ -127,7 +126,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
     let factory = crate::window_counters(&settings);
     let worker_id = settings.worker_id.clone();
     let (producer, result) = match &settings.input {
-        Input::Stream(_) => {
+        SourceSpec::Stream(_) => {
             let stream = MemoryStream::new(4);
             let producer = produce(vec![stream.clone()]);
             let source = stream.client(&worker_id);
@@ -135,7 +134,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
             (producer, result)
         }
-        Input::Streams {
+        SourceSpec::Streams {
             names,
             removal_grace,
         } => {
@@ -161,7 +160,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
             (producer, result)
         }
-        Input::DynamoDb { .. } | Input::DynamoDbStreams { .. } => {
+        SourceSpec::DynamoDb { .. } | SourceSpec::DynamoDbStreams { .. } => {
             anyhow::bail!("invalid setting `source`: dynamodb-streams needs backend aws")
         }
     };

@@ -24,6 +24,7 @@ mod otlp;
 mod run;
 pub mod server;
 mod signals;
+pub mod source;
 
 pub use messenger::HttpMessenger;
 #[cfg(feature = "otlp")]
@@ -31,6 +32,7 @@ pub use otlp::Otlp;
 pub use run::{Ended, Options, Serving};
 pub use server::ServeError;
 pub use signals::{LogFormat, init_logging, on_signals};
+pub use source::{SourceError, SourceKey, SourceKeys, SourceKind, SourceSpec};
 
 use std::net::SocketAddr;
 use std::time::Duration;

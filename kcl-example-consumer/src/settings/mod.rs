@@ -21,9 +21,10 @@ mod input;
 mod parse;
 mod worker;
 
-pub(crate) use input::Input;
+pub(crate) use kcl_serve::SourceSpec;
 
-use parse::{is_table_name, parse_count};
+use kcl_serve::source::is_table_name;
+use parse::parse_count;
 use worker::worker_config;
 
 /// Every setting key, as the clap argument id (snake case). Flags and file keys are the
@@ -133,7 +134,7 @@ impl Backend {
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     /// The stream, or streams, consumed.
-    pub(crate) input: Input,
+    pub(crate) input: SourceSpec,
     /// Application name = lease table name.
     pub(crate) application_name: String,
     /// This worker's id.
@@ -518,13 +519,13 @@ fn build(
 /// A DynamoDB table's stream is read through AWS, by polling.
 fn fits_dynamodb(
     v: &Values,
-    input: &Input,
+    input: &SourceSpec,
     backend: Backend,
     worker: &WorkerConfig,
 ) -> Result<(), SettingsError> {
     if !matches!(
         input,
-        Input::DynamoDb { .. } | Input::DynamoDbStreams { .. }
+        SourceSpec::DynamoDb { .. } | SourceSpec::DynamoDbStreams { .. }
     ) {
         return Ok(());
     }

@@ -52,12 +52,6 @@ pub(super) fn parse_max_leases(s: &str) -> Result<usize, String> {
     }
 }
 
-pub(super) fn is_table_name(s: &str) -> bool {
-    (3..=255).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
-
 /// A value of a type that reads itself ([`FromStr`]): a mode of kcl-core or kcl-aws, whose
 /// error says what was given and what is accepted.
 pub(super) fn from_str<T: FromStr>(s: &str) -> Result<T, String>

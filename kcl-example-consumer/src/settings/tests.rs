@@ -71,7 +71,7 @@ fn file_overrides_defaults_and_flags_override_file() {
         &["--failover-time", "2s", "--stream", "from-flag"],
         Some(&file),
     );
-    assert_eq!(s.input, Input::Stream("from-flag".into()));
+    assert_eq!(s.input, SourceSpec::Stream("from-flag".into()));
     assert_eq!(s.effective["stream"].1, Origin::Flag);
     assert_eq!(s.application_name, "file-app");
     assert_eq!(
@@ -117,7 +117,7 @@ fn yaml_files_work_too() {
     let s = resolve_ok(&[], Some(&file));
     assert_eq!(
         s.input,
-        Input::Stream("arn:aws:kinesis:eu-west-1:123456789012:stream/orders".into())
+        SourceSpec::Stream("arn:aws:kinesis:eu-west-1:123456789012:stream/orders".into())
     );
     let expected = DateTime::parse_from_rfc3339("2024-05-01T12:00:00Z")
         .map(|t| t.with_timezone(&Utc))
@@ -237,7 +237,7 @@ fn streams_select_multi_stream_mode_and_are_checked() {
     let both = vec!["orders".to_owned(), "clicks".to_owned()];
     assert_eq!(
         s.input,
-        Input::Streams {
+        SourceSpec::Streams {
             names: both.clone(),
             removal_grace: None
         }
@@ -253,7 +253,7 @@ fn streams_select_multi_stream_mode_and_are_checked() {
     );
     assert_eq!(
         s.input,
-        Input::Streams {
+        SourceSpec::Streams {
             names: vec!["orders".into()],
             removal_grace: Some(Duration::from_secs(60))
         }
@@ -261,7 +261,7 @@ fn streams_select_multi_stream_mode_and_are_checked() {
     // A list in a file, TOML or YAML.
     let file = toml_file("streams = [\"orders\", \"clicks\"]\n");
     let s = resolve_ok(app, Some(&file));
-    assert!(matches!(&s.input, Input::Streams { names, .. } if *names == both));
+    assert!(matches!(&s.input, SourceSpec::Streams { names, .. } if *names == both));
     let yaml = FileValues::parse(
         Path::new("k.yaml"),
         "streams:\n  - orders\n  - clicks\n",
@@ -269,7 +269,7 @@ fn streams_select_multi_stream_mode_and_are_checked() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let s = resolve_ok(app, Some(&yaml));
-    assert!(matches!(&s.input, Input::Streams { names, .. } if *names == both));
+    assert!(matches!(&s.input, SourceSpec::Streams { names, .. } if *names == both));
 
     for (args, key, why) in [
         (
@@ -408,7 +408,7 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
     let s = resolve_ok(&[app, &["--table", "orders"]].concat(), None);
     assert_eq!(
         s.input,
-        Input::DynamoDb {
+        SourceSpec::DynamoDb {
             table: Some("orders".into()),
             arn: None
         }
@@ -416,7 +416,7 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
     let s = resolve_ok(&[app, &["--stream", arn]].concat(), None);
     assert_eq!(
         s.input,
-        Input::DynamoDb {
+        SourceSpec::DynamoDb {
             table: None,
             arn: Some(arn.into())
         }
@@ -427,7 +427,7 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
     );
     assert!(matches!(
         s.input,
-        Input::DynamoDb {
+        SourceSpec::DynamoDb {
             table: Some(_),
             arn: Some(_)
         }
@@ -439,7 +439,7 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
     );
     assert_eq!(
         s.input,
-        Input::DynamoDbStreams {
+        SourceSpec::DynamoDbStreams {
             arns: vec![arn.to_owned(), other.clone()],
             removal_grace: None
         }
@@ -451,7 +451,7 @@ fn a_dynamodb_table_stream_is_read_by_table_or_by_arn_and_misfits_are_named() {
     assert_eq!(e.key, "table");
     let file = toml_file("source = \"dynamodb-streams\"\ntable = \"orders\"\n");
     let s = resolve_ok(&["--application-name", "app"], Some(&file));
-    assert!(matches!(s.input, Input::DynamoDb { .. }));
+    assert!(matches!(s.input, SourceSpec::DynamoDb { .. }));
 }
 
 #[test]

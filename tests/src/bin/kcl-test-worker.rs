@@ -27,7 +27,7 @@ use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
     BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
     InitializationInput, LeaseStore, Liveness, Parallel, ProcessRecordsInput, ProcessorFactory,
-    RecordHandler, RecordProcessor, Retrieval, ShardId, ShardSource, Worker, WorkerConfig,
+    RecordHandler, RecordProcessor, RetrievalMode, ShardId, ShardSource, Worker, WorkerConfig,
 };
 use kcl_integration_tests::tracker::FileTracker;
 use kcl_serve::HttpMessenger;
@@ -90,13 +90,13 @@ struct Args {
     initial_position: String,
     /// `every-worker` or `leader`.
     #[arg(long, default_value = "leader")]
-    coordination: String,
+    coordination: Coordination,
     /// `per-lease` or `heartbeat`.
     #[arg(long, default_value = "per-lease")]
-    liveness: String,
+    liveness: Liveness,
     /// `polling` or `fan-out` (a stream consumer named after the table).
     #[arg(long, default_value = "polling")]
-    retrieval: String,
+    retrieval: RetrievalMode,
     /// The call timeout in milliseconds (also how long a subscription may stay silent).
     #[arg(long, default_value_t = 15_000)]
     call_timeout_ms: u64,
@@ -357,23 +357,7 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let journal = Journal::open(&args.out, &args.worker_id)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let coordination = match args.coordination.as_str() {
-        "every-worker" => Coordination::EveryWorker,
-        "leader" => Coordination::Leader,
-        other => anyhow::bail!("invalid --coordination {other}"),
-    };
-    let liveness = match args.liveness.as_str() {
-        "per-lease" => Liveness::PerLease,
-        "heartbeat" => Liveness::Heartbeat,
-        other => anyhow::bail!("invalid --liveness {other}"),
-    };
-    let retrieval = match args.retrieval.as_str() {
-        "polling" => Retrieval::Polling,
-        "fan-out" => Retrieval::FanOut {
-            consumer_name: args.table.clone(),
-        },
-        other => anyhow::bail!("invalid --retrieval {other}"),
-    };
+    let retrieval = args.retrieval.with_consumer(args.table.clone());
     // As a user builds it: what the coordination uses of the table is the store's default.
     let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
     let config = WorkerConfig::default()
@@ -387,8 +371,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .max_leases(args.max_leases.unwrap_or(usize::MAX))
         .max_backoff(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(10))
-        .coordination(coordination)
-        .liveness(liveness)
+        .coordination(args.coordination)
+        .liveness(args.liveness)
         .retrieval(retrieval)
         .call_timeout(Duration::from_millis(args.call_timeout_ms))
         .ack_checkpoint_every(args.ack_checkpoint_every)
