@@ -6,12 +6,11 @@
 //!   (`shards`: the shard tasks; `view`: the last read of the table; `liveness`: heartbeats;
 //!   `problems`; `roles`: leader and standby);
 //! - `report`: what the worker publishes in [`Status`] and metrics;
-//! - `shard_consumer` and `prefetch`: one shard's task, from reads to processor to checkpoints.
+//! - `shard_consumer`: one shard's task, from reads to processor to checkpoints.
 
 mod builder;
 mod cycle;
 mod liveness;
-mod prefetch;
 mod problems;
 mod report;
 mod roles;
