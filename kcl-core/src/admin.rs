@@ -44,8 +44,7 @@ use crate::types::{Checkpoint, ShardId, WorkerId};
 /// How many failover times after a reset its shard's old holder may still deliver records.
 pub const RESET_SETTLES_AFTER: u32 = 1;
 
-/// The owner a reset writes (see the module docs): no worker has this id.
-pub const RESET_OWNER: &str = "kcl-admin/reset";
+pub use crate::lease::keys::RESET_OWNER;
 
 /// Attempts of a reset whose row moves between the read and the take (a renewal).
 const ATTEMPTS: usize = 5;

@@ -189,6 +189,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         // Every series is there from the start: help texts, counters at zero.
         crate::metrics::describe();
         crate::metrics::refresh_worker_series();
+        crate::lease::usage::refresh_series();
         ::metrics::gauge!(crate::metrics::LEASES_HELD).set(0.0);
         let mut beat = tokio::time::interval(self.table.config.taker_interval);
         beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -351,6 +352,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// (every `taker_interval`, even while a cycle waits on a slow backend).
     fn beat(&self) {
         crate::metrics::refresh_worker_series();
+        crate::lease::usage::refresh_series();
         self.report.beat();
     }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
-use super::{Coordinator, Wiring, sync, take};
+use super::{Coordinator, Wiring, take};
 use crate::config::{Liveness, WorkerConfig};
 use crate::error::Error;
 use crate::lease::taker::{self, Candidate, Holder};
@@ -39,7 +39,11 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
 ) -> Result<(), Error> {
     let (table, me) = (w.table, &w.table.me);
     let sync = scope == Scope::Fleet;
-    let Some(leases) = sync::list_and_sync(w, state, how, sync).await? else {
+    let Some(leases) = state
+        .sync
+        .list_and_sync(w, &mut state.view, &mut state.problems, how, sync)
+        .await?
+    else {
         return Ok(());
     };
     let (by_key, candidates) = state.view.candidates(table, &state.shards, &leases);

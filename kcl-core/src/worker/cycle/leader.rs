@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use tokio::time::Instant;
 
 use super::take::{self, Taking, owner_name};
-use super::{Coordinator, Wiring, sync};
+use super::{Coordinator, Wiring};
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader::{self, Assignment, Moves};
 use crate::lease::taker::{Candidate, Holder};
@@ -44,7 +44,17 @@ impl Leading {
         roles: &Roles,
     ) -> Result<(), Error> {
         let (table, me) = (w.table, &w.table.me);
-        let Some(leases) = sync::list_and_sync(w, state, Read::Feed(roles), true).await? else {
+        let Some(leases) = state
+            .sync
+            .list_and_sync(
+                w,
+                &mut state.view,
+                &mut state.problems,
+                Read::Feed(roles),
+                true,
+            )
+            .await?
+        else {
             return Ok(());
         };
         let (by_key, mut candidates) = state.view.candidates(table, &state.shards, &leases);

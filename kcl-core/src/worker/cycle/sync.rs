@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
-use super::{Coordinator, Wiring};
+use super::Wiring;
 use crate::error::Error;
 use crate::lease::observer::Observer;
 use crate::lease::sync::{self, Lineage};
@@ -20,9 +20,9 @@ use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
 use crate::types::ShardId;
-use crate::worker::problems::ProblemKind;
+use crate::worker::problems::{ProblemKind, Problems};
 use crate::worker::table::Table;
-use crate::worker::view::Read;
+use crate::worker::view::{Read, View};
 
 /// When shards are next synced, and what the last read that synced showed ended.
 pub(in crate::worker) struct ShardSync {
@@ -64,6 +64,72 @@ impl ShardSync {
         }
         self.ended = ended;
     }
+
+    /// Reads the whole table (as `how` says) and, if `sync` (or the table has no leases yet)
+    /// and it is due, syncs shards (reading the table again if that changed it). `None` if the
+    /// read failed in a way worth retrying next cycle.
+    pub(super) async fn list_and_sync<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        w: &Wiring<'_, S, L, F>,
+        view: &mut View,
+        problems: &mut Problems,
+        how: Read<'_>,
+        sync: bool,
+    ) -> Result<Option<Vec<Lease>>, Error> {
+        let (table, config) = (w.table, &w.table.config);
+        let listed_at = Instant::now();
+        let listed = view.list(table, w.report, problems, how);
+        let Some(mut leases) = listed.await? else {
+            return Ok(None);
+        };
+        if sync {
+            self.saw(&leases);
+        } else if !leases.is_empty() {
+            // Only the worker that syncs compares the stream with the table.
+            problems.replace(ProblemKind::Unleased, BTreeMap::new());
+        }
+        if !(sync || leases.is_empty()) || !self.is_due() {
+            return Ok(Some(leases));
+        }
+        let source = &*w.ctx.source;
+        match sync_shards(table, source, &leases, listed_at, &view.observer).await {
+            Ok(synced) => {
+                // An interrupted sync resumes next cycle: a shard without a lease is a shard
+                // nobody reads, and at LATEST what it receives meanwhile is owed.
+                let next = if synced.complete {
+                    config.shard_sync_interval
+                } else {
+                    config.taker_interval
+                };
+                self.next = Instant::now() + next;
+                let refused = !synced.refused.is_empty();
+                if synced.changed || refused {
+                    let listed = view.list(table, w.report, problems, how);
+                    if let Some(fresh) = listed.await? {
+                        leases = fresh;
+                    }
+                }
+                if synced.complete {
+                    let unleased = unleased(table, &leases, synced.refused);
+                    problems.replace(ProblemKind::Unleased, unleased);
+                }
+            }
+            Err(error) => {
+                let permanent = matches!(
+                    &error,
+                    Error::Source(e) | Error::Store(e) if e.kind().is_permanent()
+                );
+                if permanent {
+                    return Err(error);
+                }
+                w.report
+                    .problem("listing the stream's shards failed", &error);
+                self.next = Instant::now() + config.taker_interval;
+            }
+        }
+        view.heartbeats.clean(table, &view.observer).await;
+        Ok(Some(leases))
+    }
 }
 
 /// What a shard sync did.
@@ -75,73 +141,6 @@ struct Synced {
     complete: bool,
     /// Leases it meant to create whose key a row already holds.
     refused: Vec<ShardId>,
-}
-
-/// Reads the whole table (as `how` says) and, if `sync` (or the table has no leases yet)
-/// and it is due, syncs shards (reading the table again if that changed it). `None` if the
-/// read failed in a way worth retrying next cycle.
-pub(super) async fn list_and_sync<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
-    w: &Wiring<'_, S, L, F>,
-    state: &mut Coordinator,
-    how: Read<'_>,
-    sync: bool,
-) -> Result<Option<Vec<Lease>>, Error> {
-    let (table, config) = (w.table, &w.table.config);
-    let listed_at = Instant::now();
-    let listed = state.view.list(table, w.report, &mut state.problems, how);
-    let Some(mut leases) = listed.await? else {
-        return Ok(None);
-    };
-    if sync {
-        state.sync.saw(&leases);
-    } else if !leases.is_empty() {
-        // Only the worker that syncs compares the stream with the table.
-        state
-            .problems
-            .replace(ProblemKind::Unleased, BTreeMap::new());
-    }
-    if !(sync || leases.is_empty()) || !state.sync.is_due() {
-        return Ok(Some(leases));
-    }
-    let source = &*w.ctx.source;
-    match sync_shards(table, source, &leases, listed_at, &state.view.observer).await {
-        Ok(synced) => {
-            // An interrupted sync resumes next cycle: a shard without a lease is a shard
-            // nobody reads, and at LATEST what it receives meanwhile is owed.
-            let next = if synced.complete {
-                config.shard_sync_interval
-            } else {
-                config.taker_interval
-            };
-            state.sync.next = Instant::now() + next;
-            let refused = !synced.refused.is_empty();
-            if synced.changed || refused {
-                let listed = state.view.list(table, w.report, &mut state.problems, how);
-                if let Some(fresh) = listed.await? {
-                    leases = fresh;
-                }
-            }
-            if synced.complete {
-                let unleased = unleased(table, &leases, synced.refused);
-                state.problems.replace(ProblemKind::Unleased, unleased);
-            }
-        }
-        Err(error) => {
-            let permanent = matches!(
-                &error,
-                Error::Source(e) | Error::Store(e) if e.kind().is_permanent()
-            );
-            if permanent {
-                return Err(error);
-            }
-            w.report
-                .problem("listing the stream's shards failed", &error);
-            state.sync.next = Instant::now() + config.taker_interval;
-        }
-    }
-    let view = &state.view;
-    view.heartbeats.clean(table, &view.observer).await;
-    Ok(Some(leases))
 }
 
 /// Lists shards and creates or cleans up leases (see the module docs): what it wrote, and
