@@ -44,8 +44,7 @@ use crate::types::{Checkpoint, ShardId, WorkerId};
 /// How many failover times after a reset its shard's old holder may still deliver records.
 pub const RESET_SETTLES_AFTER: u32 = 1;
 
-/// The owner a reset writes (see the module docs): no worker has this id.
-pub const RESET_OWNER: &str = "kcl-admin/reset";
+pub use crate::lease::keys::RESET_OWNER;
 
 /// Attempts of a reset whose row moves between the read and the take (a renewal).
 const ATTEMPTS: usize = 5;
@@ -157,21 +156,7 @@ pub async fn release<L: LeaseStore>(
         .iter()
         .filter(|l| !is_coordination_key(&l.key) && l.is_owned_by(worker) && !l.is_finished())
         .collect();
-    // The other workers: owners of shard leases (by load), and of the rows a worker holds
-    // whether or not it has leases: its heartbeat row, the leader's and the standby's rows.
-    let mut load: BTreeMap<WorkerId, usize> = BTreeMap::new();
-    for lease in &leases {
-        let Some(owner) = lease.owner.as_ref().filter(|o| *o != worker) else {
-            continue;
-        };
-        if !is_coordination_key(&lease.key) {
-            if owner.as_str() != RESET_OWNER {
-                *load.entry(owner.clone()).or_default() += 1;
-            }
-        } else if heartbeat_of(&lease.key).as_ref() == Some(owner) || is_worker_row(&lease.key) {
-            load.entry(owner.clone()).or_default();
-        }
-    }
+    let mut load = others_by_load(&leases, worker);
     // A worker the table does not know (a typo, or one that never ran here): refused, and
     // no drain row written (it would wait for a worker of that name forever).
     let shows = leases.iter().any(|l| {
@@ -180,35 +165,13 @@ pub async fn release<L: LeaseStore>(
             || heartbeat_of(&l.key).as_ref() == Some(worker)
     });
     if !shows {
-        let names: Vec<String> = load.keys().map(ToString::to_string).collect();
-        let names = if names.is_empty() {
-            "none".to_owned()
-        } else {
-            names.join(", ")
-        };
-        let text = format!(
-            "no worker {worker} shows in the table (it holds no lease and has no row); the \
-             workers it shows: {names}"
-        );
-        return Err(BackendError::new(ErrorKind::NotFound, "release", text));
+        return Err(unknown_worker(worker, &load));
     }
     // Workers asked to drain already take nothing: not a place for these leases.
     let drained: Vec<WorkerId> = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
     load.retain(|w, _| !drained.contains(w));
     if !mine.is_empty() && load.is_empty() {
-        let also = drained.iter().filter(|w| *w != worker);
-        let also: Vec<String> = also.map(ToString::to_string).collect();
-        let drained = if also.is_empty() {
-            String::new()
-        } else {
-            format!(" ({} drained already)", also.join(", "))
-        };
-        let text = format!(
-            "no other worker shows in the table to take {worker}'s {} lease(s){drained}: start \
-             one first, or stop {worker} (a SIGTERM hands its leases back)",
-            mine.len()
-        );
-        return Err(BackendError::new(ErrorKind::Fatal, "release", text));
+        return Err(nobody_to_take(worker, mine.len(), &drained));
     }
     store
         .create(&Lease::new(drain_key(worker), Checkpoint::TrimHorizon))
@@ -230,6 +193,57 @@ pub async fn release<L: LeaseStore>(
         flag_heartbeat(store, worker, to).await?;
     }
     Ok(asked)
+}
+
+/// The workers other than `worker` the table shows, by the shard leases each holds: owners
+/// of shard leases, and of the rows a worker holds whether or not it has leases (its
+/// heartbeat row, the leader's and the standby's rows).
+fn others_by_load(leases: &[Lease], worker: &WorkerId) -> BTreeMap<WorkerId, usize> {
+    let mut load: BTreeMap<WorkerId, usize> = BTreeMap::new();
+    for lease in leases {
+        let Some(owner) = lease.owner.as_ref().filter(|o| *o != worker) else {
+            continue;
+        };
+        if !is_coordination_key(&lease.key) {
+            if owner.as_str() != RESET_OWNER {
+                *load.entry(owner.clone()).or_default() += 1;
+            }
+        } else if heartbeat_of(&lease.key).as_ref() == Some(owner) || is_worker_row(&lease.key) {
+            load.entry(owner.clone()).or_default();
+        }
+    }
+    load
+}
+
+/// `release` of a worker the table does not show, naming those it does.
+fn unknown_worker(worker: &WorkerId, load: &BTreeMap<WorkerId, usize>) -> BackendError {
+    let names: Vec<String> = load.keys().map(ToString::to_string).collect();
+    let names = if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    };
+    let text = format!(
+        "no worker {worker} shows in the table (it holds no lease and has no row); the \
+         workers it shows: {names}"
+    );
+    BackendError::new(ErrorKind::NotFound, "release", text)
+}
+
+/// `release` of a worker holding `held` leases when no other worker could take them.
+fn nobody_to_take(worker: &WorkerId, held: usize, drained: &[WorkerId]) -> BackendError {
+    let also = drained.iter().filter(|w| *w != worker);
+    let also: Vec<String> = also.map(ToString::to_string).collect();
+    let drained = if also.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} drained already)", also.join(", "))
+    };
+    let text = format!(
+        "no other worker shows in the table to take {worker}'s {held} lease(s){drained}: start \
+         one first, or stop {worker} (a SIGTERM hands its leases back)"
+    );
+    BackendError::new(ErrorKind::Fatal, "release", text)
 }
 
 /// Raises the flag on `worker`'s heartbeat row, if it has one (`Liveness::Heartbeat`): such a

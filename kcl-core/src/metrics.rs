@@ -305,7 +305,7 @@ pub(crate) const TAKEN_FROM: [&str; 3] = ["unowned", "expired", "handoff"];
 pub(crate) const THROTTLED_OPERATIONS: [&str; 2] = ["get_records", "shard_iterator"];
 
 /// Registers every worker-level counter (at zero on the first call) and keeps it fresh; see
-/// the module docs. Called every taker interval.
+/// the module docs. Called every taker interval, with `lease::usage::refresh_series`.
 pub(crate) fn refresh_worker_series() {
     for name in [
         LEASES_STOLEN,
@@ -325,18 +325,7 @@ pub(crate) fn refresh_worker_series() {
     for operation in THROTTLED_OPERATIONS {
         ::metrics::counter!(THROTTLED, "operation" => operation).increment(0);
     }
-    for operation in crate::lease::usage::Operation::ALL {
-        let op = operation.as_str();
-        ::metrics::counter!(STORE_REQUESTS, "operation" => op).increment(0);
-        let units = if operation.is_read() {
-            STORE_READ_UNITS
-        } else {
-            STORE_WRITE_UNITS
-        };
-        if operation != crate::lease::usage::Operation::EnsureTable {
-            ::metrics::counter!(units, "operation" => op).increment(0);
-        }
-    }
+    // The lease table's request counters: `lease::usage::refresh_series`.
 }
 
 /// The per-shard series of one shard while this worker processes it.

@@ -13,6 +13,66 @@ use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 
 use crate::error::{BackendError, ErrorKind};
 
+#[cfg(feature = "test-util")]
+use self::process::current_process;
+#[cfg(feature = "test-util")]
+pub(crate) use self::process::{Freeze, run_in};
+
+/// Simulated processes (feature `test-util`): a future run in one is not polled while the
+/// process is frozen, nor is any task spawned from it (see `memory`'s `Faults::run_as`).
+#[cfg(feature = "test-util")]
+mod process {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+
+    /// What may freeze a simulated process.
+    pub(crate) trait Freeze: Send + Sync + std::fmt::Debug {
+        /// True while the process is frozen: `waker` is woken when it resumes.
+        fn hold(&self, waker: &Waker) -> bool;
+    }
+
+    tokio::task_local! {
+        static PROCESS: Arc<dyn Freeze>;
+    }
+
+    /// The process the current task belongs to, if any.
+    pub(super) fn current_process() -> Option<Arc<dyn Freeze>> {
+        PROCESS.try_with(Clone::clone).ok()
+    }
+
+    /// Runs `future` in `process`: not polled while it is frozen; tasks spawned from it
+    /// (through this module) belong to it too.
+    pub(crate) fn run_in<F: Future>(
+        process: Arc<dyn Freeze>,
+        future: F,
+    ) -> impl Future<Output = F::Output> {
+        let frozen = Frozen {
+            process: process.clone(),
+            inner: Box::pin(future),
+        };
+        PROCESS.scope(process, frozen)
+    }
+
+    struct Frozen<F> {
+        process: Arc<dyn Freeze>,
+        inner: Pin<Box<F>>,
+    }
+
+    impl<F: Future> Future for Frozen<F> {
+        type Output = F::Output;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            let this = self.get_mut();
+            if this.process.hold(cx.waker()) {
+                return Poll::Pending;
+            }
+            this.inner.as_mut().poll(cx)
+        }
+    }
+}
+
 /// The message of a caught panic, for the error that reports it.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -29,8 +89,8 @@ where
     F::Output: Send + 'static,
 {
     #[cfg(feature = "test-util")]
-    if let Some(process) = crate::memory::current_process() {
-        return tokio::spawn(process.run(future));
+    if let Some(process) = current_process() {
+        return tokio::spawn(run_in(process, future));
     }
     tokio::spawn(future)
 }
@@ -42,8 +102,8 @@ where
     F: Future<Output = T> + Send + 'static,
 {
     #[cfg(feature = "test-util")]
-    if let Some(process) = crate::memory::current_process() {
-        return set.spawn(process.run(future));
+    if let Some(process) = current_process() {
+        return set.spawn(run_in(process, future));
     }
     set.spawn(future)
 }

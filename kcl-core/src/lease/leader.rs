@@ -36,9 +36,9 @@ use super::Lease;
 /// How long the leader remembers a refusal, in failover times (the `within` of
 /// [`Moves::overlay`]).
 const REFUSALS_KEPT_FOR: u32 = 30;
+use super::keys::is_coordination_key;
 use super::taker::{self, Candidate, Holder, Limits};
 use crate::mutation::{self, Mutation};
-use crate::singleton::is_coordination_key;
 use crate::types::{ShardId, WorkerId};
 
 /// What the leader does this round.
@@ -138,7 +138,7 @@ fn loads<'a>(
             Holder::Me => me,
             // A reset's placeholder owner is no worker (see `taker::workers`): its lease is
             // neither counted nor moved; it expires and is placed as any other.
-            Holder::Other(w) if w.as_str() == crate::admin::RESET_OWNER => continue,
+            Holder::Other(w) if w.as_str() == super::keys::RESET_OWNER => continue,
             Holder::Other(w) => w,
             // A lease naming the leader (a handoff to it) it adopts while it has room; the
             // others it places as available ones (`place`): a leader at its `max_leases`
@@ -861,7 +861,7 @@ mod tests {
     #[test]
     fn the_reset_placeholder_is_never_counted_as_a_worker() {
         let me = w("leader");
-        let placeholder = w(crate::admin::RESET_OWNER);
+        let placeholder = w(crate::lease::keys::RESET_OWNER);
         let leases = vec![
             lease("s0", Holder::Other(placeholder.clone())),
             lease("s1", Holder::Me),

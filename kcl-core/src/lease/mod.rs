@@ -7,6 +7,7 @@
 //! can migrate without losing checkpoints.
 
 pub mod feed;
+pub(crate) mod keys;
 pub(crate) mod leader;
 pub(crate) mod observer;
 pub(crate) mod renewer;

@@ -259,6 +259,24 @@ pub fn item_size(lease: &Lease) -> usize {
     size
 }
 
+/// Registers the lease table's request and capacity counters, one series per
+/// [`Operation`] (at zero on the first call), and keeps them fresh beside the worker's own
+/// (`metrics::refresh_worker_series`).
+pub(crate) fn refresh_series() {
+    for operation in Operation::ALL {
+        let op = operation.as_str();
+        ::metrics::counter!(metrics::STORE_REQUESTS, "operation" => op).increment(0);
+        let units = if operation.is_read() {
+            metrics::STORE_READ_UNITS
+        } else {
+            metrics::STORE_WRITE_UNITS
+        };
+        if operation != Operation::EnsureTable {
+            ::metrics::counter!(units, "operation" => op).increment(0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use faults::Faults;
 pub use harness::{IdleProcessor, ProcessorHarness};
 pub use messenger::{DeliveryHook, MemoryMessenger, MemoryNetwork};
-pub(crate) use process::current_process;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;
 

@@ -7,64 +7,22 @@
 //! and the worker carries on with the state it had, as a thawed process does.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Waker;
 
 use super::Faults;
-
-tokio::task_local! {
-    static PROCESS: Process;
-}
+use crate::task::{self, Freeze};
 
 /// One simulated process: the faults that can freeze it, and its client name.
-#[derive(Debug, Clone)]
-pub(crate) struct Process {
+#[derive(Debug)]
+struct Process {
     faults: Faults,
     client: Arc<str>,
 }
 
-/// The process the current task belongs to, if any.
-pub(crate) fn current_process() -> Option<Process> {
-    PROCESS.try_with(Clone::clone).ok()
-}
-
-impl Process {
-    pub(crate) fn new(faults: Faults, client: &str) -> Self {
-        Self {
-            faults,
-            client: Arc::from(client),
-        }
-    }
-
-    /// Runs `future` in this process: frozen while the process is paused.
-    pub(crate) fn run<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
-        let frozen = Frozen {
-            process: self.clone(),
-            inner: Box::pin(future),
-        };
-        PROCESS.scope(self, frozen)
-    }
-}
-
-struct Frozen<F> {
-    process: Process,
-    inner: Pin<Box<F>>,
-}
-
-impl<F: Future> Future for Frozen<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.get_mut();
-        if this
-            .process
-            .faults
-            .hold_if_paused(&this.process.client, cx.waker())
-        {
-            return Poll::Pending;
-        }
-        this.inner.as_mut().poll(cx)
+impl Freeze for Process {
+    fn hold(&self, waker: &Waker) -> bool {
+        self.faults.hold_if_paused(&self.client, waker)
     }
 }
 
@@ -96,6 +54,10 @@ impl Faults {
         client: &str,
         future: F,
     ) -> impl Future<Output = F::Output> + use<F> {
-        Process::new(self.clone(), client).run(future)
+        let process = Process {
+            faults: self.clone(),
+            client: Arc::from(client),
+        };
+        task::run_in(Arc::new(process), future)
     }
 }

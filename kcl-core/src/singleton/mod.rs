@@ -72,8 +72,7 @@ use crate::lease::observer::Observer;
 use crate::lease::{LeaseStore, TableFeatures};
 use crate::types::{ShardId, WorkerId};
 
-/// Lease keys of singletons start with this; no Kinesis shard id does.
-pub const COORDINATION_PREFIX: &str = "kcl-coordination/";
+pub use crate::lease::keys::{COORDINATION_PREFIX, is_coordination_key};
 
 /// Singleton names the worker uses itself under `Coordination::Leader`.
 pub(crate) const RESERVED: [&str; 2] = ["worker-leader", "worker-standby"];
@@ -114,11 +113,6 @@ pub(crate) fn is_worker_row(key: &ShardId) -> bool {
 pub(crate) fn heartbeat_of(key: &ShardId) -> Option<WorkerId> {
     let name = key.as_str().strip_prefix(COORDINATION_PREFIX)?;
     name.strip_prefix(HEARTBEAT_PREFIX).map(WorkerId::new)
-}
-
-/// True for rows that hold a singleton, not a shard.
-pub fn is_coordination_key(key: &ShardId) -> bool {
-    key.as_str().starts_with(COORDINATION_PREFIX)
 }
 
 impl<L> std::fmt::Debug for Singleton<L> {

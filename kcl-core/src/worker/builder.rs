@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
-
-use super::{ShutdownHandle, Status, Worker};
+use super::report::Report;
+use super::table::Table;
+use super::{ShutdownHandle, Worker};
 use crate::config::WorkerConfig;
 use crate::error::ConfigError;
 use crate::lease::LeaseStore;
@@ -104,13 +104,15 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
             });
         }
         Ok(Worker {
-            id,
-            config: Arc::new(self.config),
+            table: Table {
+                me: id,
+                config: Arc::new(self.config),
+                store: Arc::new(self.store),
+            },
             source: Arc::new(self.source),
-            store: Arc::new(self.store),
             factory: Arc::new(factory),
             handle: self.handle,
-            status: watch::Sender::new(Status::default()),
+            report: Report::default(),
         })
     }
 }

@@ -31,23 +31,21 @@
 //! for the old one standing still; the leader deletes released rows (and releases abandoned
 //! ones) once they stood still for `lease_cleanup_delay`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
-use super::Worker;
-use super::cycle::Coordinator;
-use super::view::View;
+use super::shards::Shards;
+use super::table::Table;
 use crate::error::ErrorKind;
+use crate::lease::observer::Observer;
 use crate::lease::tenure::{Taken, Tenure};
 use crate::lease::{Lease, LeaseStore, renewer};
 use crate::mutation::{self, Mutation};
-use crate::processor::ProcessorFactory;
-use crate::singleton::heartbeat_key;
-use crate::source::ShardSource;
-use crate::task::bounded;
+use crate::singleton::{heartbeat_key, heartbeat_of};
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
 /// This worker's own liveness state: its heartbeat (under heartbeats), and the leases its
@@ -81,29 +79,28 @@ impl HeartbeatState {
     }
 }
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+impl HeartbeatState {
     /// Under heartbeats, makes sure this worker has a live heartbeat, taking its row (again)
     /// if it has none. True if leases may be taken: always under per-lease renewals.
-    pub(super) async fn ensure_heartbeat(&self, state: &mut HeartbeatState) -> bool {
-        if self.config.liveness != crate::Liveness::Heartbeat {
+    pub(super) async fn ensure<L: LeaseStore>(&mut self, table: &Table<L>) -> bool {
+        if table.config.liveness != crate::Liveness::Heartbeat {
             return true;
         }
-        if state.current.as_ref().is_some_and(|h| h.tenure.is_valid()) {
+        if self.current.as_ref().is_some_and(|h| h.tenure.is_valid()) {
             return true;
         }
-        if let Some(old) = state.current.take() {
+        if let Some(old) = self.current.take() {
             // Ends every lease tenure derived from it, wherever its task is waiting.
             old.tenure.mark_lost();
             tracing::warn!("heartbeat lost: every lease went with it; taking them back");
         }
-        let limit = self.config.call_timeout;
-        let key = heartbeat_key(&self.id);
+        let key = heartbeat_key(&table.me);
         let started = Instant::now();
-        let row = match bounded(limit, "get", self.store.get(&key)).await {
+        let row = match table.call("get", table.store.get(&key)).await {
             Ok(Some(row)) => row,
             Ok(None) => {
                 let row = Lease::new(key, Checkpoint::TrimHorizon);
-                match bounded(limit, "create", self.store.create(&row)).await {
+                match table.call("create", table.store.create(&row)).await {
                     Ok(true) => row,
                     Ok(false) => return false, // created meanwhile: read it next cycle
                     Err(error) => {
@@ -117,7 +114,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 return false;
             }
         };
-        let lease = match bounded(limit, "take", self.store.take(&row, &self.id)).await {
+        let lease = match table.call("take", table.store.take(&row, &table.me)).await {
             Ok(lease) => lease,
             Err(error) => {
                 tracing::warn!(%error, "taking the heartbeat row failed");
@@ -126,15 +123,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         };
         let taken = Taken {
             lease,
-            worker: self.id.clone(),
-            store: self.store.clone(),
+            worker: table.me.clone(),
+            store: table.store.clone(),
             started,
         };
-        let tenure = Arc::new(Tenure::new(taken, self.timing()));
-        let renew = renewer::run(tenure.clone(), self.config.renew_interval)
+        let tenure = Arc::new(Tenure::new(taken, table.timing()));
+        let renew = renewer::run(tenure.clone(), table.config.renew_interval)
             .instrument(tracing::info_span!("heartbeat"));
         tracing::debug!("heartbeat started");
-        state.current = Some(Heartbeat {
+        self.current = Some(Heartbeat {
             tenure,
             _renewer: AbortOnDropHandle::new(crate::task::spawn(renew)),
             flag_seen: None,
@@ -142,78 +139,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         true
     }
 
-    /// Whether a lease of `owner` (not this worker) may be taken now that it looks expired:
-    /// after releasing `owner`'s heartbeat row, if it has one (see the module docs). Decided
-    /// once per owner per read of the table.
-    pub(super) async fn fence(&self, state: &mut View, owner: &WorkerId) -> bool {
-        if let Some(&decided) = state.fenced.get(owner) {
-            return decided;
-        }
-        let limit = self.config.call_timeout;
-        let decided = match state.heartbeats.get(owner) {
-            Some(_) if mutation::on(Mutation::TakeWithoutFence) => true,
-            Some(row) if row.is_owned_by(owner) => {
-                match bounded(limit, "release", self.store.release(row)).await {
-                    Ok(()) => {
-                        tracing::info!(%owner, "heartbeat stopped: row released, its leases may move");
-                        true
-                    }
-                    Err(error) => {
-                        tracing::debug!(%owner, %error, "heartbeat row moved; not taking");
-                        false
-                    }
-                }
-            }
-            Some(_) => true,
-            // Not in the view: a lagging view must not hide a live heartbeat.
-            None => match bounded(limit, "get", self.store.get(&heartbeat_key(owner))).await {
-                Ok(row) => row.is_none_or(|r| !r.is_owned_by(owner)),
-                Err(error) => {
-                    tracing::debug!(%owner, %error, "reading a heartbeat row failed");
-                    false
-                }
-            },
-        };
-        state.fenced.insert(owner.clone(), decided);
-        decided
-    }
-
-    /// After a handoff request for a lease of `owner`: flags `owner`'s heartbeat row, if it
-    /// has one not flagged yet, so that it looks (see the module docs).
-    pub(super) async fn flag_handoff(&self, state: &View, owner: &WorkerId) {
-        let Some(row) = state.heartbeats.get(owner) else {
-            return;
-        };
-        if !row.is_owned_by(owner) || row.handoff_to.is_some() {
-            return;
-        }
-        let flag = self.store.request_handoff(row, Some(&self.id));
-        if let Err(error) = bounded(self.config.call_timeout, "request_handoff", flag).await {
-            tracing::debug!(%owner, %error, "flagging a heartbeat row failed");
-        }
-    }
-
-    /// Flags the heartbeat rows of owners with handoff requests pending in `leases`, where
-    /// the flag is not up: a request whose flag was lost (a write that timed out, a flag
-    /// cleared just before it) would otherwise never reach an owner that renews no lease.
-    pub(super) async fn flag_pending(&self, state: &View, leases: &[Lease]) {
-        let mut owners: Vec<&WorkerId> = leases
-            .iter()
-            .filter(|l| l.handoff_to.is_some() && l.handoff_to != l.owner)
-            .filter_map(|l| l.owner.as_ref())
-            .filter(|o| *o != &self.id)
-            .collect();
-        owners.sort();
-        owners.dedup();
-        for owner in owners {
-            self.flag_handoff(state, owner).await;
-        }
-    }
-
     /// Acts on a handoff flag on this worker's heartbeat row: clears it, then reads each held
     /// lease and hands over those asked for.
-    pub(super) async fn follow_flag(&self, state: &mut Coordinator) {
-        let Some(heartbeat) = state.heartbeat.current.as_mut() else {
+    pub(super) async fn follow_flag<L: LeaseStore>(&mut self, table: &Table<L>, held: &Shards) {
+        let Some(heartbeat) = self.current.as_mut() else {
             return;
         };
         if heartbeat.tenure.handoff_requested().is_none() {
@@ -224,18 +153,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             return;
         }
         heartbeat.flag_seen = Some(row.counter);
-        let limit = self.config.call_timeout;
-        let clear = self.store.request_handoff(&row, None);
-        if let Err(error) = bounded(limit, "request_handoff", clear).await {
+        let clear = table.store.request_handoff(&row, None);
+        if let Err(error) = table.call("request_handoff", clear).await {
             tracing::debug!(%error, "clearing the handoff flag failed");
         }
-        for (key, held) in state.shards.iter() {
+        for (key, held) in held.iter() {
             if held.control.is_handing_off() {
                 continue;
             }
-            match bounded(limit, "get", self.store.get(key)).await {
+            match table.call("get", table.store.get(key)).await {
                 Ok(Some(lease)) => {
-                    if let Some(to) = lease.handoff_to.filter(|to| to != &self.id) {
+                    if let Some(to) = lease.handoff_to.filter(|to| to != &table.me) {
                         tracing::info!(shard = %key, %to, "handing off as asked");
                         held.control.hand_off(to);
                     }
@@ -246,41 +174,16 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         }
     }
 
-    /// Cleans up heartbeat rows that stood still for `lease_cleanup_delay`: releases those
-    /// still naming a worker (one that died holding nothing anyone took), deletes released
-    /// ones. The leader's, or every worker's under `EveryWorker`.
-    pub(super) async fn clean_heartbeats(&self, state: &View) {
-        let now = Instant::now();
-        let stale = state
-            .heartbeats
-            .values()
-            .filter(|row| state.observer.idle(row, now) >= self.config.lease_cleanup_delay);
-        let limit = self.config.call_timeout;
-        for row in stale {
-            let result = if row.owner.is_some() {
-                bounded(limit, "release", self.store.release(row)).await
-            } else {
-                bounded(limit, "delete", self.store.delete(row)).await
-            };
-            match result {
-                Ok(()) => tracing::info!(key = %row.key, "stale heartbeat row cleaned up"),
-                Err(error) if error.kind() == ErrorKind::Conflict => {}
-                Err(error) => tracing::debug!(key = %row.key, %error, "cleanup failed"),
-            }
-        }
-    }
-
     /// Releases the leases whose shard tasks could not hand them back, if they still name
     /// this worker and it has not taken them again; keeps those it could not release.
-    pub(super) async fn release_left(&self, state: &mut Coordinator) {
-        let limit = self.config.call_timeout;
-        let unreleased = &mut state.heartbeat.unreleased;
+    pub(super) async fn release_left<L: LeaseStore>(&mut self, table: &Table<L>, held: &Shards) {
+        let unreleased = &mut self.unreleased;
         for key in std::mem::take(&mut *unreleased) {
-            if state.shards.holds(&key) {
+            if held.holds(&key) {
                 continue;
             }
-            let row = match bounded(limit, "get", self.store.get(&key)).await {
-                Ok(Some(row)) if row.is_owned_by(&self.id) => row,
+            let row = match table.call("get", table.store.get(&key)).await {
+                Ok(Some(row)) if row.is_owned_by(&table.me) => row,
                 Ok(_) => continue,
                 Err(error) => {
                     tracing::debug!(shard = %key, %error, "reading a lease to release failed");
@@ -288,7 +191,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     continue;
                 }
             };
-            match bounded(limit, "release", self.store.release(&row)).await {
+            match table.call("release", table.store.release(&row)).await {
                 Ok(()) => tracing::info!(shard = %key, "lease released after a failed handback"),
                 Err(error) if error.kind() == ErrorKind::Conflict => {}
                 Err(error) => {
@@ -301,10 +204,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// On shutdown, once the leases are handed back: stops the heartbeat and releases its
     /// row (leases a shutdown cut short left behind then expire by their own counters).
-    pub(super) async fn end_heartbeat(&self, state: &mut HeartbeatState) {
+    pub(super) async fn end(&mut self) {
         let Some(Heartbeat {
             tenure, _renewer, ..
-        }) = state.current.take()
+        }) = self.current.take()
         else {
             return;
         };
@@ -312,6 +215,129 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         match tenure.release().await {
             Ok(()) => tracing::debug!("heartbeat row released"),
             Err(error) => tracing::debug!(?error, "releasing the heartbeat row failed"),
+        }
+    }
+}
+
+/// Other workers' heartbeat rows, as the last read of the table showed them, and which of
+/// their owners this worker fenced (or decided not to) since.
+#[derive(Default)]
+pub(super) struct Heartbeats {
+    rows: BTreeMap<WorkerId, Lease>,
+    fenced: BTreeMap<WorkerId, bool>,
+}
+
+impl Heartbeats {
+    /// A new read of the table: its heartbeat rows replace the last ones, and owners are
+    /// fenced afresh.
+    pub(super) fn saw(&mut self, leases: &[Lease]) {
+        self.rows = leases
+            .iter()
+            .filter_map(|l| heartbeat_of(&l.key).map(|w| (w, l.clone())))
+            .collect();
+        self.fenced.clear();
+    }
+
+    /// `owner`'s heartbeat row, if the last read showed it held by `owner`.
+    pub(super) fn live(&self, owner: &WorkerId) -> Option<&Lease> {
+        self.rows.get(owner).filter(|row| row.is_owned_by(owner))
+    }
+
+    /// Whether a lease of `owner` (not this worker) may be taken now that it looks expired:
+    /// after releasing `owner`'s heartbeat row, if it has one (see the module docs). Decided
+    /// once per owner per read of the table.
+    pub(super) async fn fence<L: LeaseStore>(
+        &mut self,
+        table: &Table<L>,
+        owner: &WorkerId,
+    ) -> bool {
+        if let Some(&decided) = self.fenced.get(owner) {
+            return decided;
+        }
+        let decided = match self.rows.get(owner) {
+            Some(_) if mutation::on(Mutation::TakeWithoutFence) => true,
+            Some(row) if row.is_owned_by(owner) => {
+                match table.call("release", table.store.release(row)).await {
+                    Ok(()) => {
+                        tracing::info!(%owner, "heartbeat stopped: row released, its leases may move");
+                        true
+                    }
+                    Err(error) => {
+                        tracing::debug!(%owner, %error, "heartbeat row moved; not taking");
+                        false
+                    }
+                }
+            }
+            Some(_) => true,
+            // Not in the view: a lagging view must not hide a live heartbeat.
+            None => match table
+                .call("get", table.store.get(&heartbeat_key(owner)))
+                .await
+            {
+                Ok(row) => row.is_none_or(|r| !r.is_owned_by(owner)),
+                Err(error) => {
+                    tracing::debug!(%owner, %error, "reading a heartbeat row failed");
+                    false
+                }
+            },
+        };
+        self.fenced.insert(owner.clone(), decided);
+        decided
+    }
+
+    /// After a handoff request for a lease of `owner`: flags `owner`'s heartbeat row, if it
+    /// has one not flagged yet, so that it looks (see the module docs).
+    pub(super) async fn flag<L: LeaseStore>(&self, table: &Table<L>, owner: &WorkerId) {
+        let Some(row) = self.rows.get(owner) else {
+            return;
+        };
+        if !row.is_owned_by(owner) || row.handoff_to.is_some() {
+            return;
+        }
+        let flag = table.store.request_handoff(row, Some(&table.me));
+        if let Err(error) = table.call("request_handoff", flag).await {
+            tracing::debug!(%owner, %error, "flagging a heartbeat row failed");
+        }
+    }
+
+    /// Flags the heartbeat rows of owners with handoff requests pending in `leases`, where
+    /// the flag is not up: a request whose flag was lost (a write that timed out, a flag
+    /// cleared just before it) would otherwise never reach an owner that renews no lease.
+    pub(super) async fn flag_pending<L: LeaseStore>(&self, table: &Table<L>, leases: &[Lease]) {
+        let mut owners: Vec<&WorkerId> = leases
+            .iter()
+            .filter(|l| l.handoff_to.is_some() && l.handoff_to != l.owner)
+            .filter_map(|l| l.owner.as_ref())
+            .filter(|o| *o != &table.me)
+            .collect();
+        owners.sort();
+        owners.dedup();
+        for owner in owners {
+            self.flag(table, owner).await;
+        }
+    }
+
+    /// Cleans up heartbeat rows that stood still for `lease_cleanup_delay`: releases those
+    /// still naming a worker (one that died holding nothing anyone took), deletes released
+    /// ones. The leader's, or every worker's under `EveryWorker`.
+    pub(super) async fn clean<L: LeaseStore>(&self, table: &Table<L>, observer: &Observer) {
+        let now = Instant::now();
+        let delay = table.config.lease_cleanup_delay;
+        let stale = self
+            .rows
+            .values()
+            .filter(|row| observer.idle(row, now) >= delay);
+        for row in stale {
+            let result = if row.owner.is_some() {
+                table.call("release", table.store.release(row)).await
+            } else {
+                table.call("delete", table.store.delete(row)).await
+            };
+            match result {
+                Ok(()) => tracing::info!(key = %row.key, "stale heartbeat row cleaned up"),
+                Err(error) if error.kind() == ErrorKind::Conflict => {}
+                Err(error) => tracing::debug!(key = %row.key, %error, "cleanup failed"),
+            }
         }
     }
 }

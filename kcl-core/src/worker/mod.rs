@@ -6,12 +6,11 @@
 //!   (`shards`: the shard tasks; `view`: the last read of the table; `liveness`: heartbeats;
 //!   `problems`; `roles`: leader and standby);
 //! - `report`: what the worker publishes in [`Status`] and metrics;
-//! - `shard_consumer` and `prefetch`: one shard's task, from reads to processor to checkpoints.
+//! - `shard_consumer`: one shard's task, from reads to processor to checkpoints.
 
 mod builder;
 mod cycle;
 mod liveness;
-mod prefetch;
 mod problems;
 mod report;
 mod roles;
@@ -19,6 +18,7 @@ mod shard_consumer;
 mod shards;
 mod shutdown;
 mod startup;
+mod table;
 mod view;
 
 pub use self::builder::WorkerBuilder;
@@ -32,12 +32,13 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Interval, MissedTickBehavior, sleep_until};
 use tracing::Instrument;
 
-use self::cycle::{Coordinator, Mode};
+use self::cycle::{Coordinator, Mode, Wiring};
+use self::report::Report;
 use self::shard_consumer::{Exit, ShardContext};
+use self::table::Table;
 use crate::config::WorkerConfig;
 use crate::error::{ConfigError, Error};
 use crate::lease::LeaseStore;
-use crate::lease::tenure::Timing;
 use crate::processor::ProcessorFactory;
 use crate::singleton::is_coordination_key;
 use crate::source::ShardSource;
@@ -133,13 +134,12 @@ pub struct ShardStatus {
 #[derive(Debug)]
 #[doc(alias = "Scheduler")]
 pub struct Worker<S, L, F> {
-    id: WorkerId,
-    config: Arc<WorkerConfig>,
+    /// This worker at the lease table: its id, configuration and store.
+    table: Table<L>,
     source: Arc<S>,
-    store: Arc<L>,
     factory: Arc<F>,
     handle: ShutdownHandle,
-    status: watch::Sender<Status>,
+    report: Report,
 }
 
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
@@ -160,7 +160,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// This worker's id.
     pub fn id(&self) -> &WorkerId {
-        &self.id
+        &self.table.me
     }
 
     /// A handle that stops [`run`](Self::run) from elsewhere (a signal handler).
@@ -170,21 +170,18 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Follows the worker's [`Status`].
     pub fn status(&self) -> watch::Receiver<Status> {
-        self.status.subscribe()
+        self.report.subscribe()
     }
 
     /// Runs until shut down. Returns an error only for failures retrying cannot fix: the
     /// lease table or the stream is missing or unusable. (A shard that cannot be read is a
     /// problem in [`Status::problems`], not an error: the other shards go on.)
     pub async fn run(self) -> Result<(), Error> {
-        let span = tracing::info_span!("worker", worker.id = %self.id);
+        let span = tracing::info_span!("worker", worker.id = %self.table.me);
         let result = self.run_inner().instrument(span).await;
         // Whatever ended the run (an error too), tasks tied to the worker's shutdown stop.
         self.handle.graceful.cancel();
-        self.status.send_modify(|s| {
-            s.phase = Phase::Stopped;
-            s.held.clear();
-        });
+        self.report.stopped();
         result
     }
 
@@ -192,8 +189,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         // Every series is there from the start: help texts, counters at zero.
         crate::metrics::describe();
         crate::metrics::refresh_worker_series();
+        crate::lease::usage::refresh_series();
         ::metrics::gauge!(crate::metrics::LEASES_HELD).set(0.0);
-        let mut beat = tokio::time::interval(self.config.taker_interval);
+        let mut beat = tokio::time::interval(self.table.config.taker_interval);
         beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let Some(table) = self.ensure_table(&mut beat).await? else {
             return Ok(());
@@ -201,30 +199,22 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let Some(consumer) = self.ensure_consumer(&mut beat).await? else {
             return Ok(());
         };
-        self.status.send_modify(|s| s.phase = Phase::Running);
+        self.report.phase(Phase::Running);
         self.log_start(table);
         self.undrain().await;
         let ctx = Arc::new(ShardContext::new(
             self.source.clone(),
             self.factory.clone(),
-            self.config.clone(),
+            self.table.config.clone(),
             consumer,
         ));
-        let mut state = Coordinator::default();
-        let mut mode = Mode::start(&self.id, self.store.clone(), &self.config);
+        let mut state = Coordinator::new(self.handle.graceful.clone());
+        let mut mode = Mode::start(&self.table.me, self.table.store.clone(), &self.table.config);
         let outcome = self
             .coordinate(&mut state, &mut mode, &ctx, &mut beat)
             .await;
         self.stop(state, mode, &mut beat).await;
         outcome
-    }
-
-    /// The timing of every lease this worker takes.
-    fn timing(&self) -> Timing {
-        Timing {
-            failover_time: self.config.failover_time,
-            call_timeout: self.config.call_timeout,
-        }
     }
 
     /// The coordinator loop, until shutdown or a failure retrying cannot fix.
@@ -235,14 +225,17 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         ctx: &Arc<ShardContext<S, F>>,
         beat: &mut Interval,
     ) -> Result<(), Error> {
+        let wiring = Wiring {
+            table: &self.table,
+            report: &self.report,
+            ctx,
+        };
         let mut next_cycle = Instant::now();
         loop {
             if Instant::now() >= next_cycle {
                 // Boxed: a cycle's backend calls make a large future, allocated once a cycle.
-                match self
-                    .interruptible(beat, Box::pin(self.cycle(state, mode, ctx)))
-                    .await
-                {
+                let cycle = Box::pin(cycle::cycle(&wiring, state, mode));
+                match self.interruptible(beat, cycle).await {
                     None => return Ok(()),
                     Some(Err(error)) => {
                         tracing::error!(%error, "stopping: the stream or lease table is unusable");
@@ -250,13 +243,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                     }
                     Some(Ok(())) => {}
                 }
-                next_cycle = Instant::now() + self.config.taker_interval;
+                next_cycle = Instant::now() + self.table.config.taker_interval;
             }
             tokio::select! {
                 biased;
                 () = self.handle.graceful.cancelled() => return Ok(()),
                 Some((shard, exit)) = state.shards.next_exit(), if state.shards.has_tasks() => {
-                    self.publish(state);
+                    state.publish(&self.table, &self.report);
                     match exit {
                         Some(Exit::ShardEnd) => {
                             // Children may be ready: sync and plan now rather than a cycle later.
@@ -264,7 +257,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                             next_cycle = Instant::now();
                         }
                         Some(Exit::ReleaseFailed)
-                            if self.config.liveness == crate::Liveness::Heartbeat =>
+                            if self.table.config.liveness == crate::Liveness::Heartbeat =>
                         {
                             state.heartbeat.release_later([shard]);
                         }
@@ -282,15 +275,20 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// what is left, then releases leases handed to this worker after its last cycle.
     async fn stop(&self, mut state: Coordinator, mode: Mode, beat: &mut Interval) {
         self.handle.graceful.cancel();
-        self.status.send_modify(|s| s.phase = Phase::ShuttingDown);
+        self.report.phase(Phase::ShuttingDown);
         tracing::info!(
             leases = state.shards.len(),
             "shutting down: handing leases back"
         );
-        let deadline = Instant::now() + self.config.shutdown_timeout;
+        let deadline = Instant::now() + self.table.config.shutdown_timeout;
         // The coordination rows go back while the shards stop, so that a successor leads
         // while this worker hands its leases back; within the same deadline.
-        let give_back = mode.stop(self.config.call_timeout.min(self.config.shutdown_timeout));
+        let give_back = mode.stop(
+            self.table
+                .config
+                .call_timeout
+                .min(self.table.config.shutdown_timeout),
+        );
         tokio::pin!(give_back);
         let mut roles_stopped = false;
         loop {
@@ -300,7 +298,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 () = sleep_until(deadline) => break,
                 () = &mut give_back, if !roles_stopped => roles_stopped = true,
                 _ = state.shards.next_exit(), if state.shards.has_tasks() => {
-                    self.publish(&mut state);
+                    state.publish(&self.table, &self.report);
                 }
                 () = std::future::ready(()), if !state.shards.has_tasks() && roles_stopped => break,
                 _ = beat.tick() => self.beat(),
@@ -328,7 +326,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
         // Last: the heartbeat keeps the leases valid until they are handed back.
-        self.end_heartbeat(&mut state.heartbeat).await;
+        state.heartbeat.end().await;
         tracing::info!("worker stopped");
     }
 
@@ -354,22 +352,22 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// (every `taker_interval`, even while a cycle waits on a slow backend).
     fn beat(&self) {
         crate::metrics::refresh_worker_series();
-        self.status
-            .send_modify(|s| s.heartbeat = Some(Instant::now()));
+        crate::lease::usage::refresh_series();
+        self.report.beat();
     }
 
     /// Releases leases that name this worker but that it does not hold: handed over to it by
     /// another worker after its last cycle. Without this they would wait for expiry.
     async fn release_unheld(&self) {
-        let limit = self.config.call_timeout;
-        let Ok(leases) = bounded(limit, "list", self.store.list()).await else {
+        let limit = self.table.config.call_timeout;
+        let Ok(leases) = bounded(limit, "list", self.table.store.list()).await else {
             return;
         };
         for lease in leases
             .iter()
-            .filter(|l| l.is_owned_by(&self.id) && !is_coordination_key(&l.key))
+            .filter(|l| l.is_owned_by(&self.table.me) && !is_coordination_key(&l.key))
         {
-            match bounded(limit, "release", self.store.release(lease)).await {
+            match bounded(limit, "release", self.table.store.release(lease)).await {
                 Ok(()) => {
                     tracing::info!(shard = %lease.key, "released a lease handed over during shutdown");
                 }

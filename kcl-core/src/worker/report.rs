@@ -2,22 +2,65 @@
 //! the gauges of held leases, checkpoint ages and problems.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::cycle::Coordinator;
-use super::problems;
-use super::{ShardStatus, Worker};
-use crate::lease::LeaseStore;
+use tokio::sync::watch;
+
+use super::problems::{self, ProblemKind, Problems};
+use super::shards::Shards;
+use super::{Phase, ShardStatus, Status};
 use crate::mutation::{self, Mutation};
-use crate::processor::ProcessorFactory;
-use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
 
 /// Problems by shard: why each is stalled or failing.
 type ByShard = BTreeMap<String, String>;
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
+/// The worker's [`Status`], as it publishes it: the one writer of the `watch` channel.
+#[derive(Debug)]
+pub(super) struct Report {
+    status: watch::Sender<Status>,
+}
+
+impl Default for Report {
+    fn default() -> Self {
+        Self {
+            status: watch::Sender::new(Status::default()),
+        }
+    }
+}
+
+impl Report {
+    /// Follows the status.
+    pub(super) fn subscribe(&self) -> watch::Receiver<Status> {
+        self.status.subscribe()
+    }
+
+    /// The worker is in `phase` now.
+    pub(super) fn phase(&self, phase: Phase) {
+        self.status.send_modify(|s| s.phase = phase);
+    }
+
+    /// `run` returned: nothing is held any more.
+    pub(super) fn stopped(&self) {
+        self.status.send_modify(|s| {
+            s.phase = Phase::Stopped;
+            s.held.clear();
+        });
+    }
+
+    /// The coordinator loop went round (see [`Status::heartbeat`]).
+    pub(super) fn beat(&self) {
+        self.status
+            .send_modify(|s| s.heartbeat = Some(Instant::now()));
+    }
+
+    /// Whether the last read of the lease table succeeded.
+    pub(super) fn reachable(&self, reachable: bool) {
+        self.status.send_modify(|s| s.store_reachable = reachable);
+    }
+
     /// A failure that retrying may fix. The first of a kind is logged at WARN, and it is kept
     /// in [`Status::problem`]; repeats of the same are logged at DEBUG only, so that a worker
     /// without credentials says so once instead of every few seconds.
@@ -60,27 +103,25 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Publishes the held leases and the known problems (see `problems`) in [`Status`] and
     /// their gauges.
-    pub(super) fn publish(&self, state: &mut Coordinator) {
+    pub(super) fn publish(
+        &self,
+        held: &Shards,
+        problems: &mut Problems,
+        stalled_after: Option<Duration>,
+    ) {
         #[allow(clippy::cast_precision_loss)]
-        ::metrics::gauge!(crate::metrics::LEASES_HELD).set(state.shards.len() as f64);
-        let held: Vec<ShardId> = state.shards.iter().map(|(key, _)| key.clone()).collect();
-        let failing = state.shards.iter().filter_map(|(key, held)| {
+        ::metrics::gauge!(crate::metrics::LEASES_HELD).set(held.len() as f64);
+        let failing = held.iter().filter_map(|(key, held)| {
             let why = held.control.read_failing()?;
             Some((key.to_string(), why))
         });
-        let failing = failing.collect();
-        state
-            .problems
-            .replace(problems::ProblemKind::ReadFailing, failing);
-        let (stalled, failing, shards) = self.progress(state);
-        state
-            .problems
-            .replace(problems::ProblemKind::Stalled, stalled);
-        state
-            .problems
-            .replace(problems::ProblemKind::Failing, failing);
-        state.problems.refresh();
-        let problems = state.problems.list();
+        problems.replace(ProblemKind::ReadFailing, failing.collect());
+        let (stalled, failing, shards) = progress(held, stalled_after);
+        problems.replace(ProblemKind::Stalled, stalled);
+        problems.replace(ProblemKind::Failing, failing);
+        problems.refresh();
+        let held: Vec<ShardId> = held.iter().map(|(key, _)| key.clone()).collect();
+        let problems = problems.list();
         self.status.send_if_modified(|s| {
             let changed = s.held != held || s.problems != problems || s.shards != shards;
             s.held = held;
@@ -89,51 +130,6 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             s.problem = problems::summary(s.coordination.as_deref(), &s.problems);
             changed
         });
-    }
-
-    /// Each held shard's checkpoint age (its gauge), and the shards stalled and failing (see
-    /// `shard_consumer::progress`). A lease whose validity ran out (the process was frozen,
-    /// or cut off from the table) is neither: another worker may hold it and move its
-    /// checkpoint, and this one's task stops as soon as it runs.
-    fn progress(&self, state: &Coordinator) -> (ByShard, ByShard, Vec<ShardStatus>) {
-        let (mut stalled, mut failing) = (BTreeMap::new(), BTreeMap::new());
-        let mut shards = Vec::new();
-        for (key, held) in state.shards.iter() {
-            // A move the shard task has not looked at yet: it looks between batches, not while
-            // a hook runs or a graceful stop waits for the records in flight.
-            let checkpoint = held.tenure.checkpoint_now();
-            if let Some(checkpoint) = &checkpoint
-                && !mutation::on(Mutation::StallAgeSeenByTaskOnly)
-            {
-                held.control.observe(checkpoint, None);
-            }
-            let (last_progress, millis_behind_latest) = held.control.seen();
-            shards.push(ShardStatus {
-                shard: key.clone(),
-                checkpoint,
-                millis_behind_latest,
-                last_progress,
-            });
-            let age = held.control.stall_age();
-            let shard = key.to_string();
-            ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
-                .set(age.as_secs_f64());
-            if !held.tenure.is_valid() && !mutation::on(Mutation::StalledPastValidity) {
-                continue;
-            }
-            if let Some(why) = held.control.failing() {
-                failing.insert(shard.clone(), why);
-            }
-            if let Some(limit) = self.config.stalled_after.filter(|limit| age >= *limit) {
-                // The same text while it lasts: a change would be logged as a new problem.
-                let why = format!(
-                    "records past the checkpoint have waited over {limit:?} (stalled_after) \
-                     without it moving (see kcl_checkpoint_age_seconds)"
-                );
-                stalled.insert(shard, why);
-            }
-        }
-        (stalled, failing, shards)
     }
 
     /// The fleet's leader as last seen, and whether this worker is asked to drain.
@@ -151,6 +147,54 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         self.status
             .send_modify(|s| s.last_cycle = Some(Instant::now()));
     }
+}
+
+/// Each held shard's checkpoint age (its gauge), and the shards stalled and failing (see
+/// `shard_consumer::progress`). A lease whose validity ran out (the process was frozen,
+/// or cut off from the table) is neither: another worker may hold it and move its
+/// checkpoint, and this one's task stops as soon as it runs.
+fn progress(
+    held: &Shards,
+    stalled_after: Option<Duration>,
+) -> (ByShard, ByShard, Vec<ShardStatus>) {
+    let (mut stalled, mut failing) = (BTreeMap::new(), BTreeMap::new());
+    let mut shards = Vec::new();
+    for (key, held) in held.iter() {
+        // A move the shard task has not looked at yet: it looks between batches, not while
+        // a hook runs or a graceful stop waits for the records in flight.
+        let checkpoint = held.tenure.checkpoint_now();
+        if let Some(checkpoint) = &checkpoint
+            && !mutation::on(Mutation::StallAgeSeenByTaskOnly)
+        {
+            held.control.observe(checkpoint, None);
+        }
+        let (last_progress, millis_behind_latest) = held.control.seen();
+        shards.push(ShardStatus {
+            shard: key.clone(),
+            checkpoint,
+            millis_behind_latest,
+            last_progress,
+        });
+        let age = held.control.stall_age();
+        let shard = key.to_string();
+        ::metrics::gauge!(crate::metrics::CHECKPOINT_AGE, "shard" => shard.clone())
+            .set(age.as_secs_f64());
+        if !held.tenure.is_valid() && !mutation::on(Mutation::StalledPastValidity) {
+            continue;
+        }
+        if let Some(why) = held.control.failing() {
+            failing.insert(shard.clone(), why);
+        }
+        if let Some(limit) = stalled_after.filter(|limit| age >= *limit) {
+            // The same text while it lasts: a change would be logged as a new problem.
+            let why = format!(
+                "records past the checkpoint have waited over {limit:?} (stalled_after) \
+                 without it moving (see kcl_checkpoint_age_seconds)"
+            );
+            stalled.insert(shard, why);
+        }
+    }
+    (stalled, failing, shards)
 }
 
 #[cfg(all(test, feature = "test-util"))]

@@ -10,23 +10,25 @@ use std::sync::Arc;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::Worker;
 use super::shard_consumer::{self, Control, Exit, ShardContext};
-use crate::lease::Lease;
+use super::table::Table;
 use crate::lease::tenure::{Taken, Tenure};
+use crate::lease::{Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
 
 /// The shard tasks this worker runs, by shard.
-#[derive(Default)]
 pub(super) struct Shards {
     held: BTreeMap<ShardId, Held>,
     tasks: JoinSet<Exit>,
     task_keys: BTreeMap<tokio::task::Id, ShardId>,
+    /// The worker's graceful shutdown, which every shard task's own token is a child of.
+    graceful: CancellationToken,
 }
 
 /// One held lease: its writer, and how to steer its task.
@@ -36,6 +38,16 @@ pub(super) struct Held {
 }
 
 impl Shards {
+    /// No shard tasks yet; theirs stop gracefully when `graceful` is cancelled.
+    pub(super) fn new(graceful: CancellationToken) -> Self {
+        Self {
+            held: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            task_keys: BTreeMap::new(),
+            graceful,
+        }
+    }
+
     /// How many leases this worker holds.
     pub(super) fn len(&self) -> usize {
         self.held.len()
@@ -96,11 +108,11 @@ impl Shards {
         self.tasks.detach_all();
     }
 
-    /// Starts the shard task of `lease`, just taken by `worker` (the take sent at
+    /// Starts the shard task of `lease`, just taken at `table` (the take sent at
     /// `started`). Under heartbeats the lease's validity is the heartbeat's.
-    pub(super) fn spawn<S: ShardSource, L: crate::lease::LeaseStore, F: ProcessorFactory>(
+    pub(super) fn spawn<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
         &mut self,
-        worker: &Worker<S, L, F>,
+        table: &Table<L>,
         ctx: &Arc<ShardContext<S, F>>,
         lease: Lease,
         started: Instant,
@@ -109,23 +121,20 @@ impl Shards {
         let key = lease.key.clone();
         let taken = Taken {
             lease,
-            worker: worker.id.clone(),
-            store: worker.store.clone(),
+            worker: table.me.clone(),
+            store: table.store.clone(),
             started,
         };
         let tenure = match heartbeat {
-            Some(heartbeat) => {
-                Tenure::derived(taken, heartbeat.clone(), worker.config.call_timeout)
-            }
-            None => Tenure::new(taken, worker.timing()),
+            Some(heartbeat) => Tenure::derived(taken, heartbeat.clone(), table.config.call_timeout),
+            None => Tenure::new(taken, table.timing()),
         };
         let tenure = Arc::new(tenure);
-        let control = Arc::new(Control::new(worker.handle.graceful.child_token()));
+        let control = Arc::new(Control::new(self.graceful.child_token()));
         let task = shard_consumer::run(ctx.clone(), tenure.clone(), control.clone())
-            .instrument(shard_consumer::span(&key, &worker.id));
+            .instrument(shard_consumer::span(&key, &table.me));
         let handle = crate::task::spawn_in(&mut self.tasks, task);
         self.task_keys.insert(handle.id(), key.clone());
-        worker.publish_taken(&key, self.held.len() + 1);
         self.held.insert(key, Held { tenure, control });
     }
 
@@ -183,38 +192,5 @@ impl Shards {
                 held.control.hand_off(to);
             }
         }
-    }
-}
-
-#[cfg(all(test, feature = "test-util"))]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use crate::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
-    use crate::types::Checkpoint;
-
-    /// `Status.held` names a shard the moment its task starts, not at the end of the cycle
-    /// that took it: a follower adopting leases one by one on a slow table would otherwise
-    /// report none while it already delivers records.
-    #[tokio::test(start_paused = true)]
-    async fn status_names_a_shard_as_soon_as_its_task_starts() {
-        let worker = Worker::builder(MemoryStream::new(1), MemoryLeaseStore::new())
-            .id("w")
-            .build(|_| IdleProcessor)
-            .unwrap();
-        let status = worker.status();
-        let ctx = Arc::new(ShardContext::new(
-            worker.source.clone(),
-            worker.factory.clone(),
-            worker.config.clone(),
-            None,
-        ));
-        let mut shards = Shards::default();
-        let shard = ShardId::new("shardId-000000000000");
-        let mut lease = Lease::new(shard.clone(), Checkpoint::TrimHorizon);
-        lease.owner = Some(worker.id.clone());
-        shards.spawn(&worker, &ctx, lease, Instant::now(), None);
-        assert_eq!(status.borrow().held, vec![shard]);
-        shards.abandon();
     }
 }

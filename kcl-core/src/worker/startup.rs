@@ -21,10 +21,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         &self,
         beat: &mut Interval,
     ) -> Result<Option<TableFeatures>, Error> {
-        let wanted = self.config.coordination.table_features();
+        let wanted = self.table.config.coordination.table_features();
         // Not bounded by the call timeout: a new table may take minutes to become usable.
         let ready = self.until_ready(beat, "the lease table is not usable yet", || {
-            Box::pin(self.store.ensure_table(wanted))
+            Box::pin(self.table.store.ensure_table(wanted))
         });
         ready.await.map_err(Error::Store)
     }
@@ -32,7 +32,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// Says once how this worker runs, and what it costs more than it should when the table
     /// lacks a feature the coordination uses.
     pub(super) fn log_start(&self, table: TableFeatures) {
-        let config = &self.config;
+        let config = &self.table.config;
         tracing::info!(
             coordination = ?config.coordination,
             liveness = ?config.liveness,
@@ -65,7 +65,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         &self,
         beat: &mut Interval,
     ) -> Result<Option<Option<ConsumerId>>, Error> {
-        let crate::Retrieval::FanOut { consumer_name } = &self.config.retrieval else {
+        let crate::Retrieval::FanOut { consumer_name } = &self.table.config.retrieval else {
             return Ok(Some(None));
         };
         // Not bounded by the call timeout either: registering takes seconds on Kinesis.
@@ -92,13 +92,13 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             match self.interruptible(beat, op()).await {
                 None => return Ok(None),
                 Some(Ok(value)) => {
-                    self.solved();
+                    self.report.solved();
                     return Ok(Some(value));
                 }
-                Some(Err(e)) if e.kind().is_transient() => self.problem(what, &e),
+                Some(Err(e)) if e.kind().is_transient() => self.report.problem(what, &e),
                 Some(Err(e)) => return Err(e),
             }
-            let pause = sleep(delays.next().unwrap_or(self.config.max_backoff));
+            let pause = sleep(delays.next().unwrap_or(self.table.config.max_backoff));
             if self.interruptible(beat, pause).await.is_none() {
                 return Ok(None);
             }
@@ -107,10 +107,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     fn backoff(&self) -> ExponentialBuilder {
         ExponentialBuilder::default()
-            .with_min_delay(self.config.min_backoff)
-            .with_max_delay(self.config.max_backoff)
+            .with_min_delay(self.table.config.min_backoff)
+            .with_max_delay(self.table.config.max_backoff)
             .with_jitter()
-            .with_jitter_seed(crate::types::stable_hash(&self.id))
+            .with_jitter_seed(crate::types::stable_hash(&self.table.me))
             .without_max_times()
     }
 
@@ -118,12 +118,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// (`kcl-admin release`, before maintenance), if there is one. Best effort: a row left
     /// behind keeps this worker idle, and says so in the log.
     pub(super) async fn undrain(&self) {
-        let key = crate::singleton::drain_key(&self.id);
-        let limit = self.config.call_timeout;
-        let Ok(Some(row)) = bounded(limit, "get", self.store.get(&key)).await else {
+        let key = crate::singleton::drain_key(&self.table.me);
+        let limit = self.table.config.call_timeout;
+        let Ok(Some(row)) = bounded(limit, "get", self.table.store.get(&key)).await else {
             return;
         };
-        if let Err(error) = bounded(limit, "delete", self.store.delete(&row)).await {
+        if let Err(error) = bounded(limit, "delete", self.table.store.delete(&row)).await {
             let what = "this worker was asked to drain and the request could not be removed: \
                         it takes no work until it is";
             tracing::warn!(%error, row = %key, "{what}");

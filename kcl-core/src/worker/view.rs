@@ -9,10 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
-use super::Worker;
+use super::liveness::Heartbeats;
 use super::problems::{ProblemKind, Problems};
+use super::report::Report;
 use super::roles::Roles;
 use super::shards::Shards;
+use super::table::Table;
 use crate::error::{BackendError, Error};
 use crate::lease::feed::{FeedRead, Mirror};
 use crate::lease::observer::Observer;
@@ -20,10 +22,7 @@ use crate::lease::sync::Lineage;
 use crate::lease::taker::{Candidate, Holder};
 use crate::lease::{Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
-use crate::processor::ProcessorFactory;
-use crate::singleton::{drained_by, heartbeat_of, is_coordination_key};
-use crate::source::ShardSource;
-use crate::task::bounded;
+use crate::singleton::{drained_by, is_coordination_key};
 use crate::types::{ShardId, WorkerId};
 
 /// What this worker last read of the lease table, and what it decided from it.
@@ -34,20 +33,10 @@ pub(super) struct View {
     /// The table as the feed shows it, while this worker observes for the fleet.
     mirror: Mirror,
     /// The heartbeat rows in the last read, by worker.
-    pub(super) heartbeats: BTreeMap<WorkerId, Lease>,
-    /// Whether each owner's leases may be taken, decided since the last read (see
-    /// `liveness::fence`).
-    pub(super) fenced: BTreeMap<WorkerId, bool>,
+    pub(super) heartbeats: Heartbeats,
     /// Workers asked to drain (`kcl-admin release`) in the last read of the whole table:
     /// they are given nothing, and take nothing.
     pub(super) drained: BTreeSet<WorkerId>,
-}
-
-impl View {
-    /// True if the last read asked `worker` to drain.
-    pub(super) fn is_drained(&self, worker: &WorkerId) -> bool {
-        self.drained.contains(worker)
-    }
 }
 
 /// How a read of the whole table is made.
@@ -60,95 +49,61 @@ pub(super) enum Read<'a> {
     Feed(&'a Roles),
 }
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
-    /// Reads the lease table as `how` says and records what it saw in `view` (and the rows it
+impl View {
+    /// True if the last read asked `worker` to drain.
+    pub(super) fn is_drained(&self, worker: &WorkerId) -> bool {
+        self.drained.contains(worker)
+    }
+
+    /// Reads the lease table as `how` says and records what it saw (and the rows it
     /// cannot read in `problems`). Returns the shard leases; `None` if the read failed in a
     /// way worth retrying next cycle.
-    pub(super) async fn list(
-        &self,
-        view: &mut View,
+    pub(super) async fn list<L: LeaseStore>(
+        &mut self,
+        table: &Table<L>,
+        report: &Report,
         problems: &mut Problems,
         how: Read<'_>,
     ) -> Result<Option<Vec<Lease>>, Error> {
         let read = match how {
-            Read::Feed(_) => self.observe(&mut view.mirror).await,
+            Read::Feed(_) => observe(table, &mut self.mirror).await,
             Read::Whole => {
-                view.mirror.clear();
-                bounded(self.config.call_timeout, "list", self.store.list()).await
+                self.mirror.clear();
+                table.call("list", table.store.list()).await
             }
         };
         let mut leases = match read {
             Ok(leases) => leases,
             Err(error) if error.kind().is_permanent() => return Err(Error::Store(error)),
             Err(error) => {
-                self.problem("reading the lease table failed", &error);
-                self.status.send_modify(|s| s.store_reachable = false);
+                report.problem("reading the lease table failed", &error);
+                report.reachable(false);
                 return Ok(None);
             }
         };
-        self.status.send_modify(|s| s.store_reachable = true);
-        self.solved();
-        let unreadable = self.store.unreadable().into_iter().map(|row| {
+        report.reachable(true);
+        report.solved();
+        let unreadable = table.store.unreadable().into_iter().map(|row| {
             let key = row.key.unwrap_or_else(|| "<no key>".to_owned());
             (key, row.reason)
         });
         problems.replace(ProblemKind::UnreadableRow, unreadable.collect());
-        view.drained = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
+        self.drained = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
         let now = Instant::now();
         if let Read::Feed(roles) = how {
             roles.saw(&leases, now);
         }
         // The observer watches coordination rows too: heartbeats decide expiry.
-        view.observer.update(&leases, now);
-        view.heartbeats = leases
-            .iter()
-            .filter_map(|l| heartbeat_of(&l.key).map(|w| (w, l.clone())))
-            .collect();
-        view.fenced.clear();
+        self.observer.update(&leases, now);
+        self.heartbeats.saw(&leases);
         leases.retain(|l| !is_coordination_key(&l.key));
         Ok(Some(leases))
     }
 
-    /// The whole table as the change feed shows it (see [`crate::lease::feed`]): the changes
-    /// since the last read applied to `mirror`, or, first, when the feed cannot go on, and
-    /// every resync interval, an eventually consistent read of the whole table. A table
-    /// without a feed is read whole every time.
-    async fn observe(&self, mirror: &mut Mirror) -> Result<Vec<Lease>, BackendError> {
-        let limit = self.config.call_timeout;
-        let now = Instant::now();
-        let from = mirror.position(now).cloned();
-        let read = bounded(limit, "read_changes", self.store.changes(from.as_ref())).await;
-        let restart = match read {
-            Ok(FeedRead::Changes(changes, to)) => {
-                mirror.apply(changes, to);
-                return Ok(mirror.leases());
-            }
-            Ok(FeedRead::Restart(to)) => Some(to),
-            Ok(FeedRead::Unavailable) => None,
-            // The table stays usable without its feed (a missing permission, a stream being
-            // replaced): read it whole meanwhile, and say so once until the feed works again.
-            Err(error) => {
-                if mirror.feed_failed() {
-                    tracing::debug!(%error, "reading the lease table's changes failed again");
-                } else {
-                    tracing::warn!(%error, "reading the lease table's changes failed; reading the whole table until it works");
-                }
-                mirror.set_feed_failed();
-                None
-            }
-        };
-        mirror.clear();
-        let leases = bounded(limit, "snapshot", self.store.snapshot()).await?;
-        if let Some(to) = restart {
-            mirror.reset(to, leases.clone(), now);
-        }
-        Ok(leases)
-    }
-
     /// The ready leases as candidates for planning, and every lease by key.
-    pub(super) fn candidates<'a>(
+    pub(super) fn candidates<'a, L>(
         &self,
-        view: &View,
+        table: &Table<L>,
         shards: &Shards,
         leases: &'a [Lease],
     ) -> (BTreeMap<&'a ShardId, &'a Lease>, Vec<Candidate>) {
@@ -160,7 +115,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             .filter(|l| lineage.is_ready(l))
             .map(|l| Candidate {
                 key: l.key.clone(),
-                holder: self.holder(l, view, shards, now),
+                holder: self.holder(table, l, shards, now),
                 handoff_to: l.handoff_to.clone(),
             })
             .collect();
@@ -169,26 +124,24 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
 
     /// Who holds `lease`, as this worker sees it: itself, nobody, or another worker whose
     /// lease has (or has not yet) expired by observation.
-    fn holder(&self, lease: &Lease, view: &View, shards: &Shards, now: Instant) -> Holder {
+    fn holder<L>(&self, table: &Table<L>, lease: &Lease, shards: &Shards, now: Instant) -> Holder {
         if shards.holds(&lease.key) {
             return Holder::Me;
         }
         match &lease.owner {
             None if lease.counter == 0 => Holder::Unowned,
             None => Holder::Released,
-            Some(owner) if owner == &self.id => Holder::Adoptable,
+            Some(owner) if owner == &table.me => Holder::Adoptable,
             Some(owner) => {
-                let mut idle = view.observer.idle(lease, now);
+                let mut idle = self.observer.idle(lease, now);
                 // An owner with a heartbeat is alive while either moves.
-                if let Some(heartbeat) = view.heartbeats.get(owner)
-                    && heartbeat.is_owned_by(owner)
-                {
-                    idle = idle.min(view.observer.idle(heartbeat, now));
+                if let Some(heartbeat) = self.heartbeats.live(owner) {
+                    idle = idle.min(self.observer.idle(heartbeat, now));
                 }
                 let expiry = if mutation::on(Mutation::TakeAtHalfFailover) {
-                    self.config.failover_time / 2
+                    table.config.failover_time / 2
                 } else {
-                    self.config.failover_time
+                    table.config.failover_time
                 };
                 if idle >= expiry {
                     Holder::Expired {
@@ -201,4 +154,44 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             }
         }
     }
+}
+
+/// The whole table as the change feed shows it (see [`crate::lease::feed`]): the changes
+/// since the last read applied to `mirror`, or, first, when the feed cannot go on, and
+/// every resync interval, an eventually consistent read of the whole table. A table
+/// without a feed is read whole every time.
+async fn observe<L: LeaseStore>(
+    table: &Table<L>,
+    mirror: &mut Mirror,
+) -> Result<Vec<Lease>, BackendError> {
+    let now = Instant::now();
+    let from = mirror.position(now).cloned();
+    let read = table
+        .call("read_changes", table.store.changes(from.as_ref()))
+        .await;
+    let restart = match read {
+        Ok(FeedRead::Changes(changes, to)) => {
+            mirror.apply(changes, to);
+            return Ok(mirror.leases());
+        }
+        Ok(FeedRead::Restart(to)) => Some(to),
+        Ok(FeedRead::Unavailable) => None,
+        // The table stays usable without its feed (a missing permission, a stream being
+        // replaced): read it whole meanwhile, and say so once until the feed works again.
+        Err(error) => {
+            if mirror.feed_failed() {
+                tracing::debug!(%error, "reading the lease table's changes failed again");
+            } else {
+                tracing::warn!(%error, "reading the lease table's changes failed; reading the whole table until it works");
+            }
+            mirror.set_feed_failed();
+            None
+        }
+    };
+    mirror.clear();
+    let leases = table.call("snapshot", table.store.snapshot()).await?;
+    if let Some(to) = restart {
+        mirror.reset(to, leases.clone(), now);
+    }
+    Ok(leases)
 }

@@ -6,12 +6,11 @@
 //! of this worker, take what its fair share allows, ask loaded workers for the rest.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::Coordinator;
-use crate::config::Liveness;
+use super::{Coordinator, Wiring, take};
+use crate::config::{Liveness, WorkerConfig};
 use crate::error::Error;
 use crate::lease::taker::{self, Candidate, Holder};
 use crate::lease::{Lease, LeaseStore};
@@ -19,10 +18,8 @@ use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::ShardId;
-use crate::worker::Worker;
 use crate::worker::problems::ProblemKind;
-use crate::worker::shard_consumer::ShardContext;
-use crate::worker::view::Read;
+use crate::worker::view::{Read, View};
 
 /// Whom a worker that plans for itself also works for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,84 +30,94 @@ pub(super) enum Scope {
     Itself,
 }
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
-    /// One cycle of planning for itself; see the module docs.
-    pub(super) async fn plan_for_myself(
-        &self,
-        state: &mut Coordinator,
-        ctx: &Arc<ShardContext<S, F>>,
-        how: Read<'_>,
-        scope: Scope,
-    ) -> Result<(), Error> {
-        let sync = scope == Scope::Fleet;
-        let Some(leases) = self.list_and_sync(state, how, sync).await? else {
-            return Ok(());
-        };
-        let (by_key, candidates) = self.candidates(&state.view, &state.shards, &leases);
-        self.grant_handoffs(state, &candidates, &by_key).await;
+/// One cycle of planning for itself; see the module docs.
+pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    w: &Wiring<'_, S, L, F>,
+    state: &mut Coordinator,
+    how: Read<'_>,
+    scope: Scope,
+) -> Result<(), Error> {
+    let (table, me) = (w.table, &w.table.me);
+    let sync = scope == Scope::Fleet;
+    let Some(leases) = state
+        .sync
+        .list_and_sync(w, &mut state.view, &mut state.problems, how, sync)
+        .await?
+    else {
+        return Ok(());
+    };
+    let (by_key, candidates) = state.view.candidates(table, &state.shards, &leases);
+    let drained = state.view.is_drained(me);
+    take::grant_handoffs(table, &state.shards, drained, &candidates, &by_key).await;
 
-        let plan = taker::plan(&self.id, &candidates, self.limits(&state.view));
-        let wanted: Vec<&Lease> = plan
-            .take
-            .iter()
-            .filter_map(|k| by_key.get(k).copied())
-            .collect();
-        self.take_all(state, ctx, &wanted).await;
-        if scope == Scope::Fleet {
-            self.report_unowned(state, &candidates, &by_key);
-        }
-        if self.config.liveness == Liveness::Heartbeat {
-            // Leases naming this worker that it will not take would never expire while its
-            // heartbeat goes on: give them back.
-            let unwanted = candidates
-                .iter()
-                .filter(|c| c.holder == Holder::Adoptable && !plan.take.contains(&c.key));
-            state
-                .heartbeat
-                .release_later(unwanted.map(|c| c.key.clone()));
-        }
-        for key in &plan.request_handoff {
-            let Some(observed) = by_key.get(key) else {
-                continue;
-            };
-            if mutation::on(Mutation::StealWithoutHandoff) {
-                self.take(state, ctx, observed).await;
-                continue;
-            }
-            self.ask_handoff(&state.view, observed, &self.id).await;
-        }
-        self.cycle_done();
-        Ok(())
-    }
-
-    /// Under `EveryWorker` (no leader plans for the fleet): a worker at its `max_leases`
-    /// reports the leases that stayed available for two failover times — any worker with
-    /// room would have taken them within a cycle, so nobody has room.
-    fn report_unowned(
-        &self,
-        state: &mut Coordinator,
-        candidates: &[Candidate],
-        by_key: &BTreeMap<&ShardId, &Lease>,
-    ) {
-        let full = state.shards.len() >= self.config.max_leases;
-        let (now, long) = (Instant::now(), self.config.failover_time * 2);
-        let observer = &state.view.observer;
-        let waiting = candidates.iter().filter(|c| {
-            let available = matches!(
-                c.holder,
-                Holder::Unowned | Holder::Released | Holder::Expired { .. }
-            );
-            available
-                && by_key
-                    .get(&c.key)
-                    .is_some_and(|l| observer.idle(l, now) >= long)
-        });
-        let report = full && !mutation::on(Mutation::UnownedNeverReported);
-        let unowned = waiting.filter(|_| report).map(|c| {
-            let why = "ready to be processed, but no worker took it (max_leases)";
-            (c.key.to_string(), why.to_owned())
-        });
-        let unowned = unowned.collect();
+    let plan = taker::plan(me, &candidates, table.limits(drained));
+    let wanted: Vec<&Lease> = plan
+        .take
+        .iter()
+        .filter_map(|k| by_key.get(k).copied())
+        .collect();
+    state.taking().take_all(w, &wanted).await;
+    if scope == Scope::Fleet {
+        let unowned = unowned(
+            &table.config,
+            state.shards.len(),
+            &state.view,
+            &candidates,
+            &by_key,
+        );
         state.problems.replace(ProblemKind::Unowned, unowned);
     }
+    if table.config.liveness == Liveness::Heartbeat {
+        // Leases naming this worker that it will not take would never expire while its
+        // heartbeat goes on: give them back.
+        let unwanted = candidates
+            .iter()
+            .filter(|c| c.holder == Holder::Adoptable && !plan.take.contains(&c.key));
+        state
+            .heartbeat
+            .release_later(unwanted.map(|c| c.key.clone()));
+    }
+    for key in &plan.request_handoff {
+        let Some(observed) = by_key.get(key) else {
+            continue;
+        };
+        if mutation::on(Mutation::StealWithoutHandoff) {
+            state.taking().take(w, observed).await;
+            continue;
+        }
+        take::ask_handoff(table, &state.view, observed, me).await;
+    }
+    w.report.cycle_done();
+    Ok(())
+}
+
+/// Under `EveryWorker` (no leader plans for the fleet): a worker at its `max_leases`
+/// finds the leases that stayed available for two failover times — any worker with
+/// room would have taken them within a cycle, so nobody has room.
+fn unowned(
+    config: &WorkerConfig,
+    held: usize,
+    view: &View,
+    candidates: &[Candidate],
+    by_key: &BTreeMap<&ShardId, &Lease>,
+) -> BTreeMap<String, String> {
+    let full = held >= config.max_leases;
+    let (now, long) = (Instant::now(), config.failover_time * 2);
+    let observer = &view.observer;
+    let waiting = candidates.iter().filter(|c| {
+        let available = matches!(
+            c.holder,
+            Holder::Unowned | Holder::Released | Holder::Expired { .. }
+        );
+        available
+            && by_key
+                .get(&c.key)
+                .is_some_and(|l| observer.idle(l, now) >= long)
+    });
+    let report = full && !mutation::on(Mutation::UnownedNeverReported);
+    let unowned = waiting.filter(|_| report).map(|c| {
+        let why = "ready to be processed, but no worker took it (max_leases)";
+        (c.key.to_string(), why.to_owned())
+    });
+    unowned.collect()
 }

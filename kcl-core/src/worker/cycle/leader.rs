@@ -9,11 +9,11 @@
 //! they are over.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::Coordinator;
+use super::take::{self, Taking, owner_name};
+use super::{Coordinator, Wiring};
 use crate::error::{Error, ErrorKind};
 use crate::lease::leader::{self, Assignment, Moves};
 use crate::lease::taker::{Candidate, Holder};
@@ -22,13 +22,12 @@ use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
-use crate::task::bounded;
 use crate::types::{ShardId, WorkerId};
-use crate::worker::Worker;
 use crate::worker::problems::ProblemKind;
 use crate::worker::roles::Roles;
-use crate::worker::shard_consumer::ShardContext;
-use crate::worker::view::Read;
+use crate::worker::shards::Shards;
+use crate::worker::table::Table;
+use crate::worker::view::{Read, View};
 
 /// What only the leader keeps: the moves its view may not show yet.
 #[derive(Default)]
@@ -40,16 +39,26 @@ impl Leading {
     /// One cycle as the leader: read, sync, plan for the fleet, act.
     pub(super) async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
         &mut self,
-        worker: &Worker<S, L, F>,
+        w: &Wiring<'_, S, L, F>,
         state: &mut Coordinator,
         roles: &Roles,
-        ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
-        let Some(leases) = worker.list_and_sync(state, Read::Feed(roles), true).await? else {
+        let (table, me) = (w.table, &w.table.me);
+        let Some(leases) = state
+            .sync
+            .list_and_sync(
+                w,
+                &mut state.view,
+                &mut state.problems,
+                Read::Feed(roles),
+                true,
+            )
+            .await?
+        else {
             return Ok(());
         };
-        let (by_key, mut candidates) = worker.candidates(&state.view, &state.shards, &leases);
-        let plan = self.plan(worker, state, &leases, &mut candidates);
+        let (by_key, mut candidates) = state.view.candidates(table, &state.shards, &leases);
+        let plan = self.plan(table, &mut state.view, &leases, &mut candidates);
         let unplaced = plan
             .unplaced
             .iter()
@@ -61,38 +70,39 @@ impl Leading {
         state
             .problems
             .replace(ProblemKind::Unowned, unplaced.collect());
-        self.place(worker, state, ctx, &plan, &by_key).await;
-        self.balance(worker, state, &plan, &by_key).await;
-        state.shards.hand_over_listed(&worker.id, &leases);
-        state.shards.hand_over_requested(&worker.id);
-        worker.flag_pending(&state.view, &leases).await;
-        worker.cycle_done();
+        self.place(w, state.taking(), &plan, &by_key).await;
+        self.balance(table, &state.shards, &mut state.view, &plan, &by_key)
+            .await;
+        state.shards.hand_over_listed(me, &leases);
+        state.shards.hand_over_requested(me);
+        state.view.heartbeats.flag_pending(table, &leases).await;
+        w.report.cycle_done();
         Ok(())
     }
 
     /// The fleet's plan from this read, with the moves it may not show yet laid over it.
-    fn plan<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    fn plan<L>(
         &mut self,
-        worker: &Worker<S, L, F>,
-        state: &mut Coordinator,
+        table: &Table<L>,
+        view: &mut View,
         leases: &[Lease],
         candidates: &mut [Candidate],
     ) -> Assignment {
-        let (now, failover) = (Instant::now(), worker.config.failover_time);
+        let (now, failover) = (Instant::now(), table.config.failover_time);
         self.moves.overlay(leases, candidates, now, failover);
-        self.moves.learn_caps(leases, |w| state.view.is_drained(w));
-        let observer = &mut state.view.observer;
+        self.moves.learn_caps(leases, |w| view.is_drained(w));
+        let observer = &mut view.observer;
         observer.forget_inactive(now, failover * 10);
         for c in candidates.iter() {
             if let Holder::Expired { owner, .. } = &c.holder {
                 observer.lapsed(owner);
             }
         }
-        let (view, moves) = (&state.view, &self.moves);
+        let (view, moves) = (&*view, &self.moves);
         leader::assign_within(
-            &worker.id,
+            &table.me,
             candidates,
-            worker.limits(view),
+            table.limits(view.is_drained(&table.me)),
             // A worker asked to drain is given nothing and asked for nothing.
             |w| {
                 !view.is_drained(w)
@@ -107,42 +117,43 @@ impl Leading {
     /// Takes what the plan gives the leader itself, and writes the rest to their workers.
     async fn place<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
         &mut self,
-        worker: &Worker<S, L, F>,
-        state: &mut Coordinator,
-        ctx: &Arc<ShardContext<S, F>>,
+        w: &Wiring<'_, S, L, F>,
+        mut taking: Taking<'_>,
         plan: &Assignment,
         by_key: &BTreeMap<&ShardId, &Lease>,
     ) {
+        let (table, me) = (w.table, &w.table.me);
         let mut mine = Vec::new();
         for (key, to) in &plan.take {
             let Some(observed) = by_key.get(key) else {
                 continue;
             };
-            if to == &worker.id {
+            if to == me {
                 mine.push(*observed);
-            } else if let Some(owner) = observed.owner.as_ref().filter(|o| *o != &worker.id)
-                && !worker.fence(&mut state.view, owner).await
+            } else if let Some(owner) = observed.owner.as_ref().filter(|o| *o != me)
+                && !taking.view.heartbeats.fence(table, owner).await
             {
                 continue;
-            } else if worker.assign(observed, to).await {
+            } else if assign(table, observed, to).await {
                 self.moves.record(key, to, observed, Instant::now());
             }
         }
-        worker.take_all(state, ctx, &mine).await;
+        taking.take_all(w, &mine).await;
     }
 
     /// Hands over what the plan moves away from the leader, and asks other owners for the
     /// rest.
-    async fn balance<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    async fn balance<L: LeaseStore>(
         &mut self,
-        worker: &Worker<S, L, F>,
-        state: &mut Coordinator,
+        table: &Table<L>,
+        shards: &Shards,
+        view: &mut View,
         plan: &Assignment,
         by_key: &BTreeMap<&ShardId, &Lease>,
     ) {
         for (key, to) in &plan.request_handoff {
             let observed = by_key.get(key);
-            match state.shards.get(key) {
+            match shards.get(key) {
                 Some(held) if !held.control.is_handing_off() => {
                     tracing::info!(shard = %key, %to, "handing off to balance the fleet");
                     held.control.hand_off(to.clone());
@@ -155,8 +166,8 @@ impl Leading {
                     let Some(observed) = observed else {
                         continue;
                     };
-                    state.view.observer.requested_for(key, to);
-                    if worker.ask_handoff(&state.view, observed, to).await {
+                    view.observer.requested_for(key, to);
+                    if take::ask_handoff(table, view, observed, to).await {
                         self.moves.record(key, to, observed, Instant::now());
                     }
                 }
@@ -165,23 +176,21 @@ impl Leading {
     }
 }
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
-    /// Writes `to` as the owner of an available lease; `to` adopts it when it next looks.
-    /// Returns whether the write succeeded.
-    async fn assign(&self, observed: &Lease, to: &WorkerId) -> bool {
-        let key = &observed.key;
-        let take = self.store.take(observed, to);
-        match bounded(self.config.call_timeout, "take", take).await {
-            Ok(_) => {
-                tracing::info!(shard = %key, from = %super::take::owner_name(observed), %to, "lease assigned");
-                ::metrics::counter!(metrics::LEASES_ASSIGNED).increment(1);
-                return true;
-            }
-            Err(e) if e.kind() == ErrorKind::Conflict => {
-                tracing::debug!(shard = %key, "lease moved before it could be assigned");
-            }
-            Err(error) => tracing::warn!(shard = %key, %error, "assigning lease failed"),
+/// Writes `to` as the owner of an available lease; `to` adopts it when it next looks.
+/// Returns whether the write succeeded.
+async fn assign<L: LeaseStore>(table: &Table<L>, observed: &Lease, to: &WorkerId) -> bool {
+    let key = &observed.key;
+    let take = table.store.take(observed, to);
+    match table.call("take", take).await {
+        Ok(_) => {
+            tracing::info!(shard = %key, from = %owner_name(observed), %to, "lease assigned");
+            ::metrics::counter!(metrics::LEASES_ASSIGNED).increment(1);
+            return true;
         }
-        false
+        Err(e) if e.kind() == ErrorKind::Conflict => {
+            tracing::debug!(shard = %key, "lease moved before it could be assigned");
+        }
+        Err(error) => tracing::warn!(shard = %key, %error, "assigning lease failed"),
     }
+    false
 }

@@ -21,16 +21,19 @@ mod take;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use self::every_worker::Scope;
 use self::follower::Following;
 use self::leader::Leading;
 pub(super) use self::sync::ShardSync;
-use super::Worker;
 use super::liveness::HeartbeatState;
 use super::problems::{ProblemKind, Problems};
+use super::report::Report;
 use super::roles::{Role, Roles};
 use super::shard_consumer::ShardContext;
 use super::shards::Shards;
+use super::table::Table;
 use super::view::{Read, View};
 use crate::config::{Coordination, WorkerConfig};
 use crate::error::Error;
@@ -39,8 +42,16 @@ use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::WorkerId;
 
+/// What a cycle works through, borrowed from the worker: the lease table as this worker,
+/// where it reports, and what its shard tasks share. The state it works on is the
+/// [`Coordinator`]'s, passed part by part to what touches it.
+pub(super) struct Wiring<'a, S, L, F> {
+    pub(super) table: &'a Table<L>,
+    pub(super) report: &'a Report,
+    pub(super) ctx: &'a Arc<ShardContext<S, F>>,
+}
+
 /// What the coordinator loop owns, whatever the mode.
-#[derive(Default)]
 pub(super) struct Coordinator {
     /// The shard tasks this worker runs.
     pub(super) shards: Shards,
@@ -52,6 +63,34 @@ pub(super) struct Coordinator {
     pub(super) heartbeat: HeartbeatState,
     /// Shards read by nobody and rows nobody can read, as this worker last found them.
     pub(super) problems: Problems,
+}
+
+impl Coordinator {
+    /// Nothing held or seen yet; shard tasks stop gracefully when `graceful` is cancelled.
+    pub(super) fn new(graceful: CancellationToken) -> Self {
+        Self {
+            shards: Shards::new(graceful),
+            view: View::default(),
+            sync: ShardSync::default(),
+            heartbeat: HeartbeatState::default(),
+            problems: Problems::default(),
+        }
+    }
+
+    /// The parts taking a lease touches.
+    fn taking(&mut self) -> take::Taking<'_> {
+        take::Taking {
+            shards: &mut self.shards,
+            view: &mut self.view,
+            heartbeat: &mut self.heartbeat,
+        }
+    }
+
+    /// Publishes what the shard tasks show (held leases, problems) in the status.
+    pub(super) fn publish<L>(&mut self, table: &Table<L>, report: &Report) {
+        let stalled_after = table.config.stalled_after;
+        report.publish(&self.shards, &mut self.problems, stalled_after);
+    }
 }
 
 /// The coordination mode, with what only it keeps.
@@ -111,36 +150,32 @@ impl Mode {
     }
 }
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
-    /// One taker cycle, as the coordination mode and this worker's role want it.
-    pub(super) async fn cycle(
-        &self,
-        state: &mut Coordinator,
-        mode: &mut Mode,
-        ctx: &Arc<ShardContext<S, F>>,
-    ) -> Result<(), Error> {
-        self.ensure_heartbeat(&mut state.heartbeat).await;
-        self.release_left(state).await;
-        match mode {
-            Mode::EveryWorker => {
-                self.plan_for_myself(state, ctx, Read::Whole, Scope::Fleet)
-                    .await?;
-            }
-            Mode::Led(led) => led.cycle(self, state, ctx).await?,
+/// One taker cycle, as the coordination mode and this worker's role want it.
+pub(super) async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    w: &Wiring<'_, S, L, F>,
+    state: &mut Coordinator,
+    mode: &mut Mode,
+) -> Result<(), Error> {
+    state.heartbeat.ensure(w.table).await;
+    state.heartbeat.release_left(w.table, &state.shards).await;
+    match mode {
+        Mode::EveryWorker => {
+            every_worker::plan_for_myself(w, state, Read::Whole, Scope::Fleet).await?;
         }
-        self.publish(state);
-        self.publish_roles(mode.leader(), state.view.is_drained(&self.id));
-        Ok(())
+        Mode::Led(led) => led.cycle(w, state).await?,
     }
+    state.publish(w.table, w.report);
+    let drained = state.view.is_drained(&w.table.me);
+    w.report.publish_roles(mode.leader(), drained);
+    Ok(())
 }
 
 impl Led {
     /// One cycle in this worker's current role.
     async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
         &mut self,
-        worker: &Worker<S, L, F>,
+        w: &Wiring<'_, S, L, F>,
         state: &mut Coordinator,
-        ctx: &Arc<ShardContext<S, F>>,
     ) -> Result<(), Error> {
         let role = self.roles.current();
         if role != Role::Leader {
@@ -150,9 +185,9 @@ impl Led {
                 .replace(ProblemKind::Unowned, BTreeMap::new());
         }
         match role {
-            Role::Leader => self.leading.cycle(worker, state, &self.roles, ctx).await,
-            Role::Standby => follower::stand_by(worker, state, &self.roles, ctx).await,
-            Role::Follower => self.following.cycle(worker, state, ctx).await,
+            Role::Leader => self.leading.cycle(w, state, &self.roles).await,
+            Role::Standby => follower::stand_by(w, state, &self.roles).await,
+            Role::Follower => self.following.cycle(w, state).await,
         }
     }
 }

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
-use super::Coordinator;
+use super::Wiring;
 use crate::error::Error;
 use crate::lease::observer::Observer;
 use crate::lease::sync::{self, Lineage};
@@ -20,9 +20,9 @@ use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::task::bounded;
 use crate::types::ShardId;
-use crate::worker::Worker;
 use crate::worker::problems::{ProblemKind, Problems};
-use crate::worker::view::Read;
+use crate::worker::table::Table;
+use crate::worker::view::{Read, View};
 
 /// When shards are next synced, and what the last read that synced showed ended.
 pub(in crate::worker) struct ShardSync {
@@ -64,6 +64,72 @@ impl ShardSync {
         }
         self.ended = ended;
     }
+
+    /// Reads the whole table (as `how` says) and, if `sync` (or the table has no leases yet)
+    /// and it is due, syncs shards (reading the table again if that changed it). `None` if the
+    /// read failed in a way worth retrying next cycle.
+    pub(super) async fn list_and_sync<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+        &mut self,
+        w: &Wiring<'_, S, L, F>,
+        view: &mut View,
+        problems: &mut Problems,
+        how: Read<'_>,
+        sync: bool,
+    ) -> Result<Option<Vec<Lease>>, Error> {
+        let (table, config) = (w.table, &w.table.config);
+        let listed_at = Instant::now();
+        let listed = view.list(table, w.report, problems, how);
+        let Some(mut leases) = listed.await? else {
+            return Ok(None);
+        };
+        if sync {
+            self.saw(&leases);
+        } else if !leases.is_empty() {
+            // Only the worker that syncs compares the stream with the table.
+            problems.replace(ProblemKind::Unleased, BTreeMap::new());
+        }
+        if !(sync || leases.is_empty()) || !self.is_due() {
+            return Ok(Some(leases));
+        }
+        let source = &*w.ctx.source;
+        match sync_shards(table, source, &leases, listed_at, &view.observer).await {
+            Ok(synced) => {
+                // An interrupted sync resumes next cycle: a shard without a lease is a shard
+                // nobody reads, and at LATEST what it receives meanwhile is owed.
+                let next = if synced.complete {
+                    config.shard_sync_interval
+                } else {
+                    config.taker_interval
+                };
+                self.next = Instant::now() + next;
+                let refused = !synced.refused.is_empty();
+                if synced.changed || refused {
+                    let listed = view.list(table, w.report, problems, how);
+                    if let Some(fresh) = listed.await? {
+                        leases = fresh;
+                    }
+                }
+                if synced.complete {
+                    let unleased = unleased(table, &leases, synced.refused);
+                    problems.replace(ProblemKind::Unleased, unleased);
+                }
+            }
+            Err(error) => {
+                let permanent = matches!(
+                    &error,
+                    Error::Source(e) | Error::Store(e) if e.kind().is_permanent()
+                );
+                if permanent {
+                    return Err(error);
+                }
+                w.report
+                    .problem("listing the stream's shards failed", &error);
+                self.next = Instant::now() + config.taker_interval;
+            }
+        }
+        view.heartbeats.clean(table, &view.observer).await;
+        Ok(Some(leases))
+    }
 }
 
 /// What a shard sync did.
@@ -77,161 +143,98 @@ struct Synced {
     refused: Vec<ShardId>,
 }
 
-impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
-    /// Reads the whole table (as `how` says) and, if `sync` (or the table has no leases yet)
-    /// and it is due, syncs shards (reading the table again if that changed it). `None` if the
-    /// read failed in a way worth retrying next cycle.
-    pub(super) async fn list_and_sync(
-        &self,
-        state: &mut Coordinator,
-        how: Read<'_>,
-        sync: bool,
-    ) -> Result<Option<Vec<Lease>>, Error> {
-        let listed_at = Instant::now();
-        let Some(mut leases) = self.list(&mut state.view, &mut state.problems, how).await? else {
-            return Ok(None);
-        };
-        if sync {
-            state.sync.saw(&leases);
-        } else if !leases.is_empty() {
-            // Only the worker that syncs compares the stream with the table.
-            state
-                .problems
-                .replace(ProblemKind::Unleased, BTreeMap::new());
+/// Lists shards and creates or cleans up leases (see the module docs): what it wrote, and
+/// whether every lease due was created. `leases` was read at `listed_at`.
+async fn sync_shards<S: ShardSource, L: LeaseStore>(
+    table: &Table<L>,
+    source: &S,
+    leases: &[Lease],
+    listed_at: Instant,
+    observer: &Observer,
+) -> Result<Synced, Error> {
+    let config = &table.config;
+    let limit = config.call_timeout;
+    let shards = bounded(limit, "list_shards", source.list_shards())
+        .await
+        .map_err(Error::Source)?;
+    let configured = config.initial_position;
+    let initial = |key: &ShardId| source.initial_position(key).unwrap_or(configured);
+    let plan = sync::plan_for(&shards, leases, &initial);
+    let mut synced = Synced::default();
+    for lease in &plan.create {
+        if listed_at.elapsed() > config.failover_time / 2 {
+            tracing::debug!("shard sync took too long; creating the rest next cycle");
+            return Ok(synced);
         }
-        if !(sync || leases.is_empty()) || !state.sync.is_due() {
-            return Ok(Some(leases));
+        // In order, stopping at the first failure: a child never exists without its parents.
+        let created = table.call("create", table.store.create(lease)).await;
+        if created.map_err(Error::Store)? {
+            tracing::info!(shard = %lease.key, checkpoint = %lease.checkpoint, "lease created");
+            synced.changed = true;
+        } else {
+            synced.refused.push(lease.key.clone());
         }
-        match self
-            .sync_shards(&leases, listed_at, &state.view.observer)
-            .await
-        {
-            Ok(synced) => {
-                // An interrupted sync resumes next cycle: a shard without a lease is a shard
-                // nobody reads, and at LATEST what it receives meanwhile is owed.
-                let next = if synced.complete {
-                    self.config.shard_sync_interval
-                } else {
-                    self.config.taker_interval
-                };
-                state.sync.next = Instant::now() + next;
-                let refused = !synced.refused.is_empty();
-                if (synced.changed || refused)
-                    && let Some(fresh) =
-                        self.list(&mut state.view, &mut state.problems, how).await?
-                {
-                    leases = fresh;
-                }
-                if synced.complete {
-                    self.unleased(&mut state.problems, &leases, synced.refused);
-                }
-            }
-            Err(error) => {
-                let permanent = matches!(
-                    &error,
-                    Error::Source(e) | Error::Store(e) if e.kind().is_permanent()
-                );
-                if permanent {
-                    return Err(error);
-                }
-                self.problem("listing the stream's shards failed", &error);
-                state.sync.next = Instant::now() + self.config.taker_interval;
-            }
-        }
-        self.clean_heartbeats(&state.view).await;
-        Ok(Some(leases))
     }
+    let lineage = Lineage::new(leases);
+    let now = Instant::now();
+    let due = plan
+        .delete
+        .iter()
+        .filter(|l| lineage.is_stale(l) || observer.idle(l, now) >= config.lease_cleanup_delay);
+    for lease in due {
+        if delete_lease(table, lease, "finished lease cleaned up").await {
+            synced.changed = true;
+        }
+    }
+    // Leases of streams no longer consumed (multi-stream): deleted, conditionally on the
+    // counter seen, so a holder renewing meanwhile makes it fail until the next sync.
+    for lease in leases.iter().filter(|l| source.is_retired(&l.key)) {
+        if delete_lease(table, lease, "lease of a stream no longer consumed deleted").await {
+            synced.changed = true;
+        }
+    }
+    synced.complete = true;
+    Ok(synced)
+}
 
-    /// Lists shards and creates or cleans up leases (see the module docs): what it wrote, and
-    /// whether every lease due was created. `leases` was read at `listed_at`.
-    async fn sync_shards(
-        &self,
-        leases: &[Lease],
-        listed_at: Instant,
-        observer: &Observer,
-    ) -> Result<Synced, Error> {
-        let limit = self.config.call_timeout;
-        let shards = bounded(limit, "list_shards", self.source.list_shards())
-            .await
-            .map_err(Error::Source)?;
-        let configured = self.config.initial_position;
-        let initial = |key: &ShardId| self.source.initial_position(key).unwrap_or(configured);
-        let plan = sync::plan_for(&shards, leases, &initial);
-        let mut synced = Synced::default();
-        for lease in &plan.create {
-            if listed_at.elapsed() > self.config.failover_time / 2 {
-                tracing::debug!("shard sync took too long; creating the rest next cycle");
-                return Ok(synced);
-            }
-            // In order, stopping at the first failure: a child never exists without its parents.
-            let created = bounded(limit, "create", self.store.create(lease)).await;
-            if created.map_err(Error::Store)? {
-                tracing::info!(shard = %lease.key, checkpoint = %lease.checkpoint, "lease created");
-                synced.changed = true;
+/// Deletes `lease` conditionally on the counter seen (a failure waits for the next
+/// sync); logs `done` and returns true if it was deleted.
+async fn delete_lease<L: LeaseStore>(table: &Table<L>, lease: &Lease, done: &str) -> bool {
+    match table.call("delete", table.store.delete(lease)).await {
+        Ok(()) => {
+            tracing::info!(shard = %lease.key, "{done}");
+            true
+        }
+        Err(error) => {
+            tracing::debug!(shard = %lease.key, %error, "deleting failed; next sync");
+            false
+        }
+    }
+}
+
+/// Reports the shards whose lease the sync could not create (a row holds the key) and
+/// that `leases`, read after the sync, does not show either.
+fn unleased<L: LeaseStore>(
+    table: &Table<L>,
+    leases: &[Lease],
+    refused: Vec<ShardId>,
+) -> BTreeMap<String, String> {
+    let unreadable: BTreeSet<String> = table
+        .store
+        .unreadable()
+        .into_iter()
+        .filter_map(|row| row.key)
+        .collect();
+    let missing = refused
+        .into_iter()
+        .filter(|key| leases.iter().all(|l| &l.key != key))
+        .map(|key| {
+            let why = if unreadable.contains(key.as_str()) {
+                "its lease row cannot be read, so nobody processes the shard"
             } else {
-                synced.refused.push(lease.key.clone());
-            }
-        }
-        let lineage = Lineage::new(leases);
-        let now = Instant::now();
-        let due = plan.delete.iter().filter(|l| {
-            lineage.is_stale(l) || observer.idle(l, now) >= self.config.lease_cleanup_delay
+                "a row holds its key but no lease shows for it"
+            };
+            (key.to_string(), why.to_owned())
         });
-        for lease in due {
-            if self.delete_lease(lease, "finished lease cleaned up").await {
-                synced.changed = true;
-            }
-        }
-        // Leases of streams no longer consumed (multi-stream): deleted, conditionally on the
-        // counter seen, so a holder renewing meanwhile makes it fail until the next sync.
-        for lease in leases.iter().filter(|l| self.source.is_retired(&l.key)) {
-            if self
-                .delete_lease(lease, "lease of a stream no longer consumed deleted")
-                .await
-            {
-                synced.changed = true;
-            }
-        }
-        synced.complete = true;
-        Ok(synced)
-    }
-
-    /// Deletes `lease` conditionally on the counter seen (a failure waits for the next
-    /// sync); logs `done` and returns true if it was deleted.
-    async fn delete_lease(&self, lease: &Lease, done: &str) -> bool {
-        let limit = self.config.call_timeout;
-        match bounded(limit, "delete", self.store.delete(lease)).await {
-            Ok(()) => {
-                tracing::info!(shard = %lease.key, "{done}");
-                true
-            }
-            Err(error) => {
-                tracing::debug!(shard = %lease.key, %error, "deleting failed; next sync");
-                false
-            }
-        }
-    }
-
-    /// Reports the shards whose lease the sync could not create (a row holds the key) and
-    /// that `leases`, read after the sync, does not show either.
-    fn unleased(&self, problems: &mut Problems, leases: &[Lease], refused: Vec<ShardId>) {
-        let unreadable: BTreeSet<String> = self
-            .store
-            .unreadable()
-            .into_iter()
-            .filter_map(|row| row.key)
-            .collect();
-        let missing = refused
-            .into_iter()
-            .filter(|key| leases.iter().all(|l| &l.key != key))
-            .map(|key| {
-                let why = if unreadable.contains(key.as_str()) {
-                    "its lease row cannot be read, so nobody processes the shard"
-                } else {
-                    "a row holds its key but no lease shows for it"
-                };
-                (key.to_string(), why.to_owned())
-            });
-        problems.replace(ProblemKind::Unleased, missing.collect());
-    }
+    missing.collect()
 }

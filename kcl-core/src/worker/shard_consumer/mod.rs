@@ -1,10 +1,16 @@
 //! One task per held lease: feed its processor in order, next to a task that renews it.
 //!
-//! The task is a small state machine — waiting on parents, initializing, processing, shutting
-//! down ([`attempt`]) — and stops for one of four reasons: the shard ended (checkpointed
-//! `SHARD_END`), the lease was lost (`lease_lost`, no checkpoint possible), the worker is
-//! stopping (`shutdown_requested`, then the lease is released at once) or another worker asked
-//! for the lease (`shutdown_requested`, then the lease is handed to it).
+//! Read it top to bottom: [`run`] starts the renewer and runs processors one after another
+//! (`attempts`), then hands the lease back (`hand_back`). One processor's life is
+//! [`attempt`]: settle, parents, open and `initialize`, batches, drain, last hook. What
+//! happens to each batch — fetch ([`prefetch`]), deliver, acknowledgements ([`acks`]),
+//! checkpoint, end of shard — is [`batches`]. The coordinator steers the task, and sees its
+//! progress, through [`Control`].
+//!
+//! The task stops for one of four reasons: the shard ended (checkpointed `SHARD_END`), the
+//! lease was lost (`lease_lost`, no checkpoint possible), the worker is stopping
+//! (`shutdown_requested`, then the lease is released at once) or another worker asked for the
+//! lease (`shutdown_requested`, then the lease is handed to it).
 //!
 //! Why it is built this way:
 //! - **The renewer is a task of its own.** A processor that blocks its thread (CPU work,
@@ -28,19 +34,22 @@
 
 mod acks;
 mod attempt;
+mod batches;
+mod control;
 mod position;
+mod prefetch;
 mod progress;
 
+pub(crate) use control::Control;
 pub(crate) use position::Start;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
 use tokio::time::sleep;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
@@ -51,8 +60,7 @@ use crate::lease::tenure::Tenure;
 use crate::metrics;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
-use crate::types::{Checkpoint, ConsumerId, ExtendedSequenceNumber, ShardId, WorkerId};
-use progress::Progress;
+use crate::types::{ConsumerId, ShardId, WorkerId};
 
 /// What every shard task of a worker shares.
 #[derive(Debug)]
@@ -83,124 +91,6 @@ impl<S, F> ShardContext<S, F> {
             reads: Arc::new(tokio::sync::Semaphore::new(reads)),
             consumer,
         }
-    }
-}
-
-/// How the coordinator steers a running shard task.
-#[derive(Debug)]
-pub(crate) struct Control {
-    /// Cancelled to stop gracefully (worker shutdown, or a handoff).
-    graceful: CancellationToken,
-    handoff_to: Mutex<Option<WorkerId>>,
-    /// Why reading the shard fails in a way retrying cannot fix, while it does.
-    read_failing: Mutex<Option<String>>,
-    /// How the shard progresses, across its processor's restarts.
-    progress: Mutex<Progress>,
-}
-
-impl Control {
-    pub(crate) fn new(graceful: CancellationToken) -> Self {
-        Self {
-            graceful,
-            handoff_to: Mutex::new(None),
-            read_failing: Mutex::new(None),
-            progress: Mutex::new(Progress::default()),
-        }
-    }
-
-    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
-        self.progress
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// How long the shard's checkpoint has stood still while records past it wait (see
-    /// `progress`; `problems`: a shard stalled).
-    pub(crate) fn stall_age(&self) -> Duration {
-        self.progress().stall_age()
-    }
-
-    /// Why the shard is failing, if its attempts keep failing without progress (see
-    /// `progress`).
-    pub(crate) fn failing(&self) -> Option<String> {
-        self.progress().failing()
-    }
-
-    /// With `false`: records are about to be handed over. With `true`: the attempt's
-    /// checkpoint covers what it was handed (the wait ends once it covers everything the
-    /// shard was handed in this tenure; see `progress`).
-    fn set_covered(&self, covered: bool) {
-        let mut progress = self.progress();
-        if covered {
-            progress.covered(true);
-        } else {
-            progress.handing_over();
-        }
-    }
-
-    /// The lease's checkpoint now, and the last record the current attempt delivered (the
-    /// coordinator, which does not know it, gives `None`).
-    pub(crate) fn observe(
-        &self,
-        checkpoint: &Checkpoint,
-        delivered: Option<&ExtendedSequenceNumber>,
-    ) {
-        self.progress().observe(checkpoint, delivered);
-    }
-
-    /// A batch of records was processed without an error.
-    fn progressed(&self) {
-        self.progress().progressed();
-    }
-
-    /// A read was `millis` behind the stream's tip.
-    fn behind_latest(&self, millis: u64) {
-        self.progress().behind_latest(millis);
-    }
-
-    /// When the shard last progressed, and how far behind the tip its last read was.
-    pub(crate) fn seen(&self) -> (Option<tokio::time::Instant>, Option<u64>) {
-        self.progress().seen()
-    }
-
-    /// Why reading the shard fails in a way retrying cannot fix, if it does (see the module
-    /// docs).
-    pub(crate) fn read_failing(&self) -> Option<String> {
-        self.read_failing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Notes why reading fails, or with `None` that a read succeeded.
-    fn set_read_failing(&self, why: Option<String>) {
-        let mut failing = self
-            .read_failing
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if failing.is_some() || why.is_some() {
-            *failing = why;
-        }
-    }
-
-    /// Stops the shard gracefully and hands its lease to `to`.
-    pub(crate) fn hand_off(&self, to: WorkerId) {
-        *self
-            .handoff_to
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(to);
-        self.graceful.cancel();
-    }
-
-    pub(crate) fn is_handing_off(&self) -> bool {
-        self.handoff_target().is_some()
-    }
-
-    fn handoff_target(&self) -> Option<WorkerId> {
-        self.handoff_to
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -281,11 +171,23 @@ pub(crate) async fn run<S: ShardSource, F: ProcessorFactory>(
     exit
 }
 
+/// One processor after another until one stops for good, then the lease handed back.
 async fn consume<S: ShardSource, F: ProcessorFactory>(
     ctx: &ShardContext<S, F>,
     tenure: &Arc<Tenure>,
     control: &Control,
 ) -> Exit {
+    let stop = attempts(ctx, tenure, control).await;
+    hand_back(stop, tenure, control).await
+}
+
+/// Runs processors one after another, each from the last checkpoint, with a backoff after
+/// each failure, until one stops for good (see [`Stop`]).
+async fn attempts<S: ShardSource, F: ProcessorFactory>(
+    ctx: &ShardContext<S, F>,
+    tenure: &Arc<Tenure>,
+    control: &Control,
+) -> Stop {
     let seed = crate::types::stable_hash((tenure.worker(), tenure.shard()));
     let mut restarts = ExponentialBuilder::default()
         .with_min_delay(ctx.config.min_backoff.max(Duration::from_millis(500)))
@@ -294,31 +196,35 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
         .with_jitter_seed(seed)
         .without_max_times()
         .build();
-    let stop = loop {
+    loop {
         let processor = ctx.factory.create(tenure.shard());
-        match attempt::run(ctx, tenure, control, processor, seed).await {
-            Ok(stop) => break stop,
-            Err(failure) => {
-                ::metrics::counter!(failure.counted_in()).increment(1);
-                let delay = restarts.next().unwrap_or(ctx.config.max_backoff);
-                let error = crate::error::error_chain(&failure);
-                if let Failure::Fatal(source) = &failure {
-                    // Logged once, as a problem, by the coordinator; then at debug level.
-                    control.set_read_failing(Some(source.to_string()));
-                    tracing::debug!(%error, ?delay, "reading the shard fails; retrying later");
-                } else {
-                    tracing::warn!(%error, ?delay, "shard failed; restarting from the last checkpoint");
-                    control.progress().failed(error);
-                }
-                tokio::select! {
-                    biased;
-                    () = tenure.lost_token().cancelled() => break Stop::Lost,
-                    () = control.graceful.cancelled() => break Stop::Graceful,
-                    () = sleep(delay) => {}
-                }
-            }
+        let failure = match attempt::run(ctx, tenure, control, processor, seed).await {
+            Ok(stop) => return stop,
+            Err(failure) => failure,
+        };
+        ::metrics::counter!(failure.counted_in()).increment(1);
+        let delay = restarts.next().unwrap_or(ctx.config.max_backoff);
+        let error = crate::error::error_chain(&failure);
+        if let Failure::Fatal(source) = &failure {
+            // Logged once, as a problem, by the coordinator; then at debug level.
+            control.set_read_failing(Some(source.to_string()));
+            tracing::debug!(%error, ?delay, "reading the shard fails; retrying later");
+        } else {
+            tracing::warn!(%error, ?delay, "shard failed; restarting from the last checkpoint");
+            control.progress().failed(error);
         }
-    };
+        tokio::select! {
+            biased;
+            () = tenure.lost_token().cancelled() => return Stop::Lost,
+            () = control.graceful.cancelled() => return Stop::Graceful,
+            () = sleep(delay) => {}
+        }
+    }
+}
+
+/// Hands the lease back as `stop` says: released (to its handoff target, if any), tidied
+/// after the shard's end, or nothing when it is lost.
+async fn hand_back(stop: Stop, tenure: &Tenure, control: &Control) -> Exit {
     match stop {
         Stop::Lost => Exit::Lost,
         Stop::Finished | Stop::ShardEnd => {

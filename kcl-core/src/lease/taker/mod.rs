@@ -79,7 +79,7 @@ pub(crate) fn workers<'a>(me: &'a WorkerId, leases: &'a [Candidate]) -> BTreeSet
     for c in leases {
         let live = match &c.holder {
             // A reset's placeholder owner is no worker: it never renews, reads nor grants.
-            Holder::Other(w) if w.as_str() == crate::admin::RESET_OWNER => false,
+            Holder::Other(w) if w.as_str() == super::keys::RESET_OWNER => false,
             Holder::Other(w) => {
                 set.insert(w);
                 true

@@ -1,4 +1,9 @@
 //! An in-memory lease table with DynamoDB's conditional-write semantics and a journal.
+//!
+//! This file: the table, its journal, faults and test hooks, and the conditional write every
+//! operation goes through; `lease_store`: the [`LeaseStore`](crate::LeaseStore) operations on top of it.
+
+mod lease_store;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -8,10 +13,8 @@ use tokio::time::Instant;
 
 use super::faults::{Fate, Faults};
 use crate::error::{BackendError, ErrorKind};
-use crate::lease::feed::{FeedPosition, FeedRead};
+use crate::lease::Lease;
 use crate::lease::usage::{self, Operation, Usage};
-use crate::lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
-use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
 /// One applied write, as recorded in the [journal](MemoryLeaseStore::journal).
@@ -322,19 +325,6 @@ impl MemoryLeaseStore {
     }
 }
 
-/// The whole table, for `list` and `snapshot`.
-fn whole_table(t: &mut Table) -> (Vec<Lease>, u64, usize) {
-    let bytes = t.rows.values().map(usage::item_size).sum();
-    let rows = t.rows.values().cloned().collect();
-    (rows, t.rows.len() as u64, bytes)
-}
-
-/// The fence of writes by a holder: owner and counter as the holder last saw them.
-fn held_by(expected: &Lease) -> impl Fn(Option<&Lease>) -> bool + Send + 'static {
-    let (owner, counter) = (expected.owner.clone(), expected.counter);
-    move |row| row.is_some_and(|r| r.owner == owner && r.counter == counter)
-}
-
 /// How a write is journaled.
 #[derive(Debug, Clone, Copy)]
 enum Logged {
@@ -343,266 +333,4 @@ enum Logged {
     /// A reset: its two effects, a `take` (the new owner on the old row) then a `checkpoint`
     /// (the row written), at one instant.
     TakeThenCheckpoint,
-}
-
-/// `update` written into `r`, as a checkpoint writes it: the owner-switch count reset, the
-/// counter bumped.
-fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
-    r.owner_switches_since_checkpoint = 0;
-    r.checkpoint = update.checkpoint;
-    r.pending_checkpoint = update.pending;
-    if !update.child_shard_ids.is_empty() {
-        r.child_shard_ids = update.child_shard_ids;
-    }
-    if update.start_timestamp.is_some() {
-        r.start_timestamp = update.start_timestamp;
-    }
-    if update.endpoint.is_some() {
-        r.endpoint = update.endpoint;
-    }
-    r.counter += 1;
-}
-
-fn missing(operation: &'static str) -> BackendError {
-    BackendError::new(
-        ErrorKind::Fatal,
-        operation,
-        "row vanished during a conditional write",
-    )
-}
-
-impl LeaseStore for MemoryLeaseStore {
-    /// The owner index is always there; the feed unless [`set_feed(None)`](Self::set_feed).
-    async fn ensure_table(&self, wanted: TableFeatures) -> Result<TableFeatures, BackendError> {
-        self.faults
-            .enter(&self.client, Operation::EnsureTable.as_str(), true)
-            .await?;
-        let mut t = self.lock();
-        t.exists = true;
-        self.count(&t, Operation::EnsureTable, 0, 0.0, 0.0);
-        Ok(wanted.and(TableFeatures::ALL.with_change_feed(!t.no_feed)))
-    }
-
-    async fn list(&self) -> Result<Vec<Lease>, BackendError> {
-        self.read(Operation::List, whole_table).await
-    }
-
-    async fn snapshot(&self) -> Result<Vec<Lease>, BackendError> {
-        self.read(Operation::Snapshot, whole_table).await
-    }
-
-    /// The journal, each write visible once it is the feed's lag old.
-    async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
-        let now = Instant::now();
-        self.read(Operation::ReadChanges, |t| {
-            if t.no_feed {
-                return (FeedRead::Unavailable, 0, 0);
-            }
-            let read = super::feed::read(&t.journal, from, t.feed_lag, now);
-            let rows = match &read {
-                FeedRead::Changes(changes, _) => changes.len() as u64,
-                _ => 0,
-            };
-            (read, rows, 0)
-        })
-        .await
-    }
-
-    async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
-        self.read(Operation::Get, |t| {
-            let row = t.rows.get(key).cloned();
-            let (found, bytes) = (row.is_some(), row.as_ref().map_or(0, usage::item_size));
-            (row, u64::from(found), bytes)
-        })
-        .await
-    }
-
-    /// The index of owners, as DynamoDB would keep it: keys only, about 60 bytes an entry.
-    async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
-        let now = Instant::now();
-        self.read(Operation::OwnedBy, |t| {
-            let stale = t
-                .index
-                .as_ref()
-                .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= t.index_lag);
-            if stale {
-                let entries = t.rows.values().map(|l| (l.key.clone(), l.owner.clone()));
-                t.index = Some((now, entries.collect()));
-            }
-            let keys: Vec<ShardId> = t
-                .index
-                .iter()
-                .flat_map(|(_, entries)| entries)
-                .filter(|(_, o)| o.as_ref() == Some(owner))
-                .map(|(key, _)| key.clone())
-                .collect();
-            let (rows, bytes) = (keys.len() as u64, keys.len() * 60);
-            (keys, rows, bytes)
-        })
-        .await
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        Some(self.usage.clone())
-    }
-
-    fn unreadable(&self) -> Vec<crate::lease::UnreadableRow> {
-        let t = self.lock();
-        let rows = t.unreadable.iter();
-        rows.map(|(key, why)| crate::lease::UnreadableRow::new(Some(key.to_string()), why.clone()))
-            .collect()
-    }
-
-    async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
-        let new = lease.clone();
-        let result = self
-            .write(
-                Operation::Create,
-                &lease.key,
-                |row: Option<&Lease>| row.is_none(),
-                move |_| Some(new),
-            )
-            .await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == ErrorKind::Conflict => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
-        let fence = held_by(held);
-        let condition = move |row: Option<&Lease>| {
-            row.is_some() && (mutation::on(Mutation::RenewUnconditional) || fence(row))
-        };
-        let row = self
-            .write(Operation::Renew, &held.key, condition, |row| {
-                row.map(|mut r| {
-                    r.counter += 1;
-                    r
-                })
-            })
-            .await?;
-        row.ok_or_else(|| missing("renew"))
-    }
-
-    async fn take(&self, observed: &Lease, new_owner: &WorkerId) -> Result<Lease, BackendError> {
-        let new_owner = new_owner.clone();
-        let row = self
-            .write(
-                Operation::Take,
-                &observed.key,
-                held_by(observed),
-                move |row| {
-                    row.map(|mut r| {
-                        if r.owner.as_ref() != Some(&new_owner) {
-                            r.owner_switches_since_checkpoint += 1;
-                        }
-                        r.owner = Some(new_owner);
-                        r.counter += 1;
-                        r.handoff_to = None;
-                        r
-                    })
-                },
-            )
-            .await?;
-        row.ok_or_else(|| missing("take"))
-    }
-
-    async fn release(&self, held: &Lease) -> Result<(), BackendError> {
-        self.write(Operation::Release, &held.key, held_by(held), |row| {
-            row.map(|mut r| {
-                r.owner = None;
-                r.counter += 1;
-                r.handoff_to = None;
-                r
-            })
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn request_handoff(
-        &self,
-        observed: &Lease,
-        to: Option<&WorkerId>,
-    ) -> Result<(), BackendError> {
-        let (expected, to) = (observed.owner.clone(), to.cloned());
-        let owner = move |row: Option<&Lease>| row.is_some_and(|r| r.owner == expected);
-        self.write(
-            Operation::RequestHandoff,
-            &observed.key,
-            owner,
-            move |row| {
-                row.map(|mut r| {
-                    r.handoff_to = to;
-                    r
-                })
-            },
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn checkpoint(
-        &self,
-        held: &Lease,
-        update: &CheckpointUpdate,
-    ) -> Result<Lease, BackendError> {
-        let fence = held_by(held);
-        let condition = move |row: Option<&Lease>| {
-            row.is_some() && (mutation::on(Mutation::CheckpointUnconditional) || fence(row))
-        };
-        let update = update.clone();
-        let row = self
-            .write(Operation::Checkpoint, &held.key, condition, move |row| {
-                row.map(|mut r| {
-                    checkpointed(&mut r, update);
-                    r
-                })
-            })
-            .await?;
-        row.ok_or_else(|| missing("checkpoint"))
-    }
-
-    async fn reset(
-        &self,
-        observed: &Lease,
-        owner: &WorkerId,
-        update: &CheckpointUpdate,
-    ) -> Result<Lease, BackendError> {
-        let (owner, update) = (owner.clone(), update.clone());
-        // One write; journaled as its two effects, a `take` then a
-        // `checkpoint` by the reset's client, at one instant (the feed serves them together),
-        // as the simulation's checks read a reset.
-        let row = self
-            .write_logged(
-                Operation::Reset,
-                Logged::TakeThenCheckpoint,
-                &observed.key,
-                held_by(observed),
-                move |row| {
-                    row.map(|mut r| {
-                        r.owner = Some(owner);
-                        r.handoff_to = None;
-                        checkpointed(&mut r, update);
-                        r
-                    })
-                },
-            )
-            .await?;
-        row.ok_or_else(|| missing("reset"))
-    }
-
-    async fn delete(&self, lease: &Lease) -> Result<(), BackendError> {
-        let counter = lease.counter;
-        self.write(
-            Operation::Delete,
-            &lease.key,
-            move |row| row.is_some_and(|r| r.counter == counter),
-            |_| None,
-        )
-        .await
-        .map(drop)
-    }
 }

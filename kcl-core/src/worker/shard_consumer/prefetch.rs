@@ -27,7 +27,7 @@ use tokio::time::sleep;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument as _;
 
-use super::shard_consumer::{ShardContext, Start};
+use super::{ShardContext, Start};
 use crate::aggregation;
 use crate::config::WorkerConfig;
 use crate::error::{BackendError, ErrorKind};
