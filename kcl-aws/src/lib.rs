@@ -29,16 +29,21 @@
 //! throttling is throttling, an expired iterator is reopened by the core, a missing stream or
 //! table is fatal and named in the message.
 //!
-//! [`producer::put_records`] writes records, for demos and tests.
-//!
-//! What the lease table will cost a fleet, by mode and next to KCL Java 3.x's bill, is in
-//! [`cost`].
+//! Two tools beside the consumer API, each behind a feature of its name (off by default):
+//! `producer::put_records` writes records, for demos and tests; `cost` says what the lease
+//! table will cost a fleet, by mode and next to KCL Java 3.x's bill.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod any;
+#[cfg(feature = "cost")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cost")))]
 pub mod cost;
 pub mod dynamodb;
 mod error;
 pub mod kinesis;
+#[cfg(feature = "producer")]
+#[cfg_attr(docsrs, doc(cfg(feature = "producer")))]
 pub mod producer;
 mod settings;
 pub mod streams;

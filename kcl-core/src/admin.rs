@@ -265,6 +265,7 @@ async fn flag_heartbeat<L: LeaseStore>(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::lease::LeaseStoreExtras;
     use crate::memory::MemoryLeaseStore;
 
     async fn held(store: &MemoryLeaseStore, key: &str, owner: &str) {

@@ -98,7 +98,7 @@ pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
 };
 pub use every::EveryNOrT;
-pub use lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
+pub use lease::{CheckpointUpdate, Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
 pub use parallel::{Parallel, RecordHandler};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};

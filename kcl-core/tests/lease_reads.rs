@@ -30,8 +30,8 @@ use kcl_core::lease::feed::{FeedPosition, FeedRead};
 use kcl_core::lease::usage::{Operation, Tally, Usage};
 use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    BackendError, CheckpointUpdate, Coordination, Lease, LeaseStore, Liveness, ShardId,
-    ShutdownHandle, TableFeatures, Worker, WorkerConfig, WorkerId,
+    BackendError, CheckpointUpdate, Coordination, Lease, LeaseStore, LeaseStoreExtras, Liveness,
+    ShardId, ShutdownHandle, TableFeatures, Worker, WorkerConfig, WorkerId,
 };
 
 const SHARDS: u32 = 120;
@@ -307,26 +307,11 @@ macro_rules! delegate_writes {
         fn delete(&self, lease: &Lease) -> impl Future<Output = Result<(), BackendError>> + Send {
             self.$to().delete(lease)
         }
-
-        fn usage(&self) -> Option<Usage> {
-            self.$to().usage()
-        }
-
-        fn unreadable(&self) -> Vec<kcl_core::lease::UnreadableRow> {
-            self.$to().unreadable()
-        }
     };
 }
 
 impl<L: LeaseStore> LeaseStore for Counted<L> {
     delegate_writes!(to);
-
-    fn changes(
-        &self,
-        from: Option<&FeedPosition>,
-    ) -> impl Future<Output = Result<FeedRead, BackendError>> + Send {
-        self.to().changes(from)
-    }
 
     fn owned_by(
         &self,
@@ -336,15 +321,35 @@ impl<L: LeaseStore> LeaseStore for Counted<L> {
     }
 }
 
-impl<L: LeaseStore> LeaseStore for WholeTable<L> {
-    delegate_writes!(to);
-
-    async fn changes(&self, _from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
-        Ok(FeedRead::Unavailable)
+impl<L: LeaseStore> LeaseStoreExtras for Counted<L> {
+    fn changes(
+        &self,
+        from: Option<&FeedPosition>,
+    ) -> impl Future<Output = Result<FeedRead, BackendError>> + Send {
+        self.to().changes(from)
     }
 
-    async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
-        Ok(kcl_core::lease::keys_owned_by(self.0.list().await?, owner))
+    fn usage(&self) -> Option<Usage> {
+        self.to().usage()
+    }
+
+    fn unreadable(&self) -> Vec<kcl_core::lease::UnreadableRow> {
+        self.to().unreadable()
+    }
+}
+
+/// A store without a feed or an owner index: the defaults of `changes` and `owned_by`.
+impl<L: LeaseStore> LeaseStore for WholeTable<L> {
+    delegate_writes!(to);
+}
+
+impl<L: LeaseStore> LeaseStoreExtras for WholeTable<L> {
+    fn usage(&self) -> Option<Usage> {
+        self.to().usage()
+    }
+
+    fn unreadable(&self) -> Vec<kcl_core::lease::UnreadableRow> {
+        self.to().unreadable()
     }
 }
 

@@ -23,79 +23,81 @@ use kcl_core::{Checkpoint, HashKeyRange, Lease, ShardId, WorkerId};
 use crate::error::ParseError;
 
 /// Hash key: the shard id (`S`).
-pub const LEASE_KEY: &str = "leaseKey";
+pub(crate) const LEASE_KEY: &str = "leaseKey";
 /// The owning worker (`S`); absent when nobody owns the lease.
-pub const LEASE_OWNER: &str = "leaseOwner";
+pub(crate) const LEASE_OWNER: &str = "leaseOwner";
 /// The fencing counter (`N`).
-pub const LEASE_COUNTER: &str = "leaseCounter";
+pub(crate) const LEASE_COUNTER: &str = "leaseCounter";
 /// A sequence number or `TRIM_HORIZON` / `LATEST` / `AT_TIMESTAMP` / `SHARD_END` (`S`).
-pub const CHECKPOINT: &str = "checkpoint";
+pub(crate) const CHECKPOINT: &str = "checkpoint";
 /// KPL sub-sequence number of the checkpoint (`N`).
-pub const CHECKPOINT_SUB_SEQUENCE_NUMBER: &str = "checkpointSubSequenceNumber";
+pub(crate) const CHECKPOINT_SUB_SEQUENCE_NUMBER: &str = "checkpointSubSequenceNumber";
 /// Owner changes since the last checkpoint (`N`).
-pub const OWNER_SWITCHES_SINCE_CHECKPOINT: &str = "ownerSwitchesSinceCheckpoint";
+pub(crate) const OWNER_SWITCHES_SINCE_CHECKPOINT: &str = "ownerSwitchesSinceCheckpoint";
 /// Parent shards (`SS`; singular name, as KCL Java writes it).
-pub const PARENT_SHARD_ID: &str = "parentShardId";
+pub(crate) const PARENT_SHARD_ID: &str = "parentShardId";
 /// Child shards, written at shard end (`SS`).
-pub const CHILD_SHARD_IDS: &str = "childShardIds";
+pub(crate) const CHILD_SHARD_IDS: &str = "childShardIds";
 /// A prepared, uncommitted checkpoint (`S`).
-pub const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
+pub(crate) const PENDING_CHECKPOINT: &str = "pendingCheckpoint";
 /// Sub-sequence number of the pending checkpoint (`N`).
-pub const PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER: &str = "pendingCheckpointSubSequenceNumber";
+pub(crate) const PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER: &str =
+    "pendingCheckpointSubSequenceNumber";
 /// KCL Java's application state of a pending checkpoint (`B`); removed with the pending
 /// checkpoint, as KCL Java does, and otherwise left alone.
-pub const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
+pub(crate) const PENDING_CHECKPOINT_STATE: &str = "pendingCheckpointState";
 /// KCL Java 3.x graceful-handoff marker (`S`). KCL Java's assignment removes it; so does
 /// [`take`](kcl_core::LeaseStore::take), so that a KCL Java worker could renew the lease again.
-pub const CHECKPOINT_OWNER: &str = "checkpointOwner";
+pub(crate) const CHECKPOINT_OWNER: &str = "checkpointOwner";
 /// KCL Java 3.5: what a row of the lease table holds (`S`): `LEASE`, or one of its other
 /// entities kept in the same table (`WORKER_METRIC_STATS` rows keyed by worker id, `LEADER`,
 /// `CLIENT_VERSION_MIGRATION`, `TABLE_MIGRATION`, `STREAM`). Leases written before 3.5 have
 /// none.
-pub const ENTITY_TYPE: &str = "entityType";
+pub(crate) const ENTITY_TYPE: &str = "entityType";
 /// The [`ENTITY_TYPE`] of a lease.
-pub const ENTITY_LEASE: &str = "LEASE";
+pub(crate) const ENTITY_LEASE: &str = "LEASE";
 /// First hash key of the shard, decimal (`S`).
-pub const STARTING_HASH_KEY: &str = "startingHashKey";
+pub(crate) const STARTING_HASH_KEY: &str = "startingHashKey";
 /// Last hash key of the shard, decimal (`S`).
-pub const ENDING_HASH_KEY: &str = "endingHashKey";
+pub(crate) const ENDING_HASH_KEY: &str = "endingHashKey";
 /// kcl extension: the worker that asked the owner to hand the lease over (`S`).
-pub const HANDOFF_TO: &str = "handoffTo";
+pub(crate) const HANDOFF_TO: &str = "handoffTo";
 /// kcl extension: where a lease whose checkpoint is still `LATEST` or `AT_TIMESTAMP` starts
 /// reading, in milliseconds since the Unix epoch (`N`); see
 /// [`Lease::start_timestamp`](kcl_core::Lease::start_timestamp). KCL Java ignores it.
-pub const START_TIMESTAMP: &str = "startingTimestamp";
+pub(crate) const START_TIMESTAMP: &str = "startingTimestamp";
 /// Where a singleton's holder takes messages (kcl extension).
-pub const ENDPOINT: &str = "kclEndpoint";
+pub(crate) const ENDPOINT: &str = "kclEndpoint";
 /// KCL Java's multi-stream rows: the stream (`account:stream:creationEpoch`; "streamName"
 /// for historical reasons).
-pub const STREAM_NAME: &str = "streamName";
+pub(crate) const STREAM_NAME: &str = "streamName";
 /// KCL Java's multi-stream rows: the shard id without its stream.
-pub const SHARD_ID: &str = "shardId";
+pub(crate) const SHARD_ID: &str = "shardId";
 /// The global secondary index from `leaseOwner` to `leaseKey` (keys only), as KCL Java 3.x
 /// creates it: workers that do not read the whole table find their own leases with it.
-pub const OWNER_INDEX: &str = "LeaseOwnerToLeaseKeyIndex";
+pub(crate) const OWNER_INDEX: &str = "LeaseOwnerToLeaseKeyIndex";
 
 /// `create`: no row with this key yet.
-pub const COND_ABSENT: &str = "attribute_not_exists(#leaseKey)";
+pub(crate) const COND_ABSENT: &str = "attribute_not_exists(#leaseKey)";
 /// Writes by or against an owner: counter and owner as observed.
-pub const COND_OWNED: &str = "#leaseCounter = :counter AND #leaseOwner = :owner";
+pub(crate) const COND_OWNED: &str = "#leaseCounter = :counter AND #leaseOwner = :owner";
 /// Writes against an unowned lease: counter as observed and still no owner.
-pub const COND_UNOWNED: &str = "#leaseCounter = :counter AND attribute_not_exists(#leaseOwner)";
+pub(crate) const COND_UNOWNED: &str =
+    "#leaseCounter = :counter AND attribute_not_exists(#leaseOwner)";
 /// `request_handoff`: the owner as observed (the counter moves with every renewal).
-pub const COND_OWNER: &str = "#leaseOwner = :owner";
+pub(crate) const COND_OWNER: &str = "#leaseOwner = :owner";
 /// `request_handoff` against an unowned lease.
-pub const COND_NO_OWNER: &str = "attribute_not_exists(#leaseOwner)";
+pub(crate) const COND_NO_OWNER: &str = "attribute_not_exists(#leaseOwner)";
 /// `delete`: nobody wrote the row since it was read.
-pub const COND_COUNTER: &str = "#leaseCounter = :counter";
+pub(crate) const COND_COUNTER: &str = "#leaseCounter = :counter";
 
 /// Value placeholder of the observed counter.
-pub const VAL_COUNTER: &str = ":counter";
+pub(crate) const VAL_COUNTER: &str = ":counter";
 /// Value placeholder of the observed owner.
-pub const VAL_OWNER: &str = ":owner";
+pub(crate) const VAL_OWNER: &str = ":owner";
 
 /// The `#name` placeholder of an attribute.
-pub fn placeholder(attribute: &str) -> String {
+pub(crate) fn placeholder(attribute: &str) -> String {
     format!("#{attribute}")
 }
 
@@ -238,7 +240,7 @@ pub(crate) fn key_of(item: &HashMap<String, AttributeValue>) -> Option<&str> {
 
 /// Whether `item` is a row of KCL Java 3.5 that is not a lease (an [`ENTITY_TYPE`] other than
 /// `LEASE`): kcl skips it without a word, and never writes it.
-pub fn is_foreign_entity(item: &HashMap<String, AttributeValue>) -> bool {
+pub(crate) fn is_foreign_entity(item: &HashMap<String, AttributeValue>) -> bool {
     item.get(ENTITY_TYPE)
         .and_then(|v| v.as_s().ok())
         .is_some_and(|t| t != ENTITY_LEASE)

@@ -135,58 +135,34 @@ pub(crate) async fn ensure(
                     Some(TableStatus::Active) => match changes.next(shape, &description) {
                         None => return Ok(description),
                         Some(change) => {
-                            if change_table(client, table, billing, change, &mut changes).await {
-                                continue;
+                            if !change_table(client, table, billing, change, &mut changes).await {
+                                // Refused for now (busy): asked again after a growing wait,
+                                // and given up at the deadline (the table used without it).
+                                let busy = &mut busy;
+                                wait_or_give_up(table, change, &mut changes, busy, deadline, wait)
+                                    .await;
                             }
-                            // Refused for now (busy): asked again after a growing wait, and
-                            // given up at the deadline (the table used without it).
-                            if Instant::now() >= deadline {
-                                tracing::warn!(
-                                    table,
-                                    ?change,
-                                    "the lease table stayed busy for {wait:?}; continuing without the change"
-                                );
-                                changes.given_up.push(change);
-                                continue;
-                            }
-                            let pause = busy.next().unwrap_or(BUSY_MAX);
-                            sleep(pause.min(deadline.saturating_duration_since(Instant::now())))
-                                .await;
                             continue;
                         }
                     },
                     Some(TableStatus::Creating | TableStatus::Updating | TableStatus::Deleting)
                     | None => {}
                     Some(other) => {
-                        return Err(BackendError::new(
-                            ErrorKind::Fatal,
-                            OPERATION,
-                            format!("{what} is {}, not usable", other.as_str()),
-                        ));
+                        let why = format!("{what} is {}, not usable", other.as_str());
+                        return Err(BackendError::new(ErrorKind::Fatal, OPERATION, why));
                     }
                 }
             }
-            Err(e) => {
-                if Cause::of(&e) != Cause::NotFound {
-                    return Err(backend_error(OPERATION, &what, e));
-                }
-                if !shape.create {
-                    return Err(BackendError::new(
-                        ErrorKind::Fatal,
-                        OPERATION,
-                        format!(
-                            "{what} does not exist, and the store is set not to create it \
-                             (TableSetup::External): create it where the table is managed \
-                             (hash key `{LEASE_KEY}`, type S), or use TableSetup::Managed"
-                        ),
-                    ));
-                }
-                if !created {
-                    create_table(client, table, billing).await?;
-                    created = true;
-                    continue;
-                }
+            Err(e) if Cause::of(&e) != Cause::NotFound => {
+                return Err(backend_error(OPERATION, &what, e));
             }
+            Err(_) if !shape.create => return Err(not_to_create(&what)),
+            Err(_) if !created => {
+                create_table(client, table, billing).await?;
+                created = true;
+                continue;
+            }
+            Err(_) => {}
         }
         if Instant::now() >= deadline {
             return Err(BackendError::new(
@@ -198,6 +174,42 @@ pub(crate) async fn ensure(
         let wait = polls.next().unwrap_or(MAX_POLL);
         sleep(wait.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
+}
+
+/// A change the table refused for now (busy): waits a growing while, or past `deadline`
+/// gives it up with a warning (the table used without it).
+async fn wait_or_give_up(
+    table: &str,
+    change: Change,
+    changes: &mut Changes,
+    busy: &mut impl Iterator<Item = Duration>,
+    deadline: Instant,
+    wait: Duration,
+) {
+    if Instant::now() >= deadline {
+        tracing::warn!(
+            table,
+            ?change,
+            "the lease table stayed busy for {wait:?}; continuing without the change"
+        );
+        changes.given_up.push(change);
+        return;
+    }
+    let pause = busy.next().unwrap_or(BUSY_MAX);
+    sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+}
+
+/// A missing table the store is set not to create.
+fn not_to_create(what: &str) -> BackendError {
+    BackendError::new(
+        ErrorKind::Fatal,
+        OPERATION,
+        format!(
+            "{what} does not exist, and the store is set not to create it \
+             (TableSetup::External): create it where the table is managed \
+             (hash key `{LEASE_KEY}`, type S), or use TableSetup::Managed"
+        ),
+    )
 }
 
 /// Asks for one change; returns whether it is settled (asked for, or given up). Busy

@@ -17,7 +17,9 @@ use aws_sdk_dynamodb::{Client, Config};
 use aws_smithy_mocks::{MockResponseInterceptor, Rule, RuleMode, create_mock_http_client, mock};
 use aws_smithy_runtime_api::http::StatusCode;
 use aws_smithy_types::body::SdkBody;
-use kcl_core::{Checkpoint, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, WorkerId};
+use kcl_core::{
+    Checkpoint, CheckpointUpdate, ErrorKind, Lease, LeaseStore, LeaseStoreExtras, ShardId, WorkerId,
+};
 
 use super::DynamoDbLeaseStore;
 use super::schema;

@@ -6,6 +6,7 @@
 //! standing still for the failover time. The schema follows KCL Java's lease table so a fleet
 //! can migrate without losing checkpoints.
 
+mod extras;
 pub mod feed;
 pub(crate) mod keys;
 pub(crate) mod leader;
@@ -16,6 +17,7 @@ pub(crate) mod taker;
 pub(crate) mod tenure;
 pub mod usage;
 
+pub use self::extras::LeaseStoreExtras;
 /// Which leases are ready to be processed (their parents done): what the simulation judges
 /// balance by.
 #[cfg(feature = "test-util")]
@@ -223,14 +225,18 @@ impl std::fmt::Display for TableFeatures {
 /// [`Conflict`](crate::ErrorKind::Conflict) and changes nothing. Implementations must keep
 /// attributes they do not know (other tools, KCL Java's extras) untouched.
 ///
-/// **Wrapping a store** (metrics, tracing, a cache): implement every method by delegating to
-/// the inner store, as the `Arc<L>` implementation does. None of the reads has a default, on
-/// purpose: a default of "read the whole table" for [`snapshot`](Self::snapshot),
-/// [`changes`](Self::changes) or [`owned_by`](Self::owned_by) would make a wrapper that forgot
-/// one silently pay for a full read every interval instead of a feed read or an index query.
-/// Delegate [`usage`](Self::usage) too, or the worker's request metrics stay empty.
+/// What a store may offer beyond these operations (a change feed, request accounting, rows it
+/// could not parse) is [`LeaseStoreExtras`], whose defaults are true of a store without
+/// them: implement it empty for such a store.
+///
+/// **Wrapping a store** (metrics, tracing, a cache): implement every method of both traits by
+/// delegating to the inner store, as the `Arc<L>` implementations do. Only
+/// [`owned_by`](Self::owned_by) has a default among the operations: a default of "read the
+/// whole table" for [`snapshot`](Self::snapshot) would make a wrapper that forgot it
+/// silently pay for a full read instead of a cheaper one. A wrapper that forgets `owned_by`
+/// or an extra does the same (or hides its inner store's bill and unreadable rows).
 #[doc(alias = "LeaseRefresher")]
-pub trait LeaseStore: Send + Sync + 'static {
+pub trait LeaseStore: LeaseStoreExtras {
     /// Creates the lease table if it does not exist, provides what of `wanted` it can (a store
     /// may be told not to change a table managed elsewhere), and waits until the table is
     /// usable. Returns the features of `wanted` it serves; for one it does not, the method
@@ -249,15 +255,6 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// For observers, whose takes are conditional anyway (see [`feed`]). A store with no
     /// cheaper read returns [`list`](Self::list); a wrapper delegates.
     fn snapshot(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
-
-    /// The table's changes after `from` (see [`feed`]): with `None`, a new position
-    /// ([`FeedRead::Restart`](feed::FeedRead::Restart)). A store without a feed returns
-    /// [`FeedRead::Unavailable`](feed::FeedRead::Unavailable) (its observers then read the
-    /// whole table every interval); a wrapper delegates.
-    fn changes(
-        &self,
-        from: Option<&feed::FeedPosition>,
-    ) -> impl Future<Output = Result<feed::FeedRead, BackendError>> + Send;
 
     /// One lease, read consistently.
     fn get(
@@ -325,24 +322,14 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// (DynamoDB: a query of the `leaseOwner` index). Used by workers that do not read the
     /// whole table every cycle ([`Coordination::Leader`](crate::Coordination::Leader)); what
     /// they do with a key is conditional, so a stale answer costs a failed write, never a
-    /// second owner. A store without an index reads every lease and filters them
-    /// ([`keys_owned_by`]); a wrapper delegates.
+    /// second owner. By default every lease is read ([`list`](Self::list)) and filtered
+    /// ([`keys_owned_by`]): a store without an index needs nothing more; a wrapper delegates.
     fn owned_by(
         &self,
         owner: &WorkerId,
-    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send;
-
-    /// The requests and capacity units this handle has spent so far, if it counts them (both
-    /// stores of this workspace do). See [`usage`].
-    fn usage(&self) -> Option<usage::Usage> {
-        None
+    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
+        async move { Ok(keys_owned_by(self.list().await?, owner)) }
     }
-
-    /// The rows the last whole-table read ([`list`](Self::list), [`snapshot`](Self::snapshot),
-    /// or the change feed since) found but could not parse. The worker reports them as
-    /// problems: a shard whose row nobody can read is a shard nobody processes. No default: a
-    /// wrapper that forgot to delegate would hide them.
-    fn unreadable(&self) -> Vec<UnreadableRow>;
 }
 
 /// The keys of the leases in `leases` whose owner is `owner`: `owned_by` for a store that
@@ -372,25 +359,11 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
         (**self).snapshot()
     }
 
-    fn changes(
-        &self,
-        from: Option<&feed::FeedPosition>,
-    ) -> impl Future<Output = Result<feed::FeedRead, BackendError>> + Send {
-        (**self).changes(from)
-    }
-
     fn get(
         &self,
         key: &ShardId,
     ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
         (**self).get(key)
-    }
-
-    fn owned_by(
-        &self,
-        owner: &WorkerId,
-    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
-        (**self).owned_by(owner)
     }
 
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send {
@@ -442,11 +415,10 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
         (**self).delete(lease)
     }
 
-    fn usage(&self) -> Option<usage::Usage> {
-        (**self).usage()
-    }
-
-    fn unreadable(&self) -> Vec<UnreadableRow> {
-        (**self).unreadable()
+    fn owned_by(
+        &self,
+        owner: &WorkerId,
+    ) -> impl Future<Output = Result<Vec<ShardId>, BackendError>> + Send {
+        (**self).owned_by(owner)
     }
 }

@@ -44,7 +44,7 @@ mod tests {
 
     use super::*;
     use crate::lease::feed::FeedRead;
-    use crate::lease::{Lease, LeaseStore, TableFeatures};
+    use crate::lease::{Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
     use crate::memory::MemoryLeaseStore;
     use crate::types::{Checkpoint, ShardId, WorkerId};
 

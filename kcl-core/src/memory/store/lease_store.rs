@@ -7,7 +7,7 @@ use super::{Logged, MemoryLeaseStore, Table};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::feed::{FeedPosition, FeedRead};
 use crate::lease::usage::{self, Operation, Usage};
-use crate::lease::{CheckpointUpdate, Lease, LeaseStore, TableFeatures};
+use crate::lease::{CheckpointUpdate, Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
 use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
@@ -70,23 +70,6 @@ impl LeaseStore for MemoryLeaseStore {
         self.read(Operation::Snapshot, whole_table).await
     }
 
-    /// The journal, each write visible once it is the feed's lag old.
-    async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
-        let now = Instant::now();
-        self.read(Operation::ReadChanges, |t| {
-            if t.no_feed {
-                return (FeedRead::Unavailable, 0, 0);
-            }
-            let read = crate::memory::feed::read(&t.journal, from, t.feed_lag, now);
-            let rows = match &read {
-                FeedRead::Changes(changes, _) => changes.len() as u64,
-                _ => 0,
-            };
-            (read, rows, 0)
-        })
-        .await
-    }
-
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
         self.read(Operation::Get, |t| {
             let row = t.rows.get(key).cloned();
@@ -94,42 +77,6 @@ impl LeaseStore for MemoryLeaseStore {
             (row, u64::from(found), bytes)
         })
         .await
-    }
-
-    /// The index of owners, as DynamoDB would keep it: keys only, about 60 bytes an entry.
-    async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
-        let now = Instant::now();
-        self.read(Operation::OwnedBy, |t| {
-            let stale = t
-                .index
-                .as_ref()
-                .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= t.index_lag);
-            if stale {
-                let entries = t.rows.values().map(|l| (l.key.clone(), l.owner.clone()));
-                t.index = Some((now, entries.collect()));
-            }
-            let keys: Vec<ShardId> = t
-                .index
-                .iter()
-                .flat_map(|(_, entries)| entries)
-                .filter(|(_, o)| o.as_ref() == Some(owner))
-                .map(|(key, _)| key.clone())
-                .collect();
-            let (rows, bytes) = (keys.len() as u64, keys.len() * 60);
-            (keys, rows, bytes)
-        })
-        .await
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        Some(self.usage.clone())
-    }
-
-    fn unreadable(&self) -> Vec<crate::lease::UnreadableRow> {
-        let t = self.lock();
-        let rows = t.unreadable.iter();
-        rows.map(|(key, why)| crate::lease::UnreadableRow::new(Some(key.to_string()), why.clone()))
-            .collect()
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
@@ -283,5 +230,60 @@ impl LeaseStore for MemoryLeaseStore {
         )
         .await
         .map(drop)
+    }
+
+    /// The index of owners, as DynamoDB would keep it: keys only, about 60 bytes an entry.
+    async fn owned_by(&self, owner: &WorkerId) -> Result<Vec<ShardId>, BackendError> {
+        let now = Instant::now();
+        self.read(Operation::OwnedBy, |t| {
+            let stale = t
+                .index
+                .as_ref()
+                .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= t.index_lag);
+            if stale {
+                let entries = t.rows.values().map(|l| (l.key.clone(), l.owner.clone()));
+                t.index = Some((now, entries.collect()));
+            }
+            let keys: Vec<ShardId> = t
+                .index
+                .iter()
+                .flat_map(|(_, entries)| entries)
+                .filter(|(_, o)| o.as_ref() == Some(owner))
+                .map(|(key, _)| key.clone())
+                .collect();
+            let (rows, bytes) = (keys.len() as u64, keys.len() * 60);
+            (keys, rows, bytes)
+        })
+        .await
+    }
+}
+
+impl LeaseStoreExtras for MemoryLeaseStore {
+    /// The journal, each write visible once it is the feed's lag old.
+    async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
+        let now = Instant::now();
+        self.read(Operation::ReadChanges, |t| {
+            if t.no_feed {
+                return (FeedRead::Unavailable, 0, 0);
+            }
+            let read = crate::memory::feed::read(&t.journal, from, t.feed_lag, now);
+            let rows = match &read {
+                FeedRead::Changes(changes, _) => changes.len() as u64,
+                _ => 0,
+            };
+            (read, rows, 0)
+        })
+        .await
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        Some(self.usage.clone())
+    }
+
+    fn unreadable(&self) -> Vec<crate::lease::UnreadableRow> {
+        let t = self.lock();
+        let rows = t.unreadable.iter();
+        rows.map(|(key, why)| crate::lease::UnreadableRow::new(Some(key.to_string()), why.clone()))
+            .collect()
     }
 }

@@ -1,0 +1,155 @@
+//! Update expressions: the clauses of one conditional write, with the attribute names and
+//! values they use.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use kcl_core::{CheckpointUpdate, Lease};
+
+use super::schema::{
+    self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER, COND_OWNER,
+    ENDPOINT, LEASE_COUNTER, LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PENDING_CHECKPOINT,
+    PENDING_CHECKPOINT_STATE, PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, START_TIMESTAMP, VAL_OWNER,
+};
+use kcl_core::ShardId;
+
+/// An update expression under construction: clauses plus the names and values they use
+/// (DynamoDB rejects unused names and values, so only used ones are registered).
+#[derive(Debug, Default)]
+pub(super) struct Expr {
+    set: Vec<String>,
+    remove: Vec<String>,
+    pub(super) condition: &'static str,
+    pub(super) names: HashMap<String, String>,
+    pub(super) values: HashMap<String, AttributeValue>,
+}
+
+impl Expr {
+    /// Starts with the condition that the row is as `observed` (owner and counter).
+    pub(super) fn held(observed: &Lease) -> Self {
+        let (condition, values) = schema::held_condition(observed);
+        let mut e = Self {
+            condition,
+            ..Self::default()
+        };
+        // Both held conditions name the counter and the owner.
+        e.name(LEASE_COUNTER);
+        e.name(LEASE_OWNER);
+        for (placeholder, value) in values {
+            e.values.insert(placeholder.to_owned(), value);
+        }
+        e
+    }
+
+    /// Conditional on the owner alone, as `observed` saw it.
+    pub(super) fn owner_as(observed: &Lease) -> Self {
+        let mut e = Self::default();
+        e.name(LEASE_OWNER);
+        match &observed.owner {
+            Some(owner) => {
+                e.condition = COND_OWNER;
+                e.values.insert(
+                    VAL_OWNER.to_owned(),
+                    AttributeValue::S(owner.as_str().to_owned()),
+                );
+            }
+            None => e.condition = COND_NO_OWNER,
+        }
+        e
+    }
+
+    pub(super) fn name(&mut self, attribute: &str) -> String {
+        let p = schema::placeholder(attribute);
+        self.names.insert(p.clone(), attribute.to_owned());
+        p
+    }
+
+    /// `SET #attribute = :attribute`.
+    pub(super) fn set(&mut self, attribute: &str, value: AttributeValue) -> &mut Self {
+        let name = self.name(attribute);
+        let placeholder = format!(":{attribute}");
+        self.set.push(format!("{name} = {placeholder}"));
+        self.values.insert(placeholder, value);
+        self
+    }
+
+    /// `SET #attribute = if_not_exists(#attribute, :zero) + :one`.
+    pub(super) fn increment(&mut self, attribute: &str) -> &mut Self {
+        let name = self.name(attribute);
+        self.values.insert(":zero".to_owned(), schema::number(0));
+        self.values.insert(":one".to_owned(), schema::number(1));
+        self.set
+            .push(format!("{name} = if_not_exists({name}, :zero) + :one"));
+        self
+    }
+
+    /// `REMOVE #attribute`.
+    pub(super) fn remove(&mut self, attribute: &str) -> &mut Self {
+        let name = self.name(attribute);
+        self.remove.push(name);
+        self
+    }
+
+    /// Writes `update` into the row of `key` as a checkpoint does: the owner-switch count
+    /// reset, the counter past `counter`.
+    pub(super) fn checkpoint(
+        &mut self,
+        key: &ShardId,
+        update: &CheckpointUpdate,
+        counter: u64,
+    ) -> &mut Self {
+        self.set(
+            CHECKPOINT,
+            AttributeValue::S(update.checkpoint.as_str().to_owned()),
+        )
+        .set(
+            CHECKPOINT_SUB_SEQUENCE_NUMBER,
+            schema::number(update.checkpoint.sub_sequence()),
+        )
+        .set(OWNER_SWITCHES_SINCE_CHECKPOINT, schema::number(0))
+        .set(LEASE_COUNTER, schema::number(counter + 1));
+        match &update.pending {
+            Some(pending) => {
+                self.set(
+                    PENDING_CHECKPOINT,
+                    AttributeValue::S(pending.as_str().to_owned()),
+                )
+                .set(
+                    PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
+                    schema::number(pending.sub_sequence()),
+                );
+            }
+            None => {
+                self.remove(PENDING_CHECKPOINT)
+                    .remove(PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER)
+                    .remove(PENDING_CHECKPOINT_STATE);
+            }
+        }
+        if let Some(children) = schema::related_set(key, &update.child_shard_ids) {
+            self.set(CHILD_SHARD_IDS, children);
+        }
+        if let Some(at) = update.start_timestamp {
+            self.set(START_TIMESTAMP, schema::timestamp(at));
+        }
+        if let Some(endpoint) = &update.endpoint {
+            self.set(ENDPOINT, AttributeValue::S(endpoint.clone()));
+        }
+        self
+    }
+
+    pub(super) fn update_expression(&self) -> String {
+        let mut out = String::new();
+        if !self.set.is_empty() {
+            out.push_str("SET ");
+            out.push_str(&self.set.join(", "));
+        }
+        if !self.remove.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str("REMOVE ");
+            out.push_str(&self.remove.join(", "));
+        }
+        out
+    }
+}

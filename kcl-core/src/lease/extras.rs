@@ -1,0 +1,72 @@
+//! What a lease store may offer beyond its operations: a change feed, request accounting,
+//! and the rows it could not parse. Each has a default that is true of a store without it,
+//! so a store that has none of them implements [`LeaseStoreExtras`] empty and still works:
+//! its observers read the whole table, its bill is not counted and no row is reported
+//! unreadable. The stores of this workspace (in memory, DynamoDB) implement all three.
+//!
+//! The owner index is an operation with a default instead
+//! ([`LeaseStore::owned_by`]): its honest default reads the whole table, which only a
+//! method of [`LeaseStore`] can.
+
+use std::future::Future;
+
+use super::feed::{FeedPosition, FeedRead};
+use super::usage::Usage;
+use super::{LeaseStore, UnreadableRow};
+use crate::error::BackendError;
+
+/// What a [`LeaseStore`] may offer beyond its operations; see the module docs.
+///
+/// ```
+/// # use kcl_core::LeaseStoreExtras;
+/// # struct MyStore;
+/// // A store with no feed and no accounting: every default holds.
+/// impl LeaseStoreExtras for MyStore {}
+/// ```
+///
+/// A wrapper of another store delegates every method, or it hides the inner store's feed,
+/// bill and unreadable rows (the leader would read the whole table every interval).
+pub trait LeaseStoreExtras: Send + Sync + 'static {
+    /// The table's changes after `from` (see [`feed`](super::feed)): with `None`, a new
+    /// position ([`FeedRead::Restart`]). By default [`FeedRead::Unavailable`]: no feed, so
+    /// observers (the leader and the standby) read the whole table every interval.
+    fn changes(
+        &self,
+        from: Option<&FeedPosition>,
+    ) -> impl Future<Output = Result<FeedRead, BackendError>> + Send {
+        let _ = from;
+        std::future::ready(Ok(FeedRead::Unavailable))
+    }
+
+    /// The requests and capacity units this handle has spent so far, if it counts them. See
+    /// [`usage`](super::usage). By default `None`: the worker's request metrics stay at zero.
+    fn usage(&self) -> Option<Usage> {
+        None
+    }
+
+    /// The rows the last whole-table read ([`list`](LeaseStore::list),
+    /// [`snapshot`](LeaseStore::snapshot), or the change feed since) found but could not
+    /// parse. The worker reports them as problems: a shard whose row nobody can read is a
+    /// shard nobody processes. By default none: a store that parses every row it returns.
+    fn unreadable(&self) -> Vec<UnreadableRow> {
+        Vec::new()
+    }
+}
+
+/// A shared store has the extras of the store it shares.
+impl<L: LeaseStore> LeaseStoreExtras for std::sync::Arc<L> {
+    fn changes(
+        &self,
+        from: Option<&FeedPosition>,
+    ) -> impl Future<Output = Result<FeedRead, BackendError>> + Send {
+        (**self).changes(from)
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        (**self).usage()
+    }
+
+    fn unreadable(&self) -> Vec<UnreadableRow> {
+        (**self).unreadable()
+    }
+}
