@@ -31,23 +31,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, ErrorKind, ExtendedSequenceNumber,
-    InitializationInput, ProcessRecordsInput, RecordProcessor, SequenceNumber,
-};
-use process_wrap::tokio::{ChildWrapper, CommandWrap};
+use kcl_core::{BoxError, Checkpointer, InitializationInput, ProcessRecordsInput, RecordProcessor};
+use process_wrap::tokio::CommandWrap;
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::time::Instant;
-use tokio_util::bytes::BytesMut;
-use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument as _;
 
-use crate::protocol::{CheckpointFailure, FromChild, JsonRecord, ToChild};
+use crate::protocol::{FromChild, JsonRecord, ToChild};
 
+mod checkpoint;
+mod group;
+mod lines;
 mod lookup;
+
+use self::checkpoint::checkpoint;
+use self::group::Group;
+use self::lines::{ChildLines, Line, forward_stderr, shown};
 
 /// The longest line read from a child (stdout or stderr): 1 MiB; longer ones are skipped.
 const MAX_LINE: usize = 1 << 20;
@@ -197,135 +200,6 @@ impl Bound {
         bound.map_or(EXIT_GRACE, |b| {
             EXIT_GRACE.min(b.at.saturating_duration_since(Instant::now()))
         })
-    }
-}
-
-/// One line of a child's stdout or stderr.
-#[derive(Debug)]
-enum Line {
-    Text(String),
-    /// Over [`MAX_LINE`]: skipped, up to its end.
-    TooLong,
-    /// Not UTF-8: skipped.
-    NotUtf8,
-}
-
-/// [`LinesCodec`] with a line it refuses skipped rather than the end of the stream (a
-/// `FramedRead` ends at its decoder's first error).
-#[derive(Debug)]
-struct ChildLines(LinesCodec);
-
-impl ChildLines {
-    fn reader<R: tokio::io::AsyncRead>(pipe: R) -> FramedRead<R, Self> {
-        FramedRead::new(pipe, Self(LinesCodec::new_with_max_length(MAX_LINE)))
-    }
-}
-
-impl Decoder for ChildLines {
-    type Item = Line;
-    type Error = std::io::Error;
-
-    fn decode(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
-        skip_refused(self.0.decode(buf))
-    }
-
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> std::io::Result<Option<Line>> {
-        skip_refused(self.0.decode_eof(buf))
-    }
-}
-
-fn skip_refused(decoded: Result<Option<String>, LinesCodecError>) -> std::io::Result<Option<Line>> {
-    match decoded {
-        Ok(line) => Ok(line.map(Line::Text)),
-        // The codec discards the rest of the line on its next calls.
-        Err(LinesCodecError::MaxLineLengthExceeded) => Ok(Some(Line::TooLong)),
-        // The codec's only error of its own, raised after it took the line out.
-        Err(LinesCodecError::Io(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-            Ok(Some(Line::NotUtf8))
-        }
-        Err(LinesCodecError::Io(e)) => Err(e),
-    }
-}
-
-/// A child and its process group, killed and reaped as one: when dropped unreaped, killed
-/// and reaped in the background.
-#[derive(Debug)]
-struct Group {
-    child: Option<Box<dyn ChildWrapper>>,
-    /// The child itself was reaped, and what was left of its group killed then. The group is
-    /// not signalled again: its id (the child's pid) is free to be given out again once
-    /// nothing of the group is left.
-    exited: bool,
-}
-
-impl Group {
-    fn new(child: Box<dyn ChildWrapper>) -> Self {
-        Self {
-            child: Some(child),
-            exited: false,
-        }
-    }
-
-    fn id(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
-    }
-
-    /// Kills the whole group (SIGKILL), unless its child has exited (it was killed then).
-    fn kill(&mut self) {
-        if let Some(child) = self.child.as_mut()
-            && !self.exited
-        {
-            let _ = child.start_kill();
-        }
-    }
-
-    /// Waits for the child itself to exit; then kills what is left of its group at once, while
-    /// a grandchild still in it keeps its id from being given out again.
-    async fn exited(&mut self) -> std::io::Result<ExitStatus> {
-        let Some(child) = self.child.as_mut() else {
-            return Err(std::io::Error::other("already reaped"));
-        };
-        // The inner child is the leader alone (the wrapper's wait also reaps the group, which
-        // would wait for a grandchild still running).
-        let status = child.inner_mut().wait().await?;
-        if !self.exited {
-            let _ = child.start_kill();
-            self.exited = true;
-        }
-        Ok(status)
-    }
-
-    /// Kills the group and reaps it: the child, and the group's zombies that are this
-    /// process's (its orphans, where the daemon is PID 1 or a subreaper). What cannot be
-    /// reaped at once is left to [`Drop`].
-    async fn reap(&mut self) {
-        self.kill();
-        let Some(child) = self.child.as_mut() else {
-            return;
-        };
-        match tokio::time::timeout(AFTER_KILL, child.wait()).await {
-            Ok(Ok(_)) => self.child = None,
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "reaping the child's process group failed");
-                self.child = None;
-            }
-            Err(_) => tracing::warn!("the child's process group is not gone yet after SIGKILL"),
-        }
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        self.kill();
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        // Outside a runtime, tokio's kill_on_drop still reaps the child itself.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = child.wait().await;
-            });
-        }
     }
 }
 
@@ -648,81 +522,6 @@ fn describe(status: ExitStatus) -> String {
         }
     }
     status.to_string()
-}
-
-/// A line cut to what a log line should show.
-fn shown(line: &str) -> &str {
-    match line.char_indices().nth(SHOWN) {
-        Some((at, _)) => &line[..at],
-        None => line,
-    }
-}
-
-/// Logs each line of the child's stderr, in the shard's span, until the pipe closes.
-async fn forward_stderr(stderr: tokio::process::ChildStderr) {
-    let mut lines = ChildLines::reader(stderr);
-    while let Some(line) = lines.next().await {
-        match line {
-            Ok(Line::Text(line)) => tracing::info!(target: "kcl_multilang::child", "{line}"),
-            Ok(Line::TooLong) => {
-                tracing::warn!(target: "kcl_multilang::child", "skipping a line over 1 MiB on the child's stderr");
-            }
-            Ok(Line::NotUtf8) => {
-                tracing::info!(target: "kcl_multilang::child", "(a line that is not UTF-8, skipped)");
-            }
-            Err(_) => break,
-        }
-    }
-}
-
-/// Carries out a child's checkpoint; the error name to answer with, if it failed.
-async fn checkpoint(
-    checkpointer: Option<&mut Checkpointer>,
-    sequence_number: Option<&str>,
-    sub_sequence_number: Option<i64>,
-) -> Option<CheckpointFailure> {
-    let Some(checkpointer) = checkpointer else {
-        tracing::warn!("the child asked to checkpoint where no checkpoint is possible");
-        return Some(CheckpointFailure::InvalidStateException);
-    };
-    let result = match sequence_number {
-        None => checkpointer.checkpoint().await,
-        Some(given) => {
-            let sub = u64::try_from(sub_sequence_number.unwrap_or(0)).ok();
-            let Some((sequence, sub_sequence)) = SequenceNumber::parse(given).zip(sub) else {
-                tracing::warn!(
-                    sequence_number = given,
-                    sub_sequence_number,
-                    "the child asked to checkpoint at a position that is not one"
-                );
-                return Some(CheckpointFailure::IllegalArgumentException);
-            };
-            let position = ExtendedSequenceNumber {
-                sequence,
-                sub_sequence,
-            };
-            checkpointer.checkpoint_at(position).await
-        }
-    };
-    let error = result.err()?;
-    tracing::warn!(error = %kcl_core::error_chain(&error), "checkpoint refused");
-    Some(failure(&error))
-}
-
-/// The Java exception KCL Java's checkpointer would throw for `error`.
-fn failure(error: &CheckpointError) -> CheckpointFailure {
-    match error {
-        CheckpointError::LeaseLost { .. } => CheckpointFailure::ShutdownException,
-        CheckpointError::NotDelivered { .. }
-        | CheckpointError::Backwards { .. }
-        | CheckpointError::NothingDelivered { .. } => CheckpointFailure::IllegalArgumentException,
-        CheckpointError::Store { source, .. } => match source.kind() {
-            ErrorKind::Throttled => CheckpointFailure::ThrottlingException,
-            ErrorKind::Conflict => CheckpointFailure::ShutdownException,
-            _ => CheckpointFailure::KinesisClientLibDependencyException,
-        },
-        _ => CheckpointFailure::KinesisClientLibDependencyException,
-    }
 }
 
 impl RecordProcessor for ChildProcessor {
