@@ -2,10 +2,34 @@
 //! working on in-memory backends.
 //!
 //! Every `run` option can also come from a `KCL_…` environment variable or a config file key
-//! of the same name (`failover-time` or `failover_time`). Values are parsed and validated in
-//! [`crate::settings`], whatever their source, so an error always names the key.
+//! of the same name (`failover-time` or `failover_time`). Each option is typed: its value
+//! parser reads a flag, a variable and a file value alike ([`crate::settings`] lays the file
+//! under the command line), so an error always names the key.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
+use kcl_core::{Coordination, Liveness, RetrievalMode};
+use kcl_serve::{LogFormat, SourceKind};
+
+use crate::fault::Fault;
+use crate::settings::Backend;
+use crate::settings::parse::{
+    OffOr, Position, parse_count, parse_listen, parse_max_leases, parse_position,
+    parse_stalled_after, parse_timestamp, parse_u32,
+};
+
+/// Who looks after the lease table: kcl-aws's `TableSetup`; text where no AWS backend reads
+/// it (a build without feature `aws`).
+#[cfg(feature = "aws")]
+pub(crate) type TableSetupArg = kcl_aws::TableSetup;
+/// Who looks after the lease table: kcl-aws's `TableSetup`; text where no AWS backend reads
+/// it (a build without feature `aws`).
+#[cfg(not(feature = "aws"))]
+pub(crate) type TableSetupArg = String;
 
 /// The default `--log-filter`.
 pub(crate) const DEFAULT_LOG_FILTER: &str = "info,aws_config=error";
@@ -97,32 +121,29 @@ pub(crate) struct HealthcheckArgs {
     pub(crate) timeout: std::time::Duration,
 }
 
-/// Options of `run`. Strings here; [`crate::settings`] parses and validates them.
-#[derive(Debug, Args, Clone, Default)]
+/// Options of `run`, typed: a flag's, a `KCL_…` variable's and a config file's value are
+/// parsed by the same value parser ([`crate::settings`] lays the file under them). Each
+/// reads the variable `KCL_<ID>` too ([`command`]).
+#[derive(Debug, Args, Clone)]
 pub(crate) struct RunArgs {
     /// Config file (TOML, or YAML for .yaml/.yml) whose keys mirror these flags.
-    #[arg(long, short = 'c', env = "KCL_CONFIG", value_name = "FILE")]
-    pub(crate) config: Option<String>,
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
 
     /// What is read: `kinesis` (a Kinesis stream: --stream or --streams) or
     /// `dynamodb-streams` (a DynamoDB table's stream: --table, or --stream with the stream's
     /// ARN; leases and checkpoints as the Java DynamoDB Streams Kinesis Adapter keeps them).
-    #[arg(
-        long,
-        env = "KCL_SOURCE",
-        value_name = "SOURCE",
-        default_value = "kinesis"
-    )]
-    pub(crate) source: String,
+    #[arg(long, value_name = "SOURCE", default_value = "kinesis")]
+    pub(crate) source: SourceKind,
 
     /// With --source dynamodb-streams: the DynamoDB table whose current stream
     /// (LatestStreamArn) is read.
-    #[arg(long, env = "KCL_TABLE", value_name = "NAME")]
+    #[arg(long, value_name = "NAME")]
     pub(crate) table: Option<String>,
 
     /// Stream name or ARN (this or --streams is required); with --source dynamodb-streams,
     /// a DynamoDB stream ARN.
-    #[arg(long, env = "KCL_STREAM", value_name = "NAME|ARN")]
+    #[arg(long, value_name = "NAME|ARN")]
     pub(crate) stream: Option<String>,
 
     /// Several streams, names or ARNs separated by commas (a list in a config file), read by
@@ -130,148 +151,133 @@ pub(crate) struct RunArgs {
     /// `account:stream:creationEpoch:shardId`, so a KCL Java multi-stream table is picked up
     /// with its checkpoints (use it for a KCL Java multi-stream fleet even of one stream).
     /// Window lines name the shard by that key.
-    #[arg(long, env = "KCL_STREAMS", value_name = "NAME|ARN,…")]
+    #[arg(long, value_name = "NAME|ARN,…")]
     pub(crate) streams: Option<String>,
 
     /// With --streams: how long a stream that left the list (also across a restart) is still
     /// read before its leases are deleted; it keeps its checkpoints if it comes back within
     /// it [default: 5m].
-    #[arg(long, env = "KCL_STREAM_REMOVAL_GRACE", value_name = "DURATION")]
-    pub(crate) stream_removal_grace: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) stream_removal_grace: Option<Duration>,
 
     /// Application name: the name of the DynamoDB lease table shared by every worker of this
     /// application (required).
-    #[arg(long, env = "KCL_APPLICATION_NAME", value_name = "NAME")]
+    #[arg(long, value_name = "NAME")]
     pub(crate) application_name: Option<String>,
 
     /// Where a shard without a checkpoint starts: TRIM_HORIZON (oldest retained record),
     /// LATEST (new records only) or AT_TIMESTAMP (see --initial-timestamp).
     #[arg(
         long,
-        env = "KCL_INITIAL_POSITION",
         value_name = "POSITION",
-        default_value = "TRIM_HORIZON"
+        default_value = "TRIM_HORIZON",
+        value_parser = parse_position
     )]
-    pub(crate) initial_position: String,
+    pub(crate) initial_position: Position,
 
     /// Start time for AT_TIMESTAMP, RFC 3339 (e.g. 2024-05-01T12:00:00Z).
-    #[arg(long, env = "KCL_INITIAL_TIMESTAMP", value_name = "TIME")]
-    pub(crate) initial_timestamp: Option<String>,
+    #[arg(long, value_name = "TIME", value_parser = parse_timestamp)]
+    pub(crate) initial_timestamp: Option<DateTime<Utc>>,
 
     /// This worker's unique id in the lease table [default: $POD_NAME, else <hostname>-<pid>].
-    #[arg(long, env = "KCL_WORKER_ID", value_name = "ID")]
+    #[arg(long, value_name = "ID")]
     pub(crate) worker_id: Option<String>,
 
     /// Most leases (shards) this worker holds at once: a number or `unlimited`.
     #[arg(
         long,
-        env = "KCL_MAX_LEASES",
         value_name = "N",
-        default_value = "unlimited"
+        default_value = "unlimited",
+        value_parser = parse_max_leases
     )]
-    pub(crate) max_leases: String,
+    pub(crate) max_leases: usize,
 
     /// Most leases asked from busier workers per balancing cycle.
     #[arg(
         long,
-        env = "KCL_MAX_LEASES_TO_STEAL",
         value_name = "N",
-        default_value = "1"
+        default_value = "1",
+        value_parser = parse_count
     )]
-    pub(crate) max_leases_to_steal: String,
+    pub(crate) max_leases_to_steal: usize,
 
     /// Most reads (GetRecords, GetShardIterator) in flight at once across every shard held:
     /// bounds connections and in-flight responses (up to 10 MiB each).
     #[arg(
         long,
-        env = "KCL_MAX_CONCURRENT_READS",
         value_name = "N",
-        default_value = "16"
+        default_value = "16",
+        value_parser = parse_count
     )]
-    pub(crate) max_concurrent_reads: String,
+    pub(crate) max_concurrent_reads: usize,
 
     /// Who reads the whole lease table: `leader` (an elected leader and a standby follow
     /// it through its stream; the others read only their own leases, so the table's reads
     /// grow with shards, not workers × shards), or `every-worker` (each worker reads it
     /// every second, as KCL Java 1.x and 2.x did).
-    #[arg(
-        long,
-        env = "KCL_COORDINATION",
-        value_name = "MODE",
-        default_value = "leader"
-    )]
-    pub(crate) coordination: String,
+    #[arg(long, value_name = "MODE", default_value = "leader")]
+    pub(crate) coordination: Coordination,
 
     /// What proves a worker alive: `per-lease` (each held lease is renewed every third of
     /// the failover time, as KCL Java does) or `heartbeat` (one heartbeat row per worker,
     /// renewed every half failover time, whatever it holds: a tenth of the writes or less;
     /// every worker sharing the table must be kcl: KCL Java would take these leases).
-    #[arg(
-        long,
-        env = "KCL_LIVENESS",
-        value_name = "MODE",
-        default_value = "per-lease"
-    )]
-    pub(crate) liveness: String,
+    #[arg(long, value_name = "MODE", default_value = "per-lease")]
+    pub(crate) liveness: Liveness,
 
     /// How records are read: `polling` (GetRecords, pausing `idle-time-between-reads` after
     /// an empty answer) or `fan-out` (enhanced fan-out: a stream consumer named after the
     /// application pushes records as they arrive; extra AWS cost per consumer-shard hour and
     /// per GB, at most 20 consumers a stream).
-    #[arg(
-        long,
-        env = "KCL_RETRIEVAL",
-        value_name = "MODE",
-        default_value = "polling"
-    )]
-    pub(crate) retrieval: String,
+    #[arg(long, value_name = "MODE", default_value = "polling")]
+    pub(crate) retrieval: RetrievalMode,
 
     /// A lease not renewed for this long is taken over by another worker (renewals happen
     /// every third of it).
     #[arg(
         long,
-        env = "KCL_FAILOVER_TIME",
         value_name = "DURATION",
-        default_value = "10s"
+        default_value = "10s",
+        value_parser = parse_duration
     )]
-    pub(crate) failover_time: String,
+    pub(crate) failover_time: Duration,
 
     /// Graceful shutdown deadline: processors checkpoint and leases are handed back within it.
     /// Keep it below the orchestrator's kill timeout.
     #[arg(
         long,
-        env = "KCL_SHUTDOWN_TIMEOUT",
         value_name = "DURATION",
-        default_value = "30s"
+        default_value = "30s",
+        value_parser = parse_duration
     )]
-    pub(crate) shutdown_timeout: String,
+    pub(crate) shutdown_timeout: Duration,
 
     /// Records asked for per GetRecords call (1 to 10000).
     #[arg(
         long,
-        env = "KCL_MAX_RECORDS",
         value_name = "N",
-        default_value = "10000"
+        default_value = "10000",
+        value_parser = parse_u32
     )]
-    pub(crate) max_records: String,
+    pub(crate) max_records: u32,
 
     /// Pause after an empty read before polling the shard again.
     #[arg(
         long,
-        env = "KCL_IDLE_TIME_BETWEEN_READS",
         value_name = "DURATION",
-        default_value = "1s"
+        default_value = "1s",
+        value_parser = parse_duration
     )]
-    pub(crate) idle_time_between_reads: String,
+    pub(crate) idle_time_between_reads: Duration,
 
     /// How often the stream's shards are listed to pick up resharding.
     #[arg(
         long,
-        env = "KCL_SHARD_SYNC_INTERVAL",
         value_name = "DURATION",
-        default_value = "60s"
+        default_value = "60s",
+        value_parser = parse_duration
     )]
-    pub(crate) shard_sync_interval: String,
+    pub(crate) shard_sync_interval: Duration,
 
     /// A held shard whose checkpoint has not moved for this long while records past it wait
     /// is reported stalled (in /status, /readyz's text and kcl_shards_stalled): its
@@ -279,77 +285,76 @@ pub(crate) struct RunArgs {
     /// consumer checkpoints as each window closes). `off` reports no shard stalled.
     #[arg(
         long,
-        env = "KCL_STALLED_AFTER",
         value_name = "DURATION|off",
-        default_value = "10m"
+        default_value = "10m",
+        value_parser = parse_stalled_after
     )]
-    pub(crate) stalled_after: String,
+    pub(crate) stalled_after: OffOr,
 
     /// Length of the tumbling windows (by record arrival time) counted per shard.
     #[arg(
         long,
-        env = "KCL_WINDOW",
         value_name = "DURATION",
-        default_value = "60s"
+        default_value = "60s",
+        value_parser = parse_duration
     )]
-    pub(crate) window: String,
+    pub(crate) window: Duration,
 
     /// Partition keys listed per window line (the busiest ones); 0 lists none.
-    #[arg(long, env = "KCL_TOP_KEYS", value_name = "N", default_value = "20")]
-    pub(crate) top_keys: String,
+    #[arg(long, value_name = "N", default_value = "20", value_parser = parse_count)]
+    pub(crate) top_keys: usize,
 
     /// Address of the health and metrics HTTP server.
     #[arg(
         long,
-        env = "KCL_LISTEN",
         value_name = "ADDR",
-        default_value = "0.0.0.0:8080"
+        default_value = "0.0.0.0:8080",
+        value_parser = parse_listen
     )]
-    pub(crate) listen: String,
+    pub(crate) listen: SocketAddr,
 
     /// Also push the metrics over OTLP/HTTP (protobuf) to URL, a collector beside the
     /// process, e.g. http://localhost:4318/v1/metrics (an AWS Distro for OpenTelemetry
     /// sidecar whose awsemf exporter puts them in CloudWatch). Off unless set.
-    #[arg(long, env = "KCL_OTLP_ENDPOINT", value_name = "URL")]
+    #[arg(long, value_name = "URL")]
     pub(crate) otlp_endpoint: Option<String>,
 
     /// How often the metrics are pushed over OTLP (default 60s).
-    #[arg(long, env = "KCL_OTLP_INTERVAL", value_name = "DURATION")]
-    pub(crate) otlp_interval: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) otlp_interval: Option<Duration>,
 
     /// Run the fleet's summary job, a singleton: every DURATION, on one worker of the fleet
     /// at a time, one JSON line on stdout with the lease table's state (and the messages sent
     /// to the job since the last one). Off unless set.
-    #[arg(long, env = "KCL_SUMMARY_EVERY", value_name = "DURATION")]
-    pub(crate) summary_every: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) summary_every: Option<Duration>,
 
     /// A file holding the shared secret of singleton messages: with it, the HTTP server
     /// takes `POST /singletons/summary/messages` (Authorization: Bearer <secret>) for the
     /// summary job. The endpoint is never open without a secret.
-    #[arg(long, env = "KCL_MESSAGES_SECRET_FILE", value_name = "PATH")]
+    #[arg(long, value_name = "PATH")]
     pub(crate) messages_secret_file: Option<String>,
 
     /// Where the other workers reach this one's HTTP server (e.g. `http://$(POD_IP):8080`),
     /// advertised in the summary job's row while this worker runs it. Needed with
     /// `--messages-secret-file`.
-    #[arg(long, env = "KCL_ADVERTISE", value_name = "URL")]
+    #[arg(long, value_name = "URL")]
     pub(crate) advertise: Option<String>,
 
     /// Log format: pretty (human) or json (one object per line).
     #[arg(
         long,
-        env = "KCL_LOG_FORMAT",
         value_name = "FORMAT",
-        default_value = "pretty"
+        default_value = "pretty",
+        value_parser = LogFormat::parse
     )]
-    pub(crate) log_format: String,
+    pub(crate) log_format: LogFormat,
 
     /// Log filter, tracing-subscriber syntax (e.g. `info,kcl_core=debug`). The default leaves
     /// out the AWS SDK's own credential-chain warnings, repeated at every retry: the worker
     /// says once what fails and what to check.
     #[arg(
         long,
-        env = "KCL_LOG_FILTER",
         value_name = "FILTER",
         default_value = DEFAULT_LOG_FILTER
     )]
@@ -359,34 +364,29 @@ pub(crate) struct RunArgs {
     /// by a built-in producer, to try the binary without AWS).
     #[arg(
         long,
-        env = "KCL_BACKEND",
         value_name = "BACKEND",
-        default_value = "aws"
+        default_value = "aws",
+        value_parser = Backend::parse
     )]
-    pub(crate) backend: String,
+    pub(crate) backend: Backend,
 
     /// For trying probes and alerts, never in production: the processor fails every call of
     /// this hook, `process-records` or `initialize`, so that each shard is reported
     /// `failing` and /readyz is not ready. `none` injects nothing.
     #[arg(
         long,
-        env = "KCL_INJECT_FAILURE",
         value_name = "HOOK",
-        default_value = "none"
+        default_value = "none",
+        value_parser = Fault::parse
     )]
-    pub(crate) inject_failure: String,
+    pub(crate) inject_failure: Fault,
 
     /// Who looks after the lease table: `managed` (the worker creates it on first start and
     /// adds the owner index and the stream the leader mode uses; needs dynamodb:CreateTable
     /// and dynamodb:UpdateTable) or `external` (made elsewhere, e.g. by Terraform: nothing is
     /// created or changed; a missing table stops the worker with what to create).
-    #[arg(
-        long,
-        env = "KCL_TABLE_SETUP",
-        value_name = "SETUP",
-        default_value = "managed"
-    )]
-    pub(crate) table_setup: String,
+    #[arg(long, value_name = "SETUP", default_value = "managed")]
+    pub(crate) table_setup: TableSetupArg,
 
     /// Print the effective settings, each with where it came from, and exit.
     #[arg(long)]
@@ -439,9 +439,17 @@ pub(crate) fn command() -> clap::Command {
     fn hide(arg: clap::Arg) -> clap::Arg {
         arg.hide_env_values(true)
     }
+    /// A `run` option reads the variable named after it: `--max-leases`, `KCL_MAX_LEASES`.
+    fn kcl_env(arg: clap::Arg) -> clap::Arg {
+        if arg.get_long().is_none() || arg.get_id() == "print_config" {
+            return arg;
+        }
+        let env = format!("KCL_{}", arg.get_id().as_str().to_uppercase());
+        arg.env(env).hide_env_values(true)
+    }
     <Cli as clap::CommandFactory>::command()
-        .mut_args(hide)
-        .mut_subcommand("run", |c| c.mut_args(hide))
+        .mut_args(kcl_env)
+        .mut_subcommand("run", |c| c.mut_args(kcl_env))
         .mut_subcommand("demo", |c| c.mut_args(hide))
         .mut_subcommand("healthcheck", |c| c.mut_args(hide))
 }
@@ -460,8 +468,6 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
     use super::*;
 
     #[test]
@@ -471,7 +477,7 @@ mod tests {
 
     #[test]
     fn every_run_option_has_a_kcl_env_named_after_it() {
-        let cmd = Cli::command();
+        let cmd = command();
         for arg in cmd.get_arguments() {
             let id = arg.get_id().as_str();
             if id == "print_config" || arg.is_positional() || arg.get_long().is_none() {

@@ -21,13 +21,18 @@ use kcl_serve as http;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command};
-use crate::settings::{FileValues, LogFormat, Settings};
+use crate::settings::{Failure, LogFormat, Settings};
 
 /// Exit code for invalid settings (as clap uses for usage errors).
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
-    let matches = cli::command().get_matches();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (matches, file) = match settings::matches(&argv) {
+        Ok(parsed) => parsed,
+        Err(Failure::Clap(e)) => e.exit(),
+        Err(Failure::Settings(e)) => return fail(&e.to_string(), EXIT_USAGE),
+    };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -60,13 +65,6 @@ fn main() -> ExitCode {
         Some(Command::Cost(args)) => cost::print(&args),
         Some(Command::Run(_)) | None => {
             let run_matches = matches.subcommand_matches("run").unwrap_or(&matches);
-            let file = match run_matches.get_one::<String>("config") {
-                Some(path) => match FileValues::load(path.as_ref()) {
-                    Ok(file) => Some(file),
-                    Err(e) => return fail(&e.to_string(), EXIT_USAGE),
-                },
-                None => None,
-            };
             let settings = match settings::resolve(run_matches, file.as_ref()) {
                 Ok(s) => s,
                 Err(e) => return fail(&e.to_string(), EXIT_USAGE),

@@ -3,19 +3,17 @@
 
 use kcl_serve::{SourceKeys, SourceKind, SourceSpec};
 
-use super::parse::from_str;
 use super::{SettingsError, Values};
-use crate::cli::parse_duration;
+use crate::cli::RunArgs;
 
 /// The streams the settings name; one is required.
-pub(super) fn input(v: &Values) -> Result<SourceSpec, SettingsError> {
-    let removal_grace = v.parsed("stream_removal_grace", parse_duration)?;
+pub(super) fn input(a: &RunArgs, v: &Values<'_>) -> Result<SourceSpec, SettingsError> {
     let keys = SourceKeys {
-        source: v.parsed("source", from_str)?.unwrap_or_default(),
-        stream: v.get("stream"),
-        streams: v.get("streams"),
-        table: v.get("table"),
-        removal_grace,
+        source: a.source,
+        stream: a.stream.as_deref(),
+        streams: a.streams.as_deref(),
+        table: a.table.as_deref(),
+        removal_grace: a.stream_removal_grace,
     };
     match SourceSpec::from_keys(&keys) {
         Ok(Some(spec)) => Ok(spec),

@@ -1,70 +1,34 @@
 //! Effective settings of `run`: flag > `KCL_…` environment variable > config file > default.
 //!
-//! Clap reports whether a value came from the command line, the environment or its default
-//! ([`ArgMatches::value_source`]); a config file value fills in wherever clap only had its
-//! default. Every value, whatever its source, then goes through the same parser, so an invalid
-//! one is reported in one line naming the key, its source and why.
+//! Clap does the layering: a config file's values are laid under the command line and the
+//! environment as the options' defaults ([`layered`]), so that a flag's, a variable's and a
+//! file's value go through the same typed value parser, and [`ArgMatches::value_source`] says
+//! which one won. A value that does not parse, whatever its source, is reported in one line
+//! naming the key, its source and why; so are the checks across keys here.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::ArgMatches;
 use clap::parser::ValueSource;
+use clap::{ArgMatches, FromArgMatches};
 use kcl_core::{Retrieval, WorkerConfig};
+use kcl_serve::source::is_table_name;
 
-use crate::cli::parse_duration;
+use crate::cli::RunArgs;
 
+mod file;
 mod input;
-mod parse;
+pub(crate) mod parse;
 mod worker;
 
-pub(crate) use kcl_serve::SourceSpec;
+use file::one_line;
+pub(crate) use file::{FileValues, keys};
 
-use kcl_serve::source::is_table_name;
-use parse::parse_count;
-use worker::worker_config;
-
-/// Every setting key, as the clap argument id (snake case). Flags and file keys are the
-/// kebab-case form; file keys may also be written in snake case.
-pub(crate) const KEYS: &[&str] = &[
-    "source",
-    "table",
-    "stream",
-    "streams",
-    "stream_removal_grace",
-    "application_name",
-    "initial_position",
-    "initial_timestamp",
-    "worker_id",
-    "max_leases",
-    "max_leases_to_steal",
-    "max_concurrent_reads",
-    "coordination",
-    "liveness",
-    "retrieval",
-    "failover_time",
-    "shutdown_timeout",
-    "max_records",
-    "idle_time_between_reads",
-    "shard_sync_interval",
-    "stalled_after",
-    "window",
-    "top_keys",
-    "listen",
-    "otlp_endpoint",
-    "otlp_interval",
-    "summary_every",
-    "messages_secret_file",
-    "advertise",
-    "log_format",
-    "log_filter",
-    "backend",
-    "inject_failure",
-    "table_setup",
-];
+pub(crate) use kcl_serve::{LogFormat, SourceSpec};
 
 /// Where a value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,8 +73,6 @@ fn origin_suffix(key: &str, origin: Option<&Origin>) -> String {
     }
 }
 
-pub(crate) use kcl_serve::LogFormat;
-
 /// Where `run` reads the stream and keeps its leases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
@@ -121,7 +83,7 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "aws" => Ok(Self::Aws),
             "memory" => Ok(Self::Memory),
@@ -163,7 +125,7 @@ pub(crate) struct Settings {
     /// The failure injected into the processor (`--inject-failure`), if any.
     pub(crate) fault: crate::fault::Fault,
     /// Each key's effective value (as text) and origin, for `--print-config`.
-    pub(crate) effective: BTreeMap<&'static str, (String, Origin)>,
+    pub(crate) effective: BTreeMap<String, (String, Origin)>,
 }
 
 /// The fleet's summary job: how often, and its messages.
@@ -187,10 +149,13 @@ impl std::fmt::Debug for Secret {
 /// Where the metrics are also pushed over OTLP/HTTP, and how often: to a collector beside
 /// the process (plain HTTP), e.g. an ADOT sidecar whose `awsemf` exporter writes them to
 /// CloudWatch.
-fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::OtlpSettings>, SettingsError> {
-    let every = v.parsed("otlp_interval", parse_duration)?;
-    let Some(endpoint) = v.get("otlp_endpoint") else {
-        if every.is_some() {
+fn otlp(
+    a: &RunArgs,
+    v: &Values<'_>,
+    worker_id: &str,
+) -> Result<Option<kcl_serve::OtlpSettings>, SettingsError> {
+    let Some(endpoint) = a.otlp_endpoint.as_deref() else {
+        if a.otlp_interval.is_some() {
             return Err(v.fail("otlp_interval", "only used with otlp-endpoint".into()));
         }
         return Ok(None);
@@ -204,7 +169,7 @@ fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::OtlpSettings>, 
             ),
         ));
     }
-    let every = every.unwrap_or(Duration::from_secs(60));
+    let every = a.otlp_interval.unwrap_or(Duration::from_secs(60));
     if every < Duration::from_secs(1) {
         return Err(v.fail("otlp_interval", "must be at least 1s".into()));
     }
@@ -213,7 +178,7 @@ fn otlp(v: &Values, worker_id: &str) -> Result<Option<kcl_serve::OtlpSettings>, 
 
 #[cfg(not(feature = "otlp"))]
 fn otlp_to(
-    v: &Values,
+    v: &Values<'_>,
     _endpoint: &str,
     _every: Duration,
     _worker_id: &str,
@@ -226,7 +191,7 @@ fn otlp_to(
 
 #[cfg(feature = "otlp")]
 fn otlp_to(
-    _v: &Values,
+    _v: &Values<'_>,
     endpoint: &str,
     every: Duration,
     worker_id: &str,
@@ -239,9 +204,9 @@ fn otlp_to(
     }))
 }
 
-fn summary(v: &Values) -> Result<Option<Summary>, SettingsError> {
-    let Some(every) = v.parsed("summary_every", parse_duration)? else {
-        if v.get("messages_secret_file").is_some() {
+fn summary(a: &RunArgs, v: &Values<'_>) -> Result<Option<Summary>, SettingsError> {
+    let Some(every) = a.summary_every else {
+        if a.messages_secret_file.is_some() {
             return Err(v.fail(
                 "messages_secret_file",
                 "only used with summary-every".into(),
@@ -252,7 +217,7 @@ fn summary(v: &Values) -> Result<Option<Summary>, SettingsError> {
     if every < Duration::from_secs(1) {
         return Err(v.fail("summary_every", "must be at least 1s".into()));
     }
-    let messages = match v.get("messages_secret_file") {
+    let messages = match a.messages_secret_file.as_deref() {
         None => None,
         Some(path) => {
             let secret = std::fs::read_to_string(path.trim())
@@ -264,7 +229,7 @@ fn summary(v: &Values) -> Result<Option<Summary>, SettingsError> {
                     "the secret must be at least 16 characters".into(),
                 ));
             }
-            let advertise = v.required("advertise")?;
+            let advertise = v.required("advertise", a.advertise.as_deref())?;
             if !advertise.starts_with("http://") {
                 return Err(v.fail(
                     "advertise",
@@ -277,154 +242,126 @@ fn summary(v: &Values) -> Result<Option<Summary>, SettingsError> {
     Ok(Some(Summary { every, messages }))
 }
 
-/// Values read from a config file, by snake-case key.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct FileValues {
-    path: PathBuf,
-    values: BTreeMap<String, String>,
+/// Why the command line cannot run: clap's own error (usage, `--help`, `--version`), or a
+/// setting.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Printed and exited by clap.
+    Clap(clap::Error),
+    /// An invalid setting.
+    Settings(SettingsError),
 }
 
-impl FileValues {
-    /// Reads `path`: YAML if it ends in `.yaml` or `.yml`, TOML otherwise.
-    pub(crate) fn load(path: &Path) -> Result<Self, SettingsError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SettingsError {
-            key: "config".into(),
-            origin: None,
-            reason: format!("cannot read {}: {e}", path.display()),
-        })?;
-        let yaml = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
-        Self::parse(path, &text, yaml)
-    }
+/// The command line `argv`, with the config file it names (`--config`, `KCL_CONFIG`) laid
+/// under its flags and the environment.
+pub(crate) fn matches(argv: &[OsString]) -> Result<(ArgMatches, Option<FileValues>), Failure> {
+    let first = crate::cli::command()
+        .try_get_matches_from(argv)
+        .map_err(|e| invalid(e, argv, None))?;
+    let run = match first.subcommand() {
+        None => &first,
+        Some(("run", run)) => run,
+        Some(_) => return Ok((first, None)),
+    };
+    let Some(path) = run.get_one::<PathBuf>("config") else {
+        return Ok((first, None));
+    };
+    let file = FileValues::load(path).map_err(Failure::Settings)?;
+    Ok((layered(argv, &file)?, Some(file)))
+}
 
-    /// Parses file contents.
-    pub(crate) fn parse(path: &Path, text: &str, yaml: bool) -> Result<Self, SettingsError> {
-        let syntax = |reason: String| SettingsError {
-            key: "config".into(),
-            origin: None,
-            reason: format!("{}: {}", path.display(), one_line(&reason)),
-        };
-        let map: serde_json::Map<String, serde_json::Value> = if yaml {
-            if text.trim().is_empty() {
-                serde_json::Map::new()
-            } else {
-                serde_norway::from_str(text).map_err(|e| syntax(e.to_string()))?
-            }
-        } else {
-            toml::from_str(text).map_err(|e| syntax(e.to_string()))?
-        };
-        let mut values = BTreeMap::new();
-        for (raw_key, value) in map {
-            let key = raw_key.replace('-', "_");
-            if !KEYS.contains(&key.as_str()) {
-                return Err(SettingsError {
-                    key: raw_key,
-                    origin: Some(Origin::File(path.to_owned())),
-                    reason: format!("unknown key; known keys: {}", known_keys()),
-                });
-            }
-            let text = scalar(&value).ok_or_else(|| SettingsError {
-                key: key.clone(),
-                origin: Some(Origin::File(path.to_owned())),
-                reason: format!("expected a single value, got {value}"),
-            })?;
-            values.insert(key, text);
-        }
-        Ok(Self {
-            path: path.to_owned(),
-            values,
+/// `argv` parsed with `file`'s values as the defaults of their options.
+pub(crate) fn layered(argv: &[OsString], file: &FileValues) -> Result<ArgMatches, Failure> {
+    let lay = |command: clap::Command| {
+        file.values.iter().fold(command, |command, (key, value)| {
+            command.mut_arg(key, |arg| arg.default_value(value.clone()))
         })
-    }
+    };
+    lay(crate::cli::command())
+        .mut_subcommand("run", lay)
+        .try_get_matches_from(argv)
+        .map_err(|e| invalid(e, argv, Some(file)))
 }
 
-fn known_keys() -> String {
-    KEYS.iter().map(|k| kebab(k)).collect::<Vec<_>>().join(", ")
+/// A value clap's parser refused, as a setting error naming where it came from; any other
+/// clap error as it is.
+fn invalid(e: clap::Error, argv: &[OsString], file: Option<&FileValues>) -> Failure {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let (ErrorKind::ValueValidation, Some(ContextValue::String(arg))) =
+        (e.kind(), e.get(ContextKind::InvalidArg))
+    else {
+        return Failure::Clap(e);
+    };
+    // `--max-leases <N>`
+    let flag = arg.split([' ', '=']).next().unwrap_or_default();
+    let key = flag.trim_start_matches('-').replace('-', "_");
+    let given = |a: &OsString| {
+        a.to_str()
+            .is_some_and(|a| a.split('=').next() == Some(flag))
+    };
+    let origin = if argv.iter().any(given) {
+        Origin::Flag
+    } else if std::env::var_os(env_name(&key)).is_some() {
+        Origin::Env
+    } else if let Some(file) = file.filter(|f| f.values.contains_key(&key)) {
+        Origin::File(file.path.clone())
+    } else {
+        Origin::Default
+    };
+    let reason =
+        std::error::Error::source(&e).map_or_else(|| one_line(&e.to_string()), |s| s.to_string());
+    Failure::Settings(SettingsError {
+        key,
+        origin: Some(origin),
+        reason,
+    })
 }
 
-/// A file value as text: strings as they are, numbers and booleans printed, a list of
-/// strings joined by commas, a TOML datetime (which serde sees as a one-entry map) as its
-/// string.
-fn scalar(value: &serde_json::Value) -> Option<String> {
-    use serde_json::Value;
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
-        // A list (of streams): joined as it is written on the command line.
-        Value::Array(items) => items
-            .iter()
-            .map(|i| i.as_str().map(str::to_owned))
-            .collect::<Option<Vec<_>>>()
-            .map(|items| items.join(",")),
-        Value::Object(m) if m.len() == 1 => match m.values().next() {
-            Some(Value::String(s)) => Some(s.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Picks each key's value from flags/env (`matches`), then `file`, then clap's default.
+/// The settings of `run` from its matches (see [`matches`]) and the file laid under them.
 pub(crate) fn resolve(
     matches: &ArgMatches,
     file: Option<&FileValues>,
 ) -> Result<Settings, SettingsError> {
-    let mut effective = BTreeMap::new();
-    for &key in KEYS {
-        let from_clap = matches.get_one::<String>(key).cloned();
-        let picked = match (matches.value_source(key), from_clap) {
-            (Some(ValueSource::CommandLine), Some(v)) => Some((v, Origin::Flag)),
-            (Some(ValueSource::EnvVariable), Some(v)) => Some((v, Origin::Env)),
-            (_, default) => match file.and_then(|f| f.values.get(key).map(|v| (f, v))) {
-                Some((f, v)) => Some((v.clone(), Origin::File(f.path.clone()))),
-                None => default.map(|v| (v, Origin::Default)),
-            },
-        };
-        if let Some(picked) = picked {
-            effective.insert(key, picked);
-        }
-    }
-    build(effective)
+    let args = RunArgs::from_arg_matches(matches).map_err(|e| SettingsError {
+        key: "config".into(),
+        origin: None,
+        reason: one_line(&e.to_string()),
+    })?;
+    build(&args, &Values { matches, file })
 }
 
-/// The effective values, with what every check of them needs.
-struct Values(BTreeMap<&'static str, (String, Origin)>);
+/// Where each value came from, for the checks across keys and `--print-config`.
+struct Values<'a> {
+    matches: &'a ArgMatches,
+    file: Option<&'a FileValues>,
+}
 
-impl Values {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(|(v, _)| v.as_str())
+impl Values<'_> {
+    fn origin(&self, key: &str) -> Option<Origin> {
+        match self.matches.value_source(key)? {
+            ValueSource::CommandLine => Some(Origin::Flag),
+            ValueSource::EnvVariable => Some(Origin::Env),
+            _ => Some(match self.file.filter(|f| f.values.contains_key(key)) {
+                Some(file) => Origin::File(file.path.clone()),
+                None => Origin::Default,
+            }),
+        }
     }
 
     /// The error for `key`, naming where its value came from.
     fn fail(&self, key: &str, reason: String) -> SettingsError {
         SettingsError {
             key: key.to_owned(),
-            origin: self.0.get(key).map(|(_, o)| o.clone()),
+            origin: self.origin(key),
             reason,
         }
     }
 
-    /// `key`'s value parsed with `parse`; `None` if the key has no value.
-    fn parsed<T>(
-        &self,
-        key: &str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Result<Option<T>, SettingsError> {
-        self.get(key)
-            .map(|v| parse(v).map_err(|r| self.fail(key, r)))
-            .transpose()
-    }
-
-    fn required(&self, key: &str) -> Result<String, SettingsError> {
-        match self.get(key) {
-            Some(v) if !v.trim().is_empty() => Ok(v.trim().to_owned()),
-            Some(_) => Err(self.fail(key, "must not be empty".into())),
+    /// `value` of `key`, trimmed, required and not empty.
+    fn required(&self, key: &str, value: Option<&str>) -> Result<String, SettingsError> {
+        match value.map(str::trim) {
+            Some("") => Err(self.fail(key, "must not be empty".into())),
+            Some(v) => Ok(v.to_owned()),
             None => Err(self.fail(
                 key,
                 format!(
@@ -436,17 +373,24 @@ impl Values {
             )),
         }
     }
+
+    /// Each key's value as given (or defaulted), with its origin.
+    fn effective(&self) -> BTreeMap<String, (String, Origin)> {
+        keys()
+            .into_iter()
+            .filter_map(|key| {
+                let raw = self.matches.get_raw(&key)?.next()?;
+                let value = raw.to_string_lossy().into_owned();
+                Some((key.clone(), (value, self.origin(&key)?)))
+            })
+            .collect()
+    }
 }
 
-fn build(
-    mut effective: BTreeMap<&'static str, (String, Origin)>,
-) -> Result<Settings, SettingsError> {
-    if !effective.contains_key("worker_id") {
-        effective.insert("worker_id", (default_worker_id(), Origin::Default));
-    }
-    let v = Values(effective);
-    let input = input::input(&v)?;
-    let application_name = v.required("application_name")?;
+fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
+    let mut effective = v.effective();
+    let input = input::input(a, v)?;
+    let application_name = v.required("application_name", a.application_name.as_deref())?;
     if !is_table_name(&application_name) {
         return Err(v.fail(
             "application_name",
@@ -455,70 +399,50 @@ fn build(
             ),
         ));
     }
-    let worker_id = v.required("worker_id")?;
-    let window = v
-        .parsed("window", parse_duration)?
-        .unwrap_or(Duration::from_secs(60));
-    if window < Duration::from_secs(1) {
+    let worker_id = match &a.worker_id {
+        Some(id) => v.required("worker_id", Some(id))?,
+        None => {
+            let id = default_worker_id();
+            effective.insert("worker_id".into(), (id.clone(), Origin::Default));
+            id
+        }
+    };
+    if a.window < Duration::from_secs(1) {
         return Err(v.fail("window", "must be at least 1s".into()));
     }
     // An empty batch on a quiet shard every quarter window (1 to 5 s): the open window
     // closes on time, not at the next record.
-    let quiet = (window / 4).clamp(Duration::from_secs(1), Duration::from_secs(5));
-    let worker = worker_config(&v, &application_name)?.empty_batch_interval(Some(quiet));
-    let top_keys = v.parsed("top_keys", parse_count)?.unwrap_or(20);
-    let listen = v
-        .parsed("listen", |s: &str| {
-            s.trim()
-                .parse::<SocketAddr>()
-                .map_err(|e| format!("expected an address such as 0.0.0.0:8080, got {s:?} ({e})"))
-        })?
-        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080)));
-    let otlp = otlp(&v, &worker_id)?;
-    let log_format = v
-        .parsed("log_format", LogFormat::parse)?
-        .unwrap_or(LogFormat::Pretty);
-    let log_filter = v
-        .get("log_filter")
-        .map_or_else(|| crate::cli::DEFAULT_LOG_FILTER.to_owned(), str::to_owned);
-    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&log_filter) {
+    let quiet = (a.window / 4).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let worker = worker::worker_config(a, v, &application_name)?.empty_batch_interval(Some(quiet));
+    let otlp = otlp(a, v, &worker_id)?;
+    if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&a.log_filter) {
         return Err(v.fail("log_filter", one_line(&e.to_string())));
     }
-    let backend = v.parsed("backend", Backend::parse)?.unwrap_or(Backend::Aws);
-    fits_dynamodb(&v, &input, backend, &worker)?;
-    // Without the AWS backends (feature `aws`), nothing reads it.
-    #[cfg(feature = "aws")]
-    let table_setup = v
-        .parsed("table_setup", parse::from_str)?
-        .unwrap_or_default();
-    let summary = summary(&v)?;
-    let fault = v
-        .parsed("inject_failure", crate::fault::Fault::parse)?
-        .unwrap_or_default();
-
+    fits_dynamodb(v, &input, a.backend, &worker)?;
+    let summary = summary(a, v)?;
     Ok(Settings {
         input,
         application_name,
         worker_id,
         worker,
-        window,
-        top_keys,
-        listen,
+        window: a.window,
+        top_keys: a.top_keys,
+        listen: a.listen,
         otlp,
-        log_format,
-        log_filter,
-        backend,
+        log_format: a.log_format,
+        log_filter: a.log_filter.clone(),
+        backend: a.backend,
         #[cfg(feature = "aws")]
-        table_setup,
+        table_setup: a.table_setup,
         summary,
-        fault,
-        effective: v.0,
+        fault: a.inject_failure,
+        effective,
     })
 }
 
 /// A DynamoDB table's stream is read through AWS, by polling.
 fn fits_dynamodb(
-    v: &Values,
+    v: &Values<'_>,
     input: &SourceSpec,
     backend: Backend,
     worker: &WorkerConfig,

@@ -1,19 +1,23 @@
-//! Parsers of single values: each returns the reason a value is rejected.
+//! Value parsers of `run`'s options, for clap: a flag's, a `KCL_…` variable's and a config
+//! file's value go through the same one, and its error is the reason a value is rejected.
 
-use std::str::FromStr;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+pub(crate) use crate::cli::parse_duration;
+
+/// Where a shard without a checkpoint starts, without AT_TIMESTAMP's time.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) enum Position {
+pub(crate) enum Position {
     #[default]
     TrimHorizon,
     Latest,
     AtTimestamp,
 }
 
-pub(super) fn parse_position(s: &str) -> Result<Position, String> {
+pub(crate) fn parse_position(s: &str) -> Result<Position, String> {
     match s.trim().to_ascii_uppercase().replace('-', "_").as_str() {
         "TRIM_HORIZON" => Ok(Position::TrimHorizon),
         "LATEST" => Ok(Position::Latest),
@@ -24,7 +28,7 @@ pub(super) fn parse_position(s: &str) -> Result<Position, String> {
     }
 }
 
-pub(super) fn parse_timestamp(s: &str) -> Result<DateTime<Utc>, String> {
+pub(crate) fn parse_timestamp(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s.trim())
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| {
@@ -32,19 +36,19 @@ pub(super) fn parse_timestamp(s: &str) -> Result<DateTime<Utc>, String> {
         })
 }
 
-pub(super) fn parse_count(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_count(s: &str) -> Result<usize, String> {
     s.trim()
         .parse::<usize>()
         .map_err(|_| format!("expected a whole number, got {s:?}"))
 }
 
-pub(super) fn parse_u32(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_u32(s: &str) -> Result<u32, String> {
     s.trim()
         .parse::<u32>()
         .map_err(|_| format!("expected a whole number, got {s:?}"))
 }
 
-pub(super) fn parse_max_leases(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_max_leases(s: &str) -> Result<usize, String> {
     if s.trim().eq_ignore_ascii_case("unlimited") {
         Ok(usize::MAX)
     } else {
@@ -52,21 +56,22 @@ pub(super) fn parse_max_leases(s: &str) -> Result<usize, String> {
     }
 }
 
-/// A value of a type that reads itself ([`FromStr`]): a mode of kcl-core or kcl-aws, whose
-/// error says what was given and what is accepted.
-pub(super) fn from_str<T: FromStr>(s: &str) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    s.parse().map_err(|e: T::Err| e.to_string())
+pub(crate) fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    s.trim()
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("expected an address such as 0.0.0.0:8080, got {s:?} ({e})"))
 }
 
-/// A duration such as `10m`, or `off` (`None`).
-pub(super) fn parse_stalled_after(s: &str) -> Result<Option<Duration>, String> {
+/// A duration, or `off` (`None`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OffOr(pub(crate) Option<Duration>);
+
+/// A duration such as `10m`, or `off`.
+pub(crate) fn parse_stalled_after(s: &str) -> Result<OffOr, String> {
     if s.trim().eq_ignore_ascii_case("off") {
-        return Ok(None);
+        return Ok(OffOr(None));
     }
-    crate::cli::parse_duration(s)
-        .map(Some)
+    parse_duration(s)
+        .map(|d| OffOr(Some(d)))
         .map_err(|e| format!("{e}; or off"))
 }
