@@ -301,6 +301,26 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig>
     if let Some(position) = r.keep(initial_position(r)) {
         worker.initial_position = position;
     }
+    reading(r, &mut worker);
+    leases(r, &mut worker);
+    if let Some(retrieval) = r.keep(retrieval(r, application_name)) {
+        worker.retrieval = retrieval;
+    }
+    kcl_own(r, &mut worker);
+    if r.errors.borrow().len() > before {
+        return None;
+    }
+    // The worker's own checks, once every key parsed (so that they judge what was given).
+    r.keep(
+        worker
+            .validate()
+            .map_err(|e| key_error(java_key(e.key), e.reason)),
+    )?;
+    Some(worker)
+}
+
+/// How shards are read by polling (errors kept in `r`).
+fn reading(r: &Reader<'_>, worker: &mut WorkerConfig) {
     if let Some(n) = r.optional(r.number("maxRecords")) {
         worker.max_records = n;
     }
@@ -314,6 +334,10 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig>
     if let Some(poll) = r.optional(r.millis("parentShardPollIntervalMillis")) {
         worker.parent_poll_interval = poll;
     }
+}
+
+/// How leases are synced, taken, retried and handed back (errors kept in `r`).
+fn leases(r: &Reader<'_>, worker: &mut WorkerConfig) {
     if let Some(sync) = r.optional(r.millis("shardSyncIntervalMillis")) {
         worker.shard_sync_interval = sync;
     }
@@ -332,20 +356,6 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig>
     {
         worker.shutdown_timeout = grace;
     }
-    if let Some(retrieval) = r.keep(retrieval(r, application_name)) {
-        worker.retrieval = retrieval;
-    }
-    kcl_own(r, &mut worker);
-    if r.errors.borrow().len() > before {
-        return None;
-    }
-    // The worker's own checks, once every key parsed (so that they judge what was given).
-    r.keep(
-        worker
-            .validate()
-            .map_err(|e| key_error(java_key(e.key), e.reason)),
-    )?;
-    Some(worker)
 }
 
 /// How records are read (`retrievalMode`): as in the Java daemon, `DEFAULT` (or no key) is
@@ -419,25 +429,41 @@ fn consumer_name<'a>(r: &'a Reader<'_>) -> Result<Option<&'a str>, KeyError> {
         })
 }
 
-/// The property that sets a [`WorkerConfig`] field, for errors the worker's own validation
-/// finds.
+/// Each property that sets a [`WorkerConfig`] field, with that field as kcl-core's
+/// validation names it ([`ConfigError::key`](kcl_core::ConfigError)): the one table from
+/// which the worker's own errors are named by their property. A unit test holds every field
+/// to kcl-core's and every key to [`KEYS`], so that renaming either fails a test instead of
+/// an error naming a key that is gone.
+pub(crate) const FIELDS: &[(&str, &str)] = &[
+    ("failoverTimeMillis", "failover_time"),
+    // Derived from the failover time.
+    ("failoverTimeMillis", "renew_interval"),
+    ("maxRecords", "max_records"),
+    ("idleTimeBetweenReadsInMillis", "idle_time_between_reads"),
+    (
+        "callProcessRecordsEvenForEmptyRecordList",
+        "empty_batch_interval",
+    ),
+    ("parentShardPollIntervalMillis", "parent_poll_interval"),
+    ("shardSyncIntervalMillis", "shard_sync_interval"),
+    ("maxLeasesForWorker", "max_leases"),
+    ("maxLeasesToStealAtOneTime", "max_leases_to_steal"),
+    ("taskBackoffTimeMillis", "min_backoff"),
+    ("shutdownGraceMillis", "shutdown_timeout"),
+    ("retrievalMode", "retrieval"),
+    ("fanoutConfig.consumerName", "retrieval.consumer_name"),
+    ("stalledAfterSeconds", "stalled_after"),
+    ("coordination", "coordination"),
+    ("liveness", "liveness"),
+];
+
+/// The property that sets `field`, for errors the worker's own validation finds; a field no
+/// property sets (one kcl derives) by its own name.
 fn java_key(field: &'static str) -> &'static str {
-    match field {
-        "failover_time" | "renew_interval" => "failoverTimeMillis",
-        "max_records" => "maxRecords",
-        "idle_time_between_reads" => "idleTimeBetweenReadsInMillis",
-        "parent_poll_interval" => "parentShardPollIntervalMillis",
-        "shard_sync_interval" => "shardSyncIntervalMillis",
-        "max_leases" => "maxLeasesForWorker",
-        "max_leases_to_steal" => "maxLeasesToStealAtOneTime",
-        "min_backoff" => "taskBackoffTimeMillis",
-        "shutdown_timeout" => "shutdownGraceMillis",
-        "retrieval" => "retrievalMode",
-        "retrieval.consumer_name" => "fanoutConfig.consumerName",
-        "stalled_after" => "stalledAfterSeconds",
-        // kcl's own settings, derived from the above: named as kcl names them.
-        other => other,
-    }
+    FIELDS
+        .iter()
+        .find(|(_, f)| *f == field)
+        .map_or(field, |&(key, _)| key)
 }
 
 fn initial_position(r: &Reader<'_>) -> Result<InitialPosition, KeyError> {

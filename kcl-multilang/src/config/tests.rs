@@ -480,3 +480,23 @@ fn print_config_shows_what_the_environment_adds() {
     assert!(bare.contains("kinesis endpoint = AWS's"), "{bare}");
     assert!(bare.contains("set regionName or AWS_REGION"), "{bare}");
 }
+
+#[test]
+fn every_field_a_property_sets_is_a_worker_config_field_and_its_key_is_read() {
+    // kcl-core's own names of the fields, as its configuration file spells them.
+    let fields = serde_json::to_value(WorkerConfig::default());
+    assert!(fields.is_ok(), "{fields:?}");
+    let fields = fields.unwrap_or_default();
+    for &(key, field) in FIELDS {
+        let top = field.split('.').next().unwrap_or(field);
+        assert!(
+            fields.get(top).is_some(),
+            "{key}: no WorkerConfig field {field}"
+        );
+        assert!(
+            KEYS.iter()
+                .any(|&(k, used)| k == key && matches!(used, Use::Mapped(_))),
+            "{key} ({field}) is not a key read"
+        );
+    }
+}
