@@ -18,8 +18,7 @@ use kcl_serve::{LogFormat, SourceKind};
 use crate::fault::Fault;
 use crate::settings::Backend;
 use crate::settings::parse::{
-    OffOr, Position, parse_count, parse_listen, parse_max_leases, parse_position,
-    parse_stalled_after, parse_timestamp, parse_u32,
+    OffOr, Position, Span, parse_count, parse_listen, parse_max_leases, parse_timestamp, parse_u32,
 };
 
 /// Who looks after the lease table: kcl-aws's `TableSetup`; text where no AWS backend reads
@@ -167,12 +166,7 @@ pub(crate) struct RunArgs {
 
     /// Where a shard without a checkpoint starts: TRIM_HORIZON (oldest retained record),
     /// LATEST (new records only) or AT_TIMESTAMP (see --initial-timestamp).
-    #[arg(
-        long,
-        value_name = "POSITION",
-        default_value = "TRIM_HORIZON",
-        value_parser = parse_position
-    )]
+    #[arg(long, value_name = "POSITION", default_value = "TRIM_HORIZON")]
     pub(crate) initial_position: Position,
 
     /// Start time for AT_TIMESTAMP, RFC 3339 (e.g. 2024-05-01T12:00:00Z).
@@ -234,23 +228,13 @@ pub(crate) struct RunArgs {
 
     /// A lease not renewed for this long is taken over by another worker (renewals happen
     /// every third of it).
-    #[arg(
-        long,
-        value_name = "DURATION",
-        default_value = "10s",
-        value_parser = parse_duration
-    )]
-    pub(crate) failover_time: Duration,
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub(crate) failover_time: Span,
 
     /// Graceful shutdown deadline: processors checkpoint and leases are handed back within it.
     /// Keep it below the orchestrator's kill timeout.
-    #[arg(
-        long,
-        value_name = "DURATION",
-        default_value = "30s",
-        value_parser = parse_duration
-    )]
-    pub(crate) shutdown_timeout: Duration,
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub(crate) shutdown_timeout: Span,
 
     /// Records asked for per GetRecords call (1 to 10000).
     #[arg(
@@ -262,43 +246,23 @@ pub(crate) struct RunArgs {
     pub(crate) max_records: u32,
 
     /// Pause after an empty read before polling the shard again.
-    #[arg(
-        long,
-        value_name = "DURATION",
-        default_value = "1s",
-        value_parser = parse_duration
-    )]
-    pub(crate) idle_time_between_reads: Duration,
+    #[arg(long, value_name = "DURATION", default_value = "1s")]
+    pub(crate) idle_time_between_reads: Span,
 
     /// How often the stream's shards are listed to pick up resharding.
-    #[arg(
-        long,
-        value_name = "DURATION",
-        default_value = "60s",
-        value_parser = parse_duration
-    )]
-    pub(crate) shard_sync_interval: Duration,
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub(crate) shard_sync_interval: Span,
 
     /// A held shard whose checkpoint has not moved for this long while records past it wait
     /// is reported stalled (in /status, /readyz's text and kcl_shards_stalled): its
     /// processor hangs, keeps failing, or never checkpoints. Keep it above the window (this
     /// consumer checkpoints as each window closes). `off` reports no shard stalled.
-    #[arg(
-        long,
-        value_name = "DURATION|off",
-        default_value = "10m",
-        value_parser = parse_stalled_after
-    )]
+    #[arg(long, value_name = "DURATION|off", default_value = "10m")]
     pub(crate) stalled_after: OffOr,
 
     /// Length of the tumbling windows (by record arrival time) counted per shard.
-    #[arg(
-        long,
-        value_name = "DURATION",
-        default_value = "60s",
-        value_parser = parse_duration
-    )]
-    pub(crate) window: Duration,
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub(crate) window: Span,
 
     /// Partition keys listed per window line (the busiest ones); 0 lists none.
     #[arg(long, value_name = "N", default_value = "20", value_parser = parse_count)]

@@ -407,12 +407,12 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
             id
         }
     };
-    if a.window < Duration::from_secs(1) {
+    if a.window.0 < Duration::from_secs(1) {
         return Err(v.fail("window", "must be at least 1s".into()));
     }
     // An empty batch on a quiet shard every quarter window (1 to 5 s): the open window
     // closes on time, not at the next record.
-    let quiet = (a.window / 4).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let quiet = (a.window.0 / 4).clamp(Duration::from_secs(1), Duration::from_secs(5));
     let worker = worker::worker_config(a, v, &application_name)?.empty_batch_interval(Some(quiet));
     let otlp = otlp(a, v, &worker_id)?;
     if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&a.log_filter) {
@@ -425,7 +425,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         application_name,
         worker_id,
         worker,
-        window: a.window,
+        window: a.window.0,
         top_keys: a.top_keys,
         listen: a.listen,
         otlp,

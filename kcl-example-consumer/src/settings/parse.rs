@@ -2,6 +2,7 @@
 //! file's value go through the same one, and its error is the reason a value is rejected.
 
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -17,7 +18,15 @@ pub(crate) enum Position {
     AtTimestamp,
 }
 
-pub(crate) fn parse_position(s: &str) -> Result<Position, String> {
+impl FromStr for Position {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_position(s)
+    }
+}
+
+fn parse_position(s: &str) -> Result<Position, String> {
     match s.trim().to_ascii_uppercase().replace('-', "_").as_str() {
         "TRIM_HORIZON" => Ok(Position::TrimHorizon),
         "LATEST" => Ok(Position::Latest),
@@ -62,16 +71,31 @@ pub(crate) fn parse_listen(s: &str) -> Result<SocketAddr, String> {
         .map_err(|e| format!("expected an address such as 0.0.0.0:8080, got {s:?} ({e})"))
 }
 
-/// A duration, or `off` (`None`).
+/// A duration such as `10s`, at most 7 days ([`parse_duration`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span(pub(crate) Duration);
+
+impl FromStr for Span {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_duration(s).map(Self)
+    }
+}
+
+/// A duration such as `10m`, or `off` (`None`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct OffOr(pub(crate) Option<Duration>);
 
-/// A duration such as `10m`, or `off`.
-pub(crate) fn parse_stalled_after(s: &str) -> Result<OffOr, String> {
-    if s.trim().eq_ignore_ascii_case("off") {
-        return Ok(OffOr(None));
+impl FromStr for OffOr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("off") {
+            return Ok(Self(None));
+        }
+        parse_duration(s)
+            .map(|d| Self(Some(d)))
+            .map_err(|e| format!("{e}; or off"))
     }
-    parse_duration(s)
-        .map(|d| OffOr(Some(d)))
-        .map_err(|e| format!("{e}; or off"))
 }

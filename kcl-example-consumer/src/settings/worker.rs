@@ -32,7 +32,7 @@ pub(super) fn worker_config(
     application_name: &str,
 ) -> Result<WorkerConfig, SettingsError> {
     let worker = WorkerConfig::default()
-        .failover_time(a.failover_time)
+        .failover_time(a.failover_time.0)
         .initial_position(initial_position(a, v)?)
         .max_leases(a.max_leases)
         .max_leases_to_steal(a.max_leases_to_steal)
@@ -40,10 +40,10 @@ pub(super) fn worker_config(
         .coordination(a.coordination)
         .liveness(a.liveness)
         .retrieval(a.retrieval.with_consumer(application_name))
-        .shutdown_timeout(a.shutdown_timeout)
+        .shutdown_timeout(a.shutdown_timeout.0)
         .max_records(a.max_records)
-        .idle_time_between_reads(a.idle_time_between_reads)
-        .shard_sync_interval(a.shard_sync_interval)
+        .idle_time_between_reads(a.idle_time_between_reads.0)
+        .shard_sync_interval(a.shard_sync_interval.0)
         .stalled_after(a.stalled_after.0);
     worker.validate().map_err(|e| {
         // kcl-core names its field; ours is the same name (renew_interval follows
