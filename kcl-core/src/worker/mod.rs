@@ -1,6 +1,9 @@
 //! The worker: one coordinator loop plus one task per held lease.
 //!
-//! - this file: [`Worker`], its [`Status`], the loop and shutdown;
+//! - this file: [`Worker`], its [`Status`], the loop and shutdown. `Worker` is wiring: what it
+//!   does lives on its parts, which each function borrows as it needs them;
+//! - `table`: this worker at the lease table (id, configuration, store), lent to every part
+//!   that reads or writes it;
 //! - `startup`: the lease table and stream consumer made usable;
 //! - `cycle`: one taker cycle, by coordination mode and role, over the state the loop owns
 //!   (`shards`: the shard tasks; `view`: the last read of the table; `liveness`: heartbeats;

@@ -1,8 +1,10 @@
 //! One taker cycle, as the coordination mode and this worker's role want it.
 //!
 //! What the coordinator loop owns between cycles is a [`Coordinator`]: the parts every mode
-//! works on, each a type that owns its state ([`Shards`], [`View`], [`ShardSync`],
-//! [`HeartbeatState`], [`Problems`]). What only one mode or role needs lives in that mode's type
+//! works on, each a type that owns its state and the behaviour on it ([`Shards`], [`View`],
+//! [`ShardSync`], [`HeartbeatState`], [`Problems`]). A cycle borrows the worker's wiring
+//! ([`Wiring`]) and hands each step only the parts it touches; only the orchestrators below
+//! (a cycle by mode and role) take the whole `Coordinator`. What only one mode or role needs lives in that mode's type
 //! ([`Mode`]): under [`Coordination::EveryWorker`] every worker plans for itself
 //! (`every_worker`); under [`Coordination::Leader`] the worker's role, which two singletons
 //! decide (see `roles`), picks the cycle: the leader's (`leader`), the standby's or a
