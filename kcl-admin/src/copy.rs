@@ -3,7 +3,7 @@
 //! would any lease; rows the target already has are left as they are, and named.
 
 use kcl_core::singleton::is_coordination_key;
-use kcl_core::{Lease, LeaseStore, TableFeatures};
+use kcl_core::{Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
 
 /// Arguments of `kcl-admin copy`.
 #[derive(Debug, clap::Args)]

@@ -21,7 +21,9 @@ use chrono::{DateTime, Utc};
 use kcl_core::lease::UnreadableRow;
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{heartbeat_key, is_coordination_key};
-use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
+use kcl_core::{
+    Checkpoint, Lease, LeaseStore, LeaseStoreExtras, Shard, ShardId, ShardSource, StartingPosition,
+};
 use serde_json::json;
 
 /// Arguments of `kcl-admin leases`.
