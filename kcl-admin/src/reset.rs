@@ -83,29 +83,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let Some(source) = args.stream.open(sdk).await? else {
         anyhow::bail!("--stream is required (or --table with --source dynamodb-streams)");
     };
-    let listed = source.list_shards().await?;
-    let leases = store.list().await?;
-    let mut shards: Vec<ShardId> = Vec::new();
-    if args.all {
-        if matches!(to.checkpoint, Checkpoint::Sequence(_)) {
-            anyhow::bail!(
-                "--all with a sequence number: a sequence number belongs to one shard; name it with --shard"
-            );
-        }
-        shards = of_stream(&args.stream, &listed, &leases);
-    } else {
-        for given in &args.shard {
-            let key = lease_key(given, &args.stream, &listed, &leases)?;
-            if !shards.contains(&key) {
-                shards.push(key);
-            }
-        }
-    }
-    if let Checkpoint::Sequence(at) = &to.checkpoint {
-        for key in &shards {
-            has_record(&source, key, &at.sequence).await?;
-        }
-    }
+    let shards = shards(&args, &to, &source, &store).await?;
     report(&format!(
         "resetting {} shard(s) of {} to {}",
         shards.len(),
@@ -113,30 +91,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         args.to.join(" ")
     ));
     if args.dry_run {
-        let mut refused = 0;
-        for shard in &shards {
-            let line = match store.get(shard).await? {
-                Some(row) if row.is_finished() => {
-                    refused += 1;
-                    format!(
-                        "would not reset {shard}: it is finished ({})",
-                        row.checkpoint
-                    )
-                }
-                Some(row) => format!("would reset {shard} (now checkpoint {})", shown(&row)),
-                None => {
-                    refused += 1;
-                    format!("would not reset {shard}: it has no lease")
-                }
-            };
-            report(&format!("  {line}"));
-        }
-        anyhow::ensure!(
-            refused == 0,
-            "{refused} of {} shard(s) would not be reset",
-            shards.len()
-        );
-        return Ok(());
+        return dry_run(&store, &shards).await;
     }
     let mut failed = 0;
     for shard in &shards {
@@ -173,6 +128,68 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         shards.len()
     );
     report("done: each shard is taken from its new checkpoint by a worker within a failover time");
+    Ok(())
+}
+
+/// The lease keys to reset (`--all`, or each `--shard`), each checked to have the record a
+/// sequence number names.
+async fn shards(
+    args: &Args,
+    to: &ResetTo,
+    source: &impl ShardSource,
+    store: &impl LeaseStore,
+) -> anyhow::Result<Vec<ShardId>> {
+    let listed = source.list_shards().await?;
+    let leases = store.list().await?;
+    let mut shards: Vec<ShardId> = Vec::new();
+    if args.all {
+        if matches!(to.checkpoint, Checkpoint::Sequence(_)) {
+            anyhow::bail!(
+                "--all with a sequence number: a sequence number belongs to one shard; name it with --shard"
+            );
+        }
+        shards = of_stream(&args.stream, &listed, &leases);
+    } else {
+        for given in &args.shard {
+            let key = lease_key(given, &args.stream, &listed, &leases)?;
+            if !shards.contains(&key) {
+                shards.push(key);
+            }
+        }
+    }
+    if let Checkpoint::Sequence(at) = &to.checkpoint {
+        for key in &shards {
+            has_record(source, key, &at.sequence).await?;
+        }
+    }
+    Ok(shards)
+}
+
+/// What a reset would do to each shard, written nowhere; an error if any would be refused.
+async fn dry_run(store: &impl LeaseStore, shards: &[ShardId]) -> anyhow::Result<()> {
+    let mut refused = 0;
+    for shard in shards {
+        let line = match store.get(shard).await? {
+            Some(row) if row.is_finished() => {
+                refused += 1;
+                format!(
+                    "would not reset {shard}: it is finished ({})",
+                    row.checkpoint
+                )
+            }
+            Some(row) => format!("would reset {shard} (now checkpoint {})", shown(&row)),
+            None => {
+                refused += 1;
+                format!("would not reset {shard}: it has no lease")
+            }
+        };
+        report(&format!("  {line}"));
+    }
+    anyhow::ensure!(
+        refused == 0,
+        "{refused} of {} shard(s) would not be reset",
+        shards.len()
+    );
     Ok(())
 }
 

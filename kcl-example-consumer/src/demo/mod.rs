@@ -85,21 +85,10 @@ async fn endpoints(args: DemoArgs) -> anyhow::Result<ExitCode> {
 
 /// The demo's script, on any backend.
 async fn run_on<B: Backend>(args: DemoArgs, backend: Arc<B>) -> anyhow::Result<ExitCode> {
-    let config = WorkerConfig::default()
-        .failover_time(args.failover_time)
-        .taker_interval(Duration::from_millis(500))
-        .idle_time_between_reads(Duration::from_millis(100))
-        .parent_poll_interval(Duration::from_millis(200))
-        .shard_sync_interval(Duration::from_secs(5))
-        .shutdown_timeout(Duration::from_secs(5));
-    config
-        .validate()
-        .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.key, e.reason))?;
-
     let clock = Arc::new(Clock(Instant::now()));
     let mut fleet = Fleet {
         backend: backend.clone(),
-        config,
+        config: worker_config(&args)?,
         ledger: Arc::new(Ledger::default()),
         members: Vec::new(),
         clock: clock.clone(),
@@ -114,71 +103,62 @@ async fn run_on<B: Backend>(args: DemoArgs, backend: Arc<B>) -> anyhow::Result<E
     println!(
         "lease table lines show owner[shards]; (free) = nobody holds it. Worker logs: --log-filter info\n"
     );
-
-    // The producer.
-    let produced = Arc::new(AtomicU64::new(0));
-    let stop_producing = CancellationToken::new();
-    let producer = {
-        let (backend, produced, stop, clock) = (
-            backend.clone(),
-            produced.clone(),
-            stop_producing.clone(),
-            clock.clone(),
-        );
-        let per_tick = u64::from(args.rate).div_ceil(50);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(20));
-            while !stop.is_cancelled() {
-                tick.tick().await;
-                let first = produced.load(Ordering::Relaxed);
-                let batch = (first..first + per_tick)
-                    .map(|id| {
-                        let user = format!("user-{:02}", id % PARTITION_KEYS);
-                        let data = format!("{id} {{\"user\":\"{user}\",\"amount\":{}}}", id % 100);
-                        (user, data)
-                    })
-                    .collect();
-                // Ids count as produced once written; a failed batch is written again.
-                match backend.put(batch).await {
-                    Ok(()) => {
-                        produced.fetch_add(per_tick, Ordering::Relaxed);
-                    }
-                    Err(e) => clock.say(&format!("producer: put failed, retrying: {e:#}")),
-                }
-            }
-        })
-    };
-    clock.say(&format!(
-        "producer started: {} records/s over {PARTITION_KEYS} partition keys",
-        args.rate
-    ));
-
-    // The lease table, printed whenever it changes.
-    let watching = CancellationToken::new();
-    let watcher = {
-        let (backend, clock, stop) = (backend.clone(), clock.clone(), watching.clone());
-        tokio::spawn(async move {
-            let mut last = BTreeMap::new();
-            while !stop.is_cancelled() {
-                let now = match backend.leases().await {
-                    Ok(leases) => distribution(&leases),
-                    Err(_) => last.clone(),
-                };
-                if now != last {
-                    clock.say(&format!("leases  {}", render(&now)));
-                    last = now;
-                }
-                sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let producer = Producer::start(&backend, &clock, args.rate);
+    let watcher = LeaseWatcher::start(&backend, &clock);
 
     let names: Vec<String> = (1..=args.workers).map(|i| format!("worker-{i}")).collect();
     for name in &names {
         fleet.start(name)?;
     }
     clock.say(&format!("started {}", names.join(", ")));
+    script(&args, &mut fleet, &names).await?;
 
+    // Stop producing, let the fleet catch up.
+    sleep_until(clock.0 + Duration::from_secs(19)).await;
+    let total = producer.stop().await;
+    clock.say(&format!(
+        "producer stopped after {total} records; waiting for the fleet to catch up"
+    ));
+    if caught_up(&fleet, total).await {
+        clock.say("every record was delivered");
+    } else {
+        clock.say("gave up waiting after 8s");
+    }
+
+    let final_leases = distribution(&backend.leases().await.unwrap_or_default());
+    for name in fleet.running() {
+        fleet.stop(&name).await;
+    }
+    clock.say("stopped every worker");
+    sleep(Duration::from_millis(150)).await;
+    watcher.stop().await;
+
+    Ok(summarize(&fleet, total, &final_leases, clock.0.elapsed()))
+}
+
+/// The workers' configuration: fast enough to show everything in 20 seconds.
+fn worker_config(args: &DemoArgs) -> anyhow::Result<WorkerConfig> {
+    let config = WorkerConfig::default()
+        .failover_time(args.failover_time)
+        .taker_interval(Duration::from_millis(500))
+        .idle_time_between_reads(Duration::from_millis(100))
+        .parent_poll_interval(Duration::from_millis(200))
+        .shard_sync_interval(Duration::from_secs(5))
+        .shutdown_timeout(Duration::from_secs(5));
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.key, e.reason))?;
+    Ok(config)
+}
+
+/// What happens to the running fleet, second by second: a graceful stop, a split, a worker
+/// joining, a crash.
+async fn script<B: Backend>(
+    args: &DemoArgs,
+    fleet: &mut Fleet<B>,
+    names: &[String],
+) -> anyhow::Result<()> {
+    let (backend, clock) = (fleet.backend.clone(), fleet.clock.clone());
     let at = |secs: f64| clock.0 + Duration::from_secs_f64(secs);
 
     // A graceful stop: leases are released and taken by the others at once.
@@ -224,39 +204,109 @@ async fn run_on<B: Backend>(args: DemoArgs, backend: Arc<B>) -> anyhow::Result<E
             humantime::format_duration(args.failover_time)
         ));
     }
+    Ok(())
+}
 
-    // Stop producing, let the fleet catch up.
-    sleep_until(at(19.0)).await;
-    stop_producing.cancel();
-    let _ = producer.await;
-    let total = produced.load(Ordering::Relaxed);
-    clock.say(&format!(
-        "producer stopped after {total} records; waiting for the fleet to catch up"
-    ));
-    let drain_deadline = Instant::now() + Duration::from_secs(8);
-    let caught_up = loop {
+/// Whether the fleet delivered `total` records within 8 seconds.
+async fn caught_up<B>(fleet: &Fleet<B>, total: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
         if lock(&fleet.ledger.deliveries).len() as u64 >= total {
-            break true;
+            return true;
         }
-        if Instant::now() >= drain_deadline {
-            break false;
+        if Instant::now() >= deadline {
+            return false;
         }
         sleep(Duration::from_millis(100)).await;
-    };
-    if caught_up {
-        clock.say("every record was delivered");
-    } else {
-        clock.say("gave up waiting after 8s");
+    }
+}
+
+/// The producer: `rate` records a second over [`PARTITION_KEYS`] keys, each carrying its id.
+struct Producer {
+    task: tokio::task::JoinHandle<()>,
+    produced: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Producer {
+    fn start<B: Backend>(backend: &Arc<B>, clock: &Arc<Clock>, rate: u32) -> Self {
+        let produced = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let (backend, counted, stopped, said) = (
+            backend.clone(),
+            produced.clone(),
+            stop.clone(),
+            clock.clone(),
+        );
+        let per_tick = u64::from(rate).div_ceil(50);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            while !stopped.is_cancelled() {
+                tick.tick().await;
+                let first = counted.load(Ordering::Relaxed);
+                let batch = (first..first + per_tick)
+                    .map(|id| {
+                        let user = format!("user-{:02}", id % PARTITION_KEYS);
+                        let data = format!("{id} {{\"user\":\"{user}\",\"amount\":{}}}", id % 100);
+                        (user, data)
+                    })
+                    .collect();
+                // Ids count as produced once written; a failed batch is written again.
+                match backend.put(batch).await {
+                    Ok(()) => {
+                        counted.fetch_add(per_tick, Ordering::Relaxed);
+                    }
+                    Err(e) => said.say(&format!("producer: put failed, retrying: {e:#}")),
+                }
+            }
+        });
+        clock.say(&format!(
+            "producer started: {rate} records/s over {PARTITION_KEYS} partition keys"
+        ));
+        Self {
+            task,
+            produced,
+            stop,
+        }
     }
 
-    let final_leases = distribution(&backend.leases().await.unwrap_or_default());
-    for name in fleet.running() {
-        fleet.stop(&name).await;
+    /// Stops producing; the records produced.
+    async fn stop(self) -> u64 {
+        self.stop.cancel();
+        let _ = self.task.await;
+        self.produced.load(Ordering::Relaxed)
     }
-    clock.say("stopped every worker");
-    sleep(Duration::from_millis(150)).await;
-    watching.cancel();
-    let _ = watcher.await;
+}
 
-    Ok(summarize(&fleet, total, &final_leases, clock.0.elapsed()))
+/// The lease table, printed whenever it changes.
+struct LeaseWatcher {
+    task: tokio::task::JoinHandle<()>,
+    stop: CancellationToken,
+}
+
+impl LeaseWatcher {
+    fn start<B: Backend>(backend: &Arc<B>, clock: &Arc<Clock>) -> Self {
+        let stop = CancellationToken::new();
+        let (backend, clock, stopped) = (backend.clone(), clock.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut last = BTreeMap::new();
+            while !stopped.is_cancelled() {
+                let now = match backend.leases().await {
+                    Ok(leases) => distribution(&leases),
+                    Err(_) => last.clone(),
+                };
+                if now != last {
+                    clock.say(&format!("leases  {}", render(&now)));
+                    last = now;
+                }
+                sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self { task, stop }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
 }

@@ -17,6 +17,30 @@ pub(super) fn summarize<B: Backend>(
     final_leases: &BTreeMap<String, Vec<ShardId>>,
     took: Duration,
 ) -> ExitCode {
+    println!("\nsummary after {:.1}s", took.as_secs_f64());
+    let (lost, unexpected) = records(fleet, produced);
+    workers(fleet, final_leases);
+    let sample = lock(&fleet.ledger.sample)
+        .as_ref()
+        .and_then(|s| serde_json::to_string(s).ok());
+    if let Some(line) = sample {
+        println!("\n  a window line, as `run` prints them on stdout:\n  {line}");
+    }
+    let twice = summary_job(fleet);
+    let failed = fleet.members.iter().any(|m| m.failed.is_some()) || twice > 0;
+    if lost == 0 && unexpected == 0 && !failed {
+        println!("\nOK: no record lost");
+        ExitCode::SUCCESS
+    } else {
+        println!(
+            "\nFAILED: {lost} records lost, {unexpected} unexpected, worker failure: {failed}"
+        );
+        ExitCode::FAILURE
+    }
+}
+
+/// The records produced, delivered, lost and counted; the lost and the unexpected.
+fn records<B: Backend>(fleet: &Fleet<B>, produced: u64) -> (usize, usize) {
     let deliveries = lock(&fleet.ledger.deliveries);
     let processed: u64 = deliveries.values().map(|&n| u64::from(n)).sum();
     let unique = deliveries.len() as u64;
@@ -28,10 +52,6 @@ pub(super) fn summarize<B: Backend>(
 
     // After a graceful stop every shard should be checkpointed at its last record.
     let behind = fleet.backend.not_checkpointed();
-    let taken = fleet.backend.takes();
-    let by_worker = lock(&fleet.ledger.by_worker).clone();
-
-    println!("\nsummary after {:.1}s", took.as_secs_f64());
     println!("  records produced    {produced:>7}");
     println!("  records processed   {processed:>7}   (deliveries, re-deliveries included)");
     println!("  unique              {unique:>7}");
@@ -51,6 +71,14 @@ pub(super) fn summarize<B: Backend>(
     if let Some(behind) = behind {
         println!("  not checkpointed    {behind:>7}   (records after the final checkpoints)");
     }
+    (lost, unexpected)
+}
+
+/// Each worker: its fate, the leases it took, the records it processed, its leases at the
+/// end.
+fn workers<B: Backend>(fleet: &Fleet<B>, final_leases: &BTreeMap<String, Vec<ShardId>>) {
+    let taken = fleet.backend.takes();
+    let by_worker = lock(&fleet.ledger.by_worker).clone();
     println!();
     println!(
         "  {:<10} {:<9} {:>12} {:>11}   leases at the end",
@@ -83,12 +111,10 @@ pub(super) fn summarize<B: Backend>(
             println!("             {why}");
         }
     }
-    let sample = lock(&fleet.ledger.sample)
-        .as_ref()
-        .and_then(|s| serde_json::to_string(s).ok());
-    if let Some(line) = sample {
-        println!("\n  a window line, as `run` prints them on stdout:\n  {line}");
-    }
+}
+
+/// The summary job's periods and who ran them; the periods run twice.
+fn summary_job<B: Backend>(fleet: &Fleet<B>) -> usize {
     let periods = lock(&fleet.ledger.periods).clone();
     let mut runs: BTreeMap<u64, usize> = BTreeMap::new();
     let mut by: BTreeMap<&str, usize> = BTreeMap::new();
@@ -101,14 +127,5 @@ pub(super) fn summarize<B: Backend>(
         "\n  summary job: {} periods, {twice} run twice; by {by:?}",
         runs.len()
     );
-    let failed = fleet.members.iter().any(|m| m.failed.is_some()) || twice > 0;
-    if lost == 0 && unexpected == 0 && !failed {
-        println!("\nOK: no record lost");
-        ExitCode::SUCCESS
-    } else {
-        println!(
-            "\nFAILED: {lost} records lost, {unexpected} unexpected, worker failure: {failed}"
-        );
-        ExitCode::FAILURE
-    }
+    twice
 }
