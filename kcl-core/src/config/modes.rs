@@ -52,7 +52,7 @@ pub enum Coordination {
     /// KCL Java 3.x's bill at 10 workers, 5.3× at 100 (`docs/benchmarks.md`).
     EveryWorker,
     /// The default. One elected worker, the leader, follows the whole table each taker
-    /// interval (through the table's change feed, [`LeaseStore::changes`], where the store
+    /// interval (through the table's change feed, [`LeaseStoreExtras::changes`], where the store
     /// has one, with a full read every few minutes; else by reading it), syncs shards, takes
     /// leases that lost their owner, assigns new ones, and balances the fleet by asking
     /// owners for handoffs; a standby follows it too, so that it can act at once if the
@@ -62,7 +62,7 @@ pub enum Coordination {
     /// a leader the fleet keeps processing what it holds; workers that hold nothing look for
     /// work themselves every few intervals.
     ///
-    /// [`LeaseStore::changes`]: crate::LeaseStore::changes
+    /// [`LeaseStoreExtras::changes`]: crate::LeaseStoreExtras::changes
     #[default]
     Leader,
 }
