@@ -394,8 +394,8 @@ pub(crate) struct DemoArgs {
     pub(crate) log_filter: String,
 
     /// Log format: pretty or json.
-    #[arg(long, env = "KCL_LOG_FORMAT", default_value = "pretty")]
-    pub(crate) log_format: String,
+    #[arg(long, env = "KCL_LOG_FORMAT", default_value = "pretty", value_parser = LogFormat::parse)]
+    pub(crate) log_format: LogFormat,
 }
 
 /// The command, with environment values hidden from `--help` (they may be secrets).

@@ -21,7 +21,7 @@ use kcl_serve as http;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{Cli, Command};
-use crate::settings::{Failure, LogFormat, Settings};
+use crate::settings::{Failure, Settings};
 
 /// Exit code for invalid settings (as clap uses for usage errors).
 const EXIT_USAGE: u8 = 2;
@@ -46,9 +46,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(Command::Demo(args)) => {
-            let format = LogFormat::parse(&args.log_format)
-                .map_err(|e| format!("invalid setting `log-format`: {e}"));
-            if let Err(e) = format.and_then(|f| http::init_logging(f, &args.log_filter)) {
+            if let Err(e) = http::init_logging(args.log_format, &args.log_filter) {
                 return fail(&e, EXIT_USAGE);
             }
             match runtime.block_on(demo::run(args)) {
