@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -485,17 +484,6 @@ impl Settings {
             out.push_str(&format!("{} = {quoted}  # {from}\n", kebab(key)));
         }
         out
-    }
-}
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Flag => f.write_str("flag"),
-            Self::Env => f.write_str("environment"),
-            Self::File(p) => write!(f, "{}", p.display()),
-            Self::Default => f.write_str("default"),
-        }
     }
 }
 
