@@ -92,7 +92,8 @@ pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
 pub use config::{
-    Coordination, Liveness, MAX_DURATION, ParseModeError, Retrieval, RetrievalMode, WorkerConfig,
+    Coordination, InitialPositionKind, Liveness, MAX_DURATION, ParseModeError, Retrieval,
+    RetrievalMode, WorkerConfig,
 };
 pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,

@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
-use kcl_core::{Coordination, Liveness, RetrievalMode};
+use kcl_core::{Coordination, InitialPositionKind, Liveness, RetrievalMode};
 use kcl_serve::{LogFormat, SourceKind};
 
 use crate::fault::Fault;
 use crate::settings::Backend;
 use crate::settings::parse::{
-    OffOr, Position, Span, parse_count, parse_listen, parse_max_leases, parse_timestamp, parse_u32,
+    OffOr, Span, parse_count, parse_listen, parse_max_leases, parse_timestamp, parse_u32,
 };
 
 /// Who looks after the lease table: kcl-aws's `TableSetup`; text where no AWS backend reads
@@ -167,7 +167,7 @@ pub(crate) struct RunArgs {
     /// Where a shard without a checkpoint starts: TRIM_HORIZON (oldest retained record),
     /// LATEST (new records only) or AT_TIMESTAMP (see --initial-timestamp).
     #[arg(long, value_name = "POSITION", default_value = "TRIM_HORIZON")]
-    pub(crate) initial_position: Position,
+    pub(crate) initial_position: InitialPositionKind,
 
     /// Start time for AT_TIMESTAMP, RFC 3339 (e.g. 2024-05-01T12:00:00Z).
     #[arg(long, value_name = "TIME", value_parser = parse_timestamp)]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_aws::{TableBilling, TableSetup};
-use kcl_core::{InitialPosition, Retrieval, RetrievalMode, WorkerConfig};
+use kcl_core::{InitialPosition, InitialPositionKind, Retrieval, RetrievalMode, WorkerConfig};
 
 use crate::child::ChildCommand;
 use crate::properties::Properties;
@@ -466,22 +466,19 @@ fn java_key(field: &'static str) -> &'static str {
         .map_or(field, |&(key, _)| key)
 }
 
+/// Where a shard without a checkpoint starts (`initialPositionInStream`, default `LATEST`
+/// as in Java), with `AT_TIMESTAMP`'s time (`initialPositionInStreamExtended`).
 fn initial_position(r: &Reader<'_>) -> Result<InitialPosition, KeyError> {
-    let key = "initialPositionInStream";
-    match r.get(key).map(str::to_ascii_uppercase).as_deref() {
-        None | Some("LATEST") => Ok(InitialPosition::Latest),
-        Some("TRIM_HORIZON") => Ok(InitialPosition::TrimHorizon),
-        Some("AT_TIMESTAMP") => {
+    match r.parsed("initialPositionInStream")? {
+        None | Some(InitialPositionKind::Latest) => Ok(InitialPosition::Latest),
+        Some(InitialPositionKind::AtTimestamp) => {
             let extended = "initialPositionInStreamExtended";
             let given = r
                 .get(extended)
                 .ok_or_else(|| key_error(extended, "needed with AT_TIMESTAMP"))?;
             Ok(InitialPosition::AtTimestamp(timestamp(extended, given)?))
         }
-        Some(other) => Err(key_error(
-            key,
-            format!("`{other}`: use LATEST, TRIM_HORIZON or AT_TIMESTAMP"),
-        )),
+        Some(InitialPositionKind::TrimHorizon) => Ok(InitialPosition::TrimHorizon),
     }
 }
 

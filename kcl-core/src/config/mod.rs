@@ -11,7 +11,7 @@ mod off_or_duration;
 mod parse;
 
 pub use modes::{Coordination, Liveness, Retrieval};
-pub use parse::{ParseModeError, RetrievalMode};
+pub use parse::{InitialPositionKind, ParseModeError, RetrievalMode};
 
 /// How a [`Worker`](crate::Worker) coordinates and consumes.
 ///

@@ -5,6 +5,8 @@
 use std::str::FromStr;
 
 use super::modes::{Coordination, Liveness, Retrieval};
+#[cfg(doc)]
+use crate::types::InitialPosition;
 
 /// A mode's text that names none of its values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,6 +72,32 @@ impl FromStr for RetrievalMode {
     }
 }
 
+/// Where a shard without a checkpoint starts, as a setting spells it (`TRIM_HORIZON`,
+/// `LATEST`, `AT_TIMESTAMP`), without `AT_TIMESTAMP`'s time: an [`InitialPosition`]'s kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InitialPositionKind {
+    /// [`InitialPosition::TrimHorizon`].
+    #[default]
+    TrimHorizon,
+    /// [`InitialPosition::Latest`].
+    Latest,
+    /// [`InitialPosition::AtTimestamp`], whose time a setting gives apart.
+    AtTimestamp,
+}
+
+impl FromStr for InitialPositionKind {
+    type Err = ParseModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let table = [
+            ("trim-horizon", Self::TrimHorizon),
+            ("latest", Self::Latest),
+            ("at-timestamp", Self::AtTimestamp),
+        ];
+        pick(s, &table, "TRIM_HORIZON, LATEST or AT_TIMESTAMP")
+    }
+}
+
 impl FromStr for Coordination {
     type Err = ParseModeError;
 
@@ -122,6 +150,8 @@ mod tests {
         assert_eq!("PER_LEASE".parse(), Ok(Liveness::PerLease));
         assert_eq!("FANOUT".parse(), Ok(RetrievalMode::FanOut));
         assert_eq!("fan-out".parse(), Ok(RetrievalMode::FanOut));
+        assert_eq!("at-timestamp".parse(), Ok(InitialPositionKind::AtTimestamp));
+        assert_eq!("TRIM_HORIZON".parse(), Ok(InitialPositionKind::TrimHorizon));
     }
 
     #[test]

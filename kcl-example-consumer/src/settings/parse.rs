@@ -9,34 +9,6 @@ use chrono::{DateTime, Utc};
 
 pub(crate) use crate::cli::parse_duration;
 
-/// Where a shard without a checkpoint starts, without AT_TIMESTAMP's time.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) enum Position {
-    #[default]
-    TrimHorizon,
-    Latest,
-    AtTimestamp,
-}
-
-impl FromStr for Position {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        parse_position(s)
-    }
-}
-
-fn parse_position(s: &str) -> Result<Position, String> {
-    match s.trim().to_ascii_uppercase().replace('-', "_").as_str() {
-        "TRIM_HORIZON" => Ok(Position::TrimHorizon),
-        "LATEST" => Ok(Position::Latest),
-        "AT_TIMESTAMP" => Ok(Position::AtTimestamp),
-        _ => Err(format!(
-            "expected TRIM_HORIZON, LATEST or AT_TIMESTAMP, got {s:?}"
-        )),
-    }
-}
-
 pub(crate) fn parse_timestamp(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s.trim())
         .map(|t| t.with_timezone(&Utc))

@@ -1,9 +1,8 @@
 //! The worker's configuration from the settings: kcl-core's [`WorkerConfig`], validated by
 //! it, its errors named by our keys.
 
-use kcl_core::{InitialPosition, WorkerConfig};
+use kcl_core::{InitialPosition, InitialPositionKind as Position, WorkerConfig};
 
-use super::parse::Position;
 use super::{SettingsError, Values};
 use crate::cli::RunArgs;
 
