@@ -92,8 +92,6 @@ pub struct SourceKeys<'a> {
 /// A source key, for the error naming it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKey {
-    /// `source`.
-    Source,
     /// `stream`.
     Stream,
     /// `streams`.
@@ -108,7 +106,6 @@ impl SourceKey {
     /// The key's name, in snake case (`stream_removal_grace`).
     pub fn name(self) -> &'static str {
         match self {
-            Self::Source => "source",
             Self::Stream => "stream",
             Self::Streams => "streams",
             Self::Table => "table",
