@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::RunArgs;
 use super::{Origin, SettingsError, kebab};
-use crate::cli::RunArgs;
 
 /// Values read from a config file, by snake-case key.
 #[derive(Debug, Clone, Default)]

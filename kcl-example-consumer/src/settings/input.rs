@@ -3,8 +3,8 @@
 
 use kcl_serve::{SourceKeys, SourceKind, SourceSpec};
 
+use super::RunArgs;
 use super::{SettingsError, Values};
-use crate::cli::RunArgs;
 
 /// The streams the settings name; one is required.
 pub(super) fn input(a: &RunArgs, v: &Values<'_>) -> Result<SourceSpec, SettingsError> {

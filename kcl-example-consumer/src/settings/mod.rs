@@ -17,13 +17,13 @@ use clap::{ArgMatches, FromArgMatches};
 use kcl_core::{Retrieval, WorkerConfig};
 use kcl_serve::source::is_table_name;
 
-use crate::cli::RunArgs;
-
+mod args;
 mod file;
 mod input;
 pub(crate) mod parse;
 mod worker;
 
+pub(crate) use args::RunArgs;
 use file::one_line;
 pub(crate) use file::{FileValues, keys};
 
@@ -251,10 +251,14 @@ pub(crate) enum Failure {
     Settings(SettingsError),
 }
 
-/// The command line `argv`, with the config file it names (`--config`, `KCL_CONFIG`) laid
-/// under its flags and the environment.
-pub(crate) fn matches(argv: &[OsString]) -> Result<(ArgMatches, Option<FileValues>), Failure> {
-    let first = crate::cli::command()
+/// The command line `argv` of `command`, with the config file it names (`--config`,
+/// `KCL_CONFIG`) laid under its flags and the environment.
+pub(crate) fn matches(
+    command: &clap::Command,
+    argv: &[OsString],
+) -> Result<(ArgMatches, Option<FileValues>), Failure> {
+    let first = command
+        .clone()
         .try_get_matches_from(argv)
         .map_err(|e| invalid(e, argv, None))?;
     let run = match first.subcommand() {
@@ -266,17 +270,21 @@ pub(crate) fn matches(argv: &[OsString]) -> Result<(ArgMatches, Option<FileValue
         return Ok((first, None));
     };
     let file = FileValues::load(path).map_err(Failure::Settings)?;
-    Ok((layered(argv, &file)?, Some(file)))
+    Ok((layered(command, argv, &file)?, Some(file)))
 }
 
-/// `argv` parsed with `file`'s values as the defaults of their options.
-pub(crate) fn layered(argv: &[OsString], file: &FileValues) -> Result<ArgMatches, Failure> {
+/// `argv` parsed by `command` with `file`'s values as the defaults of their options.
+pub(crate) fn layered(
+    command: &clap::Command,
+    argv: &[OsString],
+    file: &FileValues,
+) -> Result<ArgMatches, Failure> {
     let lay = |command: clap::Command| {
         file.values.iter().fold(command, |command, (key, value)| {
             command.mut_arg(key, |arg| arg.default_value(value.clone()))
         })
     };
-    lay(crate::cli::command())
+    lay(command.clone())
         .mut_subcommand("run", lay)
         .try_get_matches_from(argv)
         .map_err(|e| invalid(e, argv, Some(file)))

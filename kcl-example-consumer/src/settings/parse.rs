@@ -7,8 +7,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-pub(crate) use crate::cli::parse_duration;
-
 pub(crate) fn parse_timestamp(s: &str) -> Result<DateTime<Utc>, String> {
     DateTime::parse_from_rfc3339(s.trim())
         .map(|t| t.with_timezone(&Utc))
@@ -70,4 +68,16 @@ impl FromStr for OffOr {
             .map(|d| Self(Some(d)))
             .map_err(|e| format!("{e}; or off"))
     }
+}
+
+/// Parses `10s`, `500ms`, `1m30s`.
+/// A duration such as `10s`, at most [`kcl_core::MAX_DURATION`] (7 days): beyond any useful
+/// value, and small enough that adding it to a clock reading never overflows.
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("expected a duration such as 10s, 500ms or 1m30s, got {s:?} ({e})"))?;
+    if d > kcl_core::MAX_DURATION {
+        return Err(format!("must be at most 7 days, got {}", s.trim()));
+    }
+    Ok(d)
 }

@@ -20,8 +20,8 @@ fn parsed(args: &[&str], file: Option<&FileValues>) -> Result<ArgMatches, Settin
         .map(OsString::from)
         .collect();
     let m = match file {
-        Some(file) => layered(&argv, file),
-        None => matches(&argv).map(|(m, _)| m),
+        Some(file) => layered(&crate::cli::command(), &argv, file),
+        None => matches(&crate::cli::command(), &argv).map(|(m, _)| m),
     };
     let m = m.map_err(|f| match f {
         Failure::Settings(e) => e,

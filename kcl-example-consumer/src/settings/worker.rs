@@ -3,8 +3,8 @@
 
 use kcl_core::{InitialPosition, InitialPositionKind as Position, WorkerConfig};
 
+use super::RunArgs;
 use super::{SettingsError, Values};
-use crate::cli::RunArgs;
 
 /// Where a shard without a checkpoint starts.
 fn initial_position(a: &RunArgs, v: &Values<'_>) -> Result<InitialPosition, SettingsError> {

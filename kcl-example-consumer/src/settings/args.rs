@@ -1,0 +1,268 @@
+//! `run`'s options, typed: a flag's, a `KCL_…` variable's and a config file's value go
+//! through the same value parser ([`super::parse`]), and the command line lays the file under
+//! the flags and the environment ([`super::layered`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+use kcl_core::{Coordination, InitialPositionKind, Liveness, RetrievalMode};
+use kcl_serve::{LogFormat, SourceKind};
+
+use super::Backend;
+use super::parse::{
+    OffOr, Span, parse_count, parse_duration, parse_listen, parse_max_leases, parse_timestamp,
+    parse_u32,
+};
+use crate::fault::Fault;
+
+/// Who looks after the lease table: kcl-aws's `TableSetup`; text where no AWS backend reads
+/// it (a build without feature `aws`).
+#[cfg(feature = "aws")]
+pub(crate) type TableSetupArg = kcl_aws::TableSetup;
+/// Who looks after the lease table: kcl-aws's `TableSetup`; text where no AWS backend reads
+/// it (a build without feature `aws`).
+#[cfg(not(feature = "aws"))]
+pub(crate) type TableSetupArg = String;
+
+/// The default `--log-filter`.
+const DEFAULT_LOG_FILTER: &str = "info,aws_config=error";
+
+/// Options of `run`, typed: a flag's, a `KCL_…` variable's and a config file's value are
+/// parsed by the same value parser ([`crate::settings`] lays the file under them). Each
+/// reads the variable `KCL_<ID>` too ([`crate::cli::command`]).
+#[derive(Debug, Args, Clone)]
+pub(crate) struct RunArgs {
+    /// Config file (TOML, or YAML for .yaml/.yml) whose keys mirror these flags.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+
+    /// What is read: `kinesis` (a Kinesis stream: --stream or --streams) or
+    /// `dynamodb-streams` (a DynamoDB table's stream: --table, or --stream with the stream's
+    /// ARN; leases and checkpoints as the Java DynamoDB Streams Kinesis Adapter keeps them).
+    #[arg(long, value_name = "SOURCE", default_value = "kinesis")]
+    pub(crate) source: SourceKind,
+
+    /// With --source dynamodb-streams: the DynamoDB table whose current stream
+    /// (LatestStreamArn) is read.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) table: Option<String>,
+
+    /// Stream name or ARN (this or --streams is required); with --source dynamodb-streams,
+    /// a DynamoDB stream ARN.
+    #[arg(long, value_name = "NAME|ARN")]
+    pub(crate) stream: Option<String>,
+
+    /// Several streams, names or ARNs separated by commas (a list in a config file), read by
+    /// one fleet in KCL Java's multi-stream mode: leases keyed
+    /// `account:stream:creationEpoch:shardId`, so a KCL Java multi-stream table is picked up
+    /// with its checkpoints (use it for a KCL Java multi-stream fleet even of one stream).
+    /// Window lines name the shard by that key.
+    #[arg(long, value_name = "NAME|ARN,…")]
+    pub(crate) streams: Option<String>,
+
+    /// With --streams: how long a stream that left the list (also across a restart) is still
+    /// read before its leases are deleted; it keeps its checkpoints if it comes back within
+    /// it [default: 5m].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) stream_removal_grace: Option<Duration>,
+
+    /// Application name: the name of the DynamoDB lease table shared by every worker of this
+    /// application (required).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) application_name: Option<String>,
+
+    /// Where a shard without a checkpoint starts: TRIM_HORIZON (oldest retained record),
+    /// LATEST (new records only) or AT_TIMESTAMP (see --initial-timestamp).
+    #[arg(long, value_name = "POSITION", default_value = "TRIM_HORIZON")]
+    pub(crate) initial_position: InitialPositionKind,
+
+    /// Start time for AT_TIMESTAMP, RFC 3339 (e.g. 2024-05-01T12:00:00Z).
+    #[arg(long, value_name = "TIME", value_parser = parse_timestamp)]
+    pub(crate) initial_timestamp: Option<DateTime<Utc>>,
+
+    /// This worker's unique id in the lease table [default: $POD_NAME, else <hostname>-<pid>].
+    #[arg(long, value_name = "ID")]
+    pub(crate) worker_id: Option<String>,
+
+    /// Most leases (shards) this worker holds at once: a number or `unlimited`.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "unlimited",
+        value_parser = parse_max_leases
+    )]
+    pub(crate) max_leases: usize,
+
+    /// Most leases asked from busier workers per balancing cycle.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "1",
+        value_parser = parse_count
+    )]
+    pub(crate) max_leases_to_steal: usize,
+
+    /// Most reads (GetRecords, GetShardIterator) in flight at once across every shard held:
+    /// bounds connections and in-flight responses (up to 10 MiB each).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "16",
+        value_parser = parse_count
+    )]
+    pub(crate) max_concurrent_reads: usize,
+
+    /// Who reads the whole lease table: `leader` (an elected leader and a standby follow
+    /// it through its stream; the others read only their own leases, so the table's reads
+    /// grow with shards, not workers × shards), or `every-worker` (each worker reads it
+    /// every second, as KCL Java 1.x and 2.x did).
+    #[arg(long, value_name = "MODE", default_value = "leader")]
+    pub(crate) coordination: Coordination,
+
+    /// What proves a worker alive: `per-lease` (each held lease is renewed every third of
+    /// the failover time, as KCL Java does) or `heartbeat` (one heartbeat row per worker,
+    /// renewed every half failover time, whatever it holds: a tenth of the writes or less;
+    /// every worker sharing the table must be kcl: KCL Java would take these leases).
+    #[arg(long, value_name = "MODE", default_value = "per-lease")]
+    pub(crate) liveness: Liveness,
+
+    /// How records are read: `polling` (GetRecords, pausing `idle-time-between-reads` after
+    /// an empty answer) or `fan-out` (enhanced fan-out: a stream consumer named after the
+    /// application pushes records as they arrive; extra AWS cost per consumer-shard hour and
+    /// per GB, at most 20 consumers a stream).
+    #[arg(long, value_name = "MODE", default_value = "polling")]
+    pub(crate) retrieval: RetrievalMode,
+
+    /// A lease not renewed for this long is taken over by another worker (renewals happen
+    /// every third of it).
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub(crate) failover_time: Span,
+
+    /// Graceful shutdown deadline: processors checkpoint and leases are handed back within it.
+    /// Keep it below the orchestrator's kill timeout.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub(crate) shutdown_timeout: Span,
+
+    /// Records asked for per GetRecords call (1 to 10000).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "10000",
+        value_parser = parse_u32
+    )]
+    pub(crate) max_records: u32,
+
+    /// Pause after an empty read before polling the shard again.
+    #[arg(long, value_name = "DURATION", default_value = "1s")]
+    pub(crate) idle_time_between_reads: Span,
+
+    /// How often the stream's shards are listed to pick up resharding.
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub(crate) shard_sync_interval: Span,
+
+    /// A held shard whose checkpoint has not moved for this long while records past it wait
+    /// is reported stalled (in /status, /readyz's text and kcl_shards_stalled): its
+    /// processor hangs, keeps failing, or never checkpoints. Keep it above the window (this
+    /// consumer checkpoints as each window closes). `off` reports no shard stalled.
+    #[arg(long, value_name = "DURATION|off", default_value = "10m")]
+    pub(crate) stalled_after: OffOr,
+
+    /// Length of the tumbling windows (by record arrival time) counted per shard.
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub(crate) window: Span,
+
+    /// Partition keys listed per window line (the busiest ones); 0 lists none.
+    #[arg(long, value_name = "N", default_value = "20", value_parser = parse_count)]
+    pub(crate) top_keys: usize,
+
+    /// Address of the health and metrics HTTP server.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080",
+        value_parser = parse_listen
+    )]
+    pub(crate) listen: SocketAddr,
+
+    /// Also push the metrics over OTLP/HTTP (protobuf) to URL, a collector beside the
+    /// process, e.g. http://localhost:4318/v1/metrics (an AWS Distro for OpenTelemetry
+    /// sidecar whose awsemf exporter puts them in CloudWatch). Off unless set.
+    #[arg(long, value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
+
+    /// How often the metrics are pushed over OTLP (default 60s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) otlp_interval: Option<Duration>,
+
+    /// Run the fleet's summary job, a singleton: every DURATION, on one worker of the fleet
+    /// at a time, one JSON line on stdout with the lease table's state (and the messages sent
+    /// to the job since the last one). Off unless set.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub(crate) summary_every: Option<Duration>,
+
+    /// A file holding the shared secret of singleton messages: with it, the HTTP server
+    /// takes `POST /singletons/summary/messages` (Authorization: Bearer <secret>) for the
+    /// summary job. The endpoint is never open without a secret.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) messages_secret_file: Option<String>,
+
+    /// Where the other workers reach this one's HTTP server (e.g. `http://$(POD_IP):8080`),
+    /// advertised in the summary job's row while this worker runs it. Needed with
+    /// `--messages-secret-file`.
+    #[arg(long, value_name = "URL")]
+    pub(crate) advertise: Option<String>,
+
+    /// Log format: pretty (human) or json (one object per line).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        default_value = "pretty",
+        value_parser = LogFormat::parse
+    )]
+    pub(crate) log_format: LogFormat,
+
+    /// Log filter, tracing-subscriber syntax (e.g. `info,kcl_core=debug`). The default leaves
+    /// out the AWS SDK's own credential-chain warnings, repeated at every retry: the worker
+    /// says once what fails and what to check.
+    #[arg(
+        long,
+        value_name = "FILTER",
+        default_value = DEFAULT_LOG_FILTER
+    )]
+    pub(crate) log_filter: String,
+
+    /// Backends: aws (Kinesis and DynamoDB) or memory (an in-process stream of 4 shards fed
+    /// by a built-in producer, to try the binary without AWS).
+    #[arg(
+        long,
+        value_name = "BACKEND",
+        default_value = "aws",
+        value_parser = Backend::parse
+    )]
+    pub(crate) backend: Backend,
+
+    /// For trying probes and alerts, never in production: the processor fails every call of
+    /// this hook, `process-records` or `initialize`, so that each shard is reported
+    /// `failing` and /readyz is not ready. `none` injects nothing.
+    #[arg(
+        long,
+        value_name = "HOOK",
+        default_value = "none",
+        value_parser = Fault::parse
+    )]
+    pub(crate) inject_failure: Fault,
+
+    /// Who looks after the lease table: `managed` (the worker creates it on first start and
+    /// adds the owner index and the stream the leader mode uses; needs dynamodb:CreateTable
+    /// and dynamodb:UpdateTable) or `external` (made elsewhere, e.g. by Terraform: nothing is
+    /// created or changed; a missing table stops the worker with what to create).
+    #[arg(long, value_name = "SETUP", default_value = "managed")]
+    pub(crate) table_setup: TableSetupArg,
+
+    /// Print the effective settings, each with where it came from, and exit.
+    #[arg(long)]
+    pub(crate) print_config: bool,
+}
