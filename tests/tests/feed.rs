@@ -11,7 +11,7 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::StreamViewType;
 use kcl_core::lease::feed::{Change, FeedPosition, FeedRead};
 use kcl_core::lease::usage::Operation;
-use kcl_core::{Checkpoint, Lease, LeaseStore, ShardId, TableFeatures, WorkerId};
+use kcl_core::{Checkpoint, Lease, LeaseStore, LeaseStoreExtras, ShardId, TableFeatures, WorkerId};
 use kcl_integration_tests::{Context, with_timeout};
 use tokio::time::{Instant, sleep};
 

@@ -10,7 +10,9 @@ use anyhow::Context as _;
 use aws_sdk_dynamodb::types::{KeyType, ProjectionType, StreamViewType, TableDescription};
 use kcl_aws::TableSetup;
 use kcl_core::lease::usage::Operation;
-use kcl_core::{Checkpoint, ErrorKind, Lease, LeaseStore, ShardId, TableFeatures, WorkerId};
+use kcl_core::{
+    Checkpoint, ErrorKind, Lease, LeaseStore, LeaseStoreExtras, ShardId, TableFeatures, WorkerId,
+};
 use kcl_integration_tests::{Context, with_timeout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

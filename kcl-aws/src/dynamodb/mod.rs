@@ -23,7 +23,7 @@
 //!   request. A write refused by its condition is counted without units: DynamoDB charges it
 //!   but does not report it.
 //!
-//! The schema (names, conditions, conversions) is in [`schema`]; table creation in `table`.
+//! The schema (names, conditions, conversions) is in `schema`; table creation in `table`.
 
 mod expr;
 mod feed;
@@ -111,7 +111,7 @@ impl DynamoDbLeaseStore {
         }
     }
 
-    /// Serves [`LeaseStore::changes`] from the table's DynamoDB stream, read with `client`
+    /// Serves [`LeaseStoreExtras::changes`] from the table's DynamoDB stream, read with `client`
     /// ([`new`](Self::new) makes one from its `SdkConfig`). Under `Coordination::Leader` the
     /// leader and the standby then follow the table through the stream instead of reading it
     /// every interval (see the `feed` module docs).

@@ -134,7 +134,7 @@ impl CheckpointUpdate {
 }
 
 /// A row of the lease table that the last read could not parse: kcl neither processes nor
-/// writes it (see [`LeaseStore::unreadable`]).
+/// writes it (see [`LeaseStoreExtras::unreadable`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub struct UnreadableRow {
@@ -247,7 +247,7 @@ pub trait LeaseStore: LeaseStoreExtras {
     ) -> impl Future<Output = Result<TableFeatures, BackendError>> + Send;
 
     /// Every lease, read consistently. Rows that cannot be parsed are skipped, and kept for
-    /// [`unreadable`](Self::unreadable).
+    /// [`unreadable`](LeaseStoreExtras::unreadable).
     fn list(&self) -> impl Future<Output = Result<Vec<Lease>, BackendError>> + Send;
 
     /// Every lease, read as cheaply as the store can (DynamoDB: an eventually consistent

@@ -7,7 +7,7 @@
 //! [`read_units`], [`write_units`] and [`item_size`]), the DynamoDB store records what
 //! DynamoDB reports as consumed. [`Usage::record`] also feeds the
 //! [`REQUESTS`](crate::metrics::STORE_REQUESTS) and capacity counters, so the bill of a running
-//! fleet can be read off its metrics; [`LeaseStore::usage`](super::LeaseStore::usage) gives
+//! fleet can be read off its metrics; [`LeaseStoreExtras::usage`](super::LeaseStoreExtras::usage) gives
 //! the totals to code (benchmarks, tests of the request bound).
 
 use std::collections::BTreeMap;

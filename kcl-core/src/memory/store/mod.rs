@@ -1,7 +1,7 @@
 //! An in-memory lease table with DynamoDB's conditional-write semantics and a journal.
 //!
 //! This file: the table, its journal, faults and test hooks, and the conditional write every
-//! operation goes through; `lease_store`: the [`LeaseStore`](crate::LeaseStore) operations on top of it.
+//! operation goes through; `lease_store`: the [`LeaseStore`](crate::LeaseStore)(crate::LeaseStore) operations on top of it.
 
 mod lease_store;
 
@@ -58,7 +58,7 @@ struct Table {
 /// The owner index as last refreshed: when, and each row's key and owner.
 type OwnerIndex = (Instant, Vec<(ShardId, Option<WorkerId>)>);
 
-/// An in-memory [`LeaseStore`]. Clones share the table; see [`client`](Self::client).
+/// An in-memory [`LeaseStore`](crate::LeaseStore). Clones share the table; see [`client`](Self::client).
 #[derive(Debug, Clone)]
 pub struct MemoryLeaseStore {
     table: Arc<Mutex<Table>>,
@@ -113,7 +113,7 @@ impl MemoryLeaseStore {
     }
 
     /// The requests of every client so far, with the units DynamoDB would charge for them
-    /// (see [`usage`](crate::lease::usage)); [`LeaseStore::usage`] gives this handle's.
+    /// (see [`usage`](crate::lease::usage)); [`LeaseStoreExtras::usage`](crate::LeaseStoreExtras::usage) gives this handle's.
     pub fn table_usage(&self) -> Usage {
         self.lock().usage.clone()
     }
@@ -132,7 +132,7 @@ impl MemoryLeaseStore {
         t.feed_lag = lag.unwrap_or_default();
     }
 
-    /// Models the eventual consistency of the owner index: [`LeaseStore::owned_by`] answers
+    /// Models the eventual consistency of the owner index: [`LeaseStore::owned_by`](crate::LeaseStore::owned_by) answers
     /// from the rows as they were up to `lag` ago. Default: no lag.
     pub fn set_index_lag(&self, lag: Duration) {
         let mut t = self.lock();
@@ -148,7 +148,7 @@ impl MemoryLeaseStore {
     }
 
     /// Puts a row that readers cannot parse (an attribute of the wrong type, a row with only
-    /// its key): reads skip it and report it in [`LeaseStore::unreadable`], and every
+    /// its key): reads skip it and report it in [`LeaseStoreExtras::unreadable`](crate::LeaseStoreExtras::unreadable), and every
     /// conditional write on its key fails, as DynamoDB's would on a row of another shape.
     pub fn insert_unreadable(&self, key: ShardId, reason: &str) {
         let mut t = self.lock();
