@@ -59,7 +59,7 @@ const MAX_LINE: usize = 1 << 20;
 const EXIT_GRACE: Duration = Duration::from_secs(10);
 /// How long `lease_lost` may take when `timeoutInSeconds` is not set: kcl puts no deadline on
 /// it, and the shard is not free for another child until it returns.
-pub const LEASE_LOST_BOUND: Duration = Duration::from_secs(10);
+pub(crate) const LEASE_LOST_BOUND: Duration = Duration::from_secs(10);
 /// How long what a killed group leaves behind is waited for: its reaping, the end of its
 /// pipes (held open only by a process that left the group).
 const AFTER_KILL: Duration = Duration::from_secs(1);
@@ -75,7 +75,7 @@ pub struct ChildCommand {
     pub args: Vec<String>,
     /// How long each hook may take with the child (`timeoutInSeconds`): its messages written,
     /// the checkpoints on the way, its answers and, after its last message, its exit. `None`
-    /// waits as long as the lease allows, and [`LEASE_LOST_BOUND`] for `lease_lost`.
+    /// waits as long as the lease allows, and 10 s for `lease_lost`.
     pub timeout: Option<Duration>,
 }
 
@@ -102,7 +102,7 @@ pub struct FailurePolicy {
 
 /// Why an exchange with a child failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ChildError {
+pub(crate) enum ChildError {
     /// The child could not be started.
     #[error("cannot start `{program}`")]
     Spawn {

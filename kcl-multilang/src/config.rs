@@ -1,6 +1,6 @@
 //! The Java daemon's properties, mapped onto kcl.
 //!
-//! Every key KCL Java 3.x's MultiLangDaemon reads is in [`KEYS`]: either mapped (to the
+//! Every key KCL Java 3.x's MultiLangDaemon reads is in `KEYS`: either mapped (to the
 //! [`WorkerConfig`], the lease store, the AWS clients or the child processes) or known to have
 //! no equivalent here, said once at start with the reason. A key nobody knows gets a warning
 //! naming it, and the known key it resembles (the Java daemon ignores such a key silently).
@@ -26,7 +26,9 @@ use crate::properties::Properties;
 mod describe;
 mod keys;
 
-pub use keys::{KEYS, Use};
+#[cfg(test)]
+use keys::KEYS;
+pub(crate) use keys::Use;
 use keys::{POLLING_KEYS, canonical, near};
 
 /// A key of the properties file that is missing or wrong.
@@ -119,7 +121,7 @@ pub struct DaemonConfig {
     pub unknown: Vec<(String, Option<&'static str>)>,
 }
 
-/// Reads properties for the keys of [`KEYS`], keeping every error met on the way.
+/// Reads properties for the keys of `KEYS`, keeping every error met on the way.
 struct Reader<'a> {
     properties: &'a Properties,
     errors: std::cell::RefCell<Vec<KeyError>>,

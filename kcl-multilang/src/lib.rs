@@ -3,9 +3,13 @@
 //! A drop-in for KCL Java's MultiLangDaemon, on kcl: record processors written with the
 //! Python (`amazon_kclpy`), Node.js (`aws-kcl`), Ruby or .NET client libraries run as child
 //! processes of the `kcl-multilang` binary, unchanged, with no JVM. The binary reads the
-//! daemon's `.properties` file ([`properties`], [`config`]) and runs a kcl worker whose
-//! processor for each shard is a child process ([`child`]) speaking the protocol below
-//! ([`protocol`]).
+//! daemon's `.properties` file ([`Properties`], [`DaemonConfig`]) and runs a kcl worker whose
+//! processor for each shard is a child process ([`ChildProcessor`]) speaking the protocol
+//! below.
+//!
+//! This library is the binary's parts, public for the binary and its tests only: the crate is
+//! not published and its API carries no semver promise. What a user holds is the binary, its
+//! properties keys (`kcl-multilang --print-config`) and the protocol.
 //!
 //! ## The protocol
 //!
@@ -70,13 +74,14 @@
 //!   `execvp` does); one that cannot be executed is an error naming the key, exit status 2.
 //! - A file that is valid UTF-8 is read as UTF-8 (Java reads ISO-8859-1).
 //!
-//! Every other difference is a key: see [`config`] and `kcl-multilang --print-config`.
+//! Every other difference is a key: see `kcl-multilang --print-config`.
 
-pub mod child;
-pub mod config;
-pub mod properties;
-pub mod protocol;
+mod child;
+mod config;
+mod properties;
+mod protocol;
 
-pub use child::{ChildCommand, ChildProcessor, FailurePolicy};
-pub use config::DaemonConfig;
+pub use child::{CHILDREN_FAILED, ChildCommand, ChildProcessor, FailurePolicy};
+pub use config::{ClientSettings, Credentials, DaemonConfig, KeyError};
 pub use properties::Properties;
+pub use protocol::{CheckpointFailure, JsonRecord, ToChild};

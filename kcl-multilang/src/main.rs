@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{ShardId, Worker};
-use kcl_multilang::config::{ClientSettings, Credentials, DaemonConfig, KeyError};
+use kcl_multilang::{ClientSettings, Credentials, DaemonConfig, KeyError};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
 use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
@@ -274,7 +274,7 @@ async fn run(
     let options = kcl_serve::Options {
         exit,
         summary: vec![(
-            kcl_multilang::child::CHILDREN_FAILED,
+            kcl_multilang::CHILDREN_FAILED,
             "child exited non-zero",
             "children exited non-zero",
         )],

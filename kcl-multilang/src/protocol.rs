@@ -146,7 +146,7 @@ impl CheckpointFailure {
 
 /// A message from the child.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FromChild {
+pub(crate) enum FromChild {
     /// The child is done with the message named.
     Status {
         /// The action it answers (`None` if the field was missing or null).
@@ -182,7 +182,7 @@ struct Incoming {
 impl FromChild {
     /// Parses one line of the child's stdout: `None` for an empty line or one that is not a
     /// JSON object with an `action`.
-    pub fn parse(line: &str) -> Option<Self> {
+    pub(crate) fn parse(line: &str) -> Option<Self> {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
             return None;

@@ -505,7 +505,7 @@ fn cleanup(pgid: u32) {
 /// The same inputs give the same bytes here.
 #[test]
 fn the_lines_are_the_java_daemons_byte_for_byte() {
-    use kcl_multilang::protocol::{CheckpointFailure, JsonRecord, ToChild};
+    use kcl_multilang::{CheckpointFailure, JsonRecord, ToChild};
 
     let golden = include_str!("golden/kcl-java-3.1.3.jsonl");
     let arrived = [1_795_586_745_227, 1_795_586_745_258, 1_795_586_745_261];

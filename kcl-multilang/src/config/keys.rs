@@ -10,7 +10,7 @@
 
 /// What becomes of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
+pub(crate) enum Use {
     /// Read; the text says into what.
     Mapped(&'static str),
     /// Not read; the text says why.
@@ -29,7 +29,7 @@ const KCL_BACKOFF: Use = Use::Ignored("retried with kcl's backoff (taskBackoffTi
 
 /// Every key, with what becomes of it. Dotted keys are matched whole first, then by their
 /// first part.
-pub const KEYS: &[(&str, Use)] = &[
+pub(crate) const KEYS: &[(&str, Use)] = &[
     // The child processes.
     (
         "executableName",
