@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
 use kcl_core::{ShardId, Worker};
-use kcl_multilang::{ClientSettings, Credentials, DaemonConfig, KeyError};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
+use kcl_multilang::{ClientSettings, Credentials, DaemonConfig, KeyError};
 use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
 
