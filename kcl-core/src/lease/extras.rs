@@ -15,7 +15,13 @@ use super::usage::Usage;
 use super::{LeaseStore, UnreadableRow};
 use crate::error::BackendError;
 
-/// What a [`LeaseStore`] may offer beyond its operations; see the module docs.
+/// What a [`LeaseStore`] may offer beyond its operations: a change feed, request accounting,
+/// and the rows it could not parse. Each method's default is true of a store without it, so a
+/// store that has none of them implements this trait empty and still works: its observers
+/// (the leader and the standby) read the whole table, its bill is not counted and no row is
+/// reported unreadable. The stores of this workspace (in memory, DynamoDB) implement all
+/// three. (The owner index is [`LeaseStore::owned_by`], an operation with a default: its
+/// honest default reads the whole table, which only a method of `LeaseStore` can.)
 ///
 /// ```
 /// # use kcl_core::LeaseStoreExtras;

@@ -489,7 +489,18 @@ impl Settings {
                 Origin::Default => "default".to_owned(),
             };
             let quoted = toml::Value::String(value.clone()).to_string();
-            out.push_str(&format!("{} = {quoted}  # {from}\n", kebab(key)));
+            // A worker id made from this host is one worker's: commented out, so that the
+            // output read back as a file (on another host) does not give two workers one id.
+            let unpinned = key == "worker_id" && matches!(origin, Origin::Default);
+            let (lead, from) = if unpinned {
+                (
+                    "# ",
+                    "default: $POD_NAME, else <hostname>-<pid>; one per worker",
+                )
+            } else {
+                ("", from.as_str())
+            };
+            out.push_str(&format!("{lead}{} = {quoted}  # {from}\n", kebab(key)));
         }
         out
     }

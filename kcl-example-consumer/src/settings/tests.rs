@@ -348,8 +348,15 @@ fn print_config_lists_every_key_with_its_origin() {
         text.contains("failover-time = \"10s\"  # default"),
         "{text}"
     );
-    // The output is itself a valid config file.
-    assert!(text.parse::<toml::Table>().is_ok(), "{text}");
+    // The output is itself a valid config file, which pins no worker id made from this host.
+    let read_back = text.parse::<toml::Table>();
+    assert!(
+        read_back
+            .as_ref()
+            .is_ok_and(|t| !t.contains_key("worker-id")),
+        "{text}"
+    );
+    assert!(text.contains("# worker-id = "), "{text}");
 }
 
 #[test]
