@@ -109,7 +109,6 @@ fn the_policy_allows_exactly_what_kcl_aws_calls() {
     let src = root.join("src");
     let mut calls = BTreeSet::new();
     called(&src.join("dynamodb"), "dynamodb", &mut calls);
-    called(&src.join("kinesis.rs"), "kinesis", &mut calls);
     called(&src.join("kinesis"), "kinesis", &mut calls);
     assert!(calls.contains("kinesis:GetRecords"), "{calls:?}");
     assert!(calls.contains("dynamodb:UpdateItem"), "{calls:?}");
