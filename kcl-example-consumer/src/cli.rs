@@ -140,6 +140,27 @@ pub(crate) struct DemoArgs {
     pub(crate) log_format: LogFormat,
 }
 
+/// The command for `argv`: `run`'s options read their `KCL_…` variables only where `run` is
+/// what runs (no subcommand, or `run`), so that a variable meant for `run` never fails
+/// `healthcheck`, `demo` or `cost`.
+pub(crate) fn command_for(argv: &[std::ffi::OsString]) -> clap::Command {
+    let other = argv
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| matches!(a, "demo" | "healthcheck" | "cost" | "help"));
+    if other { without_run_env() } else { command() }
+}
+
+/// The command with `run`'s options read from no variable (see [`command_for`]).
+fn without_run_env() -> clap::Command {
+    fn hide(arg: clap::Arg) -> clap::Arg {
+        arg.hide_env_values(true)
+    }
+    <Cli as clap::CommandFactory>::command()
+        .mut_subcommand("demo", |c| c.mut_args(hide))
+        .mut_subcommand("healthcheck", |c| c.mut_args(hide))
+}
+
 /// The command, with environment values hidden from `--help` (they may be secrets).
 pub(crate) fn command() -> clap::Command {
     fn hide(arg: clap::Arg) -> clap::Arg {
@@ -167,6 +188,7 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         command().debug_assert();
+        without_run_env().debug_assert();
     }
 
     #[test]

@@ -28,7 +28,7 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let (matches, file) = match settings::matches(&cli::command(), &argv) {
+    let (matches, file) = match settings::matches(&cli::command_for(&argv), &argv) {
         Ok(parsed) => parsed,
         Err(Failure::Clap(e)) => e.exit(),
         Err(Failure::Settings(e)) => return fail(&e.to_string(), EXIT_USAGE),

@@ -552,3 +552,44 @@ fn the_metrics_are_pushed_over_otlp_too() {
         assert!(body.contains(name), "{name} missing from the push");
     }
 }
+
+/// A `KCL_…` variable meant for `run` is `run`'s: a wrong one fails `run` (naming it), never
+/// the other subcommands, which read no `run` option.
+#[test]
+fn a_run_variable_fails_run_only() {
+    let bad = |cmd: &mut Command| {
+        cmd.env("KCL_MAX_LEASES", "lots");
+    };
+    let mut run = consumer();
+    run.args([
+        "--print-config",
+        "--stream",
+        "s",
+        "--application-name",
+        "app",
+    ]);
+    bad(&mut run);
+    let out = output(&mut run);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("KCL_MAX_LEASES"),
+        "{out:?}"
+    );
+
+    let mut cost = consumer();
+    cost.args(["cost", "--shards", "4", "--workers", "2"]);
+    bad(&mut cost);
+    let out = output(&mut cost);
+    assert!(out.status.success(), "{out:?}");
+
+    // Nothing listens on port 1: the probe fails as a probe (exit 1), not as a usage error.
+    let mut probe = consumer();
+    probe.args(["healthcheck", "--listen", "127.0.0.1:1", "--timeout", "1s"]);
+    bad(&mut probe);
+    let out = output(&mut probe);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
+        "{out:?}"
+    );
+}

@@ -1,6 +1,6 @@
 //! The config file: TOML, or YAML for `.yaml`/`.yml`, whose keys are `run`'s options
-//! (`failover-time` or `failover_time`); an unknown key or a value that is not a single one is
-//! refused, naming it.
+//! (`failover-time` or `failover_time`); an unknown key, a key given twice (in both spellings)
+//! or a value that is not a single one is refused, naming it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -62,7 +62,15 @@ impl FileValues {
                 origin: Some(Origin::File(path.to_owned())),
                 reason: format!("expected a single value, got {value}"),
             })?;
-            values.insert(key, text);
+            // `failover-time` and `failover_time` are one key: written twice, which one wins
+            // would be the map's order, so neither does.
+            if values.insert(key.clone(), text).is_some() {
+                return Err(SettingsError {
+                    key: raw_key,
+                    origin: Some(Origin::File(path.to_owned())),
+                    reason: format!("given twice (as `{}` and `{key}`): keep one", kebab(&key)),
+                });
+            }
         }
         Ok(Self {
             path: path.to_owned(),

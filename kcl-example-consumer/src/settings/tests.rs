@@ -338,6 +338,20 @@ fn file_errors_name_the_key() {
 }
 
 #[test]
+fn a_key_given_in_both_spellings_is_refused() {
+    for text in [
+        "failover-time = \"6s\"\nfailover_time = \"5s\"\n",
+        "failover_time = \"5s\"\nfailover-time = \"6s\"\n",
+    ] {
+        let e = FileValues::parse(Path::new("kcl.toml"), text, false)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {text}"));
+        assert!(e.to_string().contains("given twice"), "{e}");
+        assert!(e.to_string().contains("kcl.toml"), "{e}");
+    }
+}
+
+#[test]
 fn print_config_lists_every_key_with_its_origin() {
     let file = toml_file("window = \"5s\"\n");
     let s = resolve_ok(REQUIRED, Some(&file));
