@@ -55,7 +55,11 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::Healthcheck(args)) => {
-            match http::healthcheck(&args.listen, &args.path, args.timeout) {
+            let listen = match healthcheck_listen(&matches, args.listen) {
+                Ok(listen) => listen,
+                Err(e) => return fail(&e.to_string(), EXIT_USAGE),
+            };
+            match http::healthcheck(&listen, &args.path, args.timeout) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(&e, 1),
             }
@@ -89,6 +93,24 @@ fn main() -> ExitCode {
 fn fail(message: &str, code: u8) -> ExitCode {
     eprintln!("kcl-example-consumer: {message}");
     ExitCode::from(code)
+}
+
+/// The address `healthcheck` probes: `--listen` or `KCL_LISTEN`, else the `listen` of the
+/// config file the consumer reads (`KCL_CONFIG`), else the consumer's default: the address
+/// the consumer beside it serves on, however it was told.
+fn healthcheck_listen(
+    matches: &clap::ArgMatches,
+    given: String,
+) -> Result<String, settings::SettingsError> {
+    let defaulted = matches
+        .subcommand_matches("healthcheck")
+        .and_then(|m| m.value_source("listen"))
+        .is_none_or(|source| source == clap::parser::ValueSource::DefaultValue);
+    let Some(path) = std::env::var_os("KCL_CONFIG").filter(|_| defaulted) else {
+        return Ok(given);
+    };
+    let file = settings::FileValues::load(std::path::Path::new(&path))?;
+    Ok(file.values.get("listen").cloned().unwrap_or(given))
 }
 
 #[allow(clippy::print_stdout)]

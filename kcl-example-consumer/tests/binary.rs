@@ -593,3 +593,35 @@ fn a_run_variable_fails_run_only() {
         "{out:?}"
     );
 }
+
+/// `healthcheck` probes where the consumer beside it serves: the config file's `listen`
+/// (`KCL_CONFIG`) when no flag or `KCL_LISTEN` says otherwise.
+#[test]
+fn healthcheck_probes_the_config_files_listen() {
+    let file = temp_file("hc.toml", "listen = \"127.0.0.1:1\"\n");
+    let probe = |extra: &[&str], listen_env: Option<&str>| {
+        let mut cmd = consumer();
+        cmd.args(["healthcheck", "--timeout", "1s"]).args(extra);
+        cmd.env("KCL_CONFIG", &file);
+        if let Some(listen) = listen_env {
+            cmd.env("KCL_LISTEN", listen);
+        }
+        let out = output(&mut cmd);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(
+        probe(&[], None).contains("127.0.0.1:1:"),
+        "the file's listen"
+    );
+    let flag = probe(&["--listen", "127.0.0.1:2"], None);
+    assert!(
+        flag.contains("127.0.0.1:2:"),
+        "the flag beats the file: {flag}"
+    );
+    let env = probe(&[], Some("127.0.0.1:3"));
+    assert!(
+        env.contains("127.0.0.1:3:"),
+        "KCL_LISTEN beats the file: {env}"
+    );
+}

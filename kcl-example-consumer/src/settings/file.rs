@@ -12,7 +12,7 @@ use super::{Origin, SettingsError, kebab};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FileValues {
     pub(super) path: PathBuf,
-    pub(super) values: BTreeMap<String, String>,
+    pub(crate) values: BTreeMap<String, String>,
 }
 
 impl FileValues {
