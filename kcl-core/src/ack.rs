@@ -124,6 +124,9 @@ pub(crate) struct Reservation {
     watermark: Weak<Watermark>,
     first: u64,
     count: u64,
+    /// Whether dropping it finishes its records: true for a batch handed to a hook; false
+    /// for a batch the failure policy walks (it finishes records one part at a time).
+    finish_on_drop: bool,
 }
 
 impl Reservation {
@@ -146,10 +149,60 @@ impl Reservation {
             })
             .collect()
     }
+
+    /// This batch, walked by the failure policy: dropping it finishes nothing.
+    pub(crate) fn walked(mut self) -> Self {
+        self.finish_on_drop = false;
+        self
+    }
+
+    /// The records `range` (indices into the batch) as a batch of their own, for a hook: the
+    /// batch in its hook from now on; dropping it finishes nothing (the walk decides).
+    pub(crate) fn part(&self, range: Range<usize>) -> Self {
+        let first = self.first + range.start as u64;
+        if let Some(w) = self.watermark.upgrade() {
+            w.lock().in_hook = Some(first);
+        }
+        Self {
+            watermark: self.watermark.clone(),
+            first,
+            count: range.len() as u64,
+            finish_on_drop: false,
+        }
+    }
+
+    /// Gives up the records from index `start` of the batch on, unfinished: the newest
+    /// delivered (nothing was delivered after a walked batch), so they leave the watermark as
+    /// if never delivered. Returns the position before them, where delivery now ends.
+    pub(crate) fn abandon_from(&self, start: usize) -> Option<Option<ExtendedSequenceNumber>> {
+        let w = self.watermark.upgrade()?;
+        let mut state = w.lock();
+        let from = self.first + start as u64;
+        let offset = usize::try_from(from.checked_sub(state.base)?).ok()?;
+        let previous = state.entries.get(offset)?.previous.clone();
+        let unfinished = state.entries.drain(offset..).filter(|e| !e.finished).count();
+        state.outstanding -= unfinished;
+        drop(state);
+        w.progress.notify_one();
+        Some(previous)
+    }
+
+    /// Finishes the records `range` (indices into the batch).
+    pub(crate) fn finish(&self, range: Range<usize>) {
+        if range.is_empty() {
+            return;
+        }
+        if let Some(w) = self.watermark.upgrade() {
+            w.finish(self.first + range.start as u64..self.first + range.end as u64, None);
+        }
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
+        if !self.finish_on_drop {
+            return;
+        }
         let Some(watermark) = self.watermark.upgrade() else {
             return;
         };
@@ -255,12 +308,14 @@ impl Watermark {
             watermark: Arc::downgrade(self),
             first,
             count: state.next - first,
+            finish_on_drop: true,
         }
     }
 
-    /// The hook of the last reserved batch returned.
-    pub(crate) fn hook_returned(&self) {
-        self.lock().in_hook = None;
+    /// The hook of the last reserved batch returned. Returns whether the batch was still
+    /// its own (not taken to acknowledge later).
+    pub(crate) fn hook_returned(&self) -> bool {
+        self.lock().in_hook.take().is_some()
     }
 
     /// Finishes (or, with a `failure`, fails) the records `indices`, under one lock: a whole

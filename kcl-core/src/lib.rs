@@ -69,6 +69,7 @@ mod checkpoint;
 mod config;
 mod error;
 mod every;
+pub mod failure;
 pub mod lease;
 pub mod metrics;
 pub mod multi_stream;

@@ -32,6 +32,20 @@ pub const WATERMARK_LAG_RECORDS: &str = "kcl_watermark_lag_records";
 /// Seconds since the oldest unfinished record was delivered, 0 when none is (gauge,
 /// `shard`): how long the watermark has been held back.
 pub const WATERMARK_LAG: &str = "kcl_watermark_lag_seconds";
+/// Tries of a failing record beyond its first, under a failure policy (counter, `shard`; see
+/// [`failure`](crate::failure)).
+pub const RETRIES: &str = "kcl_record_retries_total";
+/// Records written to the dead-letter sink (counter, `shard`).
+pub const DEAD_LETTERED: &str = "kcl_records_dead_lettered_total";
+/// Records given up on and skipped (counter, `shard`; `Exhausted::Skip`).
+pub const SKIPPED: &str = "kcl_records_skipped_total";
+/// Failing batches split in two to find the record that fails (counter, `shard`).
+pub const BISECTS: &str = "kcl_batch_bisects_total";
+/// Ordering keys parked behind a dead-lettered record (gauge, `shard`;
+/// `Parallel::park_keys`).
+pub const PARKED_KEYS: &str = "kcl_parked_keys";
+/// Dead letters the sink refused (each retried until accepted; counter, `shard`).
+pub const SINK_FAILURES: &str = "kcl_dead_letter_sink_failures_total";
 /// Leases held by this worker (gauge).
 pub const LEASES_HELD: &str = "kcl_leases_held";
 /// Leases taken (counter, `from`: `unowned`, `expired` or `handoff`).
@@ -93,7 +107,43 @@ pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 29] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 35] = [
+    (
+        RETRIES,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Tries of a failing record beyond its first, under a failure policy",
+    ),
+    (
+        DEAD_LETTERED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Records written to the dead-letter sink",
+    ),
+    (
+        SKIPPED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Records given up on and skipped",
+    ),
+    (
+        BISECTS,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Failing batches split in two to find the record that fails",
+    ),
+    (
+        PARKED_KEYS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Ordering keys parked behind a dead-lettered record",
+    ),
+    (
+        SINK_FAILURES,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Dead letters the sink refused (retried until accepted)",
+    ),
     (
         RECORDS,
         Kind::Counter,
@@ -350,6 +400,9 @@ impl ShardMetrics {
     pub(crate) fn refresh(&self) {
         ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(0);
         ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(0);
+        for name in [RETRIES, DEAD_LETTERED, SKIPPED, BISECTS, SINK_FAILURES] {
+            ::metrics::counter!(name, "shard" => self.shard.clone()).increment(0);
+        }
         if let Some(behind) = self.behind {
             ::metrics::gauge!(BEHIND_LATEST, "shard" => self.shard.clone()).set(behind);
         }

@@ -98,6 +98,14 @@ pub enum Mutation {
     /// A worker seen releasing rows is active again if another of its rows moved in the same
     /// read or after (its last checkpoints while it shuts down).
     ReleaseOutweighedByRenewals,
+    /// The failure policy gives a record up one try early.
+    DeadLetterEarly,
+    /// A bisect delivers a failed part again whole, its good half included.
+    BisectRedeliversSucceeded,
+    /// A record counts as dead-lettered (finished) though the sink refused it.
+    SinkRefusalIgnored,
+    /// Under `Parallel::park_keys`, a parked key's later records run.
+    ParkedKeyRuns,
 }
 
 impl Mutation {
@@ -142,6 +150,10 @@ impl Mutation {
         Self::StallAgeSeenByTaskOnly,
         Self::LeaderBalancesOntoRefusers,
         Self::ReleaseOutweighedByRenewals,
+        Self::DeadLetterEarly,
+        Self::BisectRedeliversSucceeded,
+        Self::SinkRefusalIgnored,
+        Self::ParkedKeyRuns,
     ];
 }
 

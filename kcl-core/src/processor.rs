@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::ack::{Ack, Reservation, Watermark};
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
+use crate::failure::Origin;
 use crate::types::{Checkpoint, ExtendedSequenceNumber, Record, ShardId};
 
 /// What [`RecordProcessor::initialize`] is told.
@@ -21,6 +22,8 @@ pub struct InitializationInput {
     /// A prepared checkpoint the previous owner never committed: side effects up to it may
     /// already have happened.
     pub pending_checkpoint: Option<Checkpoint>,
+    /// Where the shard's dead letters go, for [`Parallel`](crate::Parallel).
+    pub(crate) origin: Option<Origin>,
 }
 
 /// One batch for [`RecordProcessor::process_records`], lent to the hook.
@@ -104,6 +107,22 @@ impl<'hook> ProcessRecordsInput<'hook> {
         }
     }
 
+    /// A part of a delivered batch, given again by the failure policy: `reservation` is the
+    /// part's place in `watermark`.
+    pub(crate) fn part(
+        records: Vec<Record>,
+        millis_behind_latest: Option<u64>,
+        _watermark: &'hook Arc<Watermark>,
+        reservation: Reservation,
+    ) -> Self {
+        Self {
+            records,
+            millis_behind_latest,
+            reservation: Some(reservation),
+            hook: PhantomData,
+        }
+    }
+
     /// The records, in sequence order. Never empty, unless
     /// [`WorkerConfig::empty_batch_interval`](crate::WorkerConfig::empty_batch_interval) is
     /// set: then an empty batch says the shard has been quiet that long.
@@ -146,6 +165,7 @@ impl InitializationInput {
             shard_id,
             checkpoint,
             pending_checkpoint,
+            origin: None,
         }
     }
 }
@@ -247,6 +267,13 @@ pub trait ProcessorFactory: Send + Sync + 'static {
 
     /// A processor for `shard`.
     fn create(&self, shard: &ShardId) -> Self::Processor;
+
+    /// Whether its processors dead-letter records themselves ([`Parallel::on_failure`](crate::Parallel::on_failure)),
+    /// so that the worker can check it has a sink.
+    #[doc(hidden)]
+    fn needs_dead_letters(&self) -> bool {
+        false
+    }
 }
 
 impl<F, P> ProcessorFactory for F

@@ -108,6 +108,11 @@ impl Checkpointer {
         self.last_delivered = Some(position);
     }
 
+    /// Delivery ends at `position` again: the records after it were given up unfinished.
+    pub(crate) fn rewind_delivered(&mut self, position: Option<ExtendedSequenceNumber>) {
+        self.last_delivered = position;
+    }
+
     pub(crate) fn set_shard_end(&mut self, children: Vec<ShardId>) {
         self.shard_end = Some(children);
     }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::failure::FailurePolicy;
 use crate::types::InitialPosition;
 
 mod modes;
@@ -158,6 +159,14 @@ pub struct WorkerConfig {
     /// and KCL Java 2.x's polling mode; fan-out is KCL Java 2.x's default, here an opt-in,
     /// because each stream consumer costs extra on AWS).
     pub retrieval: Retrieval,
+    /// What a batch processor's failing batch costs: retries of the record that fails (named
+    /// with [`BatchFailed`](crate::failure::BatchFailed), or found by bisecting), and what
+    /// happens when they are spent. Default [`FailurePolicy::block`] (KCL Java's behaviour: the
+    /// shard restarts from its checkpoint until the batch succeeds). A policy that
+    /// dead-letters needs a sink ([`WorkerBuilder::dead_letters`](crate::WorkerBuilder::dead_letters)).
+    /// Under [`Parallel`](crate::Parallel) set [`Parallel::on_failure`](crate::Parallel::on_failure)
+    /// instead. See [`failure`](crate::failure).
+    pub failure: FailurePolicy,
 }
 
 /// The longest duration any setting may have: far beyond any useful value, and small enough
@@ -226,6 +235,7 @@ impl Default for WorkerConfig {
             coordination: Coordination::Leader,
             liveness: Liveness::PerLease,
             retrieval: Retrieval::Polling,
+            failure: FailurePolicy::block(),
         }
     }
 }
@@ -331,6 +341,8 @@ impl WorkerConfig {
         coordination: Coordination,
         /// Sets [`WorkerConfig::retrieval`].
         retrieval: Retrieval,
+        /// Sets [`WorkerConfig::failure`].
+        failure: FailurePolicy,
     }
 
     /// Every duration field with its key.
@@ -420,7 +432,7 @@ impl WorkerConfig {
         if self.ack_checkpoint_every == 0 {
             return err("ack_checkpoint_every", "must be at least 1");
         }
-        Ok(())
+        self.failure.check("failure.attempts")
     }
 }
 

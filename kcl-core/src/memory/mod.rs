@@ -14,6 +14,7 @@ mod feed;
 mod harness;
 mod messenger;
 mod process;
+mod sink;
 mod store;
 mod stream;
 
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use faults::Faults;
 pub use harness::{IdleProcessor, ProcessorHarness};
 pub use messenger::{DeliveryHook, MemoryMessenger, MemoryNetwork};
+pub use sink::MemorySink;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;
 

@@ -1,8 +1,15 @@
-//! The dispatcher: which record runs next.
+//! The dispatcher: which record runs next, and what a failing one costs.
 //!
 //! Records wait in one queue per key. A key is *ready* when it has a record waiting and none
 //! running; ready keys start in the order their first waiting record was delivered, so the
 //! oldest record that may run runs first and the watermark moves as early as it can.
+//!
+//! Under a failure policy that handles failures in place, a failed record goes back to its
+//! key: the key stays busy (no later record of it runs) while the record *rests* for its
+//! backoff outside the `max_in_flight` slots, so every other key keeps flowing; then it is
+//! the first of its key to run again. Once its tries are spent it is given up (dead-lettered
+//! or skipped), its `Ack` done only after that, and its key goes on — or, with
+//! `park_keys`, the key is parked: its later records are given up behind it, unrun.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -15,11 +22,63 @@ use tracing::Instrument as _;
 
 use super::{KeyFn, RecordHandler};
 use crate::ack::Ack;
+use crate::error::BoxError;
+use crate::failure::{Handling, Next, Reason, Tries};
 use crate::mutation::{self, Mutation};
-use crate::types::Record;
+use crate::types::{ExtendedSequenceNumber, Record};
 
-/// A record waiting for its turn: its delivery order, the record, its acknowledgement.
-type Waiting = (u64, Record, Ack);
+/// A record waiting for its turn, with its acknowledgement and its failures so far.
+struct Job {
+    /// Its delivery order.
+    order: u64,
+    record: Record,
+    ack: Ack,
+    tries: Tries,
+}
+
+/// How a run of a record ended.
+enum Ran {
+    /// Finished: its `Ack` is done.
+    Done,
+    /// The handler failed; the record comes back for the policy to decide.
+    Failed(Box<Job>, BoxError),
+    /// Its `Ack` failed (or the lease's validity ran out): the shard restarts.
+    Stopped,
+}
+
+/// The failure handling of one shard's dispatcher, and its parked keys.
+pub(super) struct Failing {
+    pub(super) handling: Handling,
+    /// Park a key behind a record given up on (`Parallel::park_keys`).
+    pub(super) park: bool,
+    /// Parked keys, and the record that parked each.
+    parked: HashMap<u64, ExtendedSequenceNumber>,
+}
+
+impl Failing {
+    pub(super) fn new(handling: Handling, park: bool) -> Self {
+        Self {
+            handling,
+            park,
+            parked: HashMap::new(),
+        }
+    }
+
+    /// The record that parked `key`, if it is parked.
+    fn parked_behind(&self, key: u64) -> Option<&ExtendedSequenceNumber> {
+        if mutation::on(Mutation::ParkedKeyRuns) {
+            return None;
+        }
+        self.parked.get(&key)
+    }
+
+    fn gauge(&self) {
+        #[allow(clippy::cast_precision_loss)]
+        let parked = self.parked.len() as f64;
+        let shard = self.handling.shard().to_owned();
+        ::metrics::gauge!(crate::metrics::PARKED_KEYS, "shard" => shard).set(parked);
+    }
+}
 
 /// Runs records as they come until the processor drops its sender; see the module docs.
 pub(super) async fn run<H: RecordHandler>(
@@ -27,55 +86,68 @@ pub(super) async fn run<H: RecordHandler>(
     handler: Arc<H>,
     max_in_flight: usize,
     key: KeyFn,
+    mut failing: Option<Failing>,
 ) {
     let mut keys = Keys::default();
-    let mut running: JoinSet<(u64, bool)> = JoinSet::new();
+    let mut running: JoinSet<(u64, Ran)> = JoinSet::new();
+    let mut resting: JoinSet<(u64, Job)> = JoinSet::new();
     let mut failed = false;
     loop {
         while !failed && running.len() < max_in_flight {
-            let Some((key, record, ack)) = keys.next() else {
+            let Some((key, job)) = keys.next() else {
                 break;
             };
-            let handler = handler.clone();
-            let work = async move {
-                let handle = AssertUnwindSafe(handler.handle(record)).catch_unwind();
-                // Fencing in time, as for hooks: dropped at the lease's validity.
-                let Some(outcome) = ack.while_valid(handle).await else {
-                    return (key, false);
-                };
-                match outcome {
-                    Ok(Ok(())) => {
-                        ack.done();
-                        (key, true)
-                    }
-                    Ok(Err(error)) => {
-                        ack.fail(error);
-                        (key, false)
-                    }
-                    Err(panic) => {
-                        ack.fail(format!(
-                            "record handler panicked: {}",
-                            crate::task::panic_message(&*panic)
-                        ));
-                        (key, false)
-                    }
+            let parked = failing.as_ref().and_then(|f| Some((f, f.parked_behind(key)?.clone())));
+            let work = match parked {
+                Some((f, behind)) => {
+                    let reason = Reason::Parked { behind };
+                    give_up(f.handling.clone(), job, reason, Some(key)).boxed()
                 }
+                None => attempt(handler.clone(), job).boxed(),
             };
-            crate::task::spawn_in(&mut running, work.in_current_span());
+            crate::task::spawn_in(&mut running, work.map(move |ran| (key, ran)).in_current_span());
         }
         // Biased (finished runs first, at most max_in_flight of them): the same schedule
         // makes the same choices, which a simulated seed's replay relies on.
         tokio::select! {
             biased;
             Some(joined) = running.join_next(), if !running.is_empty() => match joined {
-                Ok((key, ok)) => {
-                    // After a failure nothing more starts: the shard restarts from the
-                    // watermark, and no later record of the key may finish before it.
-                    failed |= !ok;
+                Ok((key, Ran::Done)) => keys.finished(key),
+                Ok((key, Ran::Failed(job, error))) => {
+                    let next = decide(failing.as_mut(), key, job, error);
+                    match next {
+                        Decided::Rest(wait, job) => {
+                            let rest = async move {
+                                tokio::time::sleep(wait).await;
+                                (key, *job)
+                            };
+                            crate::task::spawn_in(&mut resting, rest.in_current_span());
+                        }
+                        Decided::GiveUp(given, parks) => {
+                            let (handling, job, reason) = *given;
+                            let work = give_up(handling, job, reason, parks.then_some(key));
+                            let work = work.map(move |ran| (key, ran));
+                            crate::task::spawn_in(&mut running, work.in_current_span());
+                        }
+                        Decided::Stop => {
+                            // Nothing more starts: the shard restarts from the watermark, and
+                            // no later record of the key may finish before it.
+                            failed = true;
+                            keys.finished(key);
+                        }
+                    }
+                }
+                Ok((key, Ran::Stopped)) => {
+                    failed = true;
                     keys.finished(key);
                 }
                 Err(_) => failed = true,
             },
+            Some(joined) = resting.join_next(), if !resting.is_empty() => {
+                if let Ok((key, job)) = joined {
+                    keys.again(key, job);
+                }
+            }
             received = rx.recv() => match received {
                 Some((record, ack)) => keys.push(key(&record), record, ack),
                 None => return,
@@ -84,10 +156,87 @@ pub(super) async fn run<H: RecordHandler>(
     }
 }
 
+/// What the policy decided for a failed record.
+enum Decided {
+    /// It rests this long, then runs again.
+    Rest(std::time::Duration, Box<Job>),
+    /// It is given up on (and parks its key, if true).
+    GiveUp(Box<(Handling, Job, Reason)>, bool),
+    /// The shard restarts (no policy, or one that blocks): its `Ack` failed.
+    Stop,
+}
+
+fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: BoxError) -> Decided {
+    let Some(failing) = failing else {
+        job.ack.fail(error);
+        return Decided::Stop;
+    };
+    match job.tries.failed(&failing.handling.policy, &job.record, &error) {
+        Next::Retry(wait) => {
+            failing.handling.retrying(&job.record, &job.tries, wait);
+            Decided::Rest(wait, job)
+        }
+        Next::GiveUp(reason) => {
+            if failing.park {
+                failing.parked.insert(key, job.record.position());
+                failing.gauge();
+            }
+            Decided::GiveUp(Box::new((failing.handling.clone(), *job, reason)), failing.park)
+        }
+        Next::Block => {
+            job.ack.fail(error);
+            Decided::Stop
+        }
+    }
+}
+
+/// One run of the handler on a record.
+async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
+    let handle = AssertUnwindSafe(handler.handle(job.record.clone())).catch_unwind();
+    // Fencing in time, as for hooks: dropped at the lease's validity.
+    let Some(outcome) = job.ack.while_valid(handle).await else {
+        return Ran::Stopped;
+    };
+    match outcome {
+        Ok(Ok(())) => {
+            job.ack.done();
+            Ran::Done
+        }
+        Ok(Err(error)) => Ran::Failed(Box::new(job), error),
+        Err(panic) => {
+            let message = crate::task::panic_message(&*panic);
+            Ran::Failed(Box::new(job), format!("record handler panicked: {message}").into())
+        }
+    }
+}
+
+/// Gives a record up as the policy says; its `Ack` is done once that is over (the sink took
+/// it), so the checkpoint passes it only then.
+async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64>) -> Ran {
+    let parked = matches!(reason, Reason::Parked { .. });
+    let mut letter = handling.letter(job.record, &job.tries, reason);
+    letter.parked_key = parks.map(|key| format!("{key:016x}"));
+    if parked {
+        letter.last_error = format!("not run: {}", letter.reason);
+        letter.first_error.clone_from(&letter.last_error);
+    }
+    match job.ack.while_valid(handling.give_up(letter)).await {
+        Some(Ok(())) => {
+            job.ack.done();
+            Ran::Done
+        }
+        Some(Err(error)) => {
+            job.ack.fail(error);
+            Ran::Stopped
+        }
+        None => Ran::Stopped,
+    }
+}
+
 /// The waiting records, by key.
 #[derive(Default)]
 struct Keys {
-    waiting: HashMap<u64, VecDeque<Waiting>>,
+    waiting: HashMap<u64, VecDeque<Job>>,
     /// Keys with a record waiting and none running, by the delivery order of that record.
     ready: BTreeMap<u64, u64>,
     running: HashSet<u64>,
@@ -102,22 +251,27 @@ impl Keys {
         if queue.is_empty() && !self.running.contains(&key) {
             self.ready.insert(order, key);
         }
-        queue.push_back((order, record, ack));
+        queue.push_back(Job {
+            order,
+            record,
+            ack,
+            tries: Tries::default(),
+        });
     }
 
     /// The next record to run, marking its key running.
-    fn next(&mut self) -> Option<(u64, Record, Ack)> {
+    fn next(&mut self) -> Option<(u64, Job)> {
         let (_, key) = if mutation::on(Mutation::ReadyKeysNewestFirst) {
             self.ready.pop_last()?
         } else {
             self.ready.pop_first()?
         };
         let queue = self.waiting.get_mut(&key)?;
-        let (_, record, ack) = queue.pop_front()?;
+        let job = queue.pop_front()?;
         if mutation::on(Mutation::KeysOverlap) {
             // The bug: the key's next record is ready at once.
-            if let Some((order, ..)) = queue.front() {
-                self.ready.insert(*order, key);
+            if let Some(next) = queue.front() {
+                self.ready.insert(next.order, key);
             }
         } else {
             self.running.insert(key);
@@ -125,16 +279,23 @@ impl Keys {
         if queue.is_empty() {
             self.waiting.remove(&key);
         }
-        Some((key, record, ack))
+        Some((key, job))
     }
 
     /// `key`'s running record finished: its next one, if any, is ready.
     fn finished(&mut self, key: u64) {
         self.running.remove(&key);
-        if let Some((order, ..)) = self.waiting.get(&key).and_then(VecDeque::front)
+        if let Some(next) = self.waiting.get(&key).and_then(VecDeque::front)
             && !self.running.contains(&key)
         {
-            self.ready.insert(*order, key);
+            self.ready.insert(next.order, key);
         }
+    }
+
+    /// `key`'s failed record rested: it runs again, before the key's later records.
+    fn again(&mut self, key: u64, job: Job) {
+        self.running.remove(&key);
+        self.ready.insert(job.order, key);
+        self.waiting.entry(key).or_default().push_front(job);
     }
 }

@@ -14,10 +14,18 @@
 //! finish, reading pauses at [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged)
 //! waiting records, and a graceful stop or handoff waits for what runs before it checkpoints.
 //!
-//! **Failures.** A handler that returns an error or panics fails its record: nothing more
-//! starts, the shard restarts from the watermark after the usual backoff, and the failed
-//! record and every one after it are delivered again (at least once). No later record of
-//! its key ran: the key waits for its failed record.
+//! **Failures.** By default a handler that returns an error or panics fails its record:
+//! nothing more starts, the shard restarts from the watermark after the usual backoff, and
+//! the failed record and every one after it are delivered again (at least once). No later
+//! record of its key ran: the key waits for its failed record.
+//!
+//! With [`on_failure`](Parallel::on_failure) a failing record is retried in place instead,
+//! holding only its own key (order per key kept) while every other key keeps flowing; once
+//! its tries are spent it is dead-lettered or skipped and its key goes on. With
+//! [`park_keys`](Parallel::park_keys) the key stops there instead: its later records are
+//! dead-lettered behind it, unrun, so that a redrive replays the key in order. Go on for
+//! independent records (events, notifications); park for a key whose records build on each
+//! other (an account's ledger, a document's edits). See [`failure`](crate::failure).
 //!
 //! **Hot keys.** One key runs one record at a time: with a few keys carrying most records,
 //! the speed-up is bounded by those keys (`docs/benchmarks.md` measures it).
@@ -35,7 +43,10 @@ use tracing::Instrument as _;
 use crate::ack::Ack;
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
-use crate::processor::{ProcessRecordsInput, ProcessorFactory, RecordProcessor};
+use crate::failure::{Exhausted, FailurePolicy, Handling, Origin};
+use crate::processor::{
+    InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor,
+};
 use crate::types::{Record, ShardId, stable_hash};
 
 /// Handles one record; the per-record work of [`Parallel`].
@@ -79,12 +90,16 @@ pub struct Parallel<H> {
     handler: Arc<H>,
     max_in_flight: usize,
     key: KeyFn,
+    failure: FailurePolicy,
+    park_keys: bool,
 }
 
 impl<H> std::fmt::Debug for Parallel<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Parallel")
             .field("max_in_flight", &self.max_in_flight)
+            .field("failure", &self.failure)
+            .field("park_keys", &self.park_keys)
             .finish_non_exhaustive()
     }
 }
@@ -97,7 +112,28 @@ impl<H: RecordHandler> Parallel<H> {
             handler: Arc::new(handler),
             max_in_flight: 10,
             key: Arc::new(|record: &Record| stable_hash(&record.partition_key)),
+            failure: FailurePolicy::block(),
+            park_keys: false,
         }
+    }
+
+    /// What a failing record costs: tries in place (holding only its key), then a dead
+    /// letter or a skip; see the [module docs](self). Default [`FailurePolicy::block`] (the
+    /// shard restarts from the watermark). A policy that dead-letters needs the worker's sink
+    /// ([`WorkerBuilder::dead_letters`](crate::WorkerBuilder::dead_letters)).
+    #[must_use]
+    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+        self.failure = policy;
+        self
+    }
+
+    /// Parks a key behind a record given up on: the key's later records are given up too,
+    /// unrun (dead-lettered with [`Reason::Parked`](crate::failure::Reason::Parked)), so that
+    /// no record of the key runs out of order. Default off: the key goes on.
+    #[must_use]
+    pub fn park_keys(mut self, park: bool) -> Self {
+        self.park_keys = park;
+        self
     }
 
     /// Records of one shard in flight at once; 1 handles them one by one, in order. 0 is
@@ -128,9 +164,16 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
                 handler: self.handler.clone(),
                 max_in_flight: self.max_in_flight,
                 key: self.key.clone(),
+                failure: self.failure.clone(),
+                park_keys: self.park_keys,
             },
             dispatcher: None,
+            origin: None,
         }
+    }
+
+    fn needs_dead_letters(&self) -> bool {
+        self.failure.exhausted == Exhausted::DeadLetter
     }
 }
 
@@ -143,6 +186,8 @@ pub struct ParallelProcessor<H> {
     /// The factory's handler and settings.
     settings: Parallel<H>,
     dispatcher: Option<Dispatcher>,
+    /// Where the shard's dead letters go, from `initialize`.
+    origin: Option<Origin>,
 }
 
 impl<H> std::fmt::Debug for ParallelProcessor<H> {
@@ -162,8 +207,17 @@ impl<H: RecordHandler> ParallelProcessor<H> {
                 handler,
                 max_in_flight,
                 key,
+                failure,
+                park_keys,
             } = &self.settings;
-            let run = dispatch::run(rx, handler.clone(), *max_in_flight, key.clone());
+            let failing = match &self.origin {
+                Some(origin) if failure.in_place() => {
+                    let handling = Handling::new(failure.clone(), origin.clone());
+                    Some(dispatch::Failing::new(handling, *park_keys))
+                }
+                _ => None,
+            };
+            let run = dispatch::run(rx, handler.clone(), *max_in_flight, key.clone(), failing);
             let task = crate::task::spawn(run.in_current_span());
             (tx, AbortOnDropHandle::new(task))
         });
@@ -172,6 +226,18 @@ impl<H: RecordHandler> ParallelProcessor<H> {
 }
 
 impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
+    async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
+        self.origin.clone_from(&input.origin);
+        if self.settings.failure.exhausted == Exhausted::DeadLetter
+            && self.origin.as_ref().is_none_or(|o| o.letters.is_none())
+        {
+            return Err("Parallel::on_failure dead-letters, but the worker has no sink \
+                        (WorkerBuilder::dead_letters)"
+                .into());
+        }
+        Ok(())
+    }
+
     async fn process_records(
         &mut self,
         input: ProcessRecordsInput<'_>,

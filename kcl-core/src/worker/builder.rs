@@ -13,6 +13,7 @@ use super::table::Table;
 use super::{ShutdownHandle, Worker};
 use crate::config::WorkerConfig;
 use crate::error::ConfigError;
+use crate::failure::{DeadLetters, Exhausted};
 use crate::lease::LeaseStore;
 use crate::processor::{ProcessorFactory, RecordProcessor};
 use crate::source::ShardSource;
@@ -45,6 +46,7 @@ pub struct WorkerBuilder<S, L> {
     id: Option<WorkerId>,
     config: WorkerConfig,
     handle: ShutdownHandle,
+    dead_letters: Option<DeadLetters>,
 }
 
 impl<S: ShardSource, L: LeaseStore> Worker<S, L, ()> {
@@ -56,6 +58,7 @@ impl<S: ShardSource, L: LeaseStore> Worker<S, L, ()> {
             id: None,
             config: WorkerConfig::default(),
             handle: ShutdownHandle::default(),
+            dead_letters: None,
         }
     }
 }
@@ -71,6 +74,15 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
     /// The configuration (default: [`WorkerConfig::default`]); validated by `build`.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
+        self
+    }
+
+    /// Where records go once their failure policy gives them up
+    /// ([`Exhausted::DeadLetter`](crate::failure::Exhausted::DeadLetter), on
+    /// [`WorkerConfig::failure`] or [`Parallel::on_failure`](crate::Parallel::on_failure)).
+    /// A policy that dead-letters without a sink is refused by `build`.
+    pub fn dead_letters(mut self, letters: DeadLetters) -> Self {
+        self.dead_letters = Some(letters);
         self
     }
 
@@ -103,7 +115,25 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
                 reason: "must not be empty".into(),
             });
         }
+        if self.dead_letters.is_none() {
+            let needs = [
+                (
+                    "failure.exhausted",
+                    self.config.failure.exhausted == Exhausted::DeadLetter,
+                ),
+                ("Parallel::on_failure", factory.needs_dead_letters()),
+            ];
+            for (key, needed) in needs {
+                if needed {
+                    return Err(ConfigError {
+                        key,
+                        reason: "dead-letters, but the worker has no sink (WorkerBuilder::dead_letters)".into(),
+                    });
+                }
+            }
+        }
         Ok(Worker {
+            dead_letters: self.dead_letters,
             table: Table {
                 me: id,
                 config: Arc::new(self.config),

@@ -41,6 +41,7 @@ use self::shard_consumer::{Exit, ShardContext};
 use self::table::Table;
 use crate::config::WorkerConfig;
 use crate::error::{ConfigError, Error};
+use crate::failure::DeadLetters;
 use crate::lease::LeaseStore;
 use crate::processor::ProcessorFactory;
 use crate::singleton::is_coordination_key;
@@ -143,6 +144,8 @@ pub struct Worker<S, L, F> {
     factory: Arc<F>,
     handle: ShutdownHandle,
     report: Report,
+    /// Where given-up records go ([`WorkerBuilder::dead_letters`]).
+    dead_letters: Option<DeadLetters>,
 }
 
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
@@ -210,7 +213,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             self.factory.clone(),
             self.table.config.clone(),
             consumer,
-        ));
+        )
+        .dead_letters(self.table.me.clone(), self.dead_letters.clone()));
         let mut state = Coordinator::new(self.handle.graceful.clone());
         let mut mode = Mode::start(&self.table.me, self.table.store.clone(), &self.table.config);
         let outcome = self

@@ -86,6 +86,7 @@ async fn initialize<S: ShardSource>(
         shard_id: lease.key.clone(),
         checkpoint: lease.checkpoint.clone(),
         pending_checkpoint: lease.pending_checkpoint.clone(),
+        origin: Some(ctx.origin(tenure.shard())),
     };
     if let Hook::Expired = hook(tenure, "initialize", processor.initialize(&input)).await? {
         return lost(processor).await.map(Err);
@@ -113,7 +114,7 @@ async fn finish(
         Stop::Graceful => {
             let call = processor.shutdown_requested(checkpointer);
             match hook(tenure, "shutdown_requested", call).await {
-                Ok(Hook::Done) => Ok(Stop::Graceful),
+                Ok(Hook::Done | Hook::Stopped) => Ok(Stop::Graceful),
                 Ok(Hook::Expired) => lost(processor).await,
                 Err(error) => {
                     // The lease goes back anyway: at worst, records since the last checkpoint

@@ -21,7 +21,8 @@ use tokio::time::{Instant, Interval, sleep_until};
 
 use super::acks::Acks;
 use super::prefetch::{Fetched, Prefetcher};
-use super::{Control, Failure, Hook, ShardContext, Stop, hook};
+use super::{Control, Failure, Hook, ShardContext, Stop, hook, walk};
+use crate::failure::Handling;
 use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::tenure::Tenure;
@@ -51,6 +52,8 @@ enum Event {
 /// What the batch loop keeps between events.
 struct Batches {
     metrics: ShardMetrics,
+    /// The failure policy, when it handles failures in place (see [`walk`](super::walk)).
+    failure: Option<Handling>,
     passed: Passed,
     refresh: Interval,
     quiet_after: Option<std::time::Duration>,
@@ -94,8 +97,10 @@ pub(super) async fn run<S: ShardSource>(
                 observe(control, tenure, checkpointer).await;
             }
             Event::Quiet => {
-                if let Hook::Expired = deliver_nothing(tenure, processor, checkpointer).await? {
-                    return Ok(Stop::Lost);
+                match deliver_nothing(tenure, processor, checkpointer).await? {
+                    Hook::Expired => return Ok(Stop::Lost),
+                    Hook::Stopped => return Ok(Stop::Graceful),
+                    Hook::Done => {}
                 }
             }
             Event::Fetched(fetched) => {
@@ -103,9 +108,10 @@ pub(super) async fn run<S: ShardSource>(
                     Ok(batch) => batch,
                     Err(stop) => return Ok(stop),
                 };
-                let metrics = &mut batches.metrics;
-                match hand_over(tenure, control, processor, checkpointer, metrics, batch).await? {
+                let handed = hand_over(&mut batches, (tenure, control), processor, checkpointer, batch);
+                match handed.await? {
                     Handed::Lost => return Ok(Stop::Lost),
+                    Handed::Stopped => return Ok(Stop::Graceful),
                     Handed::Last(children) => batches.ending = Some(children),
                     Handed::Batch => {}
                 }
@@ -118,8 +124,13 @@ pub(super) async fn run<S: ShardSource>(
 impl Batches {
     fn new<S>(ctx: &ShardContext<S, impl Sized>, tenure: &Tenure) -> Self {
         let quiet_after = ctx.config.empty_batch_interval;
+        let policy = &ctx.config.failure;
+        let failure = policy
+            .in_place()
+            .then(|| Handling::new(policy.clone(), ctx.origin(tenure.shard())));
         Self {
             metrics: ShardMetrics::new(tenure.shard()),
+            failure,
             passed: Passed::default(),
             refresh: tokio::time::interval(ctx.config.taker_interval),
             quiet_after,
@@ -191,15 +202,16 @@ enum Handed {
     Last(Vec<ShardId>),
     /// The lease's validity ran out first.
     Lost,
+    /// A graceful stop came while the failure policy waited.
+    Stopped,
 }
 
 /// Hands one fetched batch to the processor, unless the lease's validity ran out.
 async fn hand_over(
-    tenure: &Tenure,
-    control: &Control,
+    batches: &mut Batches,
+    (tenure, control): (&Tenure, &Control),
     processor: &mut impl RecordProcessor,
     checkpointer: &mut Checkpointer,
-    metrics: &mut ShardMetrics,
     (batch, bytes): (RecordBatch, usize),
 ) -> Result<Handed, Failure> {
     if past_validity(tenure) {
@@ -213,9 +225,11 @@ async fn hand_over(
     if !batch.records.is_empty() {
         control.set_covered(false);
     }
-    if let Hook::Expired = deliver(tenure, processor, checkpointer, metrics, (batch, bytes)).await?
-    {
-        return Ok(Handed::Lost);
+    let delivered = deliver(batches, (tenure, control), processor, checkpointer, (batch, bytes));
+    match delivered.await? {
+        Hook::Expired => return Ok(Handed::Lost),
+        Hook::Stopped => return Ok(Handed::Stopped),
+        Hook::Done => {}
     }
     control.set_covered(covers_delivered(tenure, checkpointer).await);
     Ok(if end {
@@ -273,7 +287,7 @@ async fn covers_delivered(tenure: &Tenure, checkpointer: &Checkpointer) -> bool 
 
 /// Fencing in time: true (and the lease marked lost) once another worker could have taken
 /// the lease, so that nothing more is delivered.
-fn past_validity(tenure: &Tenure) -> bool {
+pub(super) fn past_validity(tenure: &Tenure) -> bool {
     if !tenure.is_valid() && !mutation::on(Mutation::SkipValidityCheck) {
         tenure.mark_lost();
         return true;
@@ -302,12 +316,13 @@ async fn deliver_nothing(
 
 /// Hands one batch to the processor.
 async fn deliver(
-    tenure: &Tenure,
+    batches: &mut Batches,
+    (tenure, control): (&Tenure, &Control),
     processor: &mut impl RecordProcessor,
     checkpointer: &mut Checkpointer,
-    metrics: &mut ShardMetrics,
     (batch, bytes): (RecordBatch, usize),
 ) -> Result<Hook, Failure> {
+    let metrics = &mut batches.metrics;
     if let Some(millis) = batch.millis_behind_latest {
         metrics.behind_latest(millis);
     }
@@ -321,22 +336,28 @@ async fn deliver(
         .to_std()
         .unwrap_or_default();
     let started = Instant::now();
-    // The batch takes its place in the watermark now, however the processor holds it.
-    let watermark = checkpointer.watermark().clone();
-    let input = ProcessRecordsInput::delivered(
-        batch.records,
-        batch.millis_behind_latest,
-        &watermark,
-        previous,
-    );
-    let outcome = hook(
-        tenure,
-        "process_records",
-        processor.process_records(input, checkpointer),
-    )
-    .await;
-    watermark.hook_returned();
-    let outcome = outcome?;
+    let outcome = match &batches.failure {
+        Some(handling) => {
+            let shard = (tenure, control);
+            let millis = batch.millis_behind_latest;
+            let call = walk::deliver(handling, shard, processor, checkpointer, &batch.records, millis, previous);
+            call.await?
+        }
+        None => {
+            // The batch takes its place in the watermark now, however the processor holds it.
+            let watermark = checkpointer.watermark().clone();
+            let input = ProcessRecordsInput::delivered(
+                batch.records,
+                batch.millis_behind_latest,
+                &watermark,
+                previous,
+            );
+            let call = processor.process_records(input, checkpointer);
+            let outcome = hook(tenure, "process_records", call).await;
+            watermark.hook_returned();
+            outcome?
+        }
+    };
     let took = started.elapsed();
     tracing::info!(
         records = count,

@@ -39,6 +39,7 @@ mod control;
 mod position;
 mod prefetch;
 mod progress;
+mod walk;
 
 pub(crate) use control::Control;
 pub(crate) use position::Start;
@@ -55,6 +56,7 @@ use tracing::Instrument;
 
 use crate::config::WorkerConfig;
 use crate::error::{BackendError, BoxError};
+use crate::failure::{DeadLetters, Origin};
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
 use crate::metrics;
@@ -72,6 +74,8 @@ pub(crate) struct ShardContext<S, F> {
     pub(crate) reads: Arc<tokio::sync::Semaphore>,
     /// The registered fan-out consumer, under [`Retrieval::FanOut`](crate::Retrieval).
     pub(crate) consumer: Option<ConsumerId>,
+    /// This worker, and where its dead letters go (see [`failure`](crate::failure)).
+    pub(crate) dead_letters: (WorkerId, Option<DeadLetters>),
 }
 
 impl<S, F> ShardContext<S, F> {
@@ -90,6 +94,22 @@ impl<S, F> ShardContext<S, F> {
             config,
             reads: Arc::new(tokio::sync::Semaphore::new(reads)),
             consumer,
+            dead_letters: (WorkerId::from("unnamed"), None),
+        }
+    }
+
+    /// This worker is `me`, its dead letters go to `letters`.
+    pub(crate) fn dead_letters(mut self, me: WorkerId, letters: Option<DeadLetters>) -> Self {
+        self.dead_letters = (me, letters);
+        self
+    }
+
+    /// Where `shard`'s dead letters come from and go.
+    pub(crate) fn origin(&self, shard: &ShardId) -> Origin {
+        Origin {
+            letters: self.dead_letters.1.clone(),
+            worker: self.dead_letters.0.clone(),
+            shard: shard.clone(),
         }
     }
 }
@@ -259,6 +279,8 @@ enum Hook {
     Done,
     /// The lease's validity ran out first: the hook was dropped at its `.await`.
     Expired,
+    /// A graceful stop came while the failure policy waited (a retry, a refusing sink).
+    Stopped,
 }
 
 /// Runs a processor hook until it returns or the lease's validity runs out, turning its

@@ -1,0 +1,241 @@
+//! Dead letters: a record that ran out of tries, with everything needed to replay it, and the
+//! sink that keeps it.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable as _};
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+
+use super::Tries;
+use crate::error::BackendError;
+use crate::types::{ExtendedSequenceNumber, Record, ShardId, WorkerId};
+
+/// Why a record was dead-lettered (or skipped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reason {
+    /// It failed on every one of its attempts.
+    Attempts,
+    /// It was older than the policy's maximum record age when it failed.
+    Age,
+    /// It failed with a [`Permanent`](super::Permanent) error.
+    Permanent,
+    /// It did not run: an earlier record of its key was dead-lettered, and the key is parked
+    /// (`Parallel::park_keys`) until that record is redriven.
+    Parked {
+        /// The record that parked the key.
+        behind: ExtendedSequenceNumber,
+    },
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Attempts => f.write_str("out of attempts"),
+            Self::Age => f.write_str("older than the maximum record age"),
+            Self::Permanent => f.write_str("permanent failure"),
+            Self::Parked { behind } => write!(f, "parked behind {behind}"),
+        }
+    }
+}
+
+/// A record that ran out of tries, with everything needed to replay it: the record itself
+/// (payload, partition key, explicit hash key, sequence and sub-sequence number: a user record
+/// of a KPL aggregate is a dead letter of its own), where it came from, and how it failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The application ([`DeadLetters::application`]), if set.
+    pub application: Option<String>,
+    /// The stream ([`DeadLetters::stream`]), if set.
+    pub stream: Option<String>,
+    /// The worker that gave up on it.
+    pub worker: WorkerId,
+    /// The shard it was read from.
+    pub shard: ShardId,
+    /// The record, whole.
+    pub record: Record,
+    /// Tries made (0 for a parked record, which never ran).
+    pub attempts: u32,
+    /// The first failure's error, one line.
+    pub first_error: String,
+    /// The last failure's error, one line.
+    pub last_error: String,
+    /// When it first failed.
+    pub first_failed: DateTime<Utc>,
+    /// When the worker gave up on it.
+    pub dead_lettered: DateTime<Utc>,
+    /// Why it was given up on.
+    pub reason: Reason,
+    /// The ordering key it parked or was parked behind (`Parallel::park_keys`), as stored in
+    /// the lease row: redriving the record unparks it.
+    pub parked_key: Option<String>,
+}
+
+impl DeadLetter {
+    /// A letter for `record`, read from `shard` by `worker` and given up on for `reason`,
+    /// with nothing else known: no application or stream, no attempts, empty errors, failed
+    /// and dead-lettered now, no parked key. The fields are public: set the rest after (a
+    /// sink's decoder, tests).
+    pub fn new(worker: WorkerId, shard: ShardId, record: Record, reason: Reason) -> Self {
+        let now = Utc::now();
+        Self {
+            application: None,
+            stream: None,
+            worker,
+            shard,
+            record,
+            attempts: 0,
+            first_error: String::new(),
+            last_error: String::new(),
+            first_failed: now,
+            dead_lettered: now,
+            reason,
+            parked_key: None,
+        }
+    }
+}
+
+/// Where dead letters go: a queue, a bucket, a stream, a file. kcl-aws implements it on SQS
+/// (with S3 for records too large for a message), S3, Kinesis and a local file.
+///
+/// A record counts as finished only once `put` returned `Ok`: until then the worker retries
+/// (with backoff, for as long as the lease is held) and the shard's checkpoint waits. So `put`
+/// must return `Ok` only once the letter is durable, and may be called again with the same
+/// letter (after a failover, or a timeout that hid a success): make it idempotent or let
+/// readers tolerate a duplicate (the shard and sequence number identify a record).
+pub trait DeadLetterSink: Send + Sync + 'static {
+    /// Stores `letter` durably.
+    fn put(&self, letter: &DeadLetter) -> impl Future<Output = Result<(), BackendError>> + Send;
+}
+
+/// A sink without its type, as the worker keeps it.
+pub(crate) trait AnySink: Send + Sync {
+    fn put<'a>(&'a self, letter: &'a DeadLetter) -> BoxFuture<'a, Result<(), BackendError>>;
+}
+
+impl<T: DeadLetterSink> AnySink for T {
+    fn put<'a>(&'a self, letter: &'a DeadLetter) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(DeadLetterSink::put(self, letter))
+    }
+}
+
+/// A worker's dead-letter sink, and what it says about the records' origin; given to
+/// [`WorkerBuilder::dead_letters`](crate::WorkerBuilder::dead_letters).
+#[derive(Clone)]
+pub struct DeadLetters {
+    pub(crate) sink: Arc<dyn AnySink>,
+    application: Option<String>,
+    stream: Option<String>,
+}
+
+impl fmt::Debug for DeadLetters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadLetters")
+            .field("application", &self.application)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for DeadLetters {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.sink, &other.sink)
+            && self.application == other.application
+            && self.stream == other.stream
+    }
+}
+
+impl Eq for DeadLetters {}
+
+impl DeadLetters {
+    /// Dead letters go to `sink`.
+    pub fn new(sink: impl DeadLetterSink) -> Self {
+        Self {
+            sink: Arc::new(sink),
+            application: None,
+            stream: None,
+        }
+    }
+
+    /// The application name each letter carries (e.g. the lease table's name).
+    #[must_use]
+    pub fn application(mut self, name: impl Into<String>) -> Self {
+        self.application = Some(name.into());
+        self
+    }
+
+    /// The stream each letter carries (its name or ARN), for a redrive into it.
+    #[must_use]
+    pub fn stream(mut self, stream: impl Into<String>) -> Self {
+        self.stream = Some(stream.into());
+        self
+    }
+}
+
+/// Where one shard's dead letters come from and go: the sink, with the worker and shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// The sink, if the worker has one.
+    pub(crate) letters: Option<DeadLetters>,
+    pub(crate) worker: WorkerId,
+    pub(crate) shard: ShardId,
+}
+
+impl Origin {
+    /// The letter for `record`, given up on for `reason` after `tries`.
+    pub(crate) fn letter(&self, record: Record, tries: &Tries, reason: Reason) -> DeadLetter {
+        let now = Utc::now();
+        let letters = self.letters.as_ref();
+        DeadLetter {
+            application: letters.and_then(|l| l.application.clone()),
+            stream: letters.and_then(|l| l.stream.clone()),
+            worker: self.worker.clone(),
+            shard: self.shard.clone(),
+            record,
+            attempts: tries.failures(),
+            first_error: tries.first_error().to_owned(),
+            last_error: tries.last_error().to_owned(),
+            first_failed: tries.first_failed().unwrap_or(now),
+            dead_lettered: now,
+            reason,
+            parked_key: None,
+        }
+    }
+
+    /// Puts `letter` until the sink accepts it, waiting `first`, doubling up to `max`, between
+    /// tries, each failure counted and logged. The caller bounds it (the lease's validity).
+    pub(crate) async fn put(
+        &self,
+        letters: &DeadLetters,
+        letter: &DeadLetter,
+        first: Duration,
+        max: Duration,
+    ) {
+        let shard = self.shard.to_string();
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(first)
+            .with_max_delay(max.max(first))
+            .without_max_times();
+        let sink = &letters.sink;
+        let put = || async { sink.put(letter).await };
+        let _ = put
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .notify(|error: &BackendError, wait| {
+                ::metrics::counter!(crate::metrics::SINK_FAILURES, "shard" => shard.clone())
+                    .increment(1);
+                tracing::warn!(
+                    error = %crate::error_chain(error),
+                    sequence_number = %letter.record.position(),
+                    retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    "the dead-letter sink refused a record; the checkpoint waits for it"
+                );
+            })
+            .await;
+    }
+}

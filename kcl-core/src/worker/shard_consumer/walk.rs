@@ -1,0 +1,157 @@
+//! A batch under a failure policy that handles failures in place (see
+//! [`failure`](crate::failure)): delivered whole, then, if it fails, part by part until the
+//! record that fails is found, tried again and given up on.
+//!
+//! The batch holds its place in the watermark as one reservation that only this walk
+//! finishes, a part at a time: a part the processor handled, the records it checkpointed, a
+//! record given up on once the sink took it. A part the processor takes to acknowledge later
+//! is its own from then on (its `Ack`s finish it); if it then fails, the shard restarts, as
+//! without a policy. Waits (a retry's backoff, a refusing sink) end with the lease's validity
+//! or a graceful stop; a stop gives the rest of the batch up unfinished, so the checkpoint
+//! stays before it and the next owner delivers it again.
+
+use super::{Failure, Hook, hook};
+use crate::checkpoint::Checkpointer;
+use crate::error::BoxError;
+use crate::failure::{Bisect, Handling, Then, failed_at};
+use crate::lease::tenure::Tenure;
+use crate::processor::{ProcessRecordsInput, RecordProcessor};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, Record};
+
+use super::Control;
+
+/// Delivers `records` under `handling`; see the module docs.
+pub(super) async fn deliver(
+    handling: &Handling,
+    (tenure, control): (&Tenure, &Control),
+    processor: &mut impl RecordProcessor,
+    checkpointer: &mut Checkpointer,
+    records: &[Record],
+    millis_behind_latest: Option<u64>,
+    previous: Option<ExtendedSequenceNumber>,
+) -> Result<Hook, Failure> {
+    let watermark = checkpointer.watermark().clone();
+    let batch = watermark
+        .reserve(previous, records.iter().map(Record::position))
+        .walked();
+    let mut walk = Bisect::new(records.len());
+    while let Some(part) = walk.next() {
+        if super::batches::past_validity(tenure) {
+            return Ok(Hook::Expired);
+        }
+        let input = ProcessRecordsInput::part(
+            records[part.clone()].to_vec(),
+            millis_behind_latest,
+            &watermark,
+            batch.part(part.clone()),
+        );
+        if let Some(last) = records.get(part.end - 1) {
+            checkpointer.set_last_delivered(last.position());
+        }
+        let call = processor.process_records(input, checkpointer);
+        let outcome = hook(tenure, "process_records", call).await;
+        let own = watermark.hook_returned();
+        let error: BoxError = match outcome {
+            Ok(Hook::Done) => {
+                if own {
+                    batch.finish(part);
+                }
+                continue;
+            }
+            Ok(other) => return Ok(other),
+            // Its records were taken to acknowledge later: they are the processor's now.
+            Err(failure) if !own => return Err(failure),
+            Err(Failure::Processor { source, .. }) => source,
+            Err(Failure::Panic { message, .. }) => format!("process_records panicked: {message}").into(),
+            Err(other) => return Err(other),
+        };
+        let checkpointed = checkpointed(tenure, records).await;
+        let at = failed_at(&error).and_then(|p| records.iter().position(|r| &r.position() == p));
+        let failed = walk.failed(&handling.policy, records, part, checkpointed, at, &error);
+        // Where the failing record is: everything before it finished.
+        let failing = failed.processed.end;
+        batch.finish(failed.processed);
+        let waited = match failed.then {
+            Then::Split => {
+                handling.bisected();
+                Waited::Done(Ok(()))
+            }
+            Then::Retry(index, wait) => {
+                handling.retrying(&records[index], &walk.tries(index), wait);
+                wait_for(tenure, control, async {
+                    tokio::time::sleep(wait).await;
+                    Ok(())
+                })
+                .await
+            }
+            Then::GiveUp(index, reason) => {
+                let letter = handling.letter(records[index].clone(), &walk.tries(index), reason);
+                match wait_for(tenure, control, handling.give_up(letter)).await {
+                    Waited::Done(Ok(())) => {
+                        batch.finish(index..index + 1);
+                        Waited::Done(Ok(()))
+                    }
+                    other => other,
+                }
+            }
+            Then::Block => return Err(Failure::Processor { hook: "process_records", source: error }),
+        };
+        match waited {
+            Waited::Done(Ok(())) => {}
+            Waited::Done(Err(source)) => {
+                return Err(Failure::Processor {
+                    hook: "process_records",
+                    source,
+                });
+            }
+            Waited::Lost => return Ok(Hook::Expired),
+            Waited::Stopped => {
+                // Delivery ends before the failing record: the next owner starts there.
+                if let Some(previous) = batch.abandon_from(failing) {
+                    checkpointer.rewind_delivered(previous);
+                }
+                return Ok(Hook::Stopped);
+            }
+        }
+    }
+    if let Some(last) = records.last() {
+        checkpointer.set_last_delivered(last.position());
+    }
+    Ok(Hook::Done)
+}
+
+/// How a wait inside the walk ended.
+enum Waited {
+    Done(Result<(), BoxError>),
+    /// The lease's validity ran out.
+    Lost,
+    /// A graceful stop came first.
+    Stopped,
+}
+
+/// Waits for `work` unless the lease's validity ends or a graceful stop comes first.
+async fn wait_for(
+    tenure: &Tenure,
+    control: &Control,
+    work: impl Future<Output = Result<(), BoxError>>,
+) -> Waited {
+    tokio::select! {
+        biased;
+        () = control.graceful.cancelled() => Waited::Stopped,
+        done = tenure.while_valid(work) => match done {
+            Some(result) => Waited::Done(result),
+            None => Waited::Lost,
+        },
+    }
+}
+
+/// How many records of the batch the lease's checkpoint covers (the processor checkpointed
+/// them in its hook).
+async fn checkpointed(tenure: &Tenure, records: &[Record]) -> usize {
+    let committed = tenure.snapshot().await.checkpoint;
+    records.partition_point(|r| {
+        committed
+            .progress_cmp(&Checkpoint::Sequence(r.position()))
+            .is_some_and(std::cmp::Ordering::is_ge)
+    })
+}
