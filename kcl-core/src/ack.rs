@@ -80,6 +80,19 @@ impl Ack {
         }
     }
 
+    /// The record is finished, and parks `entry` (see [`Lease::parked_keys`](crate::Lease)):
+    /// the entry is registered before the record finishes, so every checkpoint that passes
+    /// the record writes it (see [`Watermark::parking`]).
+    pub(crate) fn done_parking(mut self, entry: String) {
+        self.settled = true;
+        if let Some(watermark) = self.watermark.upgrade()
+            && watermark.valid()
+        {
+            watermark.lock().parking.push(entry);
+            watermark.finish(self.index..self.index + 1, None);
+        }
+    }
+
     /// The record failed: the shard restarts from the watermark, so this record and every
     /// one after it is delivered again (counted toward the `failing` problem, as a failing
     /// hook is) — unless a checkpoint already covered it: one asked in its hook before
@@ -180,7 +193,11 @@ impl Reservation {
         let from = self.first + start as u64;
         let offset = usize::try_from(from.checked_sub(state.base)?).ok()?;
         let previous = state.entries.get(offset)?.previous.clone();
-        let unfinished = state.entries.drain(offset..).filter(|e| !e.finished).count();
+        let unfinished = state
+            .entries
+            .drain(offset..)
+            .filter(|e| !e.finished)
+            .count();
         state.outstanding -= unfinished;
         drop(state);
         w.progress.notify_one();
@@ -193,7 +210,10 @@ impl Reservation {
             return;
         }
         if let Some(w) = self.watermark.upgrade() {
-            w.finish(self.first + range.start as u64..self.first + range.end as u64, None);
+            w.finish(
+                self.first + range.start as u64..self.first + range.end as u64,
+                None,
+            );
         }
     }
 }
@@ -240,6 +260,8 @@ struct State {
     failed: Option<BoxError>,
     /// Whether the processor took any batch to acknowledge later.
     acknowledged_later: bool,
+    /// Parked-key entries not yet written with a checkpoint ([`Ack::done_parking`]).
+    parking: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -387,6 +409,18 @@ impl Watermark {
             Some(first) if state.base >= first => last_delivered.cloned(),
             _ => oldest.previous.clone(),
         }
+    }
+
+    /// Parked-key entries to write with the next checkpoint. Read after the checkpoint's
+    /// position: an entry is registered before its record finishes, so a position that
+    /// passes the record comes with it.
+    pub(crate) fn parking(&self) -> Vec<String> {
+        self.lock().parking.clone()
+    }
+
+    /// `entries` were written with a checkpoint.
+    pub(crate) fn parked(&self, entries: &[String]) {
+        self.lock().parking.retain(|e| !entries.contains(e));
     }
 
     /// Records delivered and not finished.

@@ -112,6 +112,7 @@ pub async fn reset<L: LeaseStore>(
             child_shard_ids: Vec::new(),
             start_timestamp: to.pin,
             endpoint: None,
+            park: Vec::new(),
         };
         match store.reset(&observed, &placeholder, &update).await {
             Ok(row) => {

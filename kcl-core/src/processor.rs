@@ -24,6 +24,8 @@ pub struct InitializationInput {
     pub pending_checkpoint: Option<Checkpoint>,
     /// Where the shard's dead letters go, for [`Parallel`](crate::Parallel).
     pub(crate) origin: Option<Origin>,
+    /// The shard's parked keys ([`Lease::parked_keys`](crate::Lease)), for `Parallel`.
+    pub(crate) parked_keys: Vec<String>,
 }
 
 /// One batch for [`RecordProcessor::process_records`], lent to the hook.
@@ -166,6 +168,7 @@ impl InitializationInput {
             checkpoint,
             pending_checkpoint,
             origin: None,
+            parked_keys: Vec::new(),
         }
     }
 }

@@ -44,14 +44,28 @@ impl Running {
 
 fn run<F: ProcessorFactory>(
     config: WorkerConfig,
+    world: (&MemoryStream, &MemoryLeaseStore),
+    sink: &MemorySink,
+    factory: F,
+) -> Running {
+    run_as("a", config, world, sink, factory)
+}
+
+fn run_as<F: ProcessorFactory>(
+    id: &str,
+    config: WorkerConfig,
     (stream, store): (&MemoryStream, &MemoryLeaseStore),
     sink: &MemorySink,
     factory: F,
 ) -> Running {
-    let w = Worker::builder(stream.client("a"), store.client("a"))
-        .id("a")
+    let w = Worker::builder(stream.client(id), store.client(id))
+        .id(id)
         .config(config)
-        .dead_letters(DeadLetters::new(sink.clone()).application("app").stream("orders"))
+        .dead_letters(
+            DeadLetters::new(sink.clone())
+                .application("app")
+                .stream("orders"),
+        )
         .build_with(factory)
         .unwrap();
     Running {
@@ -90,7 +104,9 @@ fn handler(
             sleep(Duration::from_millis(10)).await;
             let data = String::from_utf8_lossy(&record.data).into_owned();
             let ok = data != poison;
-            runs.lock().unwrap().push((data, started, Instant::now(), ok));
+            runs.lock()
+                .unwrap()
+                .push((data, started, Instant::now(), ok));
             if ok { Ok(()) } else { Err(error()) }
         })
     }
@@ -100,7 +116,11 @@ fn handler(
 fn fill(stream: &MemoryStream, n: usize, keys: usize, at: usize, poison: &str) -> Vec<Record> {
     (0..n)
         .map(|i| {
-            let data = if i == at { poison.to_owned() } else { i.to_string() };
+            let data = if i == at {
+                poison.to_owned()
+            } else {
+                i.to_string()
+            };
             stream.put(&format!("key-{}", i % keys), data)
         })
         .collect()
@@ -108,11 +128,16 @@ fn fill(stream: &MemoryStream, n: usize, keys: usize, at: usize, poison: &str) -
 
 #[tokio::test(start_paused = true)]
 async fn a_poison_record_costs_only_its_key_and_is_dead_lettered_whole_after_its_tries() {
-    let (stream, store, sink) = (MemoryStream::new(1), MemoryLeaseStore::new(), MemorySink::new());
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
     let records = fill(&stream, 500, 50, 120, "poison");
     let poison = records[120].clone();
     let runs = Runs::default();
-    let policy = FailurePolicy::dead_letter(3).backoff(Duration::from_secs(2), Duration::from_secs(8));
+    let policy =
+        FailurePolicy::dead_letter(3).backoff(Duration::from_secs(2), Duration::from_secs(8));
     let factory = Parallel::new(handler(&runs, "poison", || "boom".into()))
         .max_in_flight(10)
         .on_failure(policy);
@@ -120,23 +145,53 @@ async fn a_poison_record_costs_only_its_key_and_is_dead_lettered_whole_after_its
     // key-20 holds the poison record (120) and waits behind it; the 49 other keys do not.
     let other_key = |data: &str| data.parse::<usize>().is_ok_and(|i| i % 50 != 20);
     let others_done = wait_until(Duration::from_secs(60), || {
-        runs.lock().unwrap().iter().filter(|r| r.3 && other_key(&r.0)).count() == 490
+        runs.lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.3 && other_key(&r.0))
+            .count()
+            == 490
     });
-    let took = others_done.await.expect("every record of the other keys finished");
-    assert!(took < Duration::from_secs(2), "the other keys were not held: {took:?}");
+    let took = others_done
+        .await
+        .expect("every record of the other keys finished");
+    assert!(
+        took < Duration::from_secs(2),
+        "the other keys were not held: {took:?}"
+    );
     let letters = sink.letters();
-    assert!(letters.is_empty(), "the other records finished while the poison one still had tries");
-    assert!(!passed(&store, &poison.position()), "the checkpoint waits for the poison record");
-    assert!(wait_until(Duration::from_secs(30), || sink.letters().len() == 1).await.is_some());
+    assert!(
+        letters.is_empty(),
+        "the other records finished while the poison one still had tries"
+    );
+    assert!(
+        !passed(&store, &poison.position()),
+        "the checkpoint waits for the poison record"
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || sink.letters().len() == 1)
+            .await
+            .is_some()
+    );
     let letter = &sink.letters()[0];
-    assert_eq!(letter.record, poison, "the whole record: payload, key, sequence");
+    assert_eq!(
+        letter.record, poison,
+        "the whole record: payload, key, sequence"
+    );
     assert_eq!((letter.attempts, &letter.reason), (3, &Reason::Attempts));
-    assert_eq!((letter.first_error.as_str(), letter.last_error.as_str()), ("boom", "boom"));
+    assert_eq!(
+        (letter.first_error.as_str(), letter.last_error.as_str()),
+        ("boom", "boom")
+    );
     assert_eq!(letter.application.as_deref(), Some("app"));
     assert_eq!(letter.shard.as_str(), SHARD);
     let last = records.last().unwrap().position();
-    assert!(wait_until(Duration::from_secs(10), || passed(&store, &last)).await.is_some());
-    let runs = runs.lock().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || passed(&store, &last))
+            .await
+            .is_some()
+    );
+    let runs = runs.lock().unwrap().clone();
     let poison_runs: Vec<_> = runs.iter().filter(|r| r.0 == "poison").collect();
     assert_eq!(poison_runs.len(), 3, "tried three times");
     // The gaps between tries are the backoff: 2 s, then 4 s.
@@ -144,28 +199,49 @@ async fn a_poison_record_costs_only_its_key_and_is_dead_lettered_whole_after_its
     assert_eq!((gap(0).as_secs(), gap(1).as_secs()), (2, 4));
     // Its key waited (order per key) and ran on after the dead letter.
     assert_eq!(runs.iter().filter(|r| r.3).count(), 499);
-    let after: Vec<_> = runs.iter().filter(|r| r.0 == "170" || r.0 == "470").collect();
+    let after: Vec<_> = runs
+        .iter()
+        .filter(|r| r.0 == "170" || r.0 == "470")
+        .collect();
     assert_eq!(after.len(), 2);
-    assert!(after.iter().all(|r| r.1 >= poison_runs[2].2), "its key's later records waited");
-    drop(runs);
+    assert!(
+        after.iter().all(|r| r.1 >= poison_runs[2].2),
+        "its key's later records waited"
+    );
     w.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_refusing_sink_holds_the_checkpoint_and_loses_nothing() {
-    let (stream, store, sink) = (MemoryStream::new(1), MemoryLeaseStore::new(), MemorySink::new());
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
     let records = fill(&stream, 100, 10, 5, "poison");
     let runs = Runs::default();
     sink.refuse(true);
-    let policy = FailurePolicy::dead_letter(1).backoff(Duration::from_millis(500), Duration::from_secs(1));
+    let policy =
+        FailurePolicy::dead_letter(1).backoff(Duration::from_millis(500), Duration::from_secs(1));
     let factory = Parallel::new(handler(&runs, "poison", || "boom".into())).on_failure(policy);
     let w = run(config(), (&stream, &store), &sink, factory);
     sleep(Duration::from_secs(10)).await;
-    assert!(sink.refused() >= 5, "the sink was retried: {}", sink.refused());
-    assert!(!passed(&store, &records[5].position()), "nothing passes the refused record");
+    assert!(
+        sink.refused() >= 5,
+        "the sink was retried: {}",
+        sink.refused()
+    );
+    assert!(
+        !passed(&store, &records[5].position()),
+        "nothing passes the refused record"
+    );
     sink.refuse(false);
     let last = records.last().unwrap().position();
-    assert!(wait_until(Duration::from_secs(10), || passed(&store, &last)).await.is_some());
+    assert!(
+        wait_until(Duration::from_secs(10), || passed(&store, &last))
+            .await
+            .is_some()
+    );
     assert_eq!(sink.letters().len(), 1);
     assert_eq!(sink.letters()[0].record, records[5]);
     w.stop().await;
@@ -173,7 +249,11 @@ async fn a_refusing_sink_holds_the_checkpoint_and_loses_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn a_parked_key_runs_none_of_its_later_records() {
-    let (stream, store, sink) = (MemoryStream::new(1), MemoryLeaseStore::new(), MemorySink::new());
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
     let records = fill(&stream, 60, 6, 3, "poison");
     let runs = Runs::default();
     let factory = Parallel::new(handler(&runs, "poison", || Permanent::new("bad").into()))
@@ -181,25 +261,104 @@ async fn a_parked_key_runs_none_of_its_later_records() {
         .park_keys(true);
     let w = run(config(), (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(wait_until(Duration::from_secs(30), || passed(&store, &last)).await.is_some());
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &last))
+            .await
+            .is_some()
+    );
     let letters = sink.letters();
     // key-3: records 3 (the poison, permanent: one try), then 9, 15, ..., 57 parked behind it.
-    let parked: Vec<_> = letters.iter().map(|l| String::from_utf8_lossy(&l.record.data).into_owned()).collect();
+    let parked: Vec<_> = letters
+        .iter()
+        .map(|l| String::from_utf8_lossy(&l.record.data).into_owned())
+        .collect();
     let expected: Vec<_> = std::iter::once("poison".to_owned())
         .chain((9..60).step_by(6).map(|i| i.to_string()))
         .collect();
     assert_eq!(parked, expected, "the key's records, in order");
-    assert_eq!((letters[0].attempts, &letters[0].reason), (1, &Reason::Permanent));
-    assert!(letters.iter().all(|l| l.parked_key == letters[0].parked_key && l.parked_key.is_some()));
-    assert!(matches!(&letters[1].reason, Reason::Parked { behind } if *behind == records[3].position()));
-    let runs = runs.lock().unwrap();
+    assert_eq!(
+        (letters[0].attempts, &letters[0].reason),
+        (1, &Reason::Permanent)
+    );
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.parked_key == letters[0].parked_key && l.parked_key.is_some())
+    );
+    assert!(
+        matches!(&letters[1].reason, Reason::Parked { behind } if *behind == records[3].position())
+    );
+    let runs = runs.lock().unwrap().clone();
     assert_eq!(runs.iter().filter(|r| r.0 == "poison").count(), 1);
     for parked in &expected[1..] {
-        assert!(runs.iter().all(|r| &r.0 != parked), "{parked} of the parked key ran");
+        assert!(
+            runs.iter().all(|r| &r.0 != parked),
+            "{parked} of the parked key ran"
+        );
     }
     assert_eq!(runs.iter().filter(|r| r.3).count(), 60 - expected.len());
-    drop(runs);
     w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_key_stays_parked_for_the_next_owner() {
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
+    let records = fill(&stream, 12, 6, 3, "poison");
+    let runs = Runs::default();
+    let factory = || {
+        Parallel::new(handler(&runs, "poison", || Permanent::new("bad").into()))
+            .on_failure(FailurePolicy::dead_letter(5))
+            .park_keys(true)
+    };
+    let a = run_as("a", config(), (&stream, &store), &sink, factory());
+    let last = records.last().unwrap().position();
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &last))
+            .await
+            .is_some()
+    );
+    a.stop().await;
+    let lease = store
+        .leases()
+        .into_iter()
+        .find(|l| l.key.as_str() == SHARD)
+        .unwrap();
+    assert_eq!(
+        lease.parked_keys.len(),
+        1,
+        "the lease row parks the key: {lease:?}"
+    );
+    // New records of the parked key (key-3) and another, read by the next owner.
+    let later = [
+        stream.put("key-3", "later-3"),
+        stream.put("key-4", "later-4"),
+    ];
+    let b = run_as("b", config(), (&stream, &store), &sink, factory());
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(
+            &store,
+            &later[1].position()
+        ))
+        .await
+        .is_some()
+    );
+    let letters: Vec<_> = sink
+        .letters()
+        .iter()
+        .map(|l| String::from_utf8_lossy(&l.record.data).into_owned())
+        .collect();
+    assert_eq!(
+        letters,
+        ["poison", "9", "later-3"],
+        "parked by whoever holds the shard"
+    );
+    let ran: Vec<_> = runs.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    assert!(ran.contains(&"later-4".to_owned()) && !ran.contains(&"later-3".to_owned()));
+    b.stop().await;
 }
 
 /// A batch processor that fails a batch holding the record with data `poison`, naming it
@@ -223,8 +382,11 @@ impl RecordProcessor for Failing {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         *self.batches.hooks.lock().unwrap() += 1;
-        let data: Vec<String> =
-            input.records().iter().map(|r| String::from_utf8_lossy(&r.data).into_owned()).collect();
+        let data: Vec<String> = input
+            .records()
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.data).into_owned())
+            .collect();
         let bad = data.iter().position(|d| d == "poison");
         {
             let mut seen = self.batches.seen.lock().unwrap();
@@ -247,26 +409,41 @@ impl RecordProcessor for Failing {
 
 #[tokio::test(start_paused = true)]
 async fn a_failing_batch_is_bisected_to_its_bad_record_within_the_stated_bound() {
-    let (stream, store, sink) = (MemoryStream::new(1), MemoryLeaseStore::new(), MemorySink::new());
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
     let records = fill(&stream, 100, 100, 37, "poison");
     let batches = Batches::default();
-    let policy = FailurePolicy::dead_letter(2).backoff(Duration::from_millis(100), Duration::from_secs(1));
+    let policy =
+        FailurePolicy::dead_letter(2).backoff(Duration::from_millis(100), Duration::from_secs(1));
     let config = config().max_records(100).failure(policy);
     let factory = {
         let batches = batches.clone();
-        move |_: &ShardId| Failing { batches: batches.clone(), names: false }
+        move |_: &ShardId| Failing {
+            batches: batches.clone(),
+            names: false,
+        }
     };
     let w = run(config, (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(wait_until(Duration::from_secs(30), || passed(&store, &last)).await.is_some());
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &last))
+            .await
+            .is_some()
+    );
     assert_eq!(sink.letters().len(), 1);
     assert_eq!(sink.letters()[0].record, records[37]);
-    let seen = batches.seen.lock().unwrap();
+    let seen = batches.seen.lock().unwrap().clone();
     // One batch of 100: ⌈log2 100⌉ = 7 levels.
     for (data, (delivered, ok)) in seen.iter() {
         if data == "poison" {
             assert_eq!(*ok, 0);
-            assert!(*delivered <= 1 + 7 + 1, "poison delivered {delivered} times");
+            assert!(
+                *delivered <= 1 + 7 + 1,
+                "poison delivered {delivered} times"
+            );
         } else {
             assert_eq!(*ok, 1, "{data} succeeded once, never again");
             assert!(*delivered <= 1 + 7, "{data} delivered {delivered} times");
@@ -275,25 +452,35 @@ async fn a_failing_batch_is_bisected_to_its_bad_record_within_the_stated_bound()
     assert_eq!(seen.len(), 100);
     let hooks = *batches.hooks.lock().unwrap();
     assert!(hooks <= 1 + 2 * 7 + 1 + 7, "{hooks} deliveries");
-    drop(seen);
     w.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_named_record_is_retried_from_where_it_failed_then_skipped() {
-    let (stream, store, sink) = (MemoryStream::new(1), MemoryLeaseStore::new(), MemorySink::new());
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
     let records = fill(&stream, 50, 50, 20, "poison");
     let batches = Batches::default();
     let config = config().max_records(50).failure(FailurePolicy::skip(3));
     let factory = {
         let batches = batches.clone();
-        move |_: &ShardId| Failing { batches: batches.clone(), names: true }
+        move |_: &ShardId| Failing {
+            batches: batches.clone(),
+            names: true,
+        }
     };
     let w = run(config, (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(wait_until(Duration::from_secs(30), || passed(&store, &last)).await.is_some());
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &last))
+            .await
+            .is_some()
+    );
     assert!(sink.letters().is_empty(), "skipped, not dead-lettered");
-    let seen = batches.seen.lock().unwrap();
+    let seen = batches.seen.lock().unwrap().clone();
     for (data, (delivered, ok)) in seen.iter() {
         let i: usize = data.parse().unwrap_or(20);
         let expected = match i {
@@ -304,7 +491,6 @@ async fn a_named_record_is_retried_from_where_it_failed_then_skipped() {
         assert_eq!((*delivered, *ok), expected, "record {data}");
     }
     assert_eq!(*batches.hooks.lock().unwrap(), 4);
-    drop(seen);
     w.stop().await;
 }
 

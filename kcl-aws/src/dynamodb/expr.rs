@@ -8,8 +8,9 @@ use kcl_core::{CheckpointUpdate, Lease};
 
 use super::schema::{
     self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER, COND_OWNER,
-    ENDPOINT, LEASE_COUNTER, LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PENDING_CHECKPOINT,
-    PENDING_CHECKPOINT_STATE, PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER, START_TIMESTAMP, VAL_OWNER,
+    ENDPOINT, LEASE_COUNTER, LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PARKED_KEYS,
+    PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE, PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
+    START_TIMESTAMP, VAL_OWNER,
 };
 use kcl_core::ShardId;
 
@@ -19,6 +20,7 @@ use kcl_core::ShardId;
 pub(super) struct Expr {
     set: Vec<String>,
     remove: Vec<String>,
+    add: Vec<String>,
     pub(super) condition: &'static str,
     pub(super) names: HashMap<String, String>,
     pub(super) values: HashMap<String, AttributeValue>,
@@ -83,6 +85,15 @@ impl Expr {
         self
     }
 
+    /// `ADD #attribute :attribute`: elements added to a set.
+    pub(super) fn add(&mut self, attribute: &str, value: AttributeValue) -> &mut Self {
+        let name = self.name(attribute);
+        let placeholder = format!(":{attribute}");
+        self.add.push(format!("{name} {placeholder}"));
+        self.values.insert(placeholder, value);
+        self
+    }
+
     /// `REMOVE #attribute`.
     pub(super) fn remove(&mut self, attribute: &str) -> &mut Self {
         let name = self.name(attribute);
@@ -134,6 +145,9 @@ impl Expr {
         if let Some(endpoint) = &update.endpoint {
             self.set(ENDPOINT, AttributeValue::S(endpoint.clone()));
         }
+        if !update.park.is_empty() {
+            self.add(PARKED_KEYS, AttributeValue::Ss(update.park.clone()));
+        }
         self
     }
 
@@ -149,6 +163,13 @@ impl Expr {
             }
             out.push_str("REMOVE ");
             out.push_str(&self.remove.join(", "));
+        }
+        if !self.add.is_empty() {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str("ADD ");
+            out.push_str(&self.add.join(", "));
         }
         out
     }

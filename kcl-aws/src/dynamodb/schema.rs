@@ -68,6 +68,9 @@ pub(crate) const HANDOFF_TO: &str = "handoffTo";
 pub(crate) const START_TIMESTAMP: &str = "startingTimestamp";
 /// Where a singleton's holder takes messages (kcl extension).
 pub(crate) const ENDPOINT: &str = "kclEndpoint";
+/// kcl extension: ordering keys parked behind a dead-lettered record (a string set; see
+/// `Lease::parked_keys`).
+pub(crate) const PARKED_KEYS: &str = "parkedKeys";
 /// KCL Java's multi-stream rows: the stream (`account:stream:creationEpoch`; "streamName"
 /// for historical reasons).
 pub(crate) const STREAM_NAME: &str = "streamName";
@@ -222,6 +225,9 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(endpoint) = &lease.endpoint {
         put(ENDPOINT, AttributeValue::S(endpoint.clone()));
     }
+    if !lease.parked_keys.is_empty() {
+        put(PARKED_KEYS, AttributeValue::Ss(lease.parked_keys.clone()));
+    }
     item
 }
 
@@ -300,6 +306,10 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         })
         .transpose()?;
     lease.endpoint = optional_s(item, ENDPOINT)?.map(str::to_owned);
+    lease.parked_keys = optional_ss(item, PARKED_KEYS)?
+        .into_iter()
+        .map(|entry| entry.as_str().to_owned())
+        .collect();
     Ok(lease)
 }
 

@@ -148,6 +148,7 @@ impl Checkpointer {
                 child_shard_ids: children.clone(),
                 start_timestamp: None,
                 endpoint: None,
+                park: Vec::new(),
             };
             return self.write(&update).await;
         }
@@ -177,6 +178,7 @@ impl Checkpointer {
             child_shard_ids: Vec::new(),
             start_timestamp: None,
             endpoint: None,
+            park: Vec::new(),
         };
         self.write(&update).await
     }
@@ -201,6 +203,7 @@ impl Checkpointer {
             child_shard_ids: Vec::new(),
             start_timestamp: None,
             endpoint: None,
+            park: Vec::new(),
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -215,6 +218,7 @@ impl Checkpointer {
             child_shard_ids: Vec::new(),
             start_timestamp: None,
             endpoint: None,
+            park: Vec::new(),
         };
         self.write(&update).await
     }
@@ -263,9 +267,21 @@ impl Checkpointer {
     }
 
     async fn write(&mut self, update: &CheckpointUpdate) -> Result<(), CheckpointError> {
+        // Read after the position was chosen (see `Watermark::parking`).
+        let parking = self.watermark.parking();
+        let parked;
+        let update = if parking.is_empty() {
+            update
+        } else {
+            let mut with = update.clone();
+            with.park = parking;
+            parked = with;
+            &parked
+        };
         match self.tenure.checkpoint(update).await {
             Ok(_) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
+                self.watermark.parked(&update.park);
                 Ok(())
             }
             Err(TenureError::Lost) => Err(self.lease_lost()),

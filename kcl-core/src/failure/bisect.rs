@@ -81,7 +81,10 @@ impl Bisect {
         let start = part.start.max(checkpointed).min(part.end);
         let mut processed = part.start..start;
         if start == part.end {
-            return Failed { processed, then: Then::Split };
+            return Failed {
+                processed,
+                then: Then::Split,
+            };
         }
         let failed = match failed_at.filter(|i| (start..part.end).contains(i)) {
             Some(index) => index,
@@ -93,15 +96,26 @@ impl Bisect {
                 }
                 self.parts.push(mid..part.end);
                 self.parts.push(start..mid);
-                return Failed { processed, then: Then::Split };
+                return Failed {
+                    processed,
+                    then: Then::Split,
+                };
             }
             None => start,
         };
         processed.end = failed;
         let Some(record) = records.get(failed) else {
-            return Failed { processed, then: Then::Block };
+            return Failed {
+                processed,
+                then: Then::Block,
+            };
         };
-        let then = match self.tries.entry(failed).or_default().failed(policy, record, error) {
+        let then = match self
+            .tries
+            .entry(failed)
+            .or_default()
+            .failed(policy, record, error)
+        {
             Next::Retry(wait) => {
                 self.parts.push(failed..part.end);
                 Then::Retry(failed, wait)
@@ -130,7 +144,9 @@ mod tests {
     use crate::types::SequenceNumber;
 
     fn batch(n: u128) -> Vec<Record> {
-        (0..n).map(|i| Record::new(SequenceNumber::from(i), "k", "v")).collect()
+        (0..n)
+            .map(|i| Record::new(SequenceNumber::from(i), "k", "v"))
+            .collect()
     }
 
     /// Walks a batch of `n` with one record at `poison` that always fails and reports
@@ -167,10 +183,20 @@ mod tests {
                 // The whole batch, at most two parts a level, the poison's two more tries,
                 // and at most one part of what follows it per level.
                 let bound = 1 + 2 * levels as usize + 2 + levels as usize;
-                assert!(parts <= bound, "n={n} poison={poison}: {parts} parts > {bound}");
+                assert!(
+                    parts <= bound,
+                    "n={n} poison={poison}: {parts} parts > {bound}"
+                );
                 for (i, count) in delivered.iter().enumerate() {
-                    let most = if i == poison { 1 + levels + 2 } else { 1 + levels };
-                    assert!(*count <= most, "n={n} poison={poison} record {i}: {count} > {most}");
+                    let most = if i == poison {
+                        1 + levels + 2
+                    } else {
+                        1 + levels
+                    };
+                    assert!(
+                        *count <= most,
+                        "n={n} poison={poison} record {i}: {count} > {most}"
+                    );
                     assert!(*count >= 1, "record {i} never delivered");
                 }
             }

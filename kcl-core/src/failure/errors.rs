@@ -106,7 +106,9 @@ impl StdError for BatchFailed {
 
 /// The record a batch failed at, if the error says (a [`BatchFailed`] at the top of it).
 pub(crate) fn failed_at(error: &BoxError) -> Option<&ExtendedSequenceNumber> {
-    error.downcast_ref::<BatchFailed>().map(BatchFailed::position)
+    error
+        .downcast_ref::<BatchFailed>()
+        .map(BatchFailed::position)
 }
 
 #[cfg(test)]

@@ -239,3 +239,45 @@ impl Origin {
             .await;
     }
 }
+
+/// The lease row's entry for ordering key `key` parked behind `behind`
+/// ([`Lease::parked_keys`](crate::Lease)): `{key:016x}/{sequence}/{sub-sequence}`.
+pub(crate) fn park_entry(key: u64, behind: &ExtendedSequenceNumber) -> String {
+    format!("{key:016x}/{}/{}", behind.sequence, behind.sub_sequence)
+}
+
+/// The key and position of a parked-key entry; `None` (logged by the caller) if malformed.
+pub(crate) fn parse_park_entry(entry: &str) -> Option<(u64, ExtendedSequenceNumber)> {
+    let mut parts = entry.split('/');
+    let key = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let sequence = crate::types::SequenceNumber::parse(parts.next()?)?;
+    let sub_sequence = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((
+        key,
+        ExtendedSequenceNumber {
+            sequence,
+            sub_sequence,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::SequenceNumber;
+
+    #[test]
+    fn a_park_entry_reads_back() {
+        let at = ExtendedSequenceNumber {
+            sequence: SequenceNumber::parse(
+                "49590338271490256608559692538361571095921575989136588898",
+            )
+            .unwrap_or_else(|| SequenceNumber::from(1u128)),
+            sub_sequence: 3,
+        };
+        let entry = park_entry(0xdead_beef, &at);
+        assert_eq!(parse_park_entry(&entry), Some((0xdead_beef, at)));
+        assert_eq!(parse_park_entry("zz/1/0"), None);
+        assert_eq!(parse_park_entry("00ff/1/0/9"), None);
+    }
+}

@@ -36,8 +36,8 @@ pub(crate) use bisect::{Bisect, Then};
 pub(crate) use errors::failed_at;
 pub use errors::{BatchFailed, Permanent, is_retryable};
 pub(crate) use give_up::Handling;
-pub(crate) use letter::Origin;
 pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, Reason};
+pub(crate) use letter::{Origin, park_entry, parse_park_entry};
 pub(crate) use tries::{Next, Tries};
 
 use std::time::Duration;

@@ -31,7 +31,12 @@ pub(crate) struct Tries {
 
 impl Tries {
     /// Counts a failure of `record` with `error`, and says what comes next under `policy`.
-    pub(crate) fn failed(&mut self, policy: &FailurePolicy, record: &Record, error: &BoxError) -> Next {
+    pub(crate) fn failed(
+        &mut self,
+        policy: &FailurePolicy,
+        record: &Record,
+        error: &BoxError,
+    ) -> Next {
         self.failures += 1;
         let line = crate::error_chain(&**error);
         if self.first_failed.is_none() {
@@ -98,9 +103,18 @@ mod tests {
         let policy = FailurePolicy::dead_letter(3);
         let mut tries = Tries::default();
         let error: BoxError = "boom".into();
-        assert_eq!(tries.failed(&policy, &record(), &error), Next::Retry(Duration::from_secs(1)));
-        assert_eq!(tries.failed(&policy, &record(), &error), Next::Retry(Duration::from_secs(2)));
-        assert_eq!(tries.failed(&policy, &record(), &error), Next::GiveUp(Reason::Attempts));
+        assert_eq!(
+            tries.failed(&policy, &record(), &error),
+            Next::Retry(Duration::from_secs(1))
+        );
+        assert_eq!(
+            tries.failed(&policy, &record(), &error),
+            Next::Retry(Duration::from_secs(2))
+        );
+        assert_eq!(
+            tries.failed(&policy, &record(), &error),
+            Next::GiveUp(Reason::Attempts)
+        );
         assert_eq!(tries.failures(), 3);
         assert_eq!(tries.first_error(), "boom");
     }
@@ -116,7 +130,13 @@ mod tests {
         let mut old = record();
         old.approximate_arrival = Utc::now() - chrono::TimeDelta::minutes(2);
         let error: BoxError = "boom".into();
-        assert_eq!(Tries::default().failed(&policy, &old, &error), Next::GiveUp(Reason::Age));
-        assert_eq!(Tries::default().failed(&FailurePolicy::block(), &old, &error), Next::Block);
+        assert_eq!(
+            Tries::default().failed(&policy, &old, &error),
+            Next::GiveUp(Reason::Age)
+        );
+        assert_eq!(
+            Tries::default().failed(&FailurePolicy::block(), &old, &error),
+            Next::Block
+        );
     }
 }

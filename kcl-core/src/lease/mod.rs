@@ -67,6 +67,12 @@ pub struct Lease {
     /// Where the holder of a singleton row takes messages for it (kcl extension,
     /// `kclEndpoint`; see [`singleton::messages`](crate::singleton::messages)).
     pub endpoint: Option<String>,
+    /// Ordering keys parked behind a dead-lettered record (kcl extension, `parkedKeys`, a
+    /// string set): `{key:016x}/{sequence}/{sub-sequence}` each. Under
+    /// [`Parallel::park_keys`](crate::Parallel::park_keys) the shard's later records of these
+    /// keys are dead-lettered unrun, by whichever worker holds it; redriving the record
+    /// removes its entry.
+    pub parked_keys: Vec<String>,
 }
 
 impl Lease {
@@ -85,6 +91,7 @@ impl Lease {
             handoff_to: None,
             start_timestamp: None,
             endpoint: None,
+            parked_keys: Vec::new(),
         }
     }
 
@@ -117,6 +124,8 @@ pub struct CheckpointUpdate {
     /// Advertises where a singleton's holder takes messages ([`Lease::endpoint`]); `None`
     /// leaves the attribute as it is.
     pub endpoint: Option<String>,
+    /// Entries added to [`Lease::parked_keys`] (the others stay); empty leaves it as it is.
+    pub park: Vec<String>,
 }
 
 impl CheckpointUpdate {
@@ -129,6 +138,7 @@ impl CheckpointUpdate {
             child_shard_ids: Vec::new(),
             start_timestamp: None,
             endpoint: None,
+            park: Vec::new(),
         }
     }
 }

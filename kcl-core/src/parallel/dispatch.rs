@@ -23,7 +23,7 @@ use tracing::Instrument as _;
 use super::{KeyFn, RecordHandler};
 use crate::ack::Ack;
 use crate::error::BoxError;
-use crate::failure::{Handling, Next, Reason, Tries};
+use crate::failure::{Handling, Next, Reason, Tries, park_entry, parse_park_entry};
 use crate::mutation::{self, Mutation};
 use crate::types::{ExtendedSequenceNumber, Record};
 
@@ -56,12 +56,25 @@ pub(super) struct Failing {
 }
 
 impl Failing {
-    pub(super) fn new(handling: Handling, park: bool) -> Self {
-        Self {
+    /// Failure handling as `handling` says; `parked`: the lease row's parked-key entries.
+    pub(super) fn new(handling: Handling, park: bool, parked: &[String]) -> Self {
+        let parked = parked
+            .iter()
+            .filter_map(|entry| {
+                let parsed = parse_park_entry(entry);
+                if parsed.is_none() {
+                    tracing::warn!(entry, "ignoring a malformed parked-key entry of the lease");
+                }
+                parsed
+            })
+            .collect();
+        let failing = Self {
             handling,
             park,
-            parked: HashMap::new(),
-        }
+            parked,
+        };
+        failing.gauge();
+        failing
     }
 
     /// The record that parked `key`, if it is parked.
@@ -97,7 +110,9 @@ pub(super) async fn run<H: RecordHandler>(
             let Some((key, job)) = keys.next() else {
                 break;
             };
-            let parked = failing.as_ref().and_then(|f| Some((f, f.parked_behind(key)?.clone())));
+            let parked = failing
+                .as_ref()
+                .and_then(|f| Some((f, f.parked_behind(key)?.clone())));
             let work = match parked {
                 Some((f, behind)) => {
                     let reason = Reason::Parked { behind };
@@ -105,7 +120,10 @@ pub(super) async fn run<H: RecordHandler>(
                 }
                 None => attempt(handler.clone(), job).boxed(),
             };
-            crate::task::spawn_in(&mut running, work.map(move |ran| (key, ran)).in_current_span());
+            crate::task::spawn_in(
+                &mut running,
+                work.map(move |ran| (key, ran)).in_current_span(),
+            );
         }
         // Biased (finished runs first, at most max_in_flight of them): the same schedule
         // makes the same choices, which a simulated seed's replay relies on.
@@ -171,7 +189,10 @@ fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: Box
         job.ack.fail(error);
         return Decided::Stop;
     };
-    match job.tries.failed(&failing.handling.policy, &job.record, &error) {
+    match job
+        .tries
+        .failed(&failing.handling.policy, &job.record, &error)
+    {
         Next::Retry(wait) => {
             failing.handling.retrying(&job.record, &job.tries, wait);
             Decided::Rest(wait, job)
@@ -181,7 +202,10 @@ fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: Box
                 failing.parked.insert(key, job.record.position());
                 failing.gauge();
             }
-            Decided::GiveUp(Box::new((failing.handling.clone(), *job, reason)), failing.park)
+            Decided::GiveUp(
+                Box::new((failing.handling.clone(), *job, reason)),
+                failing.park,
+            )
         }
         Next::Block => {
             job.ack.fail(error);
@@ -205,7 +229,10 @@ async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
         Ok(Err(error)) => Ran::Failed(Box::new(job), error),
         Err(panic) => {
             let message = crate::task::panic_message(&*panic);
-            Ran::Failed(Box::new(job), format!("record handler panicked: {message}").into())
+            Ran::Failed(
+                Box::new(job),
+                format!("record handler panicked: {message}").into(),
+            )
         }
     }
 }
@@ -214,6 +241,10 @@ async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
 /// it), so the checkpoint passes it only then.
 async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64>) -> Ran {
     let parked = matches!(reason, Reason::Parked { .. });
+    // The record that parks its key writes the entry with the checkpoint that passes it.
+    let entry = parks
+        .filter(|_| !parked)
+        .map(|key| park_entry(key, &job.record.position()));
     let mut letter = handling.letter(job.record, &job.tries, reason);
     letter.parked_key = parks.map(|key| format!("{key:016x}"));
     if parked {
@@ -222,7 +253,10 @@ async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64
     }
     match job.ack.while_valid(handling.give_up(letter)).await {
         Some(Ok(())) => {
-            job.ack.done();
+            match entry {
+                Some(entry) => job.ack.done_parking(entry),
+                None => job.ack.done(),
+            }
             Ran::Done
         }
         Some(Err(error)) => {

@@ -169,6 +169,7 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
             },
             dispatcher: None,
             origin: None,
+            parked_keys: Vec::new(),
         }
     }
 
@@ -186,8 +187,10 @@ pub struct ParallelProcessor<H> {
     /// The factory's handler and settings.
     settings: Parallel<H>,
     dispatcher: Option<Dispatcher>,
-    /// Where the shard's dead letters go, from `initialize`.
+    /// Where the shard's dead letters go, and the keys parked in its lease, from
+    /// `initialize`.
     origin: Option<Origin>,
+    parked_keys: Vec<String>,
 }
 
 impl<H> std::fmt::Debug for ParallelProcessor<H> {
@@ -213,7 +216,8 @@ impl<H: RecordHandler> ParallelProcessor<H> {
             let failing = match &self.origin {
                 Some(origin) if failure.in_place() => {
                     let handling = Handling::new(failure.clone(), origin.clone());
-                    Some(dispatch::Failing::new(handling, *park_keys))
+                    let parked = &self.parked_keys;
+                    Some(dispatch::Failing::new(handling, *park_keys, parked))
                 }
                 _ => None,
             };
@@ -228,12 +232,15 @@ impl<H: RecordHandler> ParallelProcessor<H> {
 impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
         self.origin.clone_from(&input.origin);
+        self.parked_keys.clone_from(&input.parked_keys);
         if self.settings.failure.exhausted == Exhausted::DeadLetter
             && self.origin.as_ref().is_none_or(|o| o.letters.is_none())
         {
-            return Err("Parallel::on_failure dead-letters, but the worker has no sink \
+            return Err(
+                "Parallel::on_failure dead-letters, but the worker has no sink \
                         (WorkerBuilder::dead_letters)"
-                .into());
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -186,6 +186,7 @@ impl<L: LeaseStore> Singleton<L> {
             child_shard_ids: Vec::new(),
             start_timestamp: None,
             endpoint: Some(address),
+            park: Vec::new(),
         };
         if let Err(error) = tenure.checkpoint(&update).await {
             tracing::debug!(?error, singleton = %self.key, "advertising the inbox failed");

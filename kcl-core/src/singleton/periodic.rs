@@ -163,6 +163,7 @@ async fn record(ctx: &TaskContext, index: u64) -> Result<(), crate::lease::tenur
         child_shard_ids: Vec::new(),
         start_timestamp: None,
         endpoint: None,
+        park: Vec::new(),
     };
     ctx.tenure.checkpoint(&update).await.map(drop)
 }

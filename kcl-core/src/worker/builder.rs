@@ -127,7 +127,9 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
                 if needed {
                     return Err(ConfigError {
                         key,
-                        reason: "dead-letters, but the worker has no sink (WorkerBuilder::dead_letters)".into(),
+                        reason:
+                            "dead-letters, but the worker has no sink (WorkerBuilder::dead_letters)"
+                                .into(),
                     });
                 }
             }

@@ -208,13 +208,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         self.report.phase(Phase::Running);
         self.log_start(table);
         self.undrain().await;
-        let ctx = Arc::new(ShardContext::new(
-            self.source.clone(),
-            self.factory.clone(),
-            self.table.config.clone(),
-            consumer,
-        )
-        .dead_letters(self.table.me.clone(), self.dead_letters.clone()));
+        let ctx = Arc::new(
+            ShardContext::new(
+                self.source.clone(),
+                self.factory.clone(),
+                self.table.config.clone(),
+                consumer,
+            )
+            .dead_letters(self.table.me.clone(), self.dead_letters.clone()),
+        );
         let mut state = Coordinator::new(self.handle.graceful.clone());
         let mut mode = Mode::start(&self.table.me, self.table.store.clone(), &self.table.config);
         let outcome = self

@@ -113,14 +113,14 @@ impl RecordHandler for SimHandler {
 /// handler knows the instance it runs for.
 pub fn parallel(handler: SimHandler, max_in_flight: usize, shard: &ShardId) -> AnyProcessor {
     let factory = Parallel::new(handler).max_in_flight(max_in_flight);
-    AnyProcessor::Parallel(factory.create(shard))
+    AnyProcessor::Parallel(Box::new(factory.create(shard)))
 }
 
 /// What the fleet's factories hand out.
 #[derive(Debug)]
 pub enum AnyProcessor {
     Plain(Box<SimProcessor>),
-    Parallel(ParallelProcessor<SimHandler>),
+    Parallel(Box<ParallelProcessor<SimHandler>>),
     HandsOff(Box<HandsOff>),
 }
 

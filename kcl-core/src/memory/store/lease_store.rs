@@ -39,6 +39,11 @@ fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
     if update.endpoint.is_some() {
         r.endpoint = update.endpoint;
     }
+    for entry in update.park {
+        if !r.parked_keys.contains(&entry) {
+            r.parked_keys.push(entry);
+        }
+    }
     r.counter += 1;
 }
 

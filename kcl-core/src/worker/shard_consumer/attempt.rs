@@ -87,6 +87,7 @@ async fn initialize<S: ShardSource>(
         checkpoint: lease.checkpoint.clone(),
         pending_checkpoint: lease.pending_checkpoint.clone(),
         origin: Some(ctx.origin(tenure.shard())),
+        parked_keys: lease.parked_keys.clone(),
     };
     if let Hook::Expired = hook(tenure, "initialize", processor.initialize(&input)).await? {
         return lost(processor).await.map(Err);

@@ -22,9 +22,9 @@ use tokio::time::{Instant, Interval, sleep_until};
 use super::acks::Acks;
 use super::prefetch::{Fetched, Prefetcher};
 use super::{Control, Failure, Hook, ShardContext, Stop, hook, walk};
-use crate::failure::Handling;
 use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, ErrorKind};
+use crate::failure::Handling;
 use crate::lease::tenure::Tenure;
 use crate::metrics::ShardMetrics;
 use crate::mutation::{self, Mutation};
@@ -96,19 +96,23 @@ pub(super) async fn run<S: ShardSource>(
                 acks.report(&batches.metrics);
                 observe(control, tenure, checkpointer).await;
             }
-            Event::Quiet => {
-                match deliver_nothing(tenure, processor, checkpointer).await? {
-                    Hook::Expired => return Ok(Stop::Lost),
-                    Hook::Stopped => return Ok(Stop::Graceful),
-                    Hook::Done => {}
-                }
-            }
+            Event::Quiet => match deliver_nothing(tenure, processor, checkpointer).await? {
+                Hook::Expired => return Ok(Stop::Lost),
+                Hook::Stopped => return Ok(Stop::Graceful),
+                Hook::Done => {}
+            },
             Event::Fetched(fetched) => {
                 let batch = match received(ctx, tenure, control, checkpointer, fetched).await? {
                     Ok(batch) => batch,
                     Err(stop) => return Ok(stop),
                 };
-                let handed = hand_over(&mut batches, (tenure, control), processor, checkpointer, batch);
+                let handed = hand_over(
+                    &mut batches,
+                    (tenure, control),
+                    processor,
+                    checkpointer,
+                    batch,
+                );
                 match handed.await? {
                     Handed::Lost => return Ok(Stop::Lost),
                     Handed::Stopped => return Ok(Stop::Graceful),
@@ -225,7 +229,13 @@ async fn hand_over(
     if !batch.records.is_empty() {
         control.set_covered(false);
     }
-    let delivered = deliver(batches, (tenure, control), processor, checkpointer, (batch, bytes));
+    let delivered = deliver(
+        batches,
+        (tenure, control),
+        processor,
+        checkpointer,
+        (batch, bytes),
+    );
     match delivered.await? {
         Hook::Expired => return Ok(Handed::Lost),
         Hook::Stopped => return Ok(Handed::Stopped),
@@ -340,7 +350,15 @@ async fn deliver(
         Some(handling) => {
             let shard = (tenure, control);
             let millis = batch.millis_behind_latest;
-            let call = walk::deliver(handling, shard, processor, checkpointer, &batch.records, millis, previous);
+            let call = walk::deliver(
+                handling,
+                shard,
+                processor,
+                checkpointer,
+                &batch.records,
+                millis,
+                previous,
+            );
             call.await?
         }
         None => {

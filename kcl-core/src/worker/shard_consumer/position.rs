@@ -121,6 +121,7 @@ async fn write_pin(
         child_shard_ids: Vec::new(),
         start_timestamp: Some(pin),
         endpoint: None,
+        park: Vec::new(),
     };
     match tenure.checkpoint(&update).await {
         Ok(_) => {

@@ -62,7 +62,9 @@ pub(super) async fn deliver(
             // Its records were taken to acknowledge later: they are the processor's now.
             Err(failure) if !own => return Err(failure),
             Err(Failure::Processor { source, .. }) => source,
-            Err(Failure::Panic { message, .. }) => format!("process_records panicked: {message}").into(),
+            Err(Failure::Panic { message, .. }) => {
+                format!("process_records panicked: {message}").into()
+            }
             Err(other) => return Err(other),
         };
         let checkpointed = checkpointed(tenure, records).await;
@@ -94,7 +96,12 @@ pub(super) async fn deliver(
                     other => other,
                 }
             }
-            Then::Block => return Err(Failure::Processor { hook: "process_records", source: error }),
+            Then::Block => {
+                return Err(Failure::Processor {
+                    hook: "process_records",
+                    source: error,
+                });
+            }
         };
         match waited {
             Waited::Done(Ok(())) => {}
