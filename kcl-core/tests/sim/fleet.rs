@@ -20,7 +20,9 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
+use super::poison::Poison;
 use super::processor::{Factory, Log};
+use kcl_core::failure::DeadLetters;
 
 pub struct Member {
     task: JoinHandle<Result<(), kcl_core::Error>>,
@@ -55,6 +57,8 @@ pub struct Fleet {
     pub network: MemoryNetwork,
     /// Records in flight per shard under `Parallel`; `None`: the plain processor.
     pub parallel: Option<usize>,
+    /// The seed's failing records and policy, if it has them.
+    pub poison: Option<Arc<Poison>>,
 }
 
 /// Sends a message to the fleet's singleton every few hundred milliseconds until `stop`,
@@ -150,6 +154,7 @@ impl Fleet {
             instances: self.instances.clone(),
             failure_rate: self.failure_rate,
             parallel: self.parallel,
+            poison: self.poison.clone(),
         };
         // Its own client name, so that a partition can cut a worker off from the lease table
         // alone, or from the stream alone.
@@ -179,11 +184,14 @@ impl Fleet {
         source: S,
         factory: F,
     ) {
-        let worker = Worker::builder(source, self.store.client(id))
-            .id(id)
-            .config(config)
-            .build_with(factory)
-            .expect("valid config");
+        let mut worker = Worker::builder(source, self.store.client(id)).id(id);
+        worker = match &self.poison {
+            Some(poison) => worker
+                .config(config.failure(poison.policy.clone()))
+                .dead_letters(DeadLetters::new(poison.sink.clone())),
+            None => worker.config(config),
+        };
+        let worker = worker.build_with(factory).expect("valid config");
         let (singleton, singleton_stop) = self.compete_for_singleton(id);
         let (periodic, periodic_stop) = self.run_periodic(id);
         super::problems::sample(id, worker.status(), self.log.clone());

@@ -13,6 +13,7 @@ use kcl_core::{
 use tokio::time::sleep;
 
 use super::hands_off::HandsOff;
+use super::poison::Poison;
 use super::processor::{Delivery, INJECTED_PANIC, Log, SimProcessor};
 
 /// One run of the handler on one record.
@@ -37,6 +38,7 @@ pub struct SimHandler {
     pub log: Log,
     pub seed: u64,
     pub failure_rate: f64,
+    pub poison: Option<std::sync::Arc<Poison>>,
 }
 
 impl SimHandler {
@@ -83,7 +85,12 @@ impl RecordHandler for SimHandler {
         } else {
             sleep(Duration::from_millis(millis)).await;
         }
-        let fails = self.draw(&position, 2) < self.failure_rate;
+        let failure = match &self.poison {
+            Some(poison) => poison.attempt(&self.log, &self.shard, &record),
+            None => (self.draw(&position, 2) < self.failure_rate)
+                .then(|| BoxError::from("injected handler error")),
+        };
+        let fails = failure.is_some();
         {
             let mut log = self.log.lock();
             log.runs[index].end = Some((next_event_seq(), !fails));
@@ -99,20 +106,33 @@ impl RecordHandler for SimHandler {
                 });
             }
         }
-        if fails {
-            if self.draw(&position, 3) < 0.5 {
-                panic!("{INJECTED_PANIC}");
+        match failure {
+            Some(error) if self.poison.is_some() => Err(error),
+            Some(error) => {
+                if self.draw(&position, 3) < 0.5 {
+                    panic!("{INJECTED_PANIC}");
+                }
+                Err(error)
             }
-            return Err("injected handler error".into());
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
 /// A parallel processor for one instance: `Parallel` with its own handler, so that the
 /// handler knows the instance it runs for.
-pub fn parallel(handler: SimHandler, max_in_flight: usize, shard: &ShardId) -> AnyProcessor {
-    let factory = Parallel::new(handler).max_in_flight(max_in_flight);
+pub fn parallel(
+    handler: SimHandler,
+    max_in_flight: usize,
+    shard: &ShardId,
+    poison: Option<&Poison>,
+) -> AnyProcessor {
+    let mut factory = Parallel::new(handler).max_in_flight(max_in_flight);
+    if let Some(poison) = poison {
+        factory = factory
+            .on_failure(poison.policy.clone())
+            .park_keys(poison.park);
+    }
     AnyProcessor::Parallel(Box::new(factory.create(shard)))
 }
 

@@ -4,6 +4,7 @@ pub mod fleet;
 pub mod handler;
 pub mod hands_off;
 pub mod mutations;
+pub mod poison;
 pub mod problems;
 pub mod processor;
 pub mod scenario;

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::handler::{AnyProcessor, SimHandler, parallel};
 use super::hands_off::HandsOff;
+use super::poison::Poison;
 
 /// One record handed to a processor.
 #[derive(Debug, Clone)]
@@ -123,6 +124,14 @@ pub struct Journal {
     pub instances: BTreeMap<u64, Instance>,
     /// What the workers reported (`Status::problems`), and the fleet's room for leases.
     pub problems: super::problems::Sampled,
+    /// Dead letters the sink accepted, with when.
+    pub letters: Vec<(u64, kcl_core::failure::DeadLetter)>,
+    /// Puts the sink refused.
+    pub sink_refusals: usize,
+    /// Tries of flaky records so far, fleet-wide.
+    pub flaky_tries: BTreeMap<String, u32>,
+    /// Deliveries a batch processor saw beyond what a bisect may cost (`bisect-bound`).
+    pub over_delivered: Vec<String>,
 }
 
 /// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.
@@ -207,6 +216,8 @@ pub struct Factory {
     pub failure_rate: f64,
     /// Records in flight per shard under `Parallel`; `None`: the plain processor.
     pub parallel: Option<usize>,
+    /// The seed's failing records and policy, if it has them.
+    pub poison: Option<Arc<Poison>>,
 }
 
 impl Factory {
@@ -220,7 +231,8 @@ impl Factory {
         );
         if let Some(n) = self.parallel {
             let mut rng = StdRng::seed_from_u64(self.seed ^ instance ^ 0x4a4d_0ff5);
-            if rng.random_ratio(1, 3) {
+            // Processors of their own know nothing of parked keys: not under a policy.
+            if rng.random_ratio(1, 3) && self.poison.is_none() {
                 return AnyProcessor::HandsOff(Box::new(HandsOff {
                     worker: self.worker.clone(),
                     instance,
@@ -238,8 +250,9 @@ impl Factory {
                 seed: self.seed,
                 // Per record rather than per batch.
                 failure_rate: self.failure_rate / 10.0,
+                poison: self.poison.clone(),
             };
-            return parallel(handler, n, shard);
+            return parallel(handler, n, shard, self.poison.as_deref());
         }
         let mut rng =
             StdRng::seed_from_u64(self.seed ^ instance.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -259,6 +272,8 @@ impl Factory {
             style,
             batches: 0,
             failure_rate: self.failure_rate,
+            poison: self.poison.clone(),
+            seen: BTreeMap::new(),
         }))
     }
 }
@@ -273,6 +288,9 @@ pub struct SimProcessor {
     style: Style,
     batches: u32,
     failure_rate: f64,
+    poison: Option<Arc<Poison>>,
+    /// Under a policy: per record, deliveries to this instance and whether one succeeded.
+    seen: BTreeMap<ExtendedSequenceNumber, (u32, bool)>,
 }
 
 impl SimProcessor {
@@ -339,6 +357,81 @@ impl SimProcessor {
     }
 }
 
+/// The most deliveries of one record to one instance a bisect may cost: the first, one per
+/// level of a batch of `max_records` (40: 6 levels), and the record's own tries.
+const BISECT_BOUND: u32 = 1 + 6 + super::poison::ATTEMPTS;
+
+impl SimProcessor {
+    /// A batch under the seed's failure policy: it fails at its first failing record
+    /// (naming it, or not); records count as processed (logged as delivered) only in a hook
+    /// that succeeded, or before the named one.
+    async fn under_policy(
+        &mut self,
+        poison: &Poison,
+        input: ProcessRecordsInput<'_>,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<(), BoxError> {
+        let records = input.records().to_vec();
+        for r in &records {
+            let (count, ok) = self.seen.entry(r.position()).or_default();
+            *count += 1;
+            if *ok || *count > BISECT_BOUND {
+                self.log.lock().over_delivered.push(format!(
+                    "bisect-bound: instance {} of {} on {} got {} a {} time{}",
+                    self.instance,
+                    self.worker,
+                    self.shard,
+                    r.position(),
+                    count,
+                    if *ok { " after it succeeded" } else { "" }
+                ));
+            }
+        }
+        self.log
+            .wait(Duration::from_millis(self.rng.random_range(0..60)))
+            .await;
+        if let Some((i, error)) = poison.first_failing(&self.log, &self.shard, &records) {
+            if poison.names {
+                self.processed(&records[..i]);
+                self.succeeded(&records[..i]);
+            }
+            return Err(poison.batch_error(&records, i, error));
+        }
+        self.processed(&records);
+        self.succeeded(&records);
+        // A checkpoint that fails is tried again after the next batch: the batch succeeded
+        // (returning its error would have it delivered again, which is at-least-once but
+        // breaks `order`).
+        let _ = self.checkpoint(checkpointer, false, None).await;
+        Ok(())
+    }
+
+    /// `records` succeeded in this instance: delivering them again breaks `bisect-bound`.
+    fn succeeded(&mut self, records: &[kcl_core::Record]) {
+        for r in records {
+            if let Some(seen) = self.seen.get_mut(&r.position()) {
+                seen.1 = true;
+            }
+        }
+    }
+
+    /// `records` were processed (their effects happened): logged as delivered.
+    fn processed(&self, records: &[kcl_core::Record]) {
+        let mut log = self.log.lock();
+        for r in records {
+            log.deliveries.push(Delivery {
+                seq: next_event_seq(),
+                at: Instant::now(),
+                worker: self.worker.clone(),
+                instance: self.instance,
+                shard: self.shard.clone(),
+                position: r.position(),
+                keyed: false,
+            });
+        }
+    }
+}
+
 impl RecordProcessor for SimProcessor {
     async fn process_records(
         &mut self,
@@ -350,6 +443,9 @@ impl RecordProcessor for SimProcessor {
             .iter()
             .map(kcl_core::Record::position)
             .collect();
+        if let Some(poison) = self.poison.clone() {
+            return self.under_policy(&poison, input, checkpointer).await;
+        }
         {
             let mut log = self.log.lock();
             for r in input.records() {

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::checks::{self, Evidence, Openings, Start};
 use super::fleet::{Fleet, Keys, send_messages};
+use super::poison::Poison;
 use super::processor::Log;
 use super::schedule::{Run, disturb, produce, reshard};
 
@@ -108,6 +109,16 @@ pub struct Stats {
     /// Handler runs under `Parallel`, and how many were cut short (crash, lease lost).
     pub handler_runs: usize,
     pub handler_runs_cut: usize,
+    /// Seeds under a failure policy with failing records; of those, under `Parallel`, with
+    /// parked keys, with batch processors that name the failed record, with a sink that
+    /// refused at times.
+    pub poison: usize,
+    pub poison_parallel: usize,
+    pub poison_parked: usize,
+    pub poison_named: usize,
+    pub sink_refused: usize,
+    /// Dead letters accepted, by reason: attempts, permanent, parked.
+    pub letters: [usize; 3],
     /// User records that came in KPL aggregates, and checkpoints written inside one.
     pub aggregated: usize,
     pub mid_aggregate_checkpoints: usize,
@@ -187,6 +198,14 @@ impl std::ops::AddAssign for Stats {
         self.parallel += o.parallel;
         self.handler_runs += o.handler_runs;
         self.handler_runs_cut += o.handler_runs_cut;
+        self.poison += o.poison;
+        self.poison_parallel += o.poison_parallel;
+        self.poison_parked += o.poison_parked;
+        self.poison_named += o.poison_named;
+        self.sink_refused += o.sink_refused;
+        for (a, b) in self.letters.iter_mut().zip(o.letters) {
+            *a += b;
+        }
         self.aggregated += o.aggregated;
         self.mid_aggregate_checkpoints += o.mid_aggregate_checkpoints;
         self.beyond_tried += o.beyond_tried;
@@ -300,6 +319,8 @@ pub async fn simulate(seed: u64) -> Outcome {
     let max_unacknowledged = processing.random_range(10..=80usize);
     // Every message an instance's inbox takes goes to the log, with where and when.
     let log = Log::default();
+    // A third of the disturbed seeds have records that fail, under a failure policy.
+    let poison = Poison::draw(seed, planned, &log);
     let network = {
         let log = log.clone();
         MemoryNetwork::with_hook(Arc::new(
@@ -372,7 +393,8 @@ pub async fn simulate(seed: u64) -> Outcome {
         instances: Arc::new(AtomicU64::new(0)),
         live: BTreeMap::new(),
         next_id: 0,
-        failure_rate: if !planned && rng.random_bool(0.5) {
+        // Drawn either way, so that the rest of the seed's draws stay as they were.
+        failure_rate: if !planned && rng.random_bool(0.5) && poison.is_none() {
             0.02
         } else {
             0.0
@@ -383,6 +405,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         standbys,
         network: network.clone(),
         parallel,
+        poison: poison.clone(),
     };
     // A quarter of the disturbed seeds start under store faults, so that the first shard
     // sync's lease creates (of a resharded past, often) fail and are retried.
@@ -398,6 +421,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     }
     let producing = CancellationToken::new();
     let producer = tokio::spawn(produce(stream.clone(), seed, producing.clone()));
+    let sink_faults = poison
+        .clone()
+        .map(|p| tokio::spawn(p.disturb_sink(producing.clone())));
     let sender = tokio::spawn(send_messages(
         network,
         fleet.store.clone(),
@@ -423,6 +449,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     sleep(Duration::from_secs(2)).await;
     producing.cancel();
     let _ = producer.await;
+    if let Some(faults) = sink_faults {
+        let _ = faults.await;
+    }
     let _ = sender.await;
     if let Some(cap) = cap {
         super::problems::make_room(&mut fleet, cap).await;
@@ -567,6 +596,21 @@ fn judge(
     stats.deliveries = journal.deliveries.len();
     stats.handler_runs = journal.runs.len();
     stats.handler_runs_cut = journal.runs.iter().filter(|r| r.end.is_none()).count();
+    if let Some(poison) = &fleet.poison {
+        stats.poison = 1;
+        stats.poison_parallel = usize::from(fleet.parallel.is_some());
+        stats.poison_parked = usize::from(fleet.parallel.is_some() && poison.park);
+        stats.poison_named = usize::from(fleet.parallel.is_none() && poison.names);
+        stats.sink_refused = usize::from(journal.sink_refusals > 0);
+        for (_, letter) in &journal.letters {
+            let i = match letter.reason {
+                kcl_core::failure::Reason::Attempts => 0,
+                kcl_core::failure::Reason::Permanent => 1,
+                _ => 2,
+            };
+            stats.letters[i] += 1;
+        }
+    }
     stats.beyond_tried = journal.beyond_tried;
     let reports = |kind| {
         let reports = journal.problems.reports.iter();
@@ -630,6 +674,7 @@ fn judge(
         validity: failover - failover / 10,
         planned,
         parallel: fleet.parallel.is_some(),
+        poison: fleet.poison.as_deref(),
         stalled_after: super::problems::STALLED_AFTER,
         max_leases: (fleet.config.max_leases != config().max_leases)
             .then_some(fleet.config.max_leases),

@@ -13,8 +13,8 @@ use super::position::{self, Opened, Start};
 use super::prefetch::Prefetcher;
 use super::{Control, Failure, Hook, ShardContext, Stop, hook};
 use crate::checkpoint::Checkpointer;
-use crate::lease::Lease;
 use crate::lease::tenure::{Tenure, TenureError};
+use crate::lease::{CheckpointUpdate, Lease};
 use crate::mutation::{self, Mutation};
 use crate::processor::{InitializationInput, RecordProcessor};
 use crate::source::ShardSource;
@@ -35,8 +35,12 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
         Err(TenureError::Store(e)) => return Err(Failure::Settle(e)),
         Err(_) => return Ok(Stop::Lost),
     }
-    // 2. Parents first.
-    if let Some(stop) = wait_for_parents(ctx, tenure, control).await {
+    // 2. Parents first; keys they parked stay parked here.
+    let inherited = match wait_for_parents(ctx, tenure, control).await {
+        Ok(parked) => parked,
+        Err(stop) => return Ok(stop),
+    };
+    if let Some(stop) = inherit(tenure, inherited).await? {
         return Ok(stop);
     }
     // 3. Where to start, and `initialize`.
@@ -177,27 +181,52 @@ async fn wait_for_parents<S>(
     ctx: &ShardContext<S, impl Sized>,
     tenure: &Tenure,
     control: &Control,
-) -> Option<Stop> {
+) -> Result<Vec<String>, Stop> {
     let lease = tenure.snapshot().await;
+    let mut parked = Vec::new();
     if mutation::on(Mutation::ForgetLineage) {
-        return None;
+        return Ok(parked);
     }
     for parent in &lease.parent_shard_ids {
         loop {
             let read = bounded(ctx.config.call_timeout, "get", tenure.store().get(parent));
             match read.await {
                 Ok(None) => break,
-                Ok(Some(p)) if p.is_finished() => break,
+                Ok(Some(p)) if p.is_finished() => {
+                    parked.extend(p.parked_keys);
+                    break;
+                }
                 Ok(Some(_)) => {}
                 Err(error) => tracing::debug!(%error, %parent, "reading parent lease failed"),
             }
             tokio::select! {
                 biased;
-                () = tenure.lost_token().cancelled() => return Some(Stop::Lost),
-                () = control.graceful.cancelled() => return Some(Stop::Graceful),
+                () = tenure.lost_token().cancelled() => return Err(Stop::Lost),
+                () = control.graceful.cancelled() => return Err(Stop::Graceful),
                 () = sleep(ctx.config.parent_poll_interval) => {}
             }
         }
     }
-    None
+    Ok(parked)
+}
+
+/// Writes into this shard's row the keys its parents parked (`Parallel::park_keys`: a key
+/// parked in a parent stays parked in its children), unless the row has them already.
+async fn inherit(tenure: &Tenure, parked: Vec<String>) -> Result<Option<Stop>, Failure> {
+    let lease = tenure.snapshot().await;
+    let missing: Vec<String> = parked
+        .into_iter()
+        .filter(|entry| !lease.parked_keys.contains(entry))
+        .collect();
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let mut update = CheckpointUpdate::new(lease.checkpoint.clone());
+    update.pending = lease.pending_checkpoint.clone();
+    update.park = missing;
+    match tenure.checkpoint(&update).await {
+        Ok(_) => Ok(None),
+        Err(TenureError::Store(e)) => Err(Failure::Pin(e)),
+        Err(_) => Ok(Some(Stop::Lost)),
+    }
 }

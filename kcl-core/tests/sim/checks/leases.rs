@@ -41,11 +41,17 @@ pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
             continue;
         }
         if let Checkpoint::Sequence(s) = cp {
+            // Or, under a failure policy, dead-lettered by the writer, the sink accepting it.
             let delivered = e.journal.deliveries.iter().any(|d| {
                 d.seq < ev.seq
                     && d.worker == ev.client
                     && d.shard == ev.lease.key
                     && d.position == *s
+            }) || e.journal.letters.iter().any(|(seq, l)| {
+                *seq < ev.seq
+                    && l.worker.as_str() == ev.client
+                    && l.shard == ev.lease.key
+                    && l.record.position() == *s
             });
             if !delivered {
                 v.push(format!(

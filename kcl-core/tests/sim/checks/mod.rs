@@ -2,6 +2,7 @@
 
 mod leases;
 mod parallel;
+mod poison;
 mod problems;
 mod records;
 mod singletons;
@@ -44,6 +45,9 @@ pub const INVARIANTS: &[&str] = &[
     "stall-reported",
     "no-false-stall",
     "unowned",
+    "dead-letter-early",
+    "parked-key-order",
+    "bisect-bound",
 ];
 
 /// How the fleet started reading.
@@ -80,6 +84,8 @@ pub struct Evidence<'a> {
     pub planned: bool,
     /// The fleet processed with `Parallel` (or acknowledged later from tasks of its own).
     pub parallel: bool,
+    /// The seed's failing records and policy, if it has them.
+    pub poison: Option<&'a crate::sim::poison::Poison>,
     /// The workers' `stalled_after`.
     pub stalled_after: Duration,
     /// The workers' `max_leases`, where capped.
@@ -145,5 +151,10 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     problems::stall_reported(e, &mut v);
     problems::no_false_stall(e, &mut v);
     problems::unowned(e, &mut v);
+    if let Some(poison) = e.poison {
+        poison::dead_letter_early(e, poison, &mut v);
+        poison::parked_key_order(e, &mut v);
+        v.extend(e.journal.over_delivered.iter().cloned());
+    }
     v
 }

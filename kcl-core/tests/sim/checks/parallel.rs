@@ -1,7 +1,7 @@
 //! Invariants of fleets that process with `Parallel`: order per key, and checkpoints that
 //! never pass an unfinished record.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kcl_core::admin::RESET_OWNER;
 use kcl_core::singleton::is_coordination_key;
@@ -11,8 +11,10 @@ use super::Evidence;
 use crate::sim::handler::HandlerRun;
 
 /// key-order: within one processor instance, the runs of one key never overlap and go in
-/// sequence order; after a run failed, no later run of its key starts in that instance.
+/// sequence order; after a run failed, no later run of its key starts in that instance —
+/// under a failure policy, but its own retry, or once it was dead-lettered.
 pub(super) fn key_order(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let given_up = crate::sim::poison::accepted(&e.journal.letters);
     let mut last: BTreeMap<(u64, &str), &HandlerRun> = BTreeMap::new();
     let mut runs: Vec<&HandlerRun> = e.journal.runs.iter().collect();
     runs.sort_by_key(|r| r.start_seq);
@@ -20,7 +22,15 @@ pub(super) fn key_order(e: &Evidence<'_>, v: &mut Vec<String>) {
         let Some(previous) = last.insert((run.instance, &run.key), run) else {
             continue;
         };
+        let retried = e.poison.is_some()
+            && matches!(previous.end, Some((end, false)) if end < run.start_seq)
+            && (run.position == previous.position
+                || (run.position > previous.position
+                    && given_up
+                        .get(&(run.shard.clone(), previous.position.clone()))
+                        .is_some_and(|at| *at < run.start_seq)));
         let why = match previous.end {
+            _ if retried => continue,
             _ if run.position <= previous.position => "out of sequence order after",
             None => "while still running (or after it was cut short):",
             Some((_, false)) => "after the failed",
@@ -41,7 +51,12 @@ pub(super) fn key_order(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// shard that aged out is not checked.
 pub(super) fn watermark(e: &Evidence<'_>, v: &mut Vec<String>) {
     // The first successful end of each record's handler.
-    let mut finished: BTreeMap<(&ShardId, &ExtendedSequenceNumber), u64> = BTreeMap::new();
+    // Or, under a failure policy, the sink's first acceptance of its dead letter.
+    let given_up = crate::sim::poison::accepted(&e.journal.letters);
+    let mut finished: BTreeMap<(&ShardId, &ExtendedSequenceNumber), u64> = given_up
+        .iter()
+        .map(|((shard, position), at)| ((shard, position), *at))
+        .collect();
     for run in &e.journal.runs {
         if let Some((end, true)) = run.end {
             let at = finished.entry((&run.shard, &run.position)).or_insert(end);
@@ -112,6 +127,18 @@ pub(super) fn watermark(e: &Evidence<'_>, v: &mut Vec<String>) {
 /// carries several user records). Records waiting for their key have no run yet, but the
 /// oldest unfinished record is always running or about to, so the count is never too high.
 pub(super) fn held_bound(e: &Evidence<'_>, v: &mut Vec<String>) {
+    // Under a failure policy, when each record was resolved: a run of it succeeded, or the
+    // sink took it as a dead letter.
+    let mut resolved = crate::sim::poison::acceptances(&e.journal.letters);
+    for run in &e.journal.runs {
+        if let Some((end, true)) = run.end {
+            let key = (run.shard.clone(), run.position.clone());
+            resolved.entry(key).or_default().push(end);
+        }
+    }
+    for seqs in resolved.values_mut() {
+        seqs.sort_unstable();
+    }
     let mut by_instance: BTreeMap<u64, Vec<&HandlerRun>> = BTreeMap::new();
     for run in &e.journal.runs {
         by_instance.entry(run.instance).or_default().push(run);
@@ -126,8 +153,19 @@ pub(super) fn held_bound(e: &Evidence<'_>, v: &mut Vec<String>) {
         let mut events: Vec<(u64, bool, &HandlerRun)> = Vec::new();
         for run in runs {
             events.push((run.start_seq, true, run));
-            if let Some((end, true)) = run.end {
-                events.push((end, false, run));
+            match run.end {
+                Some((end, true)) => events.push((end, false, run)),
+                // A failed run ends, under a failure policy, when its record is resolved.
+                Some((_, false)) if e.poison.is_some() => {
+                    let key = (run.shard.clone(), run.position.clone());
+                    let after = resolved
+                        .get(&key)
+                        .and_then(|all| all.iter().find(|at| **at > run.start_seq));
+                    if let Some(at) = after {
+                        events.push((*at, false, run));
+                    }
+                }
+                _ => {}
             }
         }
         events.sort_by_key(|(seq, ..)| *seq);
@@ -184,7 +222,16 @@ pub(super) fn start_order(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut runs: Vec<&HandlerRun> = e.journal.runs.iter().collect();
     runs.sort_by_key(|r| r.start_seq);
     let mut last: BTreeMap<u64, &ExtendedSequenceNumber> = BTreeMap::new();
+    // Under a failure policy a failed record rests outside the slot, so later records of
+    // other keys start meanwhile: the runs of its key after it are exempt.
+    let mut failed: BTreeSet<(u64, &str)> = BTreeSet::new();
     for run in runs {
+        if e.poison.is_some() && failed.contains(&(run.instance, run.key.as_str())) {
+            continue;
+        }
+        if matches!(run.end, Some((_, false))) {
+            failed.insert((run.instance, run.key.as_str()));
+        }
         if let Some(previous) = last.insert(run.instance, &run.position)
             && *previous > run.position
         {

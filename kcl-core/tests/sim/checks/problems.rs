@@ -267,7 +267,8 @@ pub(super) fn stall_reported(e: &Evidence<'_>, v: &mut Vec<String>) {
 ///   report goes within `lag` of a move, see [`gone_within`]) — unless the worker was frozen,
 ///   partitioned or suspended, or the store faulted, from the write's call until `lag` after
 ///   it was applied (its answer may have been lost: the worker cannot know it moved);
-/// - in seeds without `Parallel` (where the journal dates a record's hand-over), a record
+/// - in seeds without `Parallel` nor a failure policy (where the journal dates a record's
+///   hand-over), a record
 ///   handed to the worker since it last became the lease's owner, at or before
 ///   `from - stalled_after + slack`, was not covered by the checkpoint `slack` before `from`
 ///   (as far as its writers could know it: a write whose answer was lost is not counted
@@ -299,7 +300,8 @@ pub(super) fn no_false_stall(e: &Evidence<'_>, v: &mut Vec<String>) {
             ));
             return;
         }
-        if e.parallel {
+        // Under a failure policy the journal dates what was processed, not what was handed.
+        if e.parallel || e.poison.is_some() {
             continue;
         }
         let owner_since = writes

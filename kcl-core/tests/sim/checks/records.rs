@@ -60,10 +60,18 @@ pub fn undelivered<'a>(
     openings: &Openings,
     start: &Start,
 ) -> Vec<(&'a ShardId, Vec<ExtendedSequenceNumber>, usize)> {
+    // Processed (under a failure policy, a delivery is logged once processed), or
+    // dead-lettered once the sink accepted it.
+    let letters: Vec<(&ShardId, ExtendedSequenceNumber)> = journal
+        .letters
+        .iter()
+        .map(|(_, l)| (&l.shard, l.record.position()))
+        .collect();
     let delivered: BTreeSet<(&ShardId, &ExtendedSequenceNumber)> = journal
         .deliveries
         .iter()
         .map(|d| (&d.shard, &d.position))
+        .chain(letters.iter().map(|(s, p)| (*s, p)))
         .collect();
     records
         .iter()
@@ -79,7 +87,8 @@ pub fn undelivered<'a>(
         .collect()
 }
 
-/// no-loss: every owed record was delivered at least once. Owed: everything (TRIM_HORIZON),
+/// no-loss: every owed record was delivered at least once (under a failure policy: processed,
+/// or dead-lettered and accepted by the sink). Owed: everything (TRIM_HORIZON),
 /// everything at or after the timestamp (AT_TIMESTAMP), everything written after the shard
 /// was first opened (LATEST; see [`owed_from`]); records of shards that aged out are not
 /// owed.

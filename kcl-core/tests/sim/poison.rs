@@ -1,0 +1,192 @@
+//! Records that fail: a share of the fleets run under a failure policy, with poison records
+//! (always failing), permanent ones (failing with `Permanent`) and flaky ones (failing their
+//! first one or two tries, fleet-wide), a dead-letter sink that refuses at times, batch
+//! processors that name the failed record or leave the worker to bisect, and `Parallel` with
+//! and without parked keys.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kcl_core::failure::{BatchFailed, DeadLetter, DeadLetterSink, FailurePolicy, Permanent};
+use kcl_core::memory::next_event_seq;
+use kcl_core::{BackendError, BoxError, ErrorKind, ExtendedSequenceNumber, Record, ShardId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+
+use super::processor::Log;
+
+/// Tries of a record before it is given up.
+pub const ATTEMPTS: u32 = 3;
+
+/// What a record does when processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Fine,
+    /// Fails every time.
+    Poison,
+    /// Fails every time, with `Permanent`.
+    Permanent,
+    /// Fails its first n tries, counted fleet-wide (n below `ATTEMPTS`: it never runs out).
+    Flaky(u32),
+}
+
+/// One seed's failing records and policy.
+#[derive(Debug)]
+pub struct Poison {
+    seed: u64,
+    pub policy: FailurePolicy,
+    /// `Parallel` parks a key behind a record given up on.
+    pub park: bool,
+    /// Batch processors name the failed record (`BatchFailed`); otherwise the worker bisects.
+    pub names: bool,
+    pub sink: SimSink,
+    /// The sink refuses now and then.
+    pub faulty_sink: bool,
+}
+
+impl Poison {
+    /// A third of the disturbed seeds (drawn apart, so that the others' draws stay as they
+    /// were).
+    pub fn draw(seed: u64, planned: bool, log: &Log) -> Option<Arc<Self>> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9015_0a11);
+        if planned || !rng.random_ratio(1, 3) {
+            return None;
+        }
+        let policy = FailurePolicy::dead_letter(ATTEMPTS)
+            .backoff(Duration::from_millis(100), Duration::from_millis(800));
+        Some(Arc::new(Self {
+            seed,
+            policy,
+            park: rng.random_bool(0.5),
+            names: rng.random_bool(0.5),
+            sink: SimSink {
+                log: log.clone(),
+                refusing: Arc::default(),
+            },
+            faulty_sink: rng.random_bool(0.5),
+        }))
+    }
+
+    /// What the record at `position` of `shard` does: the same for every worker.
+    pub fn kind(&self, shard: &ShardId, position: &ExtendedSequenceNumber) -> Kind {
+        let h = super::hash(&format!("{}/{shard}/{position}/poison", self.seed));
+        match h % 1000 {
+            0..4 => Kind::Poison,
+            4..6 => Kind::Permanent,
+            6..26 => Kind::Flaky(1 + u32::from(h.is_multiple_of(7))),
+            _ => Kind::Fine,
+        }
+    }
+
+    /// One try of `record`: the error it fails with, if it does (a flaky record's tries are
+    /// counted in the journal).
+    pub fn attempt(&self, log: &Log, shard: &ShardId, record: &Record) -> Option<BoxError> {
+        let position = record.position();
+        match self.kind(shard, &position) {
+            Kind::Fine => None,
+            Kind::Poison => Some("poison record".into()),
+            Kind::Permanent => Some(Permanent::new("unparseable record").into()),
+            Kind::Flaky(n) => {
+                let mut journal = log.lock();
+                let tries = journal
+                    .flaky_tries
+                    .entry(format!("{shard}/{position}"))
+                    .or_default();
+                *tries += 1;
+                (*tries <= n).then(|| "flaky dependency".into())
+            }
+        }
+    }
+
+    /// The first record of a batch that fails, and its error.
+    pub fn first_failing(
+        &self,
+        log: &Log,
+        shard: &ShardId,
+        records: &[Record],
+    ) -> Option<(usize, BoxError)> {
+        records
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| self.attempt(log, shard, r).map(|e| (i, e)))
+    }
+
+    /// The error a batch processor returns for `records[i]` failing with `error`.
+    pub fn batch_error(&self, records: &[Record], i: usize, error: BoxError) -> BoxError {
+        if self.names {
+            BatchFailed::at(&records[i], error).into()
+        } else {
+            error
+        }
+    }
+
+    /// Makes the sink refuse for a second or five every ten to twenty, until `stop`.
+    pub async fn disturb_sink(self: Arc<Self>, stop: CancellationToken) {
+        if !self.faulty_sink {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x5177_0000);
+        while !stop.is_cancelled() {
+            sleep(Duration::from_millis(rng.random_range(10_000..20_000))).await;
+            self.sink.refusing.store(true, Ordering::Relaxed);
+            sleep(Duration::from_millis(rng.random_range(1_000..5_000))).await;
+            self.sink.refusing.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The fleet's dead-letter sink: what it accepted goes to the journal, with when.
+#[derive(Debug, Clone)]
+pub struct SimSink {
+    log: Log,
+    refusing: Arc<AtomicBool>,
+}
+
+impl DeadLetterSink for SimSink {
+    async fn put(&self, letter: &DeadLetter) -> Result<(), BackendError> {
+        if self.refusing.load(Ordering::Relaxed) {
+            self.log.lock().sink_refusals += 1;
+            return Err(BackendError::new(
+                ErrorKind::Retryable,
+                "put",
+                "sink refuses",
+            ));
+        }
+        self.log
+            .lock()
+            .letters
+            .push((next_event_seq(), letter.clone()));
+        Ok(())
+    }
+}
+
+/// The letters accepted, by shard and position: every time each was accepted, in order.
+pub fn acceptances(
+    log: &[(u64, DeadLetter)],
+) -> BTreeMap<(ShardId, ExtendedSequenceNumber), Vec<u64>> {
+    let mut at: BTreeMap<_, Vec<u64>> = BTreeMap::new();
+    for (seq, letter) in log {
+        at.entry((letter.shard.clone(), letter.record.position()))
+            .or_default()
+            .push(*seq);
+    }
+    for seqs in at.values_mut() {
+        seqs.sort_unstable();
+    }
+    at
+}
+
+/// The letters accepted, by shard and position: when each was first accepted.
+pub fn accepted(log: &[(u64, DeadLetter)]) -> BTreeMap<(ShardId, ExtendedSequenceNumber), u64> {
+    let mut at = BTreeMap::new();
+    for (seq, letter) in log {
+        let key = (letter.shard.clone(), letter.record.position());
+        let first = at.entry(key).or_insert(*seq);
+        *first = (*first).min(*seq);
+    }
+    at
+}
