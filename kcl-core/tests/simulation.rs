@@ -352,6 +352,21 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         "parallel simulation: {} seeds processed with Parallel ({} handler runs, {} cut short by a crash, a lost lease or a restart), {parallel_violations} violations in them, of every invariant with [key-order, watermark]",
         stats.parallel, stats.handler_runs, stats.handler_runs_cut
     );
+    let poison_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.poison > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
+    println!(
+        "poison simulation: {} seeds under a failure policy ({} with Parallel, {} of them parking keys; {} batch processors naming the failed record, {} bisected; a sink refusing at times in {}), dead letters by reason [attempts, permanent, parked]: {:?}, {poison_violations} violations in them, of every invariant with [dead-letter-early, parked-key-order, bisect-bound]",
+        stats.poison,
+        stats.poison_parallel,
+        stats.poison_parked,
+        stats.poison_named,
+        stats.poison - stats.poison_parallel - stats.poison_named,
+        stats.sink_refused,
+        stats.letters,
+    );
     let singleton_violations = results
         .iter()
         .flat_map(|(_, o)| &o.violations)
