@@ -370,6 +370,13 @@ async fn status_json(State(state): State<AppState>) -> Response {
             "checkpoint": shard.checkpoint.as_ref().map(ToString::to_string),
             "millis_behind_latest": shard.millis_behind_latest,
             "last_progress_seconds_ago": shard.last_progress.map(|at| at.elapsed().as_secs()),
+            "failures": {
+                "retries": shard.failures.retries,
+                "dead_lettered": shard.failures.dead_lettered,
+                "skipped": shard.failures.skipped,
+                "parked_keys": shard.failures.parked_keys,
+                "sink_refusing": shard.failures.sink_refusing,
+            },
         })).collect::<Vec<_>>(),
     }))
     .into_response()

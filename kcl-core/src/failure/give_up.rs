@@ -23,6 +23,11 @@ impl Handling {
         }
     }
 
+    /// The parked keys now.
+    pub(crate) fn parked_keys(&self, n: usize) {
+        self.origin.tally.parked_keys(n as u64);
+    }
+
     /// The shard's label.
     pub(crate) fn shard(&self) -> &str {
         &self.shard
@@ -31,6 +36,7 @@ impl Handling {
     /// A try failed and the record gets another after `wait`.
     pub(crate) fn retrying(&self, record: &Record, tries: &Tries, wait: std::time::Duration) {
         ::metrics::counter!(crate::metrics::RETRIES, "shard" => self.shard.clone()).increment(1);
+        self.origin.tally.retried();
         tracing::warn!(
             sequence_number = %record.position(),
             attempt = tries.failures(),
@@ -59,6 +65,7 @@ impl Handling {
             Exhausted::Skip => {
                 ::metrics::counter!(crate::metrics::SKIPPED, "shard" => self.shard.clone())
                     .increment(1);
+                self.origin.tally.skipped();
                 tracing::error!(
                     sequence_number = %record.position(),
                     partition_key = %record.partition_key,
@@ -81,6 +88,7 @@ impl Handling {
                 }
                 ::metrics::counter!(crate::metrics::DEAD_LETTERED, "shard" => self.shard.clone())
                     .increment(1);
+                self.origin.tally.dead_lettered();
                 tracing::warn!(
                     sequence_number = %record.position(),
                     partition_key = %record.partition_key,

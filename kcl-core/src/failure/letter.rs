@@ -10,7 +10,7 @@ use backon::{ExponentialBuilder, Retryable as _};
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 
-use super::Tries;
+use super::{Tally, Tries};
 use crate::error::BackendError;
 use crate::types::{ExtendedSequenceNumber, Record, ShardId, WorkerId};
 
@@ -178,13 +178,26 @@ impl DeadLetters {
 }
 
 /// Where one shard's dead letters come from and go: the sink, with the worker and shard.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Origin {
     /// The sink, if the worker has one.
     pub(crate) letters: Option<DeadLetters>,
     pub(crate) worker: WorkerId,
     pub(crate) shard: ShardId,
+    /// What the policy did on the shard, for `Status`.
+    pub(crate) tally: Arc<Tally>,
 }
+
+impl PartialEq for Origin {
+    fn eq(&self, other: &Self) -> bool {
+        self.letters == other.letters
+            && self.worker == other.worker
+            && self.shard == other.shard
+            && Arc::ptr_eq(&self.tally, &other.tally)
+    }
+}
+
+impl Eq for Origin {}
 
 impl Origin {
     /// The letter for `record`, given up on for `reason` after `tries`.
@@ -227,6 +240,7 @@ impl Origin {
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .notify(|error: &BackendError, wait| {
+                self.tally.sink_refusing(true);
                 ::metrics::counter!(crate::metrics::SINK_FAILURES, "shard" => shard.clone())
                     .increment(1);
                 tracing::warn!(
@@ -237,6 +251,7 @@ impl Origin {
                 );
             })
             .await;
+        self.tally.sink_refusing(false);
     }
 }
 

@@ -30,6 +30,7 @@ mod bisect;
 mod errors;
 mod give_up;
 mod letter;
+mod tally;
 mod tries;
 
 pub(crate) use bisect::{Bisect, Then};
@@ -38,6 +39,8 @@ pub use errors::{BatchFailed, Permanent, is_retryable};
 pub(crate) use give_up::Handling;
 pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, Reason};
 pub(crate) use letter::{Origin, park_entry, parse_park_entry};
+pub use tally::RecordFailures;
+pub(crate) use tally::Tally;
 pub(crate) use tries::{Next, Tries};
 
 use std::time::Duration;

@@ -90,6 +90,7 @@ impl Failing {
         let parked = self.parked.len() as f64;
         let shard = self.handling.shard().to_owned();
         ::metrics::gauge!(crate::metrics::PARKED_KEYS, "shard" => shard).set(parked);
+        self.handling.parked_keys(self.parked.len());
     }
 }
 

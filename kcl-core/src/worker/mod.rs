@@ -116,6 +116,8 @@ pub struct ShardStatus {
     /// When the shard last progressed (its checkpoint moved, or a batch was processed
     /// without an error); `None` if it has not in this tenure.
     pub last_progress: Option<Instant>,
+    /// What the failure policy did on the shard (see [`failure`](crate::failure)).
+    pub failures: crate::failure::RecordFailures,
 }
 
 /// Consumes a stream as one member of a fleet.

@@ -174,6 +174,7 @@ fn progress(
             checkpoint,
             millis_behind_latest,
             last_progress,
+            failures: held.control.failures.snapshot(),
         });
         let age = held.control.stall_age();
         let shard = key.to_string();

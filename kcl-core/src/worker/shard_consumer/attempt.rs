@@ -44,7 +44,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
         return Ok(stop);
     }
     // 3. Where to start, and `initialize`.
-    let (lease, start) = match initialize(ctx, tenure, &mut processor).await? {
+    let (lease, start) = match initialize(ctx, (tenure, control), &mut processor).await? {
         Ok(opened) => opened,
         Err(stop) => return Ok(stop),
     };
@@ -77,7 +77,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
 /// start, or why the attempt stops before it processes anything.
 async fn initialize<S: ShardSource>(
     ctx: &ShardContext<S, impl Sized>,
-    tenure: &Tenure,
+    (tenure, control): (&Tenure, &Control),
     processor: &mut impl RecordProcessor,
 ) -> Result<Result<(Lease, Start), Stop>, Failure> {
     let lease = tenure.snapshot().await;
@@ -90,7 +90,7 @@ async fn initialize<S: ShardSource>(
         shard_id: lease.key.clone(),
         checkpoint: lease.checkpoint.clone(),
         pending_checkpoint: lease.pending_checkpoint.clone(),
-        origin: Some(ctx.origin(tenure.shard())),
+        origin: Some(ctx.origin(tenure.shard(), control)),
         parked_keys: lease.parked_keys.clone(),
     };
     if let Hook::Expired = hook(tenure, "initialize", processor.initialize(&input)).await? {

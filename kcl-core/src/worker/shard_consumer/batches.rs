@@ -75,7 +75,7 @@ pub(super) async fn run<S: ShardSource>(
     acks: &mut Acks,
     mut prefetch: Prefetcher,
 ) -> Result<Stop, Failure> {
-    let mut batches = Batches::new(ctx, tenure);
+    let mut batches = Batches::new(ctx, tenure, control);
     loop {
         if let Some(children) = batches.ending.take_if(|_| acks.all_finished()) {
             checkpointer.set_shard_end(children);
@@ -126,12 +126,12 @@ pub(super) async fn run<S: ShardSource>(
 }
 
 impl Batches {
-    fn new<S>(ctx: &ShardContext<S, impl Sized>, tenure: &Tenure) -> Self {
+    fn new<S>(ctx: &ShardContext<S, impl Sized>, tenure: &Tenure, control: &Control) -> Self {
         let quiet_after = ctx.config.empty_batch_interval;
         let policy = &ctx.config.failure;
         let failure = policy
             .in_place()
-            .then(|| Handling::new(policy.clone(), ctx.origin(tenure.shard())));
+            .then(|| Handling::new(policy.clone(), ctx.origin(tenure.shard(), control)));
         Self {
             metrics: ShardMetrics::new(tenure.shard()),
             failure,

@@ -20,6 +20,8 @@ pub(crate) struct Control {
     read_failing: Mutex<Option<String>>,
     /// How the shard progresses, across its processor's restarts.
     progress: Mutex<Progress>,
+    /// What the failure policy did, across its processor's restarts.
+    pub(crate) failures: std::sync::Arc<crate::failure::Tally>,
 }
 
 impl Control {
@@ -29,6 +31,7 @@ impl Control {
             handoff_to: Mutex::new(None),
             read_failing: Mutex::new(None),
             progress: Mutex::new(Progress::default()),
+            failures: std::sync::Arc::default(),
         }
     }
 

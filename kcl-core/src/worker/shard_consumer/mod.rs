@@ -104,12 +104,13 @@ impl<S, F> ShardContext<S, F> {
         self
     }
 
-    /// Where `shard`'s dead letters come from and go.
-    pub(crate) fn origin(&self, shard: &ShardId) -> Origin {
+    /// Where `shard`'s dead letters come from and go; what happens is told to `control`.
+    pub(crate) fn origin(&self, shard: &ShardId, control: &Control) -> Origin {
         Origin {
             letters: self.dead_letters.1.clone(),
             worker: self.dead_letters.0.clone(),
             shard: shard.clone(),
+            tally: control.failures.clone(),
         }
     }
 }
