@@ -223,6 +223,9 @@ pub struct ChildProcessor {
     command: Arc<ChildCommand>,
     policy: FailurePolicy,
     session: Option<Session>,
+    /// What `initialize` told the child, to start a new child after one failed a batch (the
+    /// worker's failure policy then delivers the batch again, or a part of it).
+    initialized: Option<ToChild>,
 }
 
 impl ChildProcessor {
@@ -232,6 +235,7 @@ impl ChildProcessor {
             command,
             policy,
             session: None,
+            initialized: None,
         }
     }
 
@@ -535,7 +539,9 @@ impl RecordProcessor for ChildProcessor {
             return Err(error.into());
         }
         let message = ToChild::initialize(input.shard_id.as_str(), &input.checkpoint);
-        Ok(self.exchange(&message, None, bound).await?)
+        self.exchange(&message, None, bound).await?;
+        self.initialized = Some(message);
+        Ok(())
     }
 
     async fn process_records(
@@ -544,11 +550,27 @@ impl RecordProcessor for ChildProcessor {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let bound = Bound::hook(self.command.timeout);
+        if self.session.is_none()
+            && let Some(initialize) = self.initialized.clone()
+        {
+            // The last child failed a batch: a new one, initialized as the first was.
+            tracing::info!("starting a new child after the last one failed a batch");
+            if let Err(error) = self.spawn() {
+                self.failed(&error);
+                return Err(error.into());
+            }
+            self.exchange(&initialize, None, bound).await?;
+        }
         let message = ToChild::ProcessRecords {
             records: input.records().iter().map(JsonRecord::from).collect(),
             millis_behind_latest: input.millis_behind_latest(),
         };
-        Ok(self.exchange(&message, Some(checkpointer), bound).await?)
+        let result = self.exchange(&message, Some(checkpointer), bound).await;
+        if result.is_err() {
+            // Whatever state it is in, it is not used again.
+            self.close(bound).await;
+        }
+        Ok(result?)
     }
 
     async fn lease_lost(&mut self) {

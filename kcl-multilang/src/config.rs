@@ -309,6 +309,7 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig>
         worker.retrieval = retrieval;
     }
     kcl_own(r, &mut worker);
+    failure(r, &mut worker.failure);
     if r.errors.borrow().len() > before {
         return None;
     }
@@ -407,6 +408,26 @@ fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
     }
 }
 
+/// The failure policy (kcl's own keys; errors kept in `r`): what a batch the child fails on
+/// (it answers an error or exits) costs; see `kcl_core::failure`.
+fn failure(r: &Reader<'_>, policy: &mut kcl_core::failure::FailurePolicy) {
+    if let Some(exhausted) = r.optional(r.parsed("failureExhausted")) {
+        policy.exhausted = exhausted;
+    }
+    if let Some(n) = r.optional(r.number("failureAttempts")) {
+        policy.attempts = n;
+    }
+    if let Some(backoff) = r.optional(r.millis("failureBackoffMillis")) {
+        policy.backoff = backoff;
+    }
+    if let Some(max) = r.optional(r.millis("failureMaxBackoffMillis")) {
+        policy.max_backoff = max.max(policy.backoff);
+    }
+    if let Some(seconds) = r.optional(r.number::<u64>("failureMaxRecordAgeSeconds")) {
+        policy.max_record_age = Some(Duration::from_secs(seconds));
+    }
+}
+
 /// The fan-out consumer's name, if given: from `fanoutConfig.consumerArn`
 /// (`arn:aws:kinesis:<region>:<account>:stream/<stream>/consumer/<name>:<created>`, which wins
 /// in Java too), else `fanoutConfig.consumerName`.
@@ -457,6 +478,8 @@ pub(crate) const FIELDS: &[(&str, &str)] = &[
     ("stalledAfterSeconds", "stalled_after"),
     ("coordination", "coordination"),
     ("liveness", "liveness"),
+    ("failureAttempts", "failure.attempts"),
+    ("failureExhausted", "failure.exhausted"),
 ];
 
 /// The property that sets `field`, for errors the worker's own validation finds; a field no

@@ -122,6 +122,19 @@ impl FromStr for Liveness {
     }
 }
 
+impl FromStr for crate::failure::Exhausted {
+    type Err = ParseModeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let table = [
+            ("block", Self::Block),
+            ("dead-letter", Self::DeadLetter),
+            ("skip", Self::Skip),
+        ];
+        pick(s, &table, "block, dead-letter or skip")
+    }
+}
+
 /// Configuration files read a mode as its setting is read ([`FromStr`]).
 macro_rules! try_from_string {
     ($($ty:ty),*) => {$(

@@ -46,6 +46,8 @@ pub(crate) use tries::{Next, Tries};
 use std::time::Duration;
 
 /// What happens to a record once its attempts (or its age) are spent.
+///
+/// Read from text as `block`, `dead-letter` or `skip` (any case, `_` or `-`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]

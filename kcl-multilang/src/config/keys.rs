@@ -258,6 +258,33 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
     ),
     // kcl's own.
     (
+        "failureExhausted",
+        Use::Mapped(
+            "kcl: what a record the child keeps failing on costs once its tries are spent: \
+             block (default: the shard restarts from its checkpoint, as the Java daemon), \
+             dead-letter (to deadLetterSink) or skip",
+        ),
+    ),
+    (
+        "failureAttempts",
+        Use::Mapped(
+            "kcl: tries of a failing record, the first included (default 3); a batch the \
+             child fails on is bisected to find it",
+        ),
+    ),
+    (
+        "failureBackoffMillis",
+        Use::Mapped("kcl: the wait before a failing record's second try, doubled each time (default 1000)"),
+    ),
+    (
+        "failureMaxBackoffMillis",
+        Use::Mapped("kcl: the longest wait between tries (default 30000)"),
+    ),
+    (
+        "failureMaxRecordAgeSeconds",
+        Use::Mapped("kcl: no more tries once a record is older than this (default: none)"),
+    ),
+    (
         "coordination",
         Use::Mapped("kcl: leader (default) or every-worker"),
     ),
