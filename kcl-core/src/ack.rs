@@ -104,6 +104,23 @@ impl Ack {
         }
     }
 
+    /// Whether an entry starting with `prefix` parks a key, as far as this record's watermark
+    /// knows: in the lease row as last written or renewed, or waiting for the next checkpoint
+    /// to write it (`None` if the row is unknown now).
+    pub(crate) fn parks(&self, prefix: &str) -> Option<bool> {
+        let watermark = self.watermark.upgrade()?;
+        if watermark
+            .lock()
+            .parking
+            .iter()
+            .any(|e| e.starts_with(prefix))
+        {
+            return Some(true);
+        }
+        let row = watermark.tenure.as_ref()?.parked_now()?;
+        Some(row.iter().any(|e| e.starts_with(prefix)))
+    }
+
     /// Runs `work` on the record while the lease it was delivered under is valid (see
     /// [`RecordProcessor`](crate::RecordProcessor)'s fencing in time): `None` once another
     /// worker may hold it, and `work` is dropped.

@@ -262,6 +262,34 @@ async fn flag_heartbeat<L: LeaseStore>(
     }
 }
 
+/// Unparks the ordering key `parked_key` (`Parallel::park_keys`; a dead letter's
+/// `parked_key`, 16 hex digits) in every lease row that parks it (the shard it was parked in
+/// and the children that inherited it), for a redrive: whoever holds each shard sees it in its
+/// next renewal and runs the key's records again. Put the records back only after that (a
+/// renewal interval, a third of the failover time by default), or the holder parks them
+/// again. Returns the rows changed.
+pub async fn unpark<L: LeaseStore + crate::LeaseStoreExtras>(
+    store: &L,
+    parked_key: &str,
+) -> Result<Vec<ShardId>, BackendError> {
+    let prefix = format!("{parked_key}/");
+    let mut changed = Vec::new();
+    for lease in store.list().await? {
+        let entries: Vec<String> = lease
+            .parked_keys
+            .iter()
+            .filter(|e| e.starts_with(&prefix))
+            .cloned()
+            .collect();
+        if entries.is_empty() {
+            continue;
+        }
+        store.unpark(&lease.key, &entries).await?;
+        changed.push(lease.key);
+    }
+    Ok(changed)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -361,6 +361,49 @@ async fn a_parked_key_stays_parked_for_the_next_owner() {
     b.stop().await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn an_unparked_key_runs_again_on_the_holder() {
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
+    let records = fill(&stream, 12, 6, 3, "poison");
+    let runs = Runs::default();
+    let factory = Parallel::new(handler(&runs, "poison", || Permanent::new("bad").into()))
+        .on_failure(FailurePolicy::dead_letter(5))
+        .park_keys(true);
+    let w = run(config(), (&stream, &store), &sink, factory);
+    let last = records.last().unwrap().position();
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &last))
+            .await
+            .is_some()
+    );
+    let parked = sink.letters()[0].parked_key.clone().unwrap();
+    let changed = kcl_core::admin::unpark(&store, &parked).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    assert!(store.leases().iter().all(|l| l.parked_keys.is_empty()));
+    // The holder sees it at its next renewal (a third of the failover time).
+    sleep(Duration::from_secs(3)).await;
+    let again = stream.put("key-3", "again-3");
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(
+            &store,
+            &again.position()
+        ))
+        .await
+        .is_some()
+    );
+    let ran: Vec<_> = runs.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    assert!(
+        ran.contains(&"again-3".to_owned()),
+        "the unparked key ran: {ran:?}"
+    );
+    assert_eq!(sink.letters().len(), 2, "nothing more was parked");
+    w.stop().await;
+}
+
 /// A batch processor that fails a batch holding the record with data `poison`, naming it
 /// (`BatchFailed`) or not; it records every delivery and which hooks succeeded.
 #[derive(Clone, Default)]

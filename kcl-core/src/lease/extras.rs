@@ -13,7 +13,8 @@ use std::future::Future;
 use super::feed::{FeedPosition, FeedRead};
 use super::usage::Usage;
 use super::{LeaseStore, UnreadableRow};
-use crate::error::BackendError;
+use crate::error::{BackendError, ErrorKind};
+use crate::types::ShardId;
 
 /// What a [`LeaseStore`] may offer beyond its operations: a change feed, request accounting,
 /// and the rows it could not parse. Each method's default is true of a store without it, so a
@@ -57,6 +58,24 @@ pub trait LeaseStoreExtras: Send + Sync + 'static {
     fn unreadable(&self) -> Vec<UnreadableRow> {
         Vec::new()
     }
+
+    /// Removes `entries` from the row `key`'s [`parked_keys`](super::Lease::parked_keys),
+    /// whoever holds it, without touching anything else (the owner's writes stay valid; it
+    /// sees the change in its next renewal and runs the key's records again). For a redrive
+    /// ([`admin::unpark`](crate::admin::unpark)). By default an error: a store that keeps no
+    /// parked keys.
+    fn unpark(
+        &self,
+        key: &ShardId,
+        entries: &[String],
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        let _ = entries;
+        std::future::ready(Err(BackendError::new(
+            ErrorKind::Fatal,
+            "unpark",
+            format!("this lease store cannot unpark keys (row {key})"),
+        )))
+    }
 }
 
 /// A shared store has the extras of the store it shares.
@@ -74,5 +93,13 @@ impl<L: LeaseStore> LeaseStoreExtras for std::sync::Arc<L> {
 
     fn unreadable(&self) -> Vec<UnreadableRow> {
         (**self).unreadable()
+    }
+
+    fn unpark(
+        &self,
+        key: &ShardId,
+        entries: &[String],
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        (**self).unpark(key, entries)
     }
 }

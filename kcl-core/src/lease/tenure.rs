@@ -293,6 +293,12 @@ impl Tenure {
         Some(self.held.try_lock().ok()?.lease.checkpoint.clone())
     }
 
+    /// The parked-key entries of the row as last written or renewed; `None` while a write is
+    /// under way.
+    pub(crate) fn parked_now(&self) -> Option<Vec<String>> {
+        Some(self.held.try_lock().ok()?.lease.parked_keys.clone())
+    }
+
     /// Who asked, in the row as last written, for this lease to be handed over; `None` also
     /// while a write is under way (it is looked at again next cycle).
     pub(crate) fn handoff_requested(&self) -> Option<WorkerId> {

@@ -50,11 +50,13 @@ pub enum Operation {
     Reset,
     /// Deleting a lease.
     Delete,
+    /// Removing parked-key entries (`kcl-admin dead-letters redrive`).
+    Unpark,
 }
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::EnsureTable,
         Self::List,
         Self::Snapshot,
@@ -69,6 +71,7 @@ impl Operation {
         Self::Checkpoint,
         Self::Reset,
         Self::Delete,
+        Self::Unpark,
     ];
 
     /// The name used in metric labels and errors.
@@ -88,6 +91,7 @@ impl Operation {
             Self::Checkpoint => "checkpoint",
             Self::Reset => "reset",
             Self::Delete => "delete",
+            Self::Unpark => "unpark",
         }
     }
 

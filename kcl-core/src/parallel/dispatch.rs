@@ -44,6 +44,8 @@ enum Ran {
     Failed(Box<Job>, BoxError),
     /// Its `Ack` failed (or the lease's validity ran out): the shard restarts.
     Stopped,
+    /// Given up on, parking its key: the entry is the watermark's to write.
+    Parked,
 }
 
 /// The failure handling of one shard's dispatcher, and its parked keys.
@@ -51,8 +53,10 @@ pub(super) struct Failing {
     pub(super) handling: Handling,
     /// Park a key behind a record given up on (`Parallel::park_keys`).
     pub(super) park: bool,
-    /// Parked keys, and the record that parked each.
-    parked: HashMap<u64, ExtendedSequenceNumber>,
+    /// Parked keys: the record that parked each, and whether its entry was handed to the
+    /// watermark (or read from the row): from then on, an entry neither waiting to be written
+    /// nor in the row was unparked by a redrive.
+    parked: HashMap<u64, (ExtendedSequenceNumber, bool)>,
 }
 
 impl Failing {
@@ -65,7 +69,7 @@ impl Failing {
                 if parsed.is_none() {
                     tracing::warn!(entry, "ignoring a malformed parked-key entry of the lease");
                 }
-                parsed
+                parsed.map(|(key, behind)| (key, (behind, true)))
             })
             .collect();
         let failing = Self {
@@ -77,12 +81,21 @@ impl Failing {
         failing
     }
 
-    /// The record that parked `key`, if it is parked.
-    fn parked_behind(&self, key: u64) -> Option<&ExtendedSequenceNumber> {
+    /// The record that parked `key`, if it is parked, as far as the lease row `ack`'s record
+    /// came under says: a key whose entry left the row (`admin::unpark`) runs again.
+    fn parked_behind(&mut self, key: u64, ack: &Ack) -> Option<ExtendedSequenceNumber> {
         if mutation::on(Mutation::ParkedKeyRuns) {
             return None;
         }
-        self.parked.get(&key)
+        let (behind, handed) = self.parked.get(&key)?;
+        let prefix = format!("{key:016x}/");
+        if *handed && ack.parks(&prefix) == Some(false) {
+            tracing::info!(key = %prefix.trim_end_matches('/'), "a parked key was unparked");
+            self.parked.remove(&key);
+            self.gauge();
+            return None;
+        }
+        Some(behind.clone())
     }
 
     fn gauge(&self) {
@@ -112,12 +125,12 @@ pub(super) async fn run<H: RecordHandler>(
                 break;
             };
             let parked = failing
-                .as_ref()
-                .and_then(|f| Some((f, f.parked_behind(key)?.clone())));
+                .as_mut()
+                .and_then(|f| Some((f.parked_behind(key, &job.ack)?, f.handling.clone())));
             let work = match parked {
-                Some((f, behind)) => {
+                Some((behind, handling)) => {
                     let reason = Reason::Parked { behind };
-                    give_up(f.handling.clone(), job, reason, Some(key)).boxed()
+                    give_up(handling, job, reason, Some(key)).boxed()
                 }
                 None => attempt(handler.clone(), job).boxed(),
             };
@@ -132,6 +145,12 @@ pub(super) async fn run<H: RecordHandler>(
             biased;
             Some(joined) = running.join_next(), if !running.is_empty() => match joined {
                 Ok((key, Ran::Done)) => keys.finished(key),
+                Ok((key, Ran::Parked)) => {
+                    if let Some((_, handed)) = failing.as_mut().and_then(|f| f.parked.get_mut(&key)) {
+                        *handed = true;
+                    }
+                    keys.finished(key);
+                }
                 Ok((key, Ran::Failed(job, error))) => {
                     let next = decide(failing.as_mut(), key, job, error);
                     match next {
@@ -200,7 +219,7 @@ fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: Box
         }
         Next::GiveUp(reason) => {
             if failing.park {
-                failing.parked.insert(key, job.record.position());
+                failing.parked.insert(key, (job.record.position(), false));
                 failing.gauge();
             }
             Decided::GiveUp(
@@ -253,13 +272,16 @@ async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64
         letter.first_error.clone_from(&letter.last_error);
     }
     match job.ack.while_valid(handling.give_up(letter)).await {
-        Some(Ok(())) => {
-            match entry {
-                Some(entry) => job.ack.done_parking(entry),
-                None => job.ack.done(),
+        Some(Ok(())) => match entry {
+            Some(entry) => {
+                job.ack.done_parking(entry);
+                Ran::Parked
             }
-            Ran::Done
-        }
+            None => {
+                job.ack.done();
+                Ran::Done
+            }
+        },
         Some(Err(error)) => {
             job.ack.fail(error);
             Ran::Stopped

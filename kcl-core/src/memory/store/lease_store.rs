@@ -264,6 +264,23 @@ impl LeaseStore for MemoryLeaseStore {
 }
 
 impl LeaseStoreExtras for MemoryLeaseStore {
+    async fn unpark(&self, key: &ShardId, entries: &[String]) -> Result<(), BackendError> {
+        let entries = entries.to_vec();
+        self.write(
+            Operation::Unpark,
+            key,
+            |row| row.is_some(),
+            move |row| {
+                row.map(|mut r| {
+                    r.parked_keys.retain(|e| !entries.contains(e));
+                    r
+                })
+            },
+        )
+        .await
+        .map(drop)
+    }
+
     /// The journal, each write visible once it is the feed's lag old.
     async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
         let now = Instant::now();
