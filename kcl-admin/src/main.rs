@@ -9,12 +9,15 @@
 //! - `release`: drains a worker before maintenance (see [`kcl_core::admin::release`]);
 //! - `copy`: checkpoints to another application's table (a rename);
 //! - `remove-kcl-rows`: deletes kcl's own rows (leader, standby, heartbeats, singletons)
-//!   once the kcl fleet has stopped, before KCL Java takes the table back.
+//!   once the kcl fleet has stopped, before KCL Java takes the table back;
+//! - `dead-letters list|show|redrive`: the records a failure policy gave up on, where the
+//!   fleet's dead-letter sink put them, and back into their stream.
 //!
 //! Anchored on `kafka-consumer-groups --describe / --reset-offsets`, which users know.
 
 mod cleanup;
 mod copy;
+mod dead_letters;
 mod leases;
 mod release;
 mod reset;
@@ -46,6 +49,9 @@ enum Command {
     /// Deletes kcl's own rows from the lease table, once the kcl fleet has stopped (before
     /// KCL Java takes the table back).
     RemoveKclRows(cleanup::Args),
+    /// Dead letters (records a failure policy gave up on) in an SQS queue, S3, a Kinesis
+    /// stream or a file: list them, show one, redrive them into their stream.
+    DeadLetters(dead_letters::Args),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +84,7 @@ fn main() -> ExitCode {
         Command::Release(_) => "release",
         Command::Copy(_) => "copy",
         Command::RemoveKclRows(_) => "remove-kcl-rows",
+        Command::DeadLetters(_) => "dead-letters",
     };
     let result = runtime.block_on(async {
         let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
@@ -87,6 +94,7 @@ fn main() -> ExitCode {
             Command::Release(args) => release::run(&sdk, args).await,
             Command::Copy(args) => copy::run(&sdk, args).await,
             Command::RemoveKclRows(args) => cleanup::run(&sdk, args).await,
+            Command::DeadLetters(args) => dead_letters::run(&sdk, args).await,
         }
     });
     match result {

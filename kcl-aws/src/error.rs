@@ -45,7 +45,11 @@ impl Cause {
                 | "RequestLimitExceeded"
                 | "LimitExceededException"
                 | "KMSThrottlingException"
-                | "TooManyRequestsException",
+                | "TooManyRequestsException"
+                // SQS and S3 (dead-letter sinks).
+                | "RequestThrottled"
+                | "KmsThrottled"
+                | "SlowDown",
             ) => Self::Throttled,
             // DynamoDB Streams: the records after the iterator are gone (older than 24 h); the
             // reopen meets it at `GetShardIterator`, where the source reads on from the oldest
@@ -53,7 +57,14 @@ impl Cause {
             Some("ExpiredIteratorException" | "TrimmedDataAccessException") => {
                 Self::ExpiredIterator
             }
-            Some("ResourceNotFoundException" | "TableNotFoundException") => Self::NotFound,
+            Some(
+                "ResourceNotFoundException"
+                | "TableNotFoundException"
+                | "QueueDoesNotExist"
+                | "AWS.SimpleQueueService.NonExistentQueue"
+                | "NoSuchBucket"
+                | "NoSuchKey",
+            ) => Self::NotFound,
             Some(
                 "InternalServerError"
                 | "InternalFailure"
@@ -62,7 +73,8 @@ impl Cause {
                 | "ServiceUnavailableException"
                 | "ResourceInUseException"
                 | "TransactionConflictException"
-                | "ExpiredNextTokenException",
+                | "ExpiredNextTokenException"
+                | "InternalError",
             ) => Self::Transient,
             Some(
                 "ValidationException"
@@ -266,6 +278,11 @@ mod tests {
         );
         assert_eq!(kind("InvalidArgumentException", 500), ErrorKind::Fatal);
         assert_eq!(kind("ResourceNotFoundException", 400), ErrorKind::NotFound);
+        for missing in ["QueueDoesNotExist", "NoSuchBucket", "NoSuchKey"] {
+            assert_eq!(kind(missing, 400), ErrorKind::NotFound, "{missing}");
+        }
+        assert_eq!(kind("SlowDown", 503), ErrorKind::Throttled);
+        assert_eq!(kind("RequestThrottled", 400), ErrorKind::Throttled);
         assert_eq!(kind("InternalServerError", 500), ErrorKind::Retryable);
         assert_eq!(kind("SomethingNew", 503), ErrorKind::Retryable);
         assert_eq!(kind("SomethingNew", 400), ErrorKind::Fatal);

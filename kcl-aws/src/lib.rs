@@ -32,6 +32,11 @@
 //! Two tools beside the consumer API, each behind a feature of its name (off by default):
 //! `producer::put_records` writes records, for demos and tests; `cost` says what the lease
 //! table will cost a fleet, by mode and next to KCL Java 3.x's bill.
+//!
+//! Behind the feature `dead-letters` (off by default; it brings in aws-sdk-sqs and
+//! aws-sdk-s3), `dead_letter` holds the sinks of records a failure policy gives up on (SQS,
+//! S3, Kinesis, a local file), their JSON format, and the readers `kcl-admin dead-letters`
+//! lists and redrives from.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -39,6 +44,9 @@ mod any;
 #[cfg(feature = "cost")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cost")))]
 pub mod cost;
+#[cfg(feature = "dead-letters")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dead-letters")))]
+pub mod dead_letter;
 pub mod dynamodb;
 mod error;
 pub mod kinesis;

@@ -17,6 +17,12 @@ use aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 pub(crate) const KINESIS: (Duration, Duration) = (Duration::from_secs(5), Duration::from_secs(10));
 /// DynamoDB: single-item writes and 1 MB scan pages.
 pub(crate) const DYNAMODB: (Duration, Duration) = (Duration::from_secs(3), Duration::from_secs(10));
+/// SQS: one message of at most 1 MiB.
+#[cfg(feature = "dead-letters")]
+pub(crate) const SQS: (Duration, Duration) = (Duration::from_secs(5), Duration::from_secs(15));
+/// S3: one dead letter (a few MiB at most) a call.
+#[cfg(feature = "dead-letters")]
+pub(crate) const S3: (Duration, Duration) = (Duration::from_secs(15), Duration::from_secs(30));
 
 /// The caller's timeouts, with `(attempt, operation)` filled in where it set none.
 pub(crate) fn with_defaults(

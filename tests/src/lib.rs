@@ -1,8 +1,9 @@
 //! Integration test harness: emulators, unique names, SDK clients, worker processes, journals.
 //!
 //! Endpoints come from `AWS_ENDPOINT_URL_KINESIS` and `AWS_ENDPOINT_URL_DYNAMODB` when both are
-//! set (e.g. by `localstack/emulator up`, by LocalStack, or by CI). Otherwise the harness
-//! starts kinesis-mock and moto itself through `localstack/emulator up`, on free ports, in a
+//! set (e.g. by `localstack/emulator up`, by LocalStack, or by CI); SQS's and S3's (dead
+//! letters) from `AWS_ENDPOINT_URL_SQS` and `AWS_ENDPOINT_URL_S3`, else DynamoDB's. Otherwise
+//! the harness starts kinesis-mock and moto itself through `localstack/emulator up`, on free ports, in a
 //! state folder of its own, and has them stopped when the test process exits. If that fails,
 //! the test fails, unless `KCL_SKIP_INTEGRATION=1` asks to skip it (never under `CI=true`): a
 //! test that cannot run does not quietly pass.
@@ -16,6 +17,7 @@ pub mod fixture;
 pub mod http;
 pub mod items;
 pub mod journal;
+pub mod letters;
 pub mod meter;
 pub mod process;
 pub mod tracker;
@@ -44,6 +46,22 @@ pub struct Endpoints {
     pub kinesis: String,
     /// DynamoDB endpoint URL.
     pub dynamodb: String,
+    /// SQS endpoint URL (dead-letter queues): `AWS_ENDPOINT_URL_SQS`, else DynamoDB's (moto
+    /// and LocalStack serve both on one port).
+    pub sqs: String,
+    /// S3 endpoint URL (dead letters), as SQS's: `AWS_ENDPOINT_URL_S3`, else DynamoDB's.
+    pub s3: String,
+}
+
+impl Endpoints {
+    fn new(kinesis: String, dynamodb: String, sqs: Option<String>, s3: Option<String>) -> Self {
+        Self {
+            sqs: sqs.unwrap_or_else(|| dynamodb.clone()),
+            s3: s3.unwrap_or_else(|| dynamodb.clone()),
+            kinesis,
+            dynamodb,
+        }
+    }
 }
 
 static ENDPOINTS: OnceLock<Result<Endpoints, String>> = OnceLock::new();
@@ -62,7 +80,9 @@ fn is_ci() -> bool {
 fn env_endpoints() -> Option<Endpoints> {
     let kinesis = std::env::var("AWS_ENDPOINT_URL_KINESIS").ok()?;
     let dynamodb = std::env::var("AWS_ENDPOINT_URL_DYNAMODB").ok()?;
-    Some(Endpoints { kinesis, dynamodb })
+    let sqs = std::env::var("AWS_ENDPOINT_URL_SQS").ok();
+    let s3 = std::env::var("AWS_ENDPOINT_URL_S3").ok();
+    Some(Endpoints::new(kinesis, dynamodb, sqs, s3))
 }
 
 /// Starts both emulators with `localstack/emulator up`, tied to this process.
@@ -104,7 +124,12 @@ fn start_emulators() -> Result<Endpoints, String> {
         value("AWS_ENDPOINT_URL_KINESIS"),
         value("AWS_ENDPOINT_URL_DYNAMODB"),
     ) {
-        (Some(kinesis), Some(dynamodb)) => Ok(Endpoints { kinesis, dynamodb }),
+        (Some(kinesis), Some(dynamodb)) => Ok(Endpoints::new(
+            kinesis,
+            dynamodb,
+            value("AWS_ENDPOINT_URL_SQS"),
+            value("AWS_ENDPOINT_URL_S3"),
+        )),
         _ => Err(format!("unexpected output of emulator up: {stdout}")),
     }
 }
@@ -217,6 +242,37 @@ impl Context {
         )
     }
 
+    /// The tests' SDK settings with every service at `endpoint`, for constructors that take
+    /// an `SdkConfig` (kcl-aws's dead-letter sinks and readers).
+    pub async fn sdk_at(&self, endpoint: &str) -> SdkConfig {
+        sdk_config()
+            .await
+            .into_builder()
+            .endpoint_url(endpoint)
+            .build()
+    }
+
+    /// An SQS client on the emulator (dead-letter queues).
+    pub async fn sqs_client(&self) -> aws_sdk_sqs::Client {
+        let sdk = sdk_config().await;
+        aws_sdk_sqs::Client::from_conf(
+            aws_sdk_sqs::config::Builder::from(&sdk)
+                .endpoint_url(&self.endpoints.sqs)
+                .build(),
+        )
+    }
+
+    /// An S3 client on the emulator, path-style (`http://host/bucket/key`), as emulators need.
+    pub async fn s3_client(&self) -> aws_sdk_s3::Client {
+        let sdk = sdk_config().await;
+        aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&sdk)
+                .endpoint_url(&self.endpoints.s3)
+                .force_path_style(true)
+                .build(),
+        )
+    }
+
     /// Environment for worker processes: endpoints, region, credentials, capped SDK retries.
     pub fn worker_env(&self) -> Vec<(String, String)> {
         let or = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
@@ -235,6 +291,8 @@ impl Context {
                 "AWS_ENDPOINT_URL_DYNAMODB_STREAMS".into(),
                 self.endpoints.dynamodb.clone(),
             ),
+            ("AWS_ENDPOINT_URL_SQS".into(), self.endpoints.sqs.clone()),
+            ("AWS_ENDPOINT_URL_S3".into(), self.endpoints.s3.clone()),
             ("AWS_REGION".into(), or("AWS_REGION", "us-east-1")),
             ("AWS_ACCESS_KEY_ID".into(), or("AWS_ACCESS_KEY_ID", "test")),
             (
