@@ -357,9 +357,9 @@ impl SimProcessor {
     }
 }
 
-/// The most deliveries of one record to one instance a bisect may cost: the first, one per
-/// level of a batch of `max_records` (40: 6 levels), and the record's own tries.
-const BISECT_BOUND: u32 = 1 + 6 + super::poison::ATTEMPTS;
+/// Levels of a bisect of the largest batch: 40 stream records (`max_records`) of up to 6 user
+/// records each (KPL aggregates), ⌈log2 240⌉.
+const BISECT_LEVELS: u32 = 8;
 
 impl SimProcessor {
     /// A batch under the seed's failure policy: it fails at its first failing record
@@ -373,9 +373,17 @@ impl SimProcessor {
     ) -> Result<(), BoxError> {
         let records = input.records().to_vec();
         for r in &records {
+            // A bisect delivers a record at most once per level, and a failing one its tries
+            // more (with named failures, a record is delivered again after each failure
+            // before it: only the first rule holds).
+            let bound = match poison.kind(&self.shard, &r.position()) {
+                _ if poison.names => u32::MAX,
+                super::poison::Kind::Fine => 1 + BISECT_LEVELS,
+                _ => 1 + BISECT_LEVELS + super::poison::ATTEMPTS,
+            };
             let (count, ok) = self.seen.entry(r.position()).or_default();
             *count += 1;
-            if *ok || *count > BISECT_BOUND {
+            if *ok || *count > bound {
                 self.log.lock().over_delivered.push(format!(
                     "bisect-bound: instance {} of {} on {} got {} a {} time{}",
                     self.instance,

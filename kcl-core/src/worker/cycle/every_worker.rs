@@ -58,11 +58,17 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
         .collect();
     state.taking().take_all(w, &wanted).await;
     if scope == Scope::Fleet {
+        // Not what this cycle took: the candidates were read before it took them.
+        let waiting: Vec<Candidate> = candidates
+            .iter()
+            .filter(|c| !plan.take.contains(&c.key))
+            .cloned()
+            .collect();
         let unowned = unowned(
             &table.config,
             state.shards.len(),
             &state.view,
-            &candidates,
+            &waiting,
             &by_key,
         );
         state.problems.replace(ProblemKind::Unowned, unowned);
