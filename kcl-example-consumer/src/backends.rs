@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use kcl_core::failure::DeadLetters;
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::multi_stream::{MultiStreamSource, StreamId, Streams};
 
@@ -26,6 +27,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
     // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+    let dead_letters = letters(&settings, Some(&sdk));
     let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
         .with_table_setup(settings.table_setup);
     let factory = crate::window_counters(&settings);
@@ -52,7 +54,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                 let name = given.get(id).cloned().unwrap_or_else(|| id.name.clone());
                 KinesisShardSource::new(&sdk, name)
             });
-            crate::run_worker(&settings, source, store, factory).await
+            crate::run_worker(&settings, source, store, factory, dead_letters).await
         }
         SourceSpec::DynamoDbStreams {
             arns,
@@ -74,7 +76,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
                 kcl_aws::DynamoDbStreamsSource::for_stream_id(&sdk, id)
             });
-            crate::run_worker(&settings, source, store, factory).await
+            crate::run_worker(&settings, source, store, factory, dead_letters).await
         }
         one @ (SourceSpec::Stream(_) | SourceSpec::DynamoDb { .. }) => {
             let source = open(&sdk, one).await?;
@@ -85,7 +87,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                     "reading a DynamoDB stream"
                 );
             }
-            crate::run_worker(&settings, source, store, factory).await
+            crate::run_worker(&settings, source, store, factory, dead_letters).await
         }
     }
 }
@@ -116,6 +118,30 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     )
 }
 
+/// Where the worker's dead letters go (`--dead-letters`): with `sdk`, any sink; without
+/// (backend memory), a file only (the settings refuse the others).
+#[cfg(feature = "aws")]
+fn letters(settings: &Settings, sdk: Option<&aws_config::SdkConfig>) -> Option<DeadLetters> {
+    use kcl_aws::dead_letter::{AnySink, FileSink, Location};
+    let location: Location = settings.dead_letters.as_deref()?.parse().ok()?;
+    let sink = match (&location, sdk) {
+        (_, Some(sdk)) => location.sink(sdk),
+        (Location::File(path), None) => AnySink::File(FileSink::new(path.clone())),
+        _ => return None,
+    };
+    let letters = DeadLetters::new(sink)
+        .application(settings.application_name.clone())
+        .stream(settings.input.to_string());
+    Some(letters)
+}
+
+/// No sinks in this build (the settings refuse `--dead-letters`).
+#[cfg(not(feature = "aws"))]
+fn letters(settings: &Settings, sdk: Option<&()>) -> Option<DeadLetters> {
+    let _ = (settings, sdk);
+    None
+}
+
 /// An in-process stream of 4 shards with a producer writing 20 records a second; or, with
 /// `streams`, one of 2 shards per stream, the producer writing to each in turn.
 async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
@@ -130,8 +156,14 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
             let stream = MemoryStream::new(4);
             let producer = produce(vec![stream.clone()]);
             let source = stream.client(&worker_id);
-            let result =
-                crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
+            let result = crate::run_worker(
+                &settings,
+                source,
+                store.client(&worker_id),
+                factory,
+                letters(&settings, None),
+            )
+            .await;
             (producer, result)
         }
         SourceSpec::Streams {
@@ -156,8 +188,14 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                     .unwrap_or_else(|| MemoryStream::new(1))
                     .client(&reader)
             });
-            let result =
-                crate::run_worker(&settings, source, store.client(&worker_id), factory).await;
+            let result = crate::run_worker(
+                &settings,
+                source,
+                store.client(&worker_id),
+                factory,
+                letters(&settings, None),
+            )
+            .await;
             (producer, result)
         }
         SourceSpec::DynamoDb { .. } | SourceSpec::DynamoDbStreams { .. } => {

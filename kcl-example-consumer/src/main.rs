@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::FromArgMatches;
+use kcl_core::failure::DeadLetters;
 use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker};
 use kcl_example_consumer::{StdoutSink, WindowCounter};
 use kcl_serve as http;
@@ -138,6 +139,7 @@ pub(crate) async fn run_worker<S, L, F>(
     source: S,
     store: L,
     factory: F,
+    letters: Option<DeadLetters>,
 ) -> anyhow::Result<ExitCode>
 where
     S: ShardSource,
@@ -148,14 +150,13 @@ where
     let serving =
         http::Serving::start_with(settings.listen, &settings.worker, settings.otlp.as_ref())
             .await?;
-    let worker = Worker::new(
-        settings.worker_id.clone(),
-        settings.worker.clone(),
-        source,
-        store,
-        factory,
-    )
-    .map_err(|e| {
+    let mut builder = Worker::builder(source, store)
+        .id(settings.worker_id.clone())
+        .config(settings.worker.clone());
+    if let Some(letters) = letters {
+        builder = builder.dead_letters(letters);
+    }
+    let worker = builder.build_with(factory).map_err(|e| {
         anyhow::anyhow!(
             "invalid setting `{}`: {}",
             e.key.replace('_', "-"),

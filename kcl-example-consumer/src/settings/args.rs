@@ -2,6 +2,7 @@
 //! through the same value parser ([`super::parse`]), and the command line lays the file under
 //! the flags and the environment ([`super::layered`]).
 
+use kcl_core::failure::Exhausted;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -169,6 +170,24 @@ pub(crate) struct RunArgs {
     /// consumer checkpoints as each window closes). `off` reports no shard stalled.
     #[arg(long, value_name = "DURATION|off", default_value = "10m")]
     pub(crate) stalled_after: OffOr,
+
+    /// What a batch that keeps failing costs (docs/when-a-record-fails.md): `block` (the
+    /// shard restarts from its checkpoint until the batch succeeds: KCL Java's behaviour),
+    /// `dead-letter` (the batch is bisected to the record that fails, which goes to
+    /// --dead-letters after --failure-attempts tries) or `skip` (that record is logged at
+    /// ERROR and passed).
+    #[arg(long, value_name = "POLICY", default_value = "block")]
+    pub(crate) on_failure: Exhausted,
+
+    /// Tries of a failing record, the first included, before --on-failure applies.
+    #[arg(long, value_name = "N", default_value = "3", value_parser = parse_u32)]
+    pub(crate) failure_attempts: u32,
+
+    /// Where dead letters go: `sqs:QUEUE-URL`, `s3://BUCKET/PREFIX`, `kinesis:STREAM` or
+    /// `file:PATH` (kcl-admin dead-letters reads them back). Needed by `--on-failure
+    /// dead-letter`.
+    #[arg(long, value_name = "LOCATION")]
+    pub(crate) dead_letters: Option<String>,
 
     /// Length of the tumbling windows (by record arrival time) counted per shard.
     #[arg(long, value_name = "DURATION", default_value = "60s")]

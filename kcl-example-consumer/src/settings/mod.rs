@@ -102,6 +102,9 @@ pub(crate) struct Settings {
     pub(crate) worker_id: String,
     /// The worker's configuration, validated by kcl-core.
     pub(crate) worker: WorkerConfig,
+    /// Where dead letters go (`--dead-letters`, checked), if anywhere.
+    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
+    pub(crate) dead_letters: Option<String>,
     /// Tumbling window length.
     pub(crate) window: Duration,
     /// Partition keys listed per window line.
@@ -427,6 +430,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
     }
     fits_dynamodb(v, &input, a.backend, &worker)?;
     let summary = summary(a, v)?;
+    let dead_letters = dead_letters(a, v)?;
     Ok(Settings {
         input,
         application_name,
@@ -443,8 +447,43 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         table_setup: a.table_setup,
         summary,
         fault: a.inject_failure,
+        dead_letters,
         effective,
     })
+}
+
+/// Where dead letters go: required by `--on-failure dead-letter`, read by kcl-aws.
+fn dead_letters(a: &RunArgs, v: &Values<'_>) -> Result<Option<String>, SettingsError> {
+    let Some(location) = &a.dead_letters else {
+        if a.on_failure == kcl_core::failure::Exhausted::DeadLetter {
+            return Err(v.fail(
+                "dead_letters",
+                "required with on-failure dead-letter (sqs:QUEUE-URL, s3://BUCKET/PREFIX, \
+                 kinesis:STREAM or file:PATH)"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    };
+    #[cfg(feature = "aws")]
+    match location.parse::<kcl_aws::dead_letter::Location>() {
+        Err(e) => return Err(v.fail("dead_letters", e.to_string())),
+        Ok(kcl_aws::dead_letter::Location::File(_)) => {}
+        Ok(_) if a.backend == Backend::Memory => {
+            return Err(v.fail(
+                "dead_letters",
+                "backend memory writes dead letters to a file only (file:PATH)".into(),
+            ));
+        }
+        Ok(_) => {}
+    }
+    #[cfg(not(feature = "aws"))]
+    return Err(v.fail(
+        "dead_letters",
+        format!("{location:?}: this build has no dead-letter sinks (build with `--features aws`)"),
+    ));
+    #[cfg(feature = "aws")]
+    Ok(Some(location.clone()))
 }
 
 /// A DynamoDB table's stream is read through AWS, by polling.

@@ -610,3 +610,32 @@ fn a_failure_can_be_injected_to_try_the_alerts() {
     );
     assert_eq!(e.key, "inject_failure", "{e}");
 }
+
+#[test]
+fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.failure, kcl_core::failure::FailurePolicy::block());
+    assert_eq!(s.dead_letters, None);
+    let e = resolve_err(&[REQUIRED, &["--on-failure", "dead-letter"]].concat(), None);
+    assert_eq!(e.key, "dead_letters", "{e}");
+    let e = resolve_err(
+        &[REQUIRED, &["--on-failure", "dead-letter", "--dead-letters", "queue"]].concat(),
+        None,
+    );
+    assert_eq!(e.key, "dead_letters", "{e}");
+    let e = resolve_err(&[REQUIRED, &["--failure-attempts", "0"]].concat(), None);
+    assert_eq!(e.key, "failure_attempts", "{e}");
+    let e = resolve_err(&[REQUIRED, &["--on-failure", "retry"]].concat(), None);
+    assert_eq!(e.key, "on_failure", "{e}");
+    let args = ["--on-failure", "DEAD_LETTER", "--failure-attempts", "5"];
+    let s = resolve_ok(
+        &[REQUIRED, &args, &["--dead-letters", "sqs:https://q.example/1/dl"]].concat(),
+        None,
+    );
+    assert_eq!(s.worker.failure.attempts, 5);
+    assert_eq!(s.worker.failure.exhausted, kcl_core::failure::Exhausted::DeadLetter);
+    assert_eq!(s.dead_letters.as_deref(), Some("sqs:https://q.example/1/dl"));
+    let memory = ["--backend", "memory", "--dead-letters", "s3://bucket/p"];
+    let e = resolve_err(&[REQUIRED, &memory].concat(), None);
+    assert_eq!(e.key, "dead_letters", "{e}");
+}

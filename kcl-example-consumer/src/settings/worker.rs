@@ -1,6 +1,7 @@
 //! The worker's configuration from the settings: kcl-core's [`WorkerConfig`], validated by
 //! it, its errors named by our keys.
 
+use kcl_core::failure::FailurePolicy;
 use kcl_core::{InitialPosition, InitialPositionKind as Position, WorkerConfig};
 
 use super::RunArgs;
@@ -23,6 +24,15 @@ fn initial_position(a: &RunArgs, v: &Values<'_>) -> Result<InitialPosition, Sett
     }
 }
 
+/// The failure policy of `--on-failure` and `--failure-attempts`, kcl-core's defaults
+/// otherwise.
+fn failure(a: &RunArgs) -> FailurePolicy {
+    let mut policy = FailurePolicy::default();
+    policy.exhausted = a.on_failure;
+    policy.attempts = a.failure_attempts;
+    policy
+}
+
 /// The worker's configuration, validated; a fan-out consumer is named after the application,
 /// as KCL Java names it.
 pub(super) fn worker_config(
@@ -43,13 +53,15 @@ pub(super) fn worker_config(
         .max_records(a.max_records)
         .idle_time_between_reads(a.idle_time_between_reads.0)
         .shard_sync_interval(a.shard_sync_interval.0)
-        .stalled_after(a.stalled_after.0);
+        .stalled_after(a.stalled_after.0)
+        .failure(failure(a));
     worker.validate().map_err(|e| {
         // kcl-core names its field; ours is the same name (renew_interval follows
         // failover_time, the consumer name the application name).
         let key = match e.key {
             "renew_interval" => "failover_time",
             "retrieval.consumer_name" => "application_name",
+            "failure.attempts" => "failure_attempts",
             key => key,
         };
         v.fail(key, e.reason)
