@@ -47,6 +47,15 @@ pub(crate) struct Args {
     /// redrive must be done by then.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     visibility_timeout: Duration,
+    /// The lease table whose parked keys the letters unpark (`Parallel::park_keys`); by
+    /// default each letter's own application.
+    #[arg(long)]
+    application_name: Option<String>,
+    /// After unparking keys, how long to wait before the puts: the workers holding the
+    /// shards see an unparked key at their next renewal (a third of the failover time by
+    /// default); a record put before that is parked again.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    unpark_wait: Duration,
 }
 
 /// One letter to redrive: every copy of it, and where it goes.
@@ -82,6 +91,11 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         for c in &chosen {
             report(&format!("would redrive {}", describe(c)));
         }
+        for (table, key) in parked_keys(&args, &chosen) {
+            report(&format!(
+                "would unpark key {key} in the lease table {table}"
+            ));
+        }
         report(&format!(
             "{} letter(s) would be redriven (dry run)",
             chosen.len()
@@ -92,6 +106,10 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         release(&store, &listing, &HashSet::new()).await;
         report("no letter to redrive");
         return Ok(());
+    }
+    if let Err(e) = unpark(sdk, &args, &chosen).await {
+        release(&store, &listing, &HashSet::new()).await;
+        return Err(e);
     }
     let mut done = HashSet::new();
     let result = redrive(sdk, &args, &store, &chosen, &mut done).await;
@@ -143,6 +161,60 @@ fn choose<'a>(args: &Args, listing: &'a Listing) -> anyhow::Result<Vec<Chosen<'a
         without_stream.join(", ")
     );
     Ok(chosen)
+}
+
+/// The parked keys the chosen letters name, with the lease table of each.
+fn parked_keys(args: &Args, chosen: &[Chosen<'_>]) -> std::collections::BTreeSet<(String, String)> {
+    chosen
+        .iter()
+        .filter_map(|c| {
+            let letter = &c.first().letter;
+            let key = letter.parked_key.clone()?;
+            let table = args
+                .application_name
+                .clone()
+                .or_else(|| letter.application.clone())?;
+            Some((table, key))
+        })
+        .collect()
+}
+
+/// Unparks the keys the chosen letters parked, so that their records run when put back;
+/// then waits for the holders to see it.
+async fn unpark(
+    sdk: &aws_config::SdkConfig,
+    args: &Args,
+    chosen: &[Chosen<'_>],
+) -> anyhow::Result<()> {
+    let unnamed = chosen.iter().any(|c| {
+        let letter = &c.first().letter;
+        letter.parked_key.is_some()
+            && args.application_name.is_none()
+            && letter.application.is_none()
+    });
+    anyhow::ensure!(
+        !unnamed,
+        "some letters parked a key but name no application: pass --application-name (the lease table)"
+    );
+    let mut changed = 0;
+    for (table, key) in parked_keys(args, chosen) {
+        let store = crate::store(sdk, &table);
+        let rows = kcl_core::admin::unpark(&store, &key)
+            .await
+            .with_context(|| format!("unparking key {key} in the lease table {table} failed"))?;
+        for row in &rows {
+            report(&format!("unparked key {key} in {table}: {row}"));
+        }
+        changed += rows.len();
+    }
+    if changed > 0 {
+        report(&format!(
+            "waiting {} for the workers to see it",
+            humantime::format_duration(args.unpark_wait)
+        ));
+        tokio::time::sleep(args.unpark_wait).await;
+    }
+    Ok(())
 }
 
 fn describe(c: &Chosen<'_>) -> String {
