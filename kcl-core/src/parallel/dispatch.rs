@@ -113,18 +113,63 @@ pub(super) async fn run<H: RecordHandler>(
     handler: Arc<H>,
     max_in_flight: usize,
     key: KeyFn,
-    mut failing: Option<Failing>,
+    failing: Option<Failing>,
 ) {
-    let mut keys = Keys::default();
-    let mut running: JoinSet<(u64, Ran)> = JoinSet::new();
-    let mut resting: JoinSet<(u64, Job)> = JoinSet::new();
-    let mut failed = false;
+    let mut d = Dispatcher {
+        handler,
+        max_in_flight,
+        failing,
+        keys: Keys::default(),
+        running: JoinSet::new(),
+        resting: JoinSet::new(),
+        failed: false,
+    };
     loop {
-        while !failed && running.len() < max_in_flight {
-            let Some((key, job)) = keys.next() else {
+        d.start_ready();
+        // Biased (finished runs first, at most max_in_flight of them): the same schedule
+        // makes the same choices, which a simulated seed's replay relies on.
+        tokio::select! {
+            biased;
+            Some(joined) = d.running.join_next(), if !d.running.is_empty() => match joined {
+                Ok((key, ran)) => d.ran(key, ran),
+                Err(_) => d.failed = true,
+            },
+            Some(joined) = d.resting.join_next(), if !d.resting.is_empty() => {
+                if let Ok((key, job)) = joined {
+                    d.keys.again(key, job);
+                }
+            }
+            received = rx.recv() => match received {
+                Some((record, ack)) => d.keys.push(key(&record), record, ack),
+                None => return,
+            },
+        }
+    }
+}
+
+/// One shard's dispatcher: the records waiting by key, running, and resting.
+struct Dispatcher<H> {
+    handler: Arc<H>,
+    max_in_flight: usize,
+    failing: Option<Failing>,
+    keys: Keys,
+    running: JoinSet<(u64, Ran)>,
+    /// Failed records waiting for their backoff, outside the `max_in_flight` slots.
+    resting: JoinSet<(u64, Job)>,
+    /// A record failed for good: nothing more starts (the shard restarts).
+    failed: bool,
+}
+
+impl<H: RecordHandler> Dispatcher<H> {
+    /// Starts ready records while there is room: each runs, or is given up behind its
+    /// parked key.
+    fn start_ready(&mut self) {
+        while !self.failed && self.running.len() < self.max_in_flight {
+            let Some((key, job)) = self.keys.next() else {
                 break;
             };
-            let parked = failing
+            let parked = self
+                .failing
                 .as_mut()
                 .and_then(|f| Some((f.parked_behind(key, &job.ack)?, f.handling.clone())));
             let work = match parked {
@@ -132,64 +177,50 @@ pub(super) async fn run<H: RecordHandler>(
                     let reason = Reason::Parked { behind };
                     give_up(handling, job, reason, Some(key)).boxed()
                 }
-                None => attempt(handler.clone(), job).boxed(),
+                None => attempt(self.handler.clone(), job).boxed(),
             };
-            crate::task::spawn_in(
-                &mut running,
-                work.map(move |ran| (key, ran)).in_current_span(),
-            );
+            let work = work.map(move |ran| (key, ran));
+            crate::task::spawn_in(&mut self.running, work.in_current_span());
         }
-        // Biased (finished runs first, at most max_in_flight of them): the same schedule
-        // makes the same choices, which a simulated seed's replay relies on.
-        tokio::select! {
-            biased;
-            Some(joined) = running.join_next(), if !running.is_empty() => match joined {
-                Ok((key, Ran::Done)) => keys.finished(key),
-                Ok((key, Ran::Parked)) => {
-                    if let Some((_, handed)) = failing.as_mut().and_then(|f| f.parked.get_mut(&key)) {
-                        *handed = true;
-                    }
-                    keys.finished(key);
+    }
+
+    /// A run of `key`'s record ended as `ran`.
+    fn ran(&mut self, key: u64, ran: Ran) {
+        match ran {
+            Ran::Done => self.keys.finished(key),
+            Ran::Parked => {
+                if let Some((_, handed)) =
+                    self.failing.as_mut().and_then(|f| f.parked.get_mut(&key))
+                {
+                    *handed = true;
                 }
-                Ok((key, Ran::Failed(job, error))) => {
-                    let next = decide(failing.as_mut(), key, job, error);
-                    match next {
-                        Decided::Rest(wait, job) => {
-                            let rest = async move {
-                                tokio::time::sleep(wait).await;
-                                (key, *job)
-                            };
-                            crate::task::spawn_in(&mut resting, rest.in_current_span());
-                        }
-                        Decided::GiveUp(given, parks) => {
-                            let (handling, job, reason) = *given;
-                            let work = give_up(handling, job, reason, parks.then_some(key));
-                            let work = work.map(move |ran| (key, ran));
-                            crate::task::spawn_in(&mut running, work.in_current_span());
-                        }
-                        Decided::Stop => {
-                            // Nothing more starts: the shard restarts from the watermark, and
-                            // no later record of the key may finish before it.
-                            failed = true;
-                            keys.finished(key);
-                        }
-                    }
-                }
-                Ok((key, Ran::Stopped)) => {
-                    failed = true;
-                    keys.finished(key);
-                }
-                Err(_) => failed = true,
-            },
-            Some(joined) = resting.join_next(), if !resting.is_empty() => {
-                if let Ok((key, job)) = joined {
-                    keys.again(key, job);
-                }
+                self.keys.finished(key);
             }
-            received = rx.recv() => match received {
-                Some((record, ack)) => keys.push(key(&record), record, ack),
-                None => return,
+            Ran::Failed(job, error) => match decide(self.failing.as_mut(), key, job, error) {
+                Decided::Rest(wait, job) => {
+                    let rest = async move {
+                        tokio::time::sleep(wait).await;
+                        (key, *job)
+                    };
+                    crate::task::spawn_in(&mut self.resting, rest.in_current_span());
+                }
+                Decided::GiveUp(given, parks) => {
+                    let (handling, job, reason) = *given;
+                    let work = give_up(handling, job, reason, parks.then_some(key));
+                    let work = work.map(move |ran| (key, ran));
+                    crate::task::spawn_in(&mut self.running, work.in_current_span());
+                }
+                Decided::Stop => {
+                    // Nothing more starts: the shard restarts from the watermark, and no
+                    // later record of the key may finish before it.
+                    self.failed = true;
+                    self.keys.finished(key);
+                }
             },
+            Ran::Stopped => {
+                self.failed = true;
+                self.keys.finished(key);
+            }
         }
     }
 }

@@ -10,10 +10,13 @@
 //! or a graceful stop; a stop gives the rest of the batch up unfinished, so the checkpoint
 //! stays before it and the next owner delivers it again.
 
+use std::ops::Range;
+
 use super::{Failure, Hook, hook};
+use crate::ack::Reservation;
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
-use crate::failure::{Bisect, Handling, Then, failed_at};
+use crate::failure::{Bisect, Handling, Reason, Then, failed_at};
 use crate::lease::tenure::Tenure;
 use crate::processor::{ProcessRecordsInput, RecordProcessor};
 use crate::types::{Checkpoint, ExtendedSequenceNumber, Record};
@@ -34,8 +37,15 @@ pub(super) async fn deliver(
     let batch = watermark
         .reserve(previous, records.iter().map(Record::position))
         .walked();
-    let mut walk = Bisect::new(records.len());
-    while let Some(part) = walk.next() {
+    let mut walk = Walk {
+        handling,
+        tenure,
+        control,
+        records,
+        batch,
+        bisect: Bisect::new(records.len()),
+    };
+    while let Some(part) = walk.bisect.next() {
         if super::batches::past_validity(tenure) {
             return Ok(Hook::Expired);
         }
@@ -43,7 +53,7 @@ pub(super) async fn deliver(
             records[part.clone()].to_vec(),
             millis_behind_latest,
             &watermark,
-            batch.part(part.clone()),
+            walk.batch.part(part.clone()),
         );
         if let Some(last) = records.get(part.end - 1) {
             checkpointer.set_last_delivered(last.position());
@@ -54,7 +64,7 @@ pub(super) async fn deliver(
         let error: BoxError = match outcome {
             Ok(Hook::Done) => {
                 if own {
-                    batch.finish(part);
+                    walk.batch.finish(part);
                 }
                 continue;
             }
@@ -67,64 +77,94 @@ pub(super) async fn deliver(
             }
             Err(other) => return Err(other),
         };
-        let checkpointed = checkpointed(tenure, records).await;
-        let at = failed_at(&error).and_then(|p| records.iter().position(|r| &r.position() == p));
-        let failed = walk.failed(&handling.policy, records, part, checkpointed, at, &error);
-        // Where the failing record is: everything before it finished.
-        let failing = failed.processed.end;
-        batch.finish(failed.processed);
-        let waited = match failed.then {
-            Then::Split => {
-                handling.bisected();
-                Waited::Done(Ok(()))
-            }
-            Then::Retry(index, wait) => {
-                handling.retrying(&records[index], &walk.tries(index), wait);
-                wait_for(tenure, control, async {
-                    tokio::time::sleep(wait).await;
-                    Ok(())
-                })
-                .await
-            }
-            Then::GiveUp(index, reason) => {
-                let letter = handling.letter(records[index].clone(), &walk.tries(index), reason);
-                match wait_for(tenure, control, handling.give_up(letter)).await {
-                    Waited::Done(Ok(())) => {
-                        batch.finish(index..index + 1);
-                        Waited::Done(Ok(()))
-                    }
-                    other => other,
-                }
-            }
-            Then::Block => {
-                return Err(Failure::Processor {
-                    hook: "process_records",
-                    source: error,
-                });
-            }
-        };
-        match waited {
-            Waited::Done(Ok(())) => {}
-            Waited::Done(Err(source)) => {
-                return Err(Failure::Processor {
-                    hook: "process_records",
-                    source,
-                });
-            }
-            Waited::Lost => return Ok(Hook::Expired),
-            Waited::Stopped => {
-                // Delivery ends before the failing record: the next owner starts there.
-                if let Some(previous) = batch.abandon_from(failing) {
-                    checkpointer.rewind_delivered(previous);
-                }
-                return Ok(Hook::Stopped);
-            }
+        if let Some(end) = walk.failed(part, error, checkpointer).await? {
+            return Ok(end);
         }
     }
     if let Some(last) = records.last() {
         checkpointer.set_last_delivered(last.position());
     }
     Ok(Hook::Done)
+}
+
+/// One batch's walk: what it needs between parts.
+struct Walk<'a> {
+    handling: &'a Handling,
+    tenure: &'a Tenure,
+    control: &'a Control,
+    records: &'a [Record],
+    /// The batch's place in the watermark, finished a part at a time.
+    batch: Reservation,
+    bisect: Bisect,
+}
+
+impl Walk<'_> {
+    /// The part `part` failed with `error`: what the policy says follows, done (a split, a
+    /// retry's wait, a record given up). `Some` when the walk ends there.
+    async fn failed(
+        &mut self,
+        part: Range<usize>,
+        error: BoxError,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<Option<Hook>, Failure> {
+        let records = self.records;
+        let checkpointed = checkpointed(self.tenure, records).await;
+        let at = failed_at(&error).and_then(|p| records.iter().position(|r| &r.position() == p));
+        let policy = &self.handling.policy;
+        let failed = self
+            .bisect
+            .failed(policy, records, part, checkpointed, at, &error);
+        // Where the failing record is: everything before it finished.
+        let failing = failed.processed.end;
+        self.batch.finish(failed.processed);
+        let waited = match failed.then {
+            Then::Split => {
+                self.handling.bisected();
+                Waited::Done(Ok(()))
+            }
+            Then::Retry(index, wait) => {
+                let tries = self.bisect.tries(index);
+                self.handling.retrying(&records[index], &tries, wait);
+                let rest = async {
+                    tokio::time::sleep(wait).await;
+                    Ok(())
+                };
+                wait_for(self.tenure, self.control, rest).await
+            }
+            Then::GiveUp(index, reason) => self.give_up(index, reason).await,
+            Then::Block => Waited::Done(Err(error)),
+        };
+        match waited {
+            Waited::Done(Ok(())) => Ok(None),
+            Waited::Done(Err(source)) => Err(Failure::Processor {
+                hook: "process_records",
+                source,
+            }),
+            Waited::Lost => Ok(Some(Hook::Expired)),
+            Waited::Stopped => {
+                // Delivery ends before the failing record: the next owner starts there.
+                if let Some(previous) = self.batch.abandon_from(failing) {
+                    checkpointer.rewind_delivered(previous);
+                }
+                Ok(Some(Hook::Stopped))
+            }
+        }
+    }
+
+    /// Gives the record at `index` up as the policy says; finished once that is over.
+    async fn give_up(&self, index: usize, reason: Reason) -> Waited {
+        let tries = self.bisect.tries(index);
+        let letter = self
+            .handling
+            .letter(self.records[index].clone(), &tries, reason);
+        match wait_for(self.tenure, self.control, self.handling.give_up(letter)).await {
+            Waited::Done(Ok(())) => {
+                self.batch.finish(index..index + 1);
+                Waited::Done(Ok(()))
+            }
+            other => other,
+        }
+    }
 }
 
 /// How a wait inside the walk ended.

@@ -461,6 +461,19 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
         } else {
             &first.position
         };
+        // Under a failure policy a record given up on is never processed: its dead letter
+        // counts.
+        let given_up = e
+            .journal
+            .letters
+            .iter()
+            .filter(|(seq, l)| &l.shard == key && *seq > r.seq && *seq < next_reset)
+            .map(|(_, l)| l.record.position())
+            .min();
+        let first_sequence = match &given_up {
+            Some(p) if p < first_sequence => p,
+            _ => first_sequence,
+        };
         if first.seq < next_reset
             && let Some(after) = after
             && &after != first_sequence
