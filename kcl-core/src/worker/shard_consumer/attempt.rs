@@ -226,7 +226,7 @@ async fn inherit(tenure: &Tenure, parked: Vec<String>) -> Result<Option<Stop>, F
     update.park = missing;
     match tenure.checkpoint(&update).await {
         Ok(_) => Ok(None),
-        Err(TenureError::Store(e)) => Err(Failure::Pin(e)),
+        Err(TenureError::Store(e)) => Err(Failure::Inherit(e)),
         Err(_) => Ok(Some(Stop::Lost)),
     }
 }

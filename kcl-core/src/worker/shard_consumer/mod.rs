@@ -153,6 +153,8 @@ enum Failure {
     Source(#[source] BackendError),
     #[error("pinning the start position in the lease failed")]
     Pin(#[source] BackendError),
+    #[error("writing the keys its parents parked into the lease failed")]
+    Inherit(#[source] BackendError),
     #[error("settling a lease write whose outcome is unknown failed")]
     Settle(#[source] BackendError),
     #[error("shard_ended returned without checkpointing SHARD_END")]
@@ -169,9 +171,11 @@ impl Failure {
             Self::Processor { .. } | Self::Panic { .. } | Self::ShardEndNotCheckpointed => {
                 metrics::PROCESSOR_FAILURES
             }
-            Self::Source(_) | Self::Pin(_) | Self::Settle(_) | Self::Fatal(_) => {
-                metrics::READ_FAILURES
-            }
+            Self::Source(_)
+            | Self::Pin(_)
+            | Self::Inherit(_)
+            | Self::Settle(_)
+            | Self::Fatal(_) => metrics::READ_FAILURES,
         }
     }
 }
