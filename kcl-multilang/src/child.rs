@@ -15,6 +15,12 @@
 //! last checkpoint with a backoff, in a new child, and the daemon's other shards carry on. The
 //! Java daemon exits the whole process instead; [`FailurePolicy::exit`] keeps that behaviour.
 //!
+//! A batch the child answered fails too when, while it processed the batch, the child's client
+//! library reported on stderr that the record processor raised (amazon_kclpy catches the
+//! exception, writes `Caught exception from action dispatch: …` and a traceback, and answers
+//! anyway): [`ChildCommand::errors_fail_batch`], `childErrorsFailBatch`. How the report is
+//! told to be the batch's, and no other's: the `stderr` module.
+//!
 //! Each child leads its own process group, and goes as a group: once the child has exited,
 //! what is left of its group (a grandchild still holding its pipes) is killed, and the group
 //! reaped (the zombies that are the daemon's to reap: its children, and where it is PID 1 or a
@@ -33,24 +39,21 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use kcl_core::{BoxError, Checkpointer, InitializationInput, ProcessRecordsInput, RecordProcessor};
 use process_wrap::tokio::CommandWrap;
-use tokio::io::AsyncWriteExt as _;
-use tokio::process::{ChildStdin, ChildStdout};
 use tokio::time::Instant;
-use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
-use tracing::Instrument as _;
 
-use crate::protocol::{FromChild, JsonRecord, ToChild};
+use crate::protocol::{JsonRecord, ToChild};
 
 mod checkpoint;
 mod group;
 mod lines;
 mod lookup;
+mod session;
+mod stderr;
 
-use self::checkpoint::checkpoint;
 use self::group::Group;
-use self::lines::{ChildLines, Line, forward_stderr, shown};
+use self::lines::{Line, shown};
+use self::session::Session;
 
 /// The longest line read from a child (stdout or stderr): 1 MiB; longer ones are skipped.
 const MAX_LINE: usize = 1 << 20;
@@ -77,6 +80,12 @@ pub struct ChildCommand {
     /// the checkpoints on the way, its answers and, after its last message, its exit. `None`
     /// waits as long as the lease allows, and 10 s for `lease_lost`.
     pub timeout: Option<Duration>,
+    /// Whether a batch fails when the child's client library reports on stderr that the
+    /// record processor raised while processing it, though it answered the batch
+    /// (`childErrorsFailBatch`, default `true`; amazon_kclpy reports so, with `Caught
+    /// exception from action dispatch`). `false` counts such a batch as processed, as the
+    /// Java daemon does.
+    pub errors_fail_batch: bool,
 }
 
 impl ChildCommand {
@@ -88,6 +97,7 @@ impl ChildCommand {
             program,
             args: parts.map(str::to_owned).collect(),
             timeout: None,
+            errors_fail_batch: true,
         })
     }
 }
@@ -96,7 +106,10 @@ impl ChildCommand {
 #[derive(Debug, Clone, Default)]
 pub struct FailurePolicy {
     /// Cancelled when a child fails if the daemon should exit, as the Java daemon does
-    /// (`--exit-on-child-failure`); `None` restarts only the child's shard.
+    /// (`--exit-on-child-failure`); `None` restarts only the child's shard. A batch failed
+    /// because the child reported that its processor raised
+    /// ([`errors_fail_batch`](ChildCommand::errors_fail_batch)) is not a failed child: the
+    /// Java daemon, which counts such a batch as processed, does not exit for it either.
     pub exit: Option<CancellationToken>,
 }
 
@@ -146,6 +159,17 @@ pub(crate) enum ChildError {
         timeout: Duration,
         /// What set it.
         bound: &'static str,
+    },
+    /// The child's client library reported on stderr that the record processor raised while
+    /// processing the message, and answered it anyway (`childErrorsFailBatch`).
+    #[error(
+        "the child's record processor raised `{exception}` in `{action}` (reported on its stderr; its client library answered the message anyway)"
+    )]
+    Raised {
+        /// The message in flight.
+        action: &'static str,
+        /// The exception, as the child reported it.
+        exception: String,
     },
     /// The child did not read its message in time (it stopped reading its stdin).
     #[error(
@@ -203,20 +227,6 @@ impl Bound {
     }
 }
 
-/// A running child and its pipes.
-#[derive(Debug)]
-struct Session {
-    group: Group,
-    stdin: Option<ChildStdin>,
-    stdout: FramedRead<ChildStdout, ChildLines>,
-    /// Forwards stderr to the log; ends when the child closes it.
-    stderr: Option<AbortOnDropHandle<()>>,
-    /// An exchange started and did not finish: the child is mid-message.
-    busy: bool,
-    /// A message is being written: a deadline passing now means the child stopped reading.
-    writing: bool,
-}
-
 /// A [`RecordProcessor`] that hands its shard to a child process (see the module docs).
 #[derive(Debug)]
 pub struct ChildProcessor {
@@ -241,6 +251,12 @@ impl ChildProcessor {
 
     /// Logs a child's failure and tells the failure policy.
     fn failed(&self, error: &ChildError) {
+        if let ChildError::Raised { .. } = error {
+            // The child is well: its processor failed the batch, as a Rust processor's error
+            // does (the Java daemon, which does not see it, would not exit either).
+            tracing::error!(error = %error, "the child's record processor raised: the batch failed");
+            return;
+        }
         tracing::error!(error = %kcl_core::error_chain(error), "child failed");
         if let Some(exit) = &self.policy.exit {
             tracing::error!("--exit-on-child-failure: the daemon exits");
@@ -277,15 +293,9 @@ impl ChildProcessor {
         };
         let group = Group::new(process);
         tracing::info!(pid = group.id(), program = %self.command.program, "child started");
-        let forward = forward_stderr(stderr).instrument(tracing::Span::current());
-        Ok(self.session.insert(Session {
-            group,
-            stdin: Some(stdin),
-            stdout: ChildLines::reader(stdout),
-            stderr: Some(AbortOnDropHandle::new(tokio::spawn(forward))),
-            busy: false,
-            writing: false,
-        }))
+        let raised_fails = self.command.errors_fail_batch;
+        let session = Session::new(group, stdin, stdout, stderr, raised_fails);
+        Ok(self.session.insert(session))
     }
 
     /// One exchange: `message` out, lines in until its status, all within `bound`. A
@@ -393,116 +403,6 @@ impl ChildProcessor {
         };
         self.close(bound).await;
         result
-    }
-}
-
-impl Session {
-    /// One exchange, unbounded: the caller bounds it.
-    async fn exchange(
-        &mut self,
-        message: &ToChild,
-        mut checkpointer: Option<&mut Checkpointer>,
-    ) -> Result<(), ChildError> {
-        let action = message.action();
-        self.busy = true;
-        self.send(message).await?;
-        loop {
-            let line = match self.stdout.next().await {
-                Some(Ok(Line::Text(line))) => line,
-                Some(Ok(Line::TooLong)) => {
-                    tracing::warn!("skipping a line over 1 MiB on the child's stdout");
-                    continue;
-                }
-                Some(Ok(Line::NotUtf8)) => {
-                    tracing::warn!("skipping a line on the child's stdout that is not UTF-8");
-                    continue;
-                }
-                Some(Err(source)) => {
-                    return Err(ChildError::Io { action, source });
-                }
-                None => {
-                    return Err(ChildError::Ended {
-                        action,
-                        status: self.exit_status().await,
-                    });
-                }
-            };
-            match FromChild::parse(&line) {
-                Some(FromChild::Status { response_for }) => {
-                    self.busy = false;
-                    return match response_for {
-                        Some(r) if r == action => Ok(()),
-                        other => Err(ChildError::WrongStatus {
-                            action,
-                            got: other.unwrap_or_else(|| "null".to_owned()),
-                        }),
-                    };
-                }
-                Some(FromChild::Checkpoint {
-                    sequence_number,
-                    sub_sequence_number,
-                }) => {
-                    let error = checkpoint(
-                        checkpointer.as_deref_mut(),
-                        sequence_number.as_deref(),
-                        sub_sequence_number,
-                    )
-                    .await;
-                    let reply = ToChild::Checkpoint {
-                        sequence_number,
-                        sub_sequence_number,
-                        error,
-                    };
-                    self.send(&reply).await?;
-                }
-                Some(FromChild::Other { action: other }) => {
-                    tracing::warn!(%other, expected = action, "skipping a message of no use here");
-                }
-                None if line.trim().is_empty() => {}
-                None => {
-                    tracing::warn!(line = %shown(&line), "skipping a line on the child's stdout that is not a message");
-                }
-            }
-        }
-    }
-
-    async fn send(&mut self, message: &ToChild) -> Result<(), ChildError> {
-        let action = message.action();
-        let Some(stdin) = self.stdin.as_mut() else {
-            return Err(ChildError::Ended {
-                action,
-                status: "stdin closed".to_owned(),
-            });
-        };
-        let mut line = message.to_line();
-        line.push('\n');
-        let written = async {
-            stdin.write_all(line.as_bytes()).await?;
-            stdin.flush().await
-        };
-        self.writing = true;
-        let written = written.await;
-        self.writing = false;
-        match written {
-            Ok(()) => Ok(()),
-            Err(source) if source.kind() == std::io::ErrorKind::BrokenPipe => {
-                Err(ChildError::Ended {
-                    action,
-                    status: self.exit_status().await,
-                })
-            }
-            Err(source) => Err(ChildError::Io { action, source }),
-        }
-    }
-
-    /// How the child exited, waiting a moment for it.
-    async fn exit_status(&mut self) -> String {
-        let waited = tokio::time::timeout(Duration::from_secs(1), self.group.exited()).await;
-        match waited {
-            Ok(Ok(status)) => counted(status),
-            Ok(Err(error)) => format!("unknown: {error}"),
-            Err(_) => "still running, its stdout closed".to_owned(),
-        }
     }
 }
 

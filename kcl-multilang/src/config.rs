@@ -12,7 +12,8 @@
 //! Defaults are the Java daemon's, not kcl's, wherever the two differ and the key exists:
 //! `initialPositionInStream` is `LATEST` and `retrievalMode` is `FANOUT`, as in KCL Java 3.x.
 //! kcl's own settings have keys of their own (`coordination`, `liveness`, `tableSetup`,
-//! `stalledAfterSeconds`).
+//! `stalledAfterSeconds`, the failure policy's `failure…`, `deadLetterSink`,
+//! `deadLetterOverflowS3`, `childErrorsFailBatch`).
 
 use std::time::Duration;
 
@@ -22,14 +23,18 @@ use kcl_core::{InitialPosition, InitialPositionKind, Retrieval, RetrievalMode, W
 
 use crate::child::ChildCommand;
 use crate::properties::Properties;
+pub use failure::DeadLetterSettings;
 
 mod describe;
+mod failure;
 mod keys;
+mod reader;
 
 #[cfg(test)]
 use keys::KEYS;
 pub(crate) use keys::Use;
 use keys::{POLLING_KEYS, canonical, near};
+use reader::Reader;
 
 /// A key of the properties file that is missing or wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -114,87 +119,16 @@ pub struct DaemonConfig {
     pub billing: TableBilling,
     /// The worker's settings.
     pub worker: WorkerConfig,
+    /// Where dead letters go (`deadLetterSink`), if anywhere.
+    pub dead_letters: Option<DeadLetterSettings>,
+    /// Keys given that have no effect with the rest of the file (`deadLetterSink` without
+    /// `failureExhausted = dead-letter`, …), each with why: logged once at start.
+    pub unused: Vec<(&'static str, &'static str)>,
     /// Keys given that have no effect here, each with why: logged once at start.
     pub ignored: Vec<(String, &'static str)>,
     /// Keys given that nobody knows, each with the known key it resembles (other capitals):
     /// logged once at start.
     pub unknown: Vec<(String, Option<&'static str>)>,
-}
-
-/// Reads properties for the keys of `KEYS`, keeping every error met on the way.
-struct Reader<'a> {
-    properties: &'a Properties,
-    errors: std::cell::RefCell<Vec<KeyError>>,
-}
-
-impl Reader<'_> {
-    /// `result`'s value, or `None` with its error kept.
-    fn keep<T>(&self, result: Result<T, KeyError>) -> Option<T> {
-        match result {
-            Ok(value) => Some(value),
-            Err(error) => {
-                self.errors.borrow_mut().push(error);
-                None
-            }
-        }
-    }
-
-    /// A key's parsed value, if given and valid (its error kept otherwise).
-    fn optional<T>(&self, result: Result<Option<T>, KeyError>) -> Option<T> {
-        self.keep(result).flatten()
-    }
-
-    fn get(&self, key: &'static str) -> Option<&str> {
-        self.properties
-            .entries()
-            .iter()
-            .rev()
-            .find(|e| canonical(&e.key).is_some_and(|(k, _)| k == key))
-            .map(|e| e.value.trim())
-            .filter(|v| !v.is_empty())
-    }
-
-    fn required(&self, key: &'static str) -> Result<&str, KeyError> {
-        self.get(key)
-            .ok_or_else(|| key_error(key, "missing, and it has no default"))
-    }
-
-    fn number<T: std::str::FromStr>(&self, key: &'static str) -> Result<Option<T>, KeyError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        self.get(key)
-            .map(|v| {
-                v.parse::<T>()
-                    .map_err(|e| key_error(key, format!("`{v}` is not a whole number: {e}")))
-            })
-            .transpose()
-    }
-
-    /// A key's value read by its type ([`FromStr`](std::str::FromStr)): a mode of kcl-core
-    /// or kcl-aws, whose error says what was given and what is accepted.
-    fn parsed<T: std::str::FromStr>(&self, key: &'static str) -> Result<Option<T>, KeyError>
-    where
-        T::Err: std::fmt::Display,
-    {
-        self.get(key)
-            .map(|v| v.parse::<T>().map_err(|e| key_error(key, e.to_string())))
-            .transpose()
-    }
-
-    fn millis(&self, key: &'static str) -> Result<Option<Duration>, KeyError> {
-        Ok(self.number::<u64>(key)?.map(Duration::from_millis))
-    }
-
-    fn boolean(&self, key: &'static str) -> Result<Option<bool>, KeyError> {
-        self.get(key)
-            .map(|v| match v.to_ascii_lowercase().as_str() {
-                "true" => Ok(true),
-                "false" => Ok(false),
-                _ => Err(key_error(key, format!("`{v}` is neither true nor false"))),
-            })
-            .transpose()
-    }
 }
 
 impl DaemonConfig {
@@ -204,10 +138,7 @@ impl DaemonConfig {
         properties: &Properties,
         default_worker_id: &str,
     ) -> Result<Self, KeyErrors> {
-        let r = Reader {
-            properties,
-            errors: std::cell::RefCell::default(),
-        };
+        let r = Reader::new(properties);
         let command = r.keep(child_command(&r));
         let stream = r.keep(stream(&r));
         let application_name = r.keep(r.required("applicationName").map(str::to_owned));
@@ -215,6 +146,8 @@ impl DaemonConfig {
         let credentials = r.keep(credentials(r.get("AwsCredentialsProvider")));
         let table_setup = r.keep(r.parsed("tableSetup").map(Option::unwrap_or_default));
         let billing = r.keep(billing(&r));
+        let exhausted = worker.as_ref().map(|w| w.failure.exhausted);
+        let (dead_letters, unused) = failure::dead_letters(&r, exhausted);
         let errors = r.errors.take();
         let (
             Some(command),
@@ -261,19 +194,31 @@ impl DaemonConfig {
             table_setup,
             billing,
             worker,
+            dead_letters,
+            unused,
             ignored,
             unknown,
         })
     }
+
+    /// The property that sets a [`WorkerConfig`] field, for an error kcl's worker names by
+    /// its field ([`ConfigError::key`](kcl_core::ConfigError)); a field no property sets by
+    /// its own name.
+    pub fn property(field: &'static str) -> &'static str {
+        java_key(field)
+    }
 }
 
-/// The child (`executableName`) and its hooks' deadline (`timeoutInSeconds`).
+/// The child (`executableName`), its hooks' deadline (`timeoutInSeconds`) and whether the
+/// exceptions it reports fail a batch (`childErrorsFailBatch`).
 fn child_command(r: &Reader<'_>) -> Result<ChildCommand, KeyError> {
     let timeout = r.optional(r.number::<u64>("timeoutInSeconds"));
+    let errors_fail_batch = r.optional(r.boolean("childErrorsFailBatch"));
     let executable = r.required("executableName")?;
     let mut command =
         ChildCommand::parse(executable).ok_or_else(|| key_error("executableName", "empty"))?;
     command.timeout = timeout.filter(|s| *s > 0).map(Duration::from_secs);
+    command.errors_fail_batch = errors_fail_batch.unwrap_or(true);
     Ok(command)
 }
 
@@ -309,7 +254,7 @@ fn worker_config(r: &Reader<'_>, application_name: &str) -> Option<WorkerConfig>
         worker.retrieval = retrieval;
     }
     kcl_own(r, &mut worker);
-    failure(r, &mut worker.failure);
+    failure::failure(r, &mut worker.failure);
     if r.errors.borrow().len() > before {
         return None;
     }
@@ -405,26 +350,6 @@ fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
                 *worker = std::mem::take(worker).stalled_after(Some(Duration::from_secs(seconds)));
             }
         }
-    }
-}
-
-/// The failure policy (kcl's own keys; errors kept in `r`): what a batch the child fails on
-/// (it answers an error or exits) costs; see `kcl_core::failure`.
-fn failure(r: &Reader<'_>, policy: &mut kcl_core::failure::FailurePolicy) {
-    if let Some(exhausted) = r.optional(r.parsed("failureExhausted")) {
-        policy.exhausted = exhausted;
-    }
-    if let Some(n) = r.optional(r.number("failureAttempts")) {
-        policy.attempts = n;
-    }
-    if let Some(backoff) = r.optional(r.millis("failureBackoffMillis")) {
-        policy.backoff = backoff;
-    }
-    if let Some(max) = r.optional(r.millis("failureMaxBackoffMillis")) {
-        policy.max_backoff = max.max(policy.backoff);
-    }
-    if let Some(seconds) = r.optional(r.number::<u64>("failureMaxRecordAgeSeconds")) {
-        policy.max_record_age = Some(Duration::from_secs(seconds));
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
+use kcl_core::failure::DeadLetters;
 use kcl_core::{ShardId, Worker};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
 use kcl_multilang::{ClientSettings, Credentials, DaemonConfig, KeyError};
@@ -176,6 +177,9 @@ fn report_keys(config: &DaemonConfig) {
     for (key, why) in &config.ignored {
         tracing::info!(%key, "no equivalent, ignored: {why}");
     }
+    for (key, why) in &config.unused {
+        tracing::warn!(%key, "no effect: {why}");
+    }
     for (key, near) in &config.unknown {
         match near {
             Some(known) => {
@@ -217,6 +221,26 @@ fn for_client(sdk: &aws_config::SdkConfig, client: &ClientSettings) -> aws_confi
     builder.build()
 }
 
+/// Where the worker's dead letters go (`deadLetterSink`): a `kinesis:` stream through the
+/// Kinesis client's settings (`kinesisEndpoint`, `kinesisClient.region`), the others and the
+/// S3 overflow (`deadLetterOverflowS3`) through the daemon's.
+fn dead_letters(config: &DaemonConfig, sdk: &aws_config::SdkConfig) -> Option<DeadLetters> {
+    use kcl_aws::dead_letter::{Location, S3Sink};
+    let settings = config.dead_letters.as_ref()?;
+    let mut sink = match &settings.sink {
+        kinesis @ Location::Kinesis(_) => kinesis.sink(&for_client(sdk, &config.kinesis)),
+        other => other.sink(sdk),
+    };
+    if let Some((bucket, prefix)) = &settings.overflow {
+        sink = sink.with_overflow(S3Sink::new(sdk, bucket.clone(), prefix.clone()));
+    }
+    tracing::info!(sink = %settings.sink, "dead letters go to deadLetterSink");
+    let letters = DeadLetters::new(sink)
+        .application(config.application_name.clone())
+        .stream(config.stream.clone());
+    Some(letters)
+}
+
 async fn run(
     config: DaemonConfig,
     listen: std::net::SocketAddr,
@@ -256,14 +280,16 @@ async fn run(
     let factory = move |_: &ShardId| ChildProcessor::new(command.clone(), policy.clone());
 
     let serving = kcl_serve::Serving::start(listen, &config.worker).await?;
-    let worker = Worker::new(
-        config.worker_id.clone(),
-        config.worker.clone(),
-        source,
-        store,
-        factory,
-    )
-    .map_err(|e| anyhow::anyhow!("invalid setting `{}`: {}", e.key, e.reason))?;
+    let mut builder = Worker::builder(source, store)
+        .id(config.worker_id.clone())
+        .config(config.worker.clone());
+    if let Some(letters) = dead_letters(&config, &sdk) {
+        builder = builder.dead_letters(letters);
+    }
+    let worker = builder.build(factory).map_err(|e| {
+        let key = DaemonConfig::property(e.key);
+        anyhow::anyhow!("invalid property `{key}`: {}", e.reason)
+    })?;
     tracing::info!(
         worker_id = %config.worker_id,
         stream = %config.stream,

@@ -40,6 +40,15 @@ fn python() -> String {
 }
 
 fn scripted(mode: &str, timeout: Option<Duration>) -> (ChildProcessor, Scripted) {
+    scripted_with(mode, timeout, true)
+}
+
+/// [`scripted`], with `childErrorsFailBatch`.
+fn scripted_with(
+    mode: &str,
+    timeout: Option<Duration>,
+    errors_fail_batch: bool,
+) -> (ChildProcessor, Scripted) {
     let dir = std::env::temp_dir().join(unique(&format!("kcl-multilang-{mode}")));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("received.jsonl");
@@ -52,6 +61,7 @@ fn scripted(mode: &str, timeout: Option<Duration>) -> (ChildProcessor, Scripted)
             mode.to_owned(),
         ],
         timeout,
+        errors_fail_batch,
     };
     let processor = ChildProcessor::new(Arc::new(command), FailurePolicy::default());
     (
@@ -237,6 +247,45 @@ async fn a_broken_child_fails_the_hook_and_nothing_is_checkpointed() {
             "{mode}"
         );
         // What the worker does next: the processor is told its lease is gone (or dropped).
+        h.lease_lost(&mut processor).await;
+    }
+}
+
+/// amazon_kclpy catches what the processor raises, reports it on stderr and answers anyway:
+/// the batch fails all the same (`childErrorsFailBatch`), that batch and no other (not the one
+/// after a report in `initialize`, not the next), round after round; with the key false it
+/// counts as processed, as under the Java daemon.
+#[tokio::test]
+async fn an_exception_reported_on_stderr_fails_its_batch_and_no_other() {
+    for fails in [true, false] {
+        let store = MemoryLeaseStore::new();
+        let mut h = harness(&store).await;
+        let (mut processor, child) = scripted_with("raise", None, fails);
+        // The child reports an exception in `initialize` too: neither that hook's nor a batch's.
+        h.initialize(&mut processor).await.unwrap();
+        for round in 0..10u128 {
+            let fine = record(100 + 2 * round, 0, "k", b"fine");
+            h.process(&mut processor, vec![fine]).await.unwrap();
+            let poison = record(101 + 2 * round, 0, "k", b"poison");
+            let result = h.process(&mut processor, vec![poison]).await;
+            if fails {
+                let error = result.unwrap_err().to_string();
+                assert!(
+                    error.contains("raised `ValueError: poison record` in `processRecords`"),
+                    "round {round}: {error}"
+                );
+            } else {
+                result.unwrap();
+            }
+        }
+        // A new child for the batch after each failed one (9), initialized again; one child
+        // throughout without.
+        let children = child
+            .received()
+            .iter()
+            .filter(|l| l.contains(r#""action":"initialize""#))
+            .count();
+        assert_eq!(children, if fails { 10 } else { 1 }, "fails: {fails}");
         h.lease_lost(&mut processor).await;
     }
 }

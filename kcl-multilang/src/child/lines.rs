@@ -1,7 +1,6 @@
 //! A child's stdout and stderr, line by line: a line over 1 MiB or not UTF-8 is skipped (and
 //! said so), not the end of the pipe.
 
-use futures_util::StreamExt as _;
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::{Decoder, FramedRead, LinesCodec, LinesCodecError};
 
@@ -61,22 +60,5 @@ pub(super) fn shown(line: &str) -> &str {
     match line.char_indices().nth(SHOWN) {
         Some((at, _)) => &line[..at],
         None => line,
-    }
-}
-
-/// Logs each line of the child's stderr, in the shard's span, until the pipe closes.
-pub(super) async fn forward_stderr(stderr: tokio::process::ChildStderr) {
-    let mut lines = ChildLines::reader(stderr);
-    while let Some(line) = lines.next().await {
-        match line {
-            Ok(Line::Text(line)) => tracing::info!(target: "kcl_multilang::child", "{line}"),
-            Ok(Line::TooLong) => {
-                tracing::warn!(target: "kcl_multilang::child", "skipping a line over 1 MiB on the child's stderr");
-            }
-            Ok(Line::NotUtf8) => {
-                tracing::info!(target: "kcl_multilang::child", "(a line that is not UTF-8, skipped)");
-            }
-            Err(_) => break,
-        }
     }
 }

@@ -43,6 +43,12 @@ impl DaemonConfig {
             "child hook timeout (timeoutInSeconds) = {:?}",
             self.command.timeout
         );
+        let _ = writeln!(
+            out,
+            "child errors fail the batch (childErrorsFailBatch) = {}",
+            self.command.errors_fail_batch
+        );
+        let _ = writeln!(out, "dead letters = {}", self.dead_letters_text());
         let _ = writeln!(out, "stream = {}", self.stream);
         let _ = writeln!(
             out,
@@ -66,6 +72,19 @@ impl DaemonConfig {
         let worker = format!("{:#?}", self.worker).replace(&usize::MAX.to_string(), "unlimited");
         let _ = writeln!(out, "worker = {worker}");
         out
+    }
+
+    /// Where dead letters go.
+    fn dead_letters_text(&self) -> String {
+        let Some(letters) = &self.dead_letters else {
+            return "none (deadLetterSink not given)".to_owned();
+        };
+        match &letters.overflow {
+            Some((bucket, prefix)) => {
+                format!("{}, too large: s3://{bucket}/{prefix}", letters.sink)
+            }
+            None => letters.sink.to_string(),
+        }
     }
 
     /// Where the region comes from: the file, the stream's ARN, or the environment.

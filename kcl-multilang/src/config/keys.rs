@@ -274,7 +274,9 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
     ),
     (
         "failureBackoffMillis",
-        Use::Mapped("kcl: the wait before a failing record's second try, doubled each time (default 1000)"),
+        Use::Mapped(
+            "kcl: the wait before a failing record's second try, doubled each time (default 1000)",
+        ),
     ),
     (
         "failureMaxBackoffMillis",
@@ -283,6 +285,28 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
     (
         "failureMaxRecordAgeSeconds",
         Use::Mapped("kcl: no more tries once a record is older than this (default: none)"),
+    ),
+    (
+        "deadLetterSink",
+        Use::Mapped(
+            "kcl: where records go once failureExhausted = dead-letter gives them up: \
+             sqs:QUEUE-URL, s3://BUCKET/PREFIX, kinesis:STREAM or file:PATH (see dead-letters.md)",
+        ),
+    ),
+    (
+        "deadLetterOverflowS3",
+        Use::Mapped(
+            "kcl: s3://BUCKET/PREFIX for letters too large for an sqs: or kinesis: \
+             deadLetterSink (256 KiB, 1 MiB); without it such a letter is refused, and retried",
+        ),
+    ),
+    (
+        "childErrorsFailBatch",
+        Use::Mapped(
+            "kcl: true (default): a batch fails when the child reports on stderr that its \
+             processor raised (amazon_kclpy's `Caught exception from action dispatch`), though \
+             it answered; false: such a batch counts as processed, as in the Java daemon",
+        ),
     ),
     (
         "coordination",

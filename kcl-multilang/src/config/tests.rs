@@ -500,3 +500,127 @@ fn every_field_a_property_sets_is_a_worker_config_field_and_its_key_is_read() {
         );
     }
 }
+
+#[test]
+fn failure_keys_and_the_dead_letter_sink() {
+    use kcl_aws::dead_letter::Location;
+    use kcl_core::failure::Exhausted;
+
+    let c = config(MINIMAL).unwrap();
+    assert_eq!(c.worker.failure.exhausted, Exhausted::Block);
+    assert_eq!(c.dead_letters, None);
+    assert!(
+        c.command.errors_fail_batch,
+        "childErrorsFailBatch defaults to true"
+    );
+
+    let text = format!(
+        "{MINIMAL}failureExhausted = dead-letter\nfailureAttempts = 2\n\
+         failureBackoffMillis = 50\nfailureMaxBackoffMillis = 10\n\
+         failureMaxRecordAgeSeconds = 60\n\
+         deadLetterSink = sqs:https://sqs.eu-west-1.amazonaws.com/123456789012/dlq\n\
+         deadLetterOverflowS3 = s3://big-letters/orders/\nchildErrorsFailBatch = false\n"
+    );
+    let c = config(&text).unwrap();
+    let policy = &c.worker.failure;
+    assert_eq!(policy.exhausted, Exhausted::DeadLetter);
+    assert_eq!(policy.attempts, 2);
+    assert_eq!(policy.backoff, Duration::from_millis(50));
+    assert_eq!(
+        policy.max_backoff,
+        Duration::from_millis(50),
+        "never below the backoff"
+    );
+    assert_eq!(policy.max_record_age, Some(Duration::from_secs(60)));
+    let letters = c.dead_letters.unwrap();
+    assert_eq!(
+        letters.sink,
+        Location::Sqs {
+            queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/dlq".to_owned()
+        }
+    );
+    assert_eq!(
+        letters.overflow,
+        Some(("big-letters".to_owned(), "orders/".to_owned()))
+    );
+    assert!(!c.command.errors_fail_batch);
+    assert!(c.unused.is_empty(), "{:?}", c.unused);
+
+    let c = config(&format!(
+        "{MINIMAL}failureExhausted = dead-letter\ndeadLetterSink = file:/tmp/letters.jsonl\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.dead_letters.map(|l| l.sink),
+        Some(Location::File("/tmp/letters.jsonl".into()))
+    );
+}
+
+#[test]
+fn dead_letters_without_a_sink_and_bad_failure_keys_name_the_key() {
+    for (lines, key, says) in [
+        (
+            "failureExhausted = dead-letter\n",
+            "failureExhausted",
+            "deadLetterSink",
+        ),
+        ("failureExhausted = later\n", "failureExhausted", "later"),
+        ("failureAttempts = many\n", "failureAttempts", "many"),
+        ("failureAttempts = 0\n", "failureAttempts", ""),
+        (
+            "failureExhausted = dead-letter\ndeadLetterSink = queue\n",
+            "deadLetterSink",
+            "sqs:QUEUE-URL",
+        ),
+        (
+            "deadLetterSink = sqs:https://q\ndeadLetterOverflowS3 = file:big\n",
+            "deadLetterOverflowS3",
+            "s3://BUCKET/PREFIX",
+        ),
+        (
+            "childErrorsFailBatch = sometimes\n",
+            "childErrorsFailBatch",
+            "sometimes",
+        ),
+    ] {
+        let error = config(&format!("{MINIMAL}{lines}")).unwrap_err();
+        assert_eq!(error.key, key, "{lines}: {error}");
+        assert!(error.reason.contains(says), "{lines}: {error}");
+    }
+    // Only one error for a sink given wrong: not also "dead-letter needs deadLetterSink".
+    let text = format!("{MINIMAL}failureExhausted = dead-letter\ndeadLetterSink = queue\n");
+    let errors = DaemonConfig::from_properties(&Properties::parse(&text).unwrap(), "h");
+    assert_eq!(errors.unwrap_err().0.len(), 1);
+    // kcl's worker names the same mistake by its field; the daemon by the property.
+    assert_eq!(
+        DaemonConfig::property("failure.exhausted"),
+        "failureExhausted"
+    );
+}
+
+#[test]
+fn dead_letter_keys_to_no_effect_are_said_once() {
+    let c = config(&format!(
+        "{MINIMAL}deadLetterSink = file:letters.jsonl\ndeadLetterOverflowS3 = s3://b/p\n"
+    ))
+    .unwrap();
+    let keys: Vec<&str> = c.unused.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        keys,
+        ["deadLetterSink", "deadLetterOverflowS3"],
+        "{:?}",
+        c.unused
+    );
+    let c = config(&format!("{MINIMAL}deadLetterOverflowS3 = s3://b/p\n")).unwrap();
+    assert_eq!(
+        c.unused,
+        [("deadLetterOverflowS3", "no deadLetterSink is given")]
+    );
+    assert_eq!(c.dead_letters, None);
+    let described = c.describe(&Properties::parse(MINIMAL).unwrap(), &|_| None);
+    assert!(described.contains("dead letters = none"), "{described}");
+    assert!(
+        described.contains("child errors fail the batch (childErrorsFailBatch) = true"),
+        "{described}"
+    );
+}

@@ -2,14 +2,18 @@
 answers as argv[2] says: `normal`, `junk` (noise on stdout first), `wrong` (a status for
 another action), `exit` (exits in the middle of a batch), `hang` (never answers a batch),
 `long-stdout` / `long-stderr` (a 2 MiB line on stdout / stderr in each batch, then carries
-on), `deaf` (stops reading its stdin once initialized), `lost-hang` (never answers leaseLost)
-or `grandchild` (starts a `sleep` that shares its pipes and outlives it). Lines starting with
-`#` in the log are notes, not what the daemon wrote."""
+on), `deaf` (stops reading its stdin once initialized), `lost-hang` (never answers leaseLost),
+`grandchild` (starts a `sleep` that shares its pipes and outlives it) or `raise` (reports an
+exception on stderr as amazon_kclpy does, then answers: in `initialize`, and in a batch with a
+record whose data is `poison`, which it then does not checkpoint). Lines starting with `#` in
+the log are notes, not what the daemon wrote."""
+import base64
 import json
 import os
 import subprocess
 import sys
 import time
+import traceback
 
 log_path, mode = sys.argv[1], sys.argv[2]
 LONG = 2 << 20
@@ -25,6 +29,16 @@ def send(message):
     sys.stdout.flush()
 
 
+def report_raised(message):
+    """What amazon_kclpy's KCLProcess._perform_action does with what the processor raised."""
+    try:
+        raise ValueError(message)
+    except Exception as ex:
+        sys.stderr.write("Caught exception from action dispatch: {ex}".format(ex=str(ex)))
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+
+
 def checkpoint(sequence_number, sub_sequence_number=None):
     send({"action": "checkpoint", "sequenceNumber": sequence_number,
           "subSequenceNumber": sub_sequence_number})
@@ -36,6 +50,8 @@ for line in sys.stdin:
     action = json.loads(line)["action"]
     if action == "initialize":
         checkpoint(None)  # not possible here: InvalidStateException
+        if mode == "raise":
+            report_raised("initialize failed")
         if mode == "grandchild":
             sleeper = subprocess.Popen(["sleep", "3600"])
             log("# grandchild %d of %d in group %d" % (sleeper.pid, os.getpid(), os.getpgrp()))
@@ -48,6 +64,11 @@ for line in sys.stdin:
             sys.exit(3)
         if mode == "hang":
             time.sleep(3600)
+        records = json.loads(line)["records"]
+        if mode == "raise" and any(base64.b64decode(r["data"]) == b"poison" for r in records):
+            report_raised("poison record")
+            send({"action": "status", "responseFor": action})
+            continue
         if mode == "wrong":
             send({"action": "status", "responseFor": "wrong"})
             continue

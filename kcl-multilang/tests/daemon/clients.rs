@@ -12,9 +12,9 @@ use super::{Daemon, Entry, checkpointed, journal, last_by_shard, properties, put
 
 /// What `scripts/clients` installs: from the environment (`scripts/test` sets it), else
 /// installed now.
-struct Clients {
+pub(super) struct Clients {
     /// A Python with amazon_kclpy.
-    python: String,
+    pub(super) python: String,
     /// amazon_kclpy's sample app.
     kclpy_sample: String,
     /// A node_modules with aws-kcl.
@@ -27,7 +27,7 @@ const EXPORTS: [&str; 3] = [
     "KCL_TEST_NODE_PATH",
 ];
 
-fn clients() -> anyhow::Result<Clients> {
+pub(super) fn clients() -> anyhow::Result<Clients> {
     let from_env: Option<Vec<String>> = EXPORTS.iter().map(|n| std::env::var(n).ok()).collect();
     let values = match from_env {
         Some(values) => values,

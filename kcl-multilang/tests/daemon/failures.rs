@@ -383,6 +383,15 @@ fn a_bad_properties_file_exits_2_naming_the_key() {
             format!("{minimal}fanoutConfig.consumerArn = reader\n"),
             "fanoutConfig.consumerArn",
         ),
+        // Dead letters with nowhere to put them: refused at start, not at the first one.
+        (
+            format!("{minimal}failureExhausted = dead-letter\n"),
+            "failureExhausted",
+        ),
+        (
+            format!("{minimal}failureExhausted = dead-letter\ndeadLetterSink = dlq\n"),
+            "deadLetterSink",
+        ),
     ];
     for (text, key) in cases {
         let (code, stderr) = run(&text);

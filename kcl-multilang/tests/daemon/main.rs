@@ -5,11 +5,16 @@
 //!   a SIGKILL, two daemons resuming, a shard split and a SIGTERM;
 //! - `failures`: children that crash, hang or break the protocol cost their shard a restart,
 //!   not the daemon (or exit it, with `--exit-on-child-failure`); a bad properties file is an
-//!   exit status of 2 naming the key.
+//!   exit status of 2 naming the key;
+//! - `poison`: a processor on amazon_kclpy (unchanged) that raises on one record: kclpy reports
+//!   it on stderr and answers anyway, and the daemon fails the batch all the same, so the
+//!   failure policy bisects it and dead-letters the record (`childErrorsFailBatch`); with the
+//!   key false, the batch counts as processed, as under the Java daemon.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod clients;
 mod failures;
+mod poison;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
