@@ -619,7 +619,11 @@ fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
     let e = resolve_err(&[REQUIRED, &["--on-failure", "dead-letter"]].concat(), None);
     assert_eq!(e.key, "dead_letters", "{e}");
     let e = resolve_err(
-        &[REQUIRED, &["--on-failure", "dead-letter", "--dead-letters", "queue"]].concat(),
+        &[
+            REQUIRED,
+            &["--on-failure", "dead-letter", "--dead-letters", "queue"],
+        ]
+        .concat(),
         None,
     );
     assert_eq!(e.key, "dead_letters", "{e}");
@@ -629,12 +633,23 @@ fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
     assert_eq!(e.key, "on_failure", "{e}");
     let args = ["--on-failure", "DEAD_LETTER", "--failure-attempts", "5"];
     let s = resolve_ok(
-        &[REQUIRED, &args, &["--dead-letters", "sqs:https://q.example/1/dl"]].concat(),
+        &[
+            REQUIRED,
+            &args,
+            &["--dead-letters", "sqs:https://q.example/1/dl"],
+        ]
+        .concat(),
         None,
     );
     assert_eq!(s.worker.failure.attempts, 5);
-    assert_eq!(s.worker.failure.exhausted, kcl_core::failure::Exhausted::DeadLetter);
-    assert_eq!(s.dead_letters.as_deref(), Some("sqs:https://q.example/1/dl"));
+    assert_eq!(
+        s.worker.failure.exhausted,
+        kcl_core::failure::Exhausted::DeadLetter
+    );
+    assert_eq!(
+        s.dead_letters.as_deref(),
+        Some("sqs:https://q.example/1/dl")
+    );
     let memory = ["--backend", "memory", "--dead-letters", "s3://bucket/p"];
     let e = resolve_err(&[REQUIRED, &memory].concat(), None);
     assert_eq!(e.key, "dead_letters", "{e}");
