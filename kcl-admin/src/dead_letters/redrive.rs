@@ -199,9 +199,21 @@ async fn unpark(
     let mut changed = 0;
     for (table, key) in parked_keys(args, chosen) {
         let store = crate::store(sdk, &table);
-        let rows = kcl_core::admin::unpark(&store, &key)
-            .await
-            .with_context(|| format!("unparking key {key} in the lease table {table} failed"))?;
+        let rows = match kcl_core::admin::unpark(&store, &key).await {
+            Ok(rows) => rows,
+            // No table, no worker that parks the key.
+            Err(e) if e.kind() == kcl_core::ErrorKind::NotFound => {
+                report(&format!(
+                    "the lease table {table} does not exist: key {key} is parked nowhere"
+                ));
+                Vec::new()
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "unparking key {key} in the lease table {table} failed"
+                )));
+            }
+        };
         for row in &rows {
             report(&format!("unparked key {key} in {table}: {row}"));
         }
