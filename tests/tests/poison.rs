@@ -49,7 +49,12 @@ async fn fill(ctx: &Context, n: usize, at: usize) -> anyhow::Result<()> {
 
 /// The shard's checkpoint, if the lease exists.
 async fn checkpoint(ctx: &Context) -> anyhow::Result<Option<Checkpoint>> {
-    let leases = ctx.store().list().await?;
+    let leases = match ctx.store().list().await {
+        Ok(leases) => leases,
+        // Not created yet.
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let shard = leases
         .into_iter()
         .find(|l| l.key.as_str() == "shardId-000000000000");
@@ -332,6 +337,97 @@ async fn bisect(ctx: Context) -> anyhow::Result<()> {
         assert!(*n <= most, "{data} delivered {n} times");
     }
     assert_eq!(seen.len(), 100, "every record delivered");
+    stop.shutdown();
+    task.await??;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_key_is_kept_in_the_lease_row_and_unparked_there() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new("poison-park").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), Box::pin(park(ctx))).await
+}
+
+async fn park(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(1).await?;
+    fill(&ctx, 100, 20).await?;
+    let finished = Finished::default();
+    let handler = {
+        let finished = finished.clone();
+        move |record: Record| {
+            let finished = finished.clone();
+            async move {
+                let data = String::from_utf8_lossy(&record.data).into_owned();
+                if data == "poison" {
+                    return Err(BoxError::from(kcl_core::failure::Permanent::new("bad")));
+                }
+                finished.lock().unwrap().insert(data, Instant::now());
+                Ok(())
+            }
+        }
+    };
+    let sink = Refusing {
+        open_at: Instant::now(),
+        refused: Arc::default(),
+        kept: Arc::default(),
+    };
+    let factory = Parallel::new(handler)
+        .on_failure(FailurePolicy::dead_letter(3))
+        .park_keys(true);
+    let (stop, task) = worker(
+        &ctx,
+        "w-1",
+        config(),
+        DeadLetters::new(sink.clone()),
+        factory,
+    );
+    wait_until(
+        "the checkpoint at the last record",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || passed(&ctx, "99").await,
+    )
+    .await?;
+    // key k20: the poison record (20) and 70 behind it are dead-lettered; 70 never ran.
+    let kept: Vec<String> = sink
+        .kept
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| String::from_utf8_lossy(&l.record.data).into_owned())
+        .collect();
+    assert_eq!(kept, ["poison", "70"]);
+    assert!(!finished.lock().unwrap().contains_key("70"));
+    let lease = ctx
+        .store()
+        .get(&ShardId::new("shardId-000000000000"))
+        .await?
+        .unwrap();
+    assert_eq!(lease.parked_keys.len(), 1, "parked in the row: {lease:?}");
+    let parked = sink.kept.lock().unwrap()[0].parked_key.clone().unwrap();
+    // Unparked in DynamoDB (the counter left alone: the holder keeps its lease).
+    let rows = kcl_core::admin::unpark(&ctx.store(), &parked).await?;
+    assert_eq!(rows.len(), 1);
+    let after = ctx
+        .store()
+        .get(&ShardId::new("shardId-000000000000"))
+        .await?
+        .unwrap();
+    assert!(after.parked_keys.is_empty());
+    assert_eq!(after.owner, lease.owner);
+    // The holder sees it at its next renewal (2 s), then runs the key's new records.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ctx.put(&[("k20".to_owned(), "after".to_owned())]).await?;
+    wait_until(
+        "the unparked key's record handled",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || Ok(finished.lock().unwrap().contains_key("after")),
+    )
+    .await?;
+    assert_eq!(sink.kept.lock().unwrap().len(), 2, "nothing more parked");
     stop.shutdown();
     task.await??;
     Ok(())
