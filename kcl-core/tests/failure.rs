@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::wait_until;
-use kcl_core::failure::{BatchFailed, DeadLetters, FailurePolicy, Permanent, Reason};
+use kcl_core::failure::{
+    BatchFailed, DeadLetter, DeadLetterSink, DeadLetters, FailurePolicy, Permanent, Reason,
+};
 use kcl_core::memory::{MemoryLeaseStore, MemorySink, MemoryStream};
 use kcl_core::{
     BoxError, Checkpoint, Checkpointer, ExtendedSequenceNumber, Parallel, ProcessRecordsInput,
@@ -535,6 +537,88 @@ async fn a_named_record_is_retried_from_where_it_failed_then_skipped() {
     }
     assert_eq!(*batches.hooks.lock().unwrap(), 4);
     w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_given_up_at_the_tail_is_checkpointed_and_not_given_up_again() {
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
+    let records = fill(&stream, 5, 5, 4, "poison");
+    let batches = Batches::default();
+    let config = || config().failure(FailurePolicy::dead_letter(2));
+    let factory = || {
+        let batches = batches.clone();
+        move |_: &ShardId| Failing {
+            batches: batches.clone(),
+            names: false,
+        }
+    };
+    let a = run_as("a", config(), (&stream, &store), &sink, factory());
+    let tail = records[4].position();
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &tail))
+            .await
+            .is_some()
+    );
+    a.stop().await;
+    // The next owner starts after it: no second letter.
+    let b = run_as("b", config(), (&stream, &store), &sink, factory());
+    sleep(Duration::from_secs(10)).await;
+    b.stop().await;
+    assert_eq!(sink.letters().len(), 1);
+}
+
+/// A sink whose first put never answers.
+#[derive(Clone, Default)]
+struct HangsOnce(Arc<Mutex<(usize, Vec<DeadLetter>)>>);
+
+impl DeadLetterSink for HangsOnce {
+    async fn put(&self, letter: &DeadLetter) -> Result<(), kcl_core::BackendError> {
+        let first = {
+            let mut state = self.0.lock().unwrap();
+            state.0 += 1;
+            state.0 == 1
+        };
+        if first {
+            std::future::pending::<()>().await;
+        }
+        self.0.lock().unwrap().1.push(letter.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_that_does_not_answer_is_timed_out_and_tried_again() {
+    let (stream, store) = (MemoryStream::new(1), MemoryLeaseStore::new());
+    let records = fill(&stream, 20, 5, 7, "poison");
+    let runs = Runs::default();
+    let sink = HangsOnce::default();
+    let factory = Parallel::new(handler(&runs, "poison", || "boom".into()))
+        .on_failure(FailurePolicy::dead_letter(1));
+    let w = Worker::builder(stream.client("a"), store.client("a"))
+        .id("a")
+        .config(config().call_timeout(Duration::from_secs(2)))
+        .dead_letters(DeadLetters::new(sink.clone()))
+        .build_with(factory)
+        .unwrap();
+    let (stop, task) = (w.shutdown_handle(), tokio::spawn(w.run()));
+    let last = records.last().unwrap().position();
+    assert!(
+        wait_until(Duration::from_secs(30), || passed(&store, &last))
+            .await
+            .is_some()
+    );
+    let (puts, kept) = sink.0.lock().unwrap().clone();
+    assert_eq!(
+        (puts, kept.len()),
+        (2, 1),
+        "timed out once, accepted the second time"
+    );
+    stop.shutdown();
+    task.await.unwrap().unwrap();
 }
 
 #[test]

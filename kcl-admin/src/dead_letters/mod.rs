@@ -45,8 +45,17 @@ pub(crate) struct FromArgs {
 impl FromArgs {
     /// The letters there; an SQS queue's messages stay hidden from other readers for
     /// `visibility` once received.
-    fn open(&self, sdk: &aws_config::SdkConfig, visibility: Duration) -> LetterStore {
-        LetterStore::open(sdk, self.location.clone()).with_visibility_timeout(visibility)
+    /// A file that is not there is an error, not an empty list (a typo would read as "no
+    /// dead letters").
+    fn open(
+        &self,
+        sdk: &aws_config::SdkConfig,
+        visibility: Duration,
+    ) -> anyhow::Result<LetterStore> {
+        if let kcl_aws::dead_letter::Location::File(path) = &self.location {
+            anyhow::ensure!(path.is_file(), "{}: no such file", path.display());
+        }
+        Ok(LetterStore::open(sdk, self.location.clone()).with_visibility_timeout(visibility))
     }
 }
 
@@ -125,7 +134,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
 const LISTING_VISIBILITY: Duration = Duration::from_secs(30);
 
 async fn list(sdk: &aws_config::SdkConfig, args: ListArgs) -> anyhow::Result<()> {
-    let store = args.from.open(sdk, LISTING_VISIBILITY);
+    let store = args.from.open(sdk, LISTING_VISIBILITY)?;
     let listing = store.list().await?;
     release(&store, &listing, &Default::default()).await;
     warn_unreadable(&listing);

@@ -76,7 +76,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         "say which letters: --id, a filter (--shard, --key, --error, --older-than, \
          --newer-than), or --all"
     );
-    let store = args.from.open(sdk, args.visibility_timeout);
+    let store = args.from.open(sdk, args.visibility_timeout)?;
     let listing = store.list().await?;
     warn_unreadable(&listing);
     let chosen = match choose(&args, &listing) {
@@ -160,7 +160,41 @@ fn choose<'a>(args: &Args, listing: &'a Listing) -> anyhow::Result<Vec<Chosen<'a
         "these letters name no stream (their worker's DeadLetters has none): pass --to-stream: {}",
         without_stream.join(", ")
     );
+    whole_keys(&chosen, listing)?;
     Ok(chosen)
+}
+
+/// A parked key is redriven whole or not at all: unparked with some of its letters left in
+/// the sink, its later records would run before them (`Parallel::park_keys` keeps a key's
+/// order only if the record that parked it and those parked behind go back together).
+fn whole_keys(chosen: &[Chosen<'_>], listing: &Listing) -> anyhow::Result<()> {
+    let taken: HashSet<&LetterId> = chosen.iter().map(|c| &c.first().id).collect();
+    let keys: HashSet<&str> = chosen
+        .iter()
+        .filter_map(|c| c.first().letter.parked_key.as_deref())
+        .collect();
+    let mut left: Vec<String> = listing
+        .letters
+        .iter()
+        .filter(|s| {
+            s.letter
+                .parked_key
+                .as_deref()
+                .is_some_and(|k| keys.contains(k))
+                && !taken.contains(&s.id)
+        })
+        .map(|s| s.id.to_string())
+        .collect();
+    left.sort();
+    left.dedup();
+    anyhow::ensure!(
+        left.is_empty(),
+        "these letters park a key (Parallel::park_keys) whose other letters were not chosen: \
+         a partial redrive would run the key's later records before them. Add them (--id each, \
+         or --key with the partition key, without other filters): {}",
+        left.join(", ")
+    );
+    Ok(())
 }
 
 /// The parked keys the chosen letters name, with the lease table of each.

@@ -23,7 +23,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
-    let store = args.from.open(sdk, LISTING_VISIBILITY);
+    let store = args.from.open(sdk, LISTING_VISIBILITY)?;
     let listing = store.list().await?;
     release(&store, &listing, &Default::default()).await;
     let copies: Vec<&Stored> = listing.letters.iter().filter(|s| s.id == args.id).collect();

@@ -186,6 +186,8 @@ pub(crate) struct Origin {
     pub(crate) shard: ShardId,
     /// What the policy did on the shard, for `Status`.
     pub(crate) tally: Arc<Tally>,
+    /// How long one put may take ([`WorkerConfig::call_timeout`](crate::WorkerConfig)).
+    pub(crate) call_timeout: Duration,
 }
 
 impl PartialEq for Origin {
@@ -235,7 +237,21 @@ impl Origin {
             .with_max_delay(max.max(first))
             .without_max_times();
         let sink = &letters.sink;
-        let put = || async { sink.put(letter).await };
+        // A put that does not answer within the call timeout counts as a refusal: retried,
+        // counted and shown, rather than a shard that waits on it silently.
+        let deadline = self.call_timeout;
+        let put = || async {
+            match tokio::time::timeout(deadline, sink.put(letter)).await {
+                Ok(result) => result,
+                Err(_) => Err(BackendError::new(
+                    crate::ErrorKind::Retryable,
+                    "put_dead_letter",
+                    format!(
+                        "the dead-letter sink did not answer within {deadline:?} (call_timeout)"
+                    ),
+                )),
+            }
+        };
         let _ = put
             .retry(backoff)
             .sleep(tokio::time::sleep)

@@ -106,7 +106,8 @@ impl FailurePolicy {
         Self::default()
     }
 
-    /// `attempts` tries, then the record goes to the worker's dead-letter sink.
+    /// `attempts` tries (0 is taken as 1), then the record goes to the worker's dead-letter
+    /// sink.
     pub fn dead_letter(attempts: u32) -> Self {
         Self {
             attempts: attempts.max(1),
@@ -115,7 +116,8 @@ impl FailurePolicy {
         }
     }
 
-    /// `attempts` tries, then the record is skipped (logged at ERROR and counted).
+    /// `attempts` tries (0 is taken as 1), then the record is skipped (logged at ERROR and
+    /// counted).
     pub fn skip(attempts: u32) -> Self {
         Self {
             attempts: attempts.max(1),

@@ -465,10 +465,24 @@ fn dead_letters(a: &RunArgs, v: &Values<'_>) -> Result<Option<String>, SettingsE
         }
         return Ok(None);
     };
+    if a.on_failure != kcl_core::failure::Exhausted::DeadLetter {
+        return Err(v.fail(
+            "dead_letters",
+            "given, but on-failure is not dead-letter: no letter would ever be written".into(),
+        ));
+    }
     #[cfg(feature = "aws")]
     match location.parse::<kcl_aws::dead_letter::Location>() {
         Err(e) => return Err(v.fail("dead_letters", e.to_string())),
-        Ok(kcl_aws::dead_letter::Location::File(_)) => {}
+        Ok(kcl_aws::dead_letter::Location::File(path)) => {
+            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if folder.is_some_and(|f| !f.is_dir()) {
+                return Err(v.fail(
+                    "dead_letters",
+                    format!("{}: its folder does not exist", path.display()),
+                ));
+            }
+        }
         Ok(_) if a.backend == Backend::Memory => {
             return Err(v.fail(
                 "dead_letters",

@@ -650,7 +650,22 @@ fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
         s.dead_letters.as_deref(),
         Some("sqs:https://q.example/1/dl")
     );
+    let dead = ["--on-failure", "dead-letter"];
     let memory = ["--backend", "memory", "--dead-letters", "s3://bucket/p"];
-    let e = resolve_err(&[REQUIRED, &memory].concat(), None);
-    assert_eq!(e.key, "dead_letters", "{e}");
+    let e = resolve_err(&[REQUIRED, &dead, &memory].concat(), None);
+    assert!(e.to_string().contains("file only"), "{e}");
+    let e = resolve_err(
+        &[REQUIRED, &["--dead-letters", "file:/tmp/x.jsonl"]].concat(),
+        None,
+    );
+    assert!(e.to_string().contains("not dead-letter"), "{e}");
+    let nowhere = ["--dead-letters", "file:/no-such-folder-kcl/x.jsonl"];
+    let e = resolve_err(&[REQUIRED, &dead, &nowhere].concat(), None);
+    assert!(e.to_string().contains("folder does not exist"), "{e}");
+    let here = ["--backend", "memory", "--dead-letters", "file:dl.jsonl"];
+    assert!(
+        resolve_ok(&[REQUIRED, &dead, &here].concat(), None)
+            .dead_letters
+            .is_some()
+    );
 }

@@ -111,6 +111,7 @@ impl<S, F> ShardContext<S, F> {
             worker: self.dead_letters.0.clone(),
             shard: shard.clone(),
             tally: control.failures.clone(),
+            call_timeout: self.config.call_timeout,
         }
     }
 }

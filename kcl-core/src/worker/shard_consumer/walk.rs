@@ -35,13 +35,14 @@ pub(super) async fn deliver(
 ) -> Result<Hook, Failure> {
     let watermark = checkpointer.watermark().clone();
     let batch = watermark
-        .reserve(previous, records.iter().map(Record::position))
+        .reserve(previous.clone(), records.iter().map(Record::position))
         .walked();
     let mut walk = Walk {
         handling,
         tenure,
         control,
         records,
+        previous,
         batch,
         bisect: Bisect::new(records.len()),
     };
@@ -93,6 +94,8 @@ struct Walk<'a> {
     tenure: &'a Tenure,
     control: &'a Control,
     records: &'a [Record],
+    /// The record delivered before the batch.
+    previous: Option<ExtendedSequenceNumber>,
     /// The batch's place in the watermark, finished a part at a time.
     batch: Reservation,
     bisect: Bisect,
@@ -109,7 +112,17 @@ impl Walk<'_> {
     ) -> Result<Option<Hook>, Failure> {
         let records = self.records;
         let checkpointed = checkpointed(self.tenure, records).await;
-        let at = failed_at(&error).and_then(|p| records.iter().position(|r| &r.position() == p));
+        let named = failed_at(&error);
+        let at = named.and_then(|p| records.iter().position(|r| &r.position() == p));
+        if let Some(p) = named
+            && at.is_none_or(|i| !part.contains(&i) || i < checkpointed)
+        {
+            tracing::warn!(
+                named = %p,
+                "BatchFailed names a record that is not in the batch delivered, or that the \
+                 processor checkpointed: the batch is bisected instead"
+            );
+        }
         let policy = &self.handling.policy;
         let failed = self
             .bisect
@@ -131,7 +144,13 @@ impl Walk<'_> {
                 };
                 wait_for(self.tenure, self.control, rest).await
             }
-            Then::GiveUp(index, reason) => self.give_up(index, reason).await,
+            Then::GiveUp(index, reason) => {
+                let waited = self.give_up(index, reason).await;
+                if matches!(waited, Waited::Done(Ok(()))) {
+                    self.pass(index, checkpointer).await;
+                }
+                waited
+            }
             Then::Block => Waited::Done(Err(error)),
         };
         match waited {
@@ -147,6 +166,24 @@ impl Walk<'_> {
                     checkpointer.rewind_delivered(previous);
                 }
                 Ok(Some(Hook::Stopped))
+            }
+        }
+    }
+
+    /// Checkpoints past the record at `index`, just given up, if the processor's own
+    /// checkpoint stands right before it: nothing else would (a batch processor checkpoints
+    /// only in its hooks), and after a restart the record would be given up again. Only
+    /// then: the records before it are the processor's to call done.
+    async fn pass(&self, index: usize, checkpointer: &mut Checkpointer) {
+        let before = match index {
+            0 => self.previous.clone(),
+            i => self.records.get(i - 1).map(Record::position),
+        };
+        let committed = self.tenure.snapshot().await.checkpoint;
+        if before.is_some_and(|b| committed == Checkpoint::Sequence(b)) {
+            let at = self.records[index].position();
+            if let Err(error) = checkpointer.checkpoint_at(at).await {
+                tracing::debug!(%error, "checkpointing past a record given up failed");
             }
         }
     }
