@@ -85,6 +85,28 @@ fn passed(store: &MemoryLeaseStore, position: &ExtendedSequenceNumber) -> bool {
     }
 }
 
+/// The three backends of a test: a one-shard stream, a lease table, a sink.
+fn world() -> (MemoryStream, MemoryLeaseStore, MemorySink) {
+    (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    )
+}
+
+/// `Parallel` whose handler fails the record `poison` with `Permanent`, parking its key.
+fn parking(runs: &Runs) -> Parallel<impl kcl_core::RecordHandler> {
+    Parallel::new(handler(runs, "poison", || Permanent::new("bad").into()))
+        .on_failure(FailurePolicy::dead_letter(5))
+        .park_keys(true)
+}
+
+/// Waits (up to 30 s) until the checkpoint is at or past `position`.
+async fn until_passed(store: &MemoryLeaseStore, position: &ExtendedSequenceNumber) {
+    let done = wait_until(Duration::from_secs(30), || passed(store, position)).await;
+    assert!(done.is_some(), "the checkpoint never reached {position}");
+}
+
 /// Handler runs: (data, started, ended, ok).
 type Runs = Arc<Mutex<Vec<(String, Instant, Instant, bool)>>>;
 
@@ -130,11 +152,7 @@ fn fill(stream: &MemoryStream, n: usize, keys: usize, at: usize, poison: &str) -
 
 #[tokio::test(start_paused = true)]
 async fn a_poison_record_costs_only_its_key_and_is_dead_lettered_whole_after_its_tries() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 500, 50, 120, "poison");
     let poison = records[120].clone();
     let runs = Runs::default();
@@ -215,11 +233,7 @@ async fn a_poison_record_costs_only_its_key_and_is_dead_lettered_whole_after_its
 
 #[tokio::test(start_paused = true)]
 async fn a_refusing_sink_holds_the_checkpoint_and_loses_nothing() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 100, 10, 5, "poison");
     let runs = Runs::default();
     sink.refuse(true);
@@ -251,23 +265,13 @@ async fn a_refusing_sink_holds_the_checkpoint_and_loses_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn a_parked_key_runs_none_of_its_later_records() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 60, 6, 3, "poison");
     let runs = Runs::default();
-    let factory = Parallel::new(handler(&runs, "poison", || Permanent::new("bad").into()))
-        .on_failure(FailurePolicy::dead_letter(5))
-        .park_keys(true);
+    let factory = parking(&runs);
     let w = run(config(), (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &last))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &last).await;
     let letters = sink.letters();
     // key-3: records 3 (the poison, permanent: one try), then 9, 15, ..., 57 parked behind it.
     let parked: Vec<_> = letters
@@ -304,25 +308,13 @@ async fn a_parked_key_runs_none_of_its_later_records() {
 
 #[tokio::test(start_paused = true)]
 async fn a_parked_key_stays_parked_for_the_next_owner() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 12, 6, 3, "poison");
     let runs = Runs::default();
-    let factory = || {
-        Parallel::new(handler(&runs, "poison", || Permanent::new("bad").into()))
-            .on_failure(FailurePolicy::dead_letter(5))
-            .park_keys(true)
-    };
+    let factory = || parking(&runs);
     let a = run_as("a", config(), (&stream, &store), &sink, factory());
     let last = records.last().unwrap().position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &last))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &last).await;
     a.stop().await;
     let lease = store
         .leases()
@@ -365,23 +357,13 @@ async fn a_parked_key_stays_parked_for_the_next_owner() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unparked_key_runs_again_on_the_holder() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 12, 6, 3, "poison");
     let runs = Runs::default();
-    let factory = Parallel::new(handler(&runs, "poison", || Permanent::new("bad").into()))
-        .on_failure(FailurePolicy::dead_letter(5))
-        .park_keys(true);
+    let factory = parking(&runs);
     let w = run(config(), (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &last))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &last).await;
     let parked = sink.letters()[0].parked_key.clone().unwrap();
     let changed = kcl_core::admin::unpark(&store, &parked).await.unwrap();
     assert_eq!(changed.len(), 1);
@@ -454,11 +436,7 @@ impl RecordProcessor for Failing {
 
 #[tokio::test(start_paused = true)]
 async fn a_failing_batch_is_bisected_to_its_bad_record_within_the_stated_bound() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 100, 100, 37, "poison");
     let batches = Batches::default();
     let policy =
@@ -473,11 +451,7 @@ async fn a_failing_batch_is_bisected_to_its_bad_record_within_the_stated_bound()
     };
     let w = run(config, (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &last))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &last).await;
     assert_eq!(sink.letters().len(), 1);
     assert_eq!(sink.letters()[0].record, records[37]);
     let seen = batches.seen.lock().unwrap().clone();
@@ -502,11 +476,7 @@ async fn a_failing_batch_is_bisected_to_its_bad_record_within_the_stated_bound()
 
 #[tokio::test(start_paused = true)]
 async fn a_named_record_is_retried_from_where_it_failed_then_skipped() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 50, 50, 20, "poison");
     let batches = Batches::default();
     let config = config().max_records(50).failure(FailurePolicy::skip(3));
@@ -519,11 +489,7 @@ async fn a_named_record_is_retried_from_where_it_failed_then_skipped() {
     };
     let w = run(config, (&stream, &store), &sink, factory);
     let last = records.last().unwrap().position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &last))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &last).await;
     assert!(sink.letters().is_empty(), "skipped, not dead-lettered");
     let seen = batches.seen.lock().unwrap().clone();
     for (data, (delivered, ok)) in seen.iter() {
@@ -541,11 +507,7 @@ async fn a_named_record_is_retried_from_where_it_failed_then_skipped() {
 
 #[tokio::test(start_paused = true)]
 async fn a_record_given_up_at_the_tail_is_checkpointed_and_not_given_up_again() {
-    let (stream, store, sink) = (
-        MemoryStream::new(1),
-        MemoryLeaseStore::new(),
-        MemorySink::new(),
-    );
+    let (stream, store, sink) = world();
     let records = fill(&stream, 5, 5, 4, "poison");
     let batches = Batches::default();
     let config = || config().failure(FailurePolicy::dead_letter(2));
@@ -558,11 +520,7 @@ async fn a_record_given_up_at_the_tail_is_checkpointed_and_not_given_up_again() 
     };
     let a = run_as("a", config(), (&stream, &store), &sink, factory());
     let tail = records[4].position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &tail))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &tail).await;
     a.stop().await;
     // The next owner starts after it: no second letter.
     let b = run_as("b", config(), (&stream, &store), &sink, factory());
@@ -606,11 +564,7 @@ async fn a_sink_that_does_not_answer_is_timed_out_and_tried_again() {
         .unwrap();
     let (stop, task) = (w.shutdown_handle(), tokio::spawn(w.run()));
     let last = records.last().unwrap().position();
-    assert!(
-        wait_until(Duration::from_secs(30), || passed(&store, &last))
-            .await
-            .is_some()
-    );
+    until_passed(&store, &last).await;
     let (puts, kept) = sink.0.lock().unwrap().clone();
     assert_eq!(
         (puts, kept.len()),
