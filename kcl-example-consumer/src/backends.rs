@@ -151,6 +151,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
     );
     let factory = crate::window_counters(&settings);
     let worker_id = settings.worker_id.clone();
+    let dead_letters = letters(&settings, None);
     let (producer, result) = match &settings.input {
         SourceSpec::Stream(_) => {
             let stream = MemoryStream::new(4);
@@ -161,7 +162,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 source,
                 store.client(&worker_id),
                 factory,
-                letters(&settings, None),
+                dead_letters,
             )
             .await;
             (producer, result)
@@ -193,7 +194,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 source,
                 store.client(&worker_id),
                 factory,
-                letters(&settings, None),
+                dead_letters,
             )
             .await;
             (producer, result)

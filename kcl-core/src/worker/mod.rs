@@ -217,7 +217,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 self.table.config.clone(),
                 consumer,
             )
-            .dead_letters(self.table.me.clone(), self.dead_letters.clone()),
+            .dead_letters(self.dead_letters.clone()),
         );
         let mut state = Coordinator::new(self.handle.graceful.clone());
         let mut mode = Mode::start(&self.table.me, self.table.store.clone(), &self.table.config);

@@ -446,28 +446,15 @@ impl RecordProcessor for SimProcessor {
         input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        if let Some(poison) = self.poison.clone() {
+            return self.under_policy(&poison, input, checkpointer).await;
+        }
         let positions: Vec<_> = input
             .records()
             .iter()
             .map(kcl_core::Record::position)
             .collect();
-        if let Some(poison) = self.poison.clone() {
-            return self.under_policy(&poison, input, checkpointer).await;
-        }
-        {
-            let mut log = self.log.lock();
-            for r in input.records() {
-                log.deliveries.push(Delivery {
-                    seq: next_event_seq(),
-                    at: Instant::now(),
-                    worker: self.worker.clone(),
-                    instance: self.instance,
-                    shard: self.shard.clone(),
-                    position: r.position(),
-                    keyed: false,
-                });
-            }
-        }
+        self.processed(input.records());
         // Work that takes time: a frozen process can stop in the middle of it.
         let work = Duration::from_millis(self.rng.random_range(0..60));
         self.log.wait(work).await;

@@ -90,7 +90,7 @@ async fn initialize<S: ShardSource>(
         shard_id: lease.key.clone(),
         checkpoint: lease.checkpoint.clone(),
         pending_checkpoint: lease.pending_checkpoint.clone(),
-        origin: Some(ctx.origin(tenure.shard(), control)),
+        origin: Some(ctx.origin(tenure, control)),
         parked_keys: lease.parked_keys.clone(),
     };
     if let Hook::Expired = hook(tenure, "initialize", processor.initialize(&input)).await? {

@@ -131,7 +131,7 @@ impl Batches {
         let policy = &ctx.config.failure;
         let failure = policy
             .in_place()
-            .then(|| Handling::new(policy.clone(), ctx.origin(tenure.shard(), control)));
+            .then(|| Handling::new(policy.clone(), ctx.origin(tenure, control)));
         Self {
             metrics: ShardMetrics::new(tenure.shard()),
             failure,

@@ -74,8 +74,8 @@ pub(crate) struct ShardContext<S, F> {
     pub(crate) reads: Arc<tokio::sync::Semaphore>,
     /// The registered fan-out consumer, under [`Retrieval::FanOut`](crate::Retrieval).
     pub(crate) consumer: Option<ConsumerId>,
-    /// This worker, and where its dead letters go (see [`failure`](crate::failure)).
-    pub(crate) dead_letters: (WorkerId, Option<DeadLetters>),
+    /// Where the worker's dead letters go (see [`failure`](crate::failure)).
+    pub(crate) dead_letters: Option<DeadLetters>,
 }
 
 impl<S, F> ShardContext<S, F> {
@@ -94,22 +94,23 @@ impl<S, F> ShardContext<S, F> {
             config,
             reads: Arc::new(tokio::sync::Semaphore::new(reads)),
             consumer,
-            dead_letters: (WorkerId::from("unnamed"), None),
+            dead_letters: None,
         }
     }
 
-    /// This worker is `me`, its dead letters go to `letters`.
-    pub(crate) fn dead_letters(mut self, me: WorkerId, letters: Option<DeadLetters>) -> Self {
-        self.dead_letters = (me, letters);
+    /// The worker's dead letters go to `letters`.
+    pub(crate) fn dead_letters(mut self, letters: Option<DeadLetters>) -> Self {
+        self.dead_letters = letters;
         self
     }
 
-    /// Where `shard`'s dead letters come from and go; what happens is told to `control`.
-    pub(crate) fn origin(&self, shard: &ShardId, control: &Control) -> Origin {
+    /// Where the dead letters of `tenure`'s shard come from and go; what happens is told
+    /// to `control`.
+    pub(crate) fn origin(&self, tenure: &Tenure, control: &Control) -> Origin {
         Origin {
-            letters: self.dead_letters.1.clone(),
-            worker: self.dead_letters.0.clone(),
-            shard: shard.clone(),
+            letters: self.dead_letters.clone(),
+            worker: tenure.worker().clone(),
+            shard: tenure.shard().clone(),
             tally: control.failures.clone(),
             call_timeout: self.config.call_timeout,
         }
