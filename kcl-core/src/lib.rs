@@ -93,14 +93,14 @@ pub mod memory;
 
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
 pub use config::{
-    Coordination, InitialPositionKind, Liveness, MAX_DURATION, ParseModeError, Retrieval,
-    RetrievalMode, WorkerConfig,
+    BalanceBy, Balancing, Coordination, InitialPositionKind, Liveness, MAX_DURATION,
+    ParseModeError, Retrieval, RetrievalMode, WorkerConfig,
 };
 pub use error::{
     BackendError, BoxError, CheckpointError, ConfigError, Error, ErrorKind, error_chain,
 };
 pub use every::EveryNOrT;
-pub use lease::{CheckpointUpdate, Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
+pub use lease::{CheckpointUpdate, Lease, LeaseLoad, LeaseStore, LeaseStoreExtras, TableFeatures};
 pub use parallel::{Parallel, RecordHandler};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};

@@ -106,6 +106,14 @@ pub enum Mutation {
     SinkRefusalIgnored,
     /// Under `Parallel::park_keys`, a parked key's later records run.
     ParkedKeyRuns,
+    /// The load balancer's band is relative (10 % of the mean, as KCL Java's), not absolute.
+    RelativeBand,
+    /// The load balancer moves without a budget.
+    NoMoveBudget,
+    /// The load balancer moves leases it moved lately.
+    NoStickiness,
+    /// The leader balances counts whatever the loads.
+    LoadIgnored,
 }
 
 impl Mutation {
@@ -154,6 +162,10 @@ impl Mutation {
         Self::BisectRedeliversSucceeded,
         Self::SinkRefusalIgnored,
         Self::ParkedKeyRuns,
+        Self::RelativeBand,
+        Self::NoMoveBudget,
+        Self::NoStickiness,
+        Self::LoadIgnored,
     ];
 }
 

@@ -126,10 +126,14 @@ fn main() {
         let caught = sim::mutations::run(env("SIM_MUTATION_SEEDS").unwrap_or(200), run_seeds);
         std::process::exit(i32::from(!caught));
     }
-    let seeds: Vec<u64> = match (env("SIM_SEED"), env("SIM_SEEDS")) {
+    let mut seeds: Vec<u64> = match (env("SIM_SEED"), env("SIM_SEEDS")) {
         (Some(seed), _) => vec![seed],
         (None, n) => (0..n.unwrap_or(200)).collect(),
     };
+    // `SIM_LOAD=1`: only the seeds that balance by load (`sim/load.rs`).
+    if std::env::var_os("SIM_LOAD").is_some() {
+        seeds.retain(|s| sim::load::is_load_seed(*s));
+    }
     let results = run_seeds(&seeds);
     if std::env::var_os("SIM_FINGERPRINTS").is_some() {
         for (seed, outcome) in &results {

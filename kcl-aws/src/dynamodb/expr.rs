@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use kcl_core::{CheckpointUpdate, Lease};
+use kcl_core::{CheckpointUpdate, Lease, LeaseLoad};
 
 use super::schema::{
     self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER, COND_OWNER,
@@ -91,6 +91,15 @@ impl Expr {
         let placeholder = format!(":{attribute}");
         self.add.push(format!("{name} {placeholder}"));
         self.values.insert(placeholder, value);
+        self
+    }
+
+    /// `SET` the holder's load figure, if it has one (see `kcl_core::lease::load`).
+    pub(super) fn load(&mut self, load: Option<LeaseLoad>) -> &mut Self {
+        if let Some(load) = load {
+            self.set(schema::LOAD, schema::number(load.milli.into()))
+                .set(schema::CAPACITY, schema::number(load.capacity_milli.into()));
+        }
         self
     }
 

@@ -436,6 +436,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
         let mut e = Expr::held(held);
         e.set(LEASE_COUNTER, schema::number(held.counter + 1));
+        e.load(held.load);
         self.update(Operation::Renew, &held.key, e).await
     }
 
@@ -486,6 +487,7 @@ impl LeaseStore for DynamoDbLeaseStore {
     ) -> Result<Lease, BackendError> {
         let mut e = Expr::held(held);
         e.checkpoint(&held.key, update, held.counter);
+        e.load(held.load);
         self.update(Operation::Checkpoint, &held.key, e).await
     }
 

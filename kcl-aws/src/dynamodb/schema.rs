@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 use kcl_core::multi_stream::StreamId;
-use kcl_core::{Checkpoint, HashKeyRange, Lease, ShardId, WorkerId};
+use kcl_core::{Checkpoint, HashKeyRange, Lease, LeaseLoad, ShardId, WorkerId};
 
 use crate::error::ParseError;
 
@@ -71,6 +71,11 @@ pub(crate) const ENDPOINT: &str = "kclEndpoint";
 /// kcl extension: ordering keys parked behind a dead-lettered record (a string set; see
 /// `Lease::parked_keys`).
 pub(crate) const PARKED_KEYS: &str = "parkedKeys";
+/// kcl extension: what the lease costs its holder, in thousandths (`N`; see
+/// `kcl_core::lease::load`), written with renewals and checkpoints.
+pub(crate) const LOAD: &str = "kclLoad";
+/// kcl extension: the holder's declared capacity, in thousandths (`N`), written with `kclLoad`.
+pub(crate) const CAPACITY: &str = "kclCapacity";
 /// KCL Java's multi-stream rows: the stream (`account:stream:creationEpoch`; "streamName"
 /// for historical reasons).
 pub(crate) const STREAM_NAME: &str = "streamName";
@@ -228,7 +233,26 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if !lease.parked_keys.is_empty() {
         put(PARKED_KEYS, AttributeValue::Ss(lease.parked_keys.clone()));
     }
+    if let Some(load) = lease.load {
+        put(LOAD, number(load.milli.into()));
+        put(CAPACITY, number(load.capacity_milli.into()));
+    }
     item
+}
+
+/// The load figure of a row: a hint for balancing, so a figure that does not parse (or is out
+/// of range) is left out rather than making the row unreadable.
+fn load(item: &Item) -> Option<LeaseLoad> {
+    let figure = |name| {
+        optional_n(item, name)
+            .ok()
+            .flatten()
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    Some(LeaseLoad::new(
+        figure(LOAD)?,
+        figure(CAPACITY).unwrap_or(1000),
+    ))
 }
 
 /// A timestamp as whole milliseconds since the Unix epoch, rounded down (a pin read back
@@ -310,6 +334,7 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         .into_iter()
         .map(|entry| entry.as_str().to_owned())
         .collect();
+    lease.load = load(item);
     Ok(lease)
 }
 

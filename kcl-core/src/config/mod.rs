@@ -6,11 +6,13 @@ use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::types::InitialPosition;
 
+mod balance;
 mod modes;
 #[cfg(feature = "serde")]
 mod off_or_duration;
 mod parse;
 
+pub use balance::{BalanceBy, Balancing};
 pub use modes::{Coordination, Liveness, Retrieval};
 pub use parse::{InitialPositionKind, ParseModeError, RetrievalMode};
 
@@ -167,6 +169,10 @@ pub struct WorkerConfig {
     /// Under [`Parallel`](crate::Parallel) set [`Parallel::on_failure`](crate::Parallel::on_failure)
     /// instead. See [`failure`](crate::failure).
     pub failure: FailurePolicy,
+    /// How the leader places and balances leases: by what they cost (the default,
+    /// [`BalanceBy::Load`]) or by counts, within an absolute band, a move budget and a
+    /// stickiness window; and this worker's capacity. See [`Balancing`].
+    pub balancing: Balancing,
 }
 
 /// The longest duration any setting may have: far beyond any useful value, and small enough
@@ -236,6 +242,7 @@ impl Default for WorkerConfig {
             liveness: Liveness::PerLease,
             retrieval: Retrieval::Polling,
             failure: FailurePolicy::block(),
+            balancing: Balancing::default(),
         }
     }
 }
@@ -343,6 +350,8 @@ impl WorkerConfig {
         retrieval: Retrieval,
         /// Sets [`WorkerConfig::failure`].
         failure: FailurePolicy,
+        /// Sets [`WorkerConfig::balancing`].
+        balancing: Balancing,
     }
 
     /// Every duration field with its key.
@@ -432,7 +441,8 @@ impl WorkerConfig {
         if self.ack_checkpoint_every == 0 {
             return err("ack_checkpoint_every", "must be at least 1");
         }
-        self.failure.check("failure.attempts")
+        self.failure.check("failure.attempts")?;
+        self.balancing.check()
     }
 }
 

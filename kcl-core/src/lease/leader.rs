@@ -36,8 +36,11 @@ use super::Lease;
 /// How long the leader remembers a refusal, in failover times (the `within` of
 /// [`Moves::overlay`]).
 const REFUSALS_KEPT_FOR: u32 = 30;
+use super::balance::{self, Bounds, Level, Levels, Movable};
 use super::keys::is_coordination_key;
+use super::load::LeaseLoad;
 use super::taker::{self, Candidate, Holder, Limits};
+use crate::config::BalanceBy;
 use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
@@ -50,10 +53,15 @@ pub(crate) struct Assignment {
     pub(crate) request_handoff: Vec<(ShardId, WorkerId)>,
     /// Available leases no worker has room for: read by nobody until one has.
     pub(crate) unplaced: Vec<ShardId>,
+    /// How many of the first `request_handoff` are moves for load (they count against the
+    /// move budget; the rest spread leases that cost nothing, or counts).
+    pub(crate) load_moves: usize,
+    /// The workers above the band this round, by load (none when counts are balanced).
+    pub(crate) above: Vec<WorkerId>,
 }
 
 /// Plans one round for the fleet, as seen by the leader `me`; `active` tells which workers
-/// were seen working lately (see the module docs).
+/// were seen working lately (see the module docs). Balances counts.
 #[cfg(test)]
 pub(crate) fn assign(
     me: &WorkerId,
@@ -61,7 +69,74 @@ pub(crate) fn assign(
     limits: Limits,
     active: impl Fn(&WorkerId) -> bool,
 ) -> Assignment {
-    assign_within(me, leases, limits, active, |_, _| false, |_| None)
+    let weighing = Weighing::counts(limits.max_steal);
+    assign_within(
+        me,
+        leases,
+        limits,
+        active,
+        |_, _| false,
+        |_| None,
+        &weighing,
+    )
+}
+
+/// What the leader weighs leases by this round (see [`Balancing`](crate::Balancing)).
+pub(crate) struct Weighing<'a> {
+    /// Loads or counts.
+    pub(crate) by: BalanceBy,
+    /// The band, the moves left in this window, and `max_steal` for count moves.
+    pub(crate) bounds: Bounds,
+    /// Each lease's figure as its row carries it (rows without one are left out).
+    pub(crate) figures: BTreeMap<ShardId, LeaseLoad>,
+    /// Whether a lease is known not to have moved within the stickiness window.
+    pub(crate) settled: &'a dyn Fn(&ShardId) -> bool,
+    /// Whether a lease was seen moving within the stickiness window.
+    pub(crate) recent: &'a dyn Fn(&ShardId) -> bool,
+    /// The leader's own capacity (its rows may not show it yet).
+    pub(crate) capacity: f64,
+    /// Each worker's total as its heartbeat row carries it (under heartbeats).
+    pub(crate) totals: BTreeMap<WorkerId, LeaseLoad>,
+    /// Whether a worker has been above the band for a whole move window (and not back down
+    /// to half of it since).
+    pub(crate) sustained: &'a dyn Fn(&WorkerId) -> bool,
+    /// Whether a worker was above the band at the last round (or above half of it since).
+    pub(crate) was_above: &'a dyn Fn(&WorkerId) -> bool,
+}
+
+impl Weighing<'_> {
+    /// Counts only.
+    #[cfg(test)]
+    pub(crate) fn counts(max_steal: usize) -> Self {
+        Weighing {
+            by: BalanceBy::Count,
+            bounds: Bounds {
+                band: 0.1,
+                budget: 0,
+                max_steal,
+            },
+            figures: BTreeMap::new(),
+            settled: &|_| true,
+            recent: &|_| false,
+            capacity: 1.0,
+            totals: BTreeMap::new(),
+            sustained: &|_| false,
+            was_above: &|_| false,
+        }
+    }
+
+    /// Whether loads are weighed this round: asked for, and some lease carries a figure (else
+    /// counts, so a fleet of workers that do not measure still converges).
+    fn by_load(&self) -> bool {
+        self.by == BalanceBy::Load
+            && !(self.figures.is_empty() && self.totals.is_empty())
+            && !mutation::on(Mutation::LoadIgnored)
+    }
+
+    /// The load of `key` in units: its figure, or the mean figure for a lease without one.
+    fn load_of(&self, key: &ShardId, fallback: f64) -> f64 {
+        self.figures.get(key).map_or(fallback, |f| f.units())
+    }
 }
 
 /// As `assign`, knowing which workers gave which leases back lately for want of room
@@ -69,7 +144,8 @@ pub(crate) fn assign(
 /// lease no worker can take is [`unplaced`](Assignment::unplaced). A worker is balanced onto
 /// only below its `cap`, the most it was seen holding since it gave a lease back for want of
 /// room (see [`Moves::cap`]): one more would only be given back again, and again. Placing a
-/// lease nobody holds ignores the cap (the worker refuses it if it must).
+/// lease nobody holds ignores the cap (the worker refuses it if it must). Places and balances
+/// by load or by count, as `weighing` says.
 pub(crate) fn assign_within(
     me: &WorkerId,
     leases: &[Candidate],
@@ -77,6 +153,7 @@ pub(crate) fn assign_within(
     active: impl Fn(&WorkerId) -> bool,
     refused: impl Fn(&ShardId, &WorkerId) -> bool,
     cap: impl Fn(&WorkerId) -> Option<usize>,
+    weighing: &Weighing<'_>,
 ) -> Assignment {
     let mut assignment = Assignment::default();
     let (mut load, movable) = loads(me, leases, limits.max_leases, &active, &mut assignment);
@@ -102,19 +179,135 @@ pub(crate) fn assign_within(
             active(w) && !suspects.contains(&w)
         }
     };
-    place(me, leases, &mut load, &room, &refused, &mut assignment);
     let room_to_balance = |w: &WorkerId, n: usize| {
         let capped = cap(w).is_some_and(|cap| n >= cap);
         room(w, n) && (!capped || mutation::on(Mutation::LeaderBalancesOntoRefusers))
     };
-    balance(
+    if !weighing.by_load() {
+        place(
+            me,
+            leases,
+            &mut load,
+            None,
+            &room,
+            &refused,
+            &mut assignment,
+        );
+        balance(
+            &mut load,
+            movable,
+            &room_to_balance,
+            limits.max_steal,
+            &mut assignment,
+        );
+        return assignment;
+    }
+    let (mut levels, mut movable) = weigh(me, leases, &load, movable, weighing);
+    let by_load = Some((&mut levels, weighing));
+    place(
+        me,
+        leases,
         &mut load,
-        movable,
-        &room_to_balance,
-        limits.max_steal,
+        by_load,
+        &room,
+        &refused,
         &mut assignment,
     );
+    let above = balance::above(&levels, weighing.bounds.band, weighing.was_above);
+    assignment.above = above.into_iter().cloned().collect();
+    let (moves, spread) =
+        balance::plan(&mut levels, &mut movable, weighing.bounds, &room_to_balance);
+    assignment.load_moves = moves.len();
+    assignment.request_handoff.extend(moves);
+    assignment.request_handoff.extend(spread);
     assignment
+}
+
+/// The levels of the workers in `load` and the loads of the `movable` leases, from the
+/// figures in `weighing`: a lease without a figure counts the mean figure, a worker's
+/// capacity is the one written on its rows (1 if none shows it). A worker whose heartbeat
+/// row carries its total has its leases' figures scaled to that total: under heartbeats a
+/// lease's figure moves only with its checkpoints, and a shard gone quiet checkpoints no more.
+fn weigh<'a>(
+    me: &'a WorkerId,
+    leases: &'a [Candidate],
+    load: &Load<'a>,
+    movable: Vec<(&'a WorkerId, &'a ShardId)>,
+    weighing: &Weighing<'_>,
+) -> (Levels<'a>, Vec<Movable<'a>>) {
+    let figures = &weighing.figures;
+    #[allow(clippy::cast_precision_loss)]
+    let fallback = figures.values().map(|f| f.units()).sum::<f64>() / figures.len().max(1) as f64;
+    let holder_of = |c: &'a Candidate| match &c.holder {
+        Holder::Me => Some(me),
+        Holder::Other(w) if w.as_str() != super::keys::RESET_OWNER => Some(w),
+        _ => None,
+    };
+    // What each holder's leases add up to by their own figures, and how many they are.
+    let mut sums: BTreeMap<&WorkerId, (f64, usize)> = BTreeMap::new();
+    for c in leases {
+        if let Some(holder) = holder_of(c) {
+            let sum = sums.entry(holder).or_default();
+            sum.0 += weighing.load_of(&c.key, fallback);
+            sum.1 += 1;
+        }
+    }
+    let scaled = |key: &ShardId, holder: &WorkerId| {
+        let own = weighing.load_of(key, fallback);
+        match (weighing.totals.get(holder), sums.get(holder)) {
+            (Some(total), Some((sum, _))) if *sum > 0.0 => own * total.units() / sum,
+            #[allow(clippy::cast_precision_loss)]
+            (Some(total), Some((_, n))) => total.units() / (*n).max(1) as f64,
+            _ => own,
+        }
+    };
+    let mut levels: Levels<'a> = load
+        .iter()
+        .map(|(w, n)| {
+            let capacity = match weighing.totals.get(*w) {
+                Some(total) => total.capacity(),
+                None if *w == me => weighing.capacity,
+                None => 1.0,
+            };
+            let level = Level {
+                load: 0.0,
+                capacity,
+                count: *n,
+                sustained: (weighing.sustained)(w),
+            };
+            (*w, level)
+        })
+        .collect();
+    for c in leases {
+        let Some(holder) = holder_of(c) else {
+            continue;
+        };
+        // A handoff under way counts at its target, as in `loads`.
+        let at = c
+            .handoff_to
+            .as_ref()
+            .filter(|to| *to != holder && levels.contains_key(to))
+            .unwrap_or(holder);
+        let Some(level) = levels.get_mut(at) else {
+            continue;
+        };
+        level.load += scaled(&c.key, holder);
+        let shown = figures.get(&c.key).filter(|_| at == holder && at != me);
+        if let Some(figure) = shown.filter(|_| !weighing.totals.contains_key(holder)) {
+            level.capacity = figure.capacity();
+        }
+    }
+    let movable = movable
+        .into_iter()
+        .map(|(holder, key)| Movable {
+            holder,
+            key,
+            load: scaled(key, holder),
+            settled: (weighing.settled)(key),
+            recent: (weighing.recent)(key),
+        })
+        .collect();
+    (levels, movable)
 }
 
 /// Each worker's load (leases held, a pending handoff counted at its target), the leases
@@ -177,6 +370,7 @@ fn place<'a>(
     me: &'a WorkerId,
     leases: &'a [Candidate],
     load: &mut Load<'a>,
+    mut by_load: Option<(&mut Levels<'a>, &Weighing<'_>)>,
     room: &impl Fn(&WorkerId, usize) -> bool,
     refused: &impl Fn(&ShardId, &WorkerId) -> bool,
     assignment: &mut Assignment,
@@ -201,17 +395,43 @@ fn place<'a>(
         // balancing below move it on.
         let orphan = matches!(c.holder, Holder::Released | Holder::Expired { .. });
         let mine = load.get(me).copied().unwrap_or(0);
+        let candidates = load
+            .iter()
+            .filter(|(w, n)| room(w, **n) && !refused(&c.key, w));
         let least = if orphan && room(me, mine) {
             Some(me)
+        } else if let Some((levels, weighing)) = &by_load {
+            // The most headroom: the lowest level once it has this lease.
+            let figure = weighing.load_of(&c.key, 0.0);
+            let after = |w: &WorkerId| {
+                levels
+                    .get(w)
+                    .map_or(figure, |l| (l.load + figure) / l.capacity)
+            };
+            candidates
+                .min_by(|(a, n), (b, m)| {
+                    let order = after(a).total_cmp(&after(b)).then(n.cmp(m));
+                    order.then(spread(a, &c.key).cmp(&spread(b, &c.key)))
+                })
+                .map(|(w, _)| *w)
         } else {
-            load.iter()
-                .filter(|(w, n)| room(w, **n) && !refused(&c.key, w))
+            candidates
                 .min_by_key(|(w, n)| (**n, spread(w, &c.key)))
                 .map(|(w, _)| *w)
         };
         if let Some(w) = least {
             assignment.take.push((c.key.clone(), w.clone()));
             *load.entry(w).or_default() += 1;
+            if let Some((levels, weighing)) = &mut by_load {
+                let level = levels.entry(w).or_insert(Level {
+                    load: 0.0,
+                    capacity: 1.0,
+                    count: 0,
+                    sustained: false,
+                });
+                level.load += weighing.load_of(&c.key, 0.0);
+                level.count += 1;
+            }
         } else {
             assignment.unplaced.push(c.key.clone());
         }
@@ -498,6 +718,7 @@ mod tests {
             |_| true,
             |k, w| moves.refused(k, w),
             |w| moves.cap(w),
+            &Weighing::counts(LIMITS.max_steal),
         );
         assert_eq!(plan.unplaced, [ShardId::from("s0")], "{plan:?}");
         // Remembered for a while, not for ever (the row unchanged meanwhile).
@@ -545,6 +766,7 @@ mod tests {
                 |_| true,
                 |k, w| moves.refused(k, w),
                 |w| moves.cap(w),
+                &Weighing::counts(LIMITS.max_steal),
             )
         };
         // The leader takes s0 back itself and asks nothing of b.
@@ -613,6 +835,7 @@ mod tests {
             |_| true,
             |k, w| moves.refused(k, w),
             |w| moves.cap(w),
+            &Weighing::counts(LIMITS.max_steal),
         );
         assert_eq!(plan.request_handoff.len(), 1, "{plan:?}");
     }

@@ -6,10 +6,12 @@
 //! standing still for the failover time. The schema follows KCL Java's lease table so a fleet
 //! can migrate without losing checkpoints.
 
+pub(crate) mod balance;
 mod extras;
 pub mod feed;
 pub(crate) mod keys;
 pub(crate) mod leader;
+pub mod load;
 pub(crate) mod observer;
 pub(crate) mod renewer;
 pub(crate) mod sync;
@@ -18,6 +20,7 @@ pub(crate) mod tenure;
 pub mod usage;
 
 pub use self::extras::LeaseStoreExtras;
+pub use self::load::LeaseLoad;
 /// Which leases are ready to be processed (their parents done): what the simulation judges
 /// balance by.
 #[cfg(feature = "test-util")]
@@ -73,6 +76,11 @@ pub struct Lease {
     /// keys are dead-lettered unrun, by whichever worker holds it; redriving the record
     /// removes its entry.
     pub parked_keys: Vec<String>,
+    /// What the lease costs its holder and the holder's capacity, as the holder last wrote
+    /// them with a renewal or checkpoint (kcl extensions, `kclLoad` and `kclCapacity`; see
+    /// [`load`]). The leader balances by it; `None` in rows written by KCL Java or by
+    /// kcl workers that do not measure it.
+    pub load: Option<LeaseLoad>,
 }
 
 impl Lease {
@@ -92,6 +100,7 @@ impl Lease {
             start_timestamp: None,
             endpoint: None,
             parked_keys: Vec::new(),
+            load: None,
         }
     }
 
@@ -275,8 +284,9 @@ pub trait LeaseStore: LeaseStoreExtras {
     /// Creates `lease` unless a lease with its key exists. Returns whether it was created.
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
-    /// Bumps the counter of a held lease. Condition: owner and counter as in `held`.
-    /// Returns the lease as stored after the write.
+    /// Bumps the counter of a held lease, and writes `held.load` if it is set (the holder's
+    /// measure of the lease rides on the renewal: [`load`]). Condition: owner and counter as
+    /// in `held`. Returns the lease as stored after the write.
     fn renew(&self, held: &Lease) -> impl Future<Output = Result<Lease, BackendError>> + Send;
 
     /// Makes `new_owner` the owner. Condition: owner and counter as in `observed`. Bumps the
@@ -301,8 +311,9 @@ pub trait LeaseStore: LeaseStoreExtras {
         to: Option<&WorkerId>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Writes checkpoint state. Condition: owner and counter as in `held`. Bumps the counter
-    /// and resets the owner-switch count (as KCL Java does).
+    /// Writes checkpoint state, and `held.load` if it is set (as [`renew`](Self::renew)
+    /// does). Condition: owner and counter as in `held`. Bumps the counter and resets the
+    /// owner-switch count (as KCL Java does).
     fn checkpoint(
         &self,
         held: &Lease,

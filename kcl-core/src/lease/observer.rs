@@ -42,6 +42,10 @@ struct Seen {
     since: Instant,
     owner: Option<WorkerId>,
     handoff_to: Option<WorkerId>,
+    /// When this worker first saw the row.
+    first: Instant,
+    /// When it last saw the row pass from one owner to another (a handoff or a failover).
+    moved: Option<Instant>,
 }
 
 impl Observer {
@@ -86,6 +90,18 @@ impl Observer {
                     self.active.insert(to.clone(), now);
                 }
             }
+            // A new owner, other than a new lease's first (a release and a take is a move).
+            let moved = match before {
+                Some(seen)
+                    if lease.owner.is_some()
+                        && seen.owner != lease.owner
+                        && (seen.owner.is_some() || seen.counter > 0) =>
+                {
+                    Some(now)
+                }
+                Some(seen) => seen.moved,
+                None => None,
+            };
             next.insert(
                 lease.key.clone(),
                 Seen {
@@ -93,6 +109,8 @@ impl Observer {
                     since,
                     owner: lease.owner.clone(),
                     handoff_to: lease.handoff_to.clone(),
+                    first: before.map_or(now, |seen| seen.first),
+                    moved,
                 },
             );
         }
@@ -140,6 +158,24 @@ impl Observer {
             .retain(|_, at| now.saturating_duration_since(*at) < after);
         self.leaving
             .retain(|_, at| now.saturating_duration_since(*at) < after);
+    }
+
+    /// Whether `key` has not passed from one owner to another within `window` of `now`, as
+    /// far as this worker can tell: it saw the row for the whole window and no such change
+    /// in it. A row seen for less is not settled: it may have moved just before.
+    pub(crate) fn settled(&self, key: &ShardId, now: Instant, window: Duration) -> bool {
+        self.seen.get(key).is_some_and(|seen| {
+            let long = |at: Instant| now.saturating_duration_since(at) >= window;
+            long(seen.first) && seen.moved.is_none_or(long)
+        })
+    }
+
+    /// Whether this worker saw `key` pass from one owner to another within `window` of `now`.
+    pub(crate) fn moved_within(&self, key: &ShardId, now: Instant, window: Duration) -> bool {
+        self.seen
+            .get(key)
+            .and_then(|seen| seen.moved)
+            .is_some_and(|at| now.saturating_duration_since(at) < window)
     }
 
     /// How long the lease's counter has stood still, as observed here.

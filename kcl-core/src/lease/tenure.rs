@@ -30,6 +30,7 @@ use tokio::sync::Mutex;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use super::load::{Figure, Meter};
 use super::{CheckpointUpdate, Lease, LeaseStore};
 use crate::error::{BackendError, ErrorKind};
 use crate::mutation::{self, Mutation};
@@ -120,6 +121,9 @@ pub(crate) struct Tenure {
     lost: CancellationToken,
     /// The heartbeat this tenure's validity comes from, if it is derived (see module docs).
     heartbeat: Option<Arc<Tenure>>,
+    /// What the lease (or, for a heartbeat row, the worker) costs, written with each renewal
+    /// and checkpoint.
+    figure: Option<Figure>,
 }
 
 impl std::fmt::Debug for Tenure {
@@ -177,6 +181,21 @@ impl Tenure {
             call_timeout: timing.call_timeout,
             lost: CancellationToken::new(),
             heartbeat: None,
+            figure: None,
+        }
+    }
+
+    /// Writes `figure` with each renewal and checkpoint (see [`load`](super::load)).
+    pub(crate) fn with_figure(mut self, figure: Figure) -> Self {
+        self.figure = Some(figure);
+        self
+    }
+
+    /// What measures the lease's load, if anything does.
+    pub(crate) fn meter(&self) -> Option<&Meter> {
+        match &self.figure {
+            Some(Figure::Lease(meter)) => Some(meter),
+            _ => None,
         }
     }
 
@@ -268,9 +287,10 @@ impl Tenure {
         if mutation::on(Mutation::HooksOutliveLease) || mutation::on(Mutation::SkipValidityCheck) {
             return Some(work.await);
         }
+        let started = Instant::now();
         let mut work = std::pin::pin!(work);
         let mut expired = std::pin::pin!(self.expired());
-        std::future::poll_fn(|cx| {
+        let outcome = std::future::poll_fn(|cx| {
             if !self.is_valid() && !mutation::on(Mutation::ValidityByTimerOnly) {
                 self.mark_lost();
                 return std::task::Poll::Ready(None);
@@ -280,7 +300,12 @@ impl Tenure {
             }
             work.as_mut().poll(cx).map(Some)
         })
-        .await
+        .await;
+        // Every hook and `Parallel` handler runs here: their time is the lease's busy time.
+        if let Some(meter) = self.meter() {
+            meter.busy(started.elapsed());
+        }
+        outcome
     }
 
     /// The lease as last written by this tenure.
@@ -390,8 +415,11 @@ impl Tenure {
     }
 
     /// One write to the store, conditional on `lease` (the row as this worker knows it).
-    async fn send(&self, op: Write<'_>, lease: Lease) -> Result<Lease, BackendError> {
+    async fn send(&self, op: Write<'_>, mut lease: Lease) -> Result<Lease, BackendError> {
         let store = &*self.store;
+        if let (Write::Renew | Write::Checkpoint(_), Some(figure)) = (op, &self.figure) {
+            lease.load = Some(figure.report());
+        }
         let limit = self.call_timeout;
         match op {
             Write::Renew => bounded(limit, "renew", store.renew(&lease)).await,

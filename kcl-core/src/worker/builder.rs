@@ -15,6 +15,7 @@ use crate::config::WorkerConfig;
 use crate::error::ConfigError;
 use crate::failure::{DeadLetters, Exhausted};
 use crate::lease::LeaseStore;
+use crate::lease::load::Meters;
 use crate::processor::{ProcessorFactory, RecordProcessor};
 use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
@@ -138,6 +139,7 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
             dead_letters: self.dead_letters,
             table: Table {
                 me: id,
+                meters: Meters::new(self.config.balancing.capacity_milli()),
                 config: Arc::new(self.config),
                 store: Arc::new(self.store),
             },

@@ -41,9 +41,10 @@ use tracing::Instrument;
 use super::shards::Shards;
 use super::table::Table;
 use crate::error::ErrorKind;
+use crate::lease::load::Figure;
 use crate::lease::observer::Observer;
 use crate::lease::tenure::{Taken, Tenure};
-use crate::lease::{Lease, LeaseStore, renewer};
+use crate::lease::{Lease, LeaseLoad, LeaseStore, renewer};
 use crate::mutation::{self, Mutation};
 use crate::singleton::{heartbeat_key, heartbeat_of};
 use crate::types::{Checkpoint, ShardId, WorkerId};
@@ -127,7 +128,8 @@ impl HeartbeatState {
             store: table.store.clone(),
             started,
         };
-        let tenure = Arc::new(Tenure::new(taken, table.timing()));
+        let figure = Figure::Worker(table.meters.clone());
+        let tenure = Arc::new(Tenure::new(taken, table.timing()).with_figure(figure));
         let renew = renewer::run(tenure.clone(), table.config.renew_interval)
             .instrument(tracing::info_span!("heartbeat"));
         tracing::debug!("heartbeat started");
@@ -236,6 +238,16 @@ impl Heartbeats {
             .filter_map(|l| heartbeat_of(&l.key).map(|w| (w, l.clone())))
             .collect();
         self.fenced.clear();
+    }
+
+    /// The load figures the live heartbeat rows carry: each worker's total (see
+    /// [`load`](crate::lease::load)).
+    pub(super) fn totals(&self) -> BTreeMap<WorkerId, LeaseLoad> {
+        self.rows
+            .iter()
+            .filter(|(w, row)| row.is_owned_by(w))
+            .filter_map(|(w, row)| Some((w.clone(), row.load?)))
+            .collect()
     }
 
     /// `owner`'s heartbeat row, if the last read showed it held by `owner`.

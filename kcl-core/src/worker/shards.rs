@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use super::shard_consumer::{self, Control, Exit, ShardContext};
 use super::table::Table;
+use crate::lease::load::{Figure, Meter};
 use crate::lease::tenure::{Taken, Tenure};
 use crate::lease::{Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
@@ -119,6 +120,10 @@ impl Shards {
         heartbeat: Option<&Arc<Tenure>>,
     ) {
         let key = lease.key.clone();
+        let balancing = &table.config.balancing;
+        let meter = Meter::new(lease.load, balancing.smoothing, balancing.capacity_milli());
+        let meter = Arc::new(meter);
+        table.meters.register(&meter);
         let taken = Taken {
             lease,
             worker: table.me.clone(),
@@ -129,7 +134,7 @@ impl Shards {
             Some(heartbeat) => Tenure::derived(taken, heartbeat.clone(), table.config.call_timeout),
             None => Tenure::new(taken, table.timing()),
         };
-        let tenure = Arc::new(tenure);
+        let tenure = Arc::new(tenure.with_figure(Figure::Lease(meter)));
         let control = Arc::new(Control::new(self.graceful.child_token()));
         let task = shard_consumer::run(ctx.clone(), tenure.clone(), control.clone())
             .instrument(shard_consumer::span(&key, &table.me));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::WorkerConfig;
 use crate::error::BackendError;
+use crate::lease::load::Meters;
 use crate::lease::taker::Limits;
 use crate::lease::tenure::Timing;
 use crate::task::bounded;
@@ -18,6 +19,8 @@ pub(super) struct Table<L> {
     pub(super) me: WorkerId,
     pub(super) config: Arc<WorkerConfig>,
     pub(super) store: Arc<L>,
+    /// The meters of the leases this worker holds (what its heartbeat row reports).
+    pub(super) meters: Meters,
 }
 
 impl<L> Table<L> {

@@ -3,6 +3,7 @@ pub mod checks;
 pub mod fleet;
 pub mod handler;
 pub mod hands_off;
+pub mod load;
 pub mod mutations;
 pub mod poison;
 pub mod problems;

@@ -11,8 +11,8 @@ use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{COORDINATION_PREFIX, is_coordination_key};
 use kcl_core::{
-    Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval, Shard,
-    ShardId, WorkerConfig,
+    Balancing, Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval,
+    Shard, ShardId, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -45,6 +45,15 @@ pub fn config() -> WorkerConfig {
         .shutdown_timeout(Duration::from_secs(10))
         .call_timeout(Duration::from_secs(2))
         .stalled_after(super::problems::STALLED_AFTER)
+        // Balancing by load (the default) at the sim's pace: figures that fade within seconds
+        // once the drain stops the work, so that the idle fleet's counts even out as fast
+        // as `balance` expects (see `sim/load.rs` for balancing at its own pace).
+        .balancing(
+            Balancing::default()
+                .smoothing(Duration::from_secs(1))
+                .move_budget(4, Duration::from_secs(5))
+                .stickiness(Duration::from_secs(30)),
+        )
 }
 
 pub struct Outcome {
@@ -171,6 +180,9 @@ pub struct Stats {
     pub handoffs: usize,
     pub deliveries: usize,
     pub singleton_runs: usize,
+    /// Seeds balancing by load under skewed load (`sim/load.rs`), and the lease moves in them.
+    pub load: usize,
+    pub load_moves: usize,
 }
 
 impl Outcome {
@@ -244,6 +256,8 @@ impl std::ops::AddAssign for Stats {
         self.handoffs += o.handoffs;
         self.deliveries += o.deliveries;
         self.singleton_runs += o.singleton_runs;
+        self.load += o.load;
+        self.load_moves += o.load_moves;
     }
 }
 
@@ -251,6 +265,9 @@ impl std::ops::AddAssign for Stats {
 const PLANNED_EVERY: u64 = 5;
 
 pub async fn simulate(seed: u64) -> Outcome {
+    if super::load::is_load_seed(seed) {
+        return super::load::simulate(seed).await;
+    }
     let began = Instant::now();
     let mut rng = StdRng::seed_from_u64(seed);
     let planned = seed.is_multiple_of(PLANNED_EVERY);
@@ -865,8 +882,8 @@ async fn unbalanced(fleet: &Fleet) -> (BTreeSet<ShardId>, Vec<String>) {
         ));
         for l in &leases {
             violations.push(format!(
-                "  lease {} owner {:?} counter {} checkpoint {} parents {:?} handoff {:?}",
-                l.key, l.owner, l.counter, l.checkpoint, l.parent_shard_ids, l.handoff_to
+                "  lease {} owner {:?} counter {} checkpoint {} parents {:?} handoff {:?} load {:?}",
+                l.key, l.owner, l.counter, l.checkpoint, l.parent_shard_ids, l.handoff_to, l.load
             ));
         }
     }

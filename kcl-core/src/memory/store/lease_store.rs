@@ -102,14 +102,17 @@ impl LeaseStore for MemoryLeaseStore {
     }
 
     async fn renew(&self, held: &Lease) -> Result<Lease, BackendError> {
-        let fence = held_by(held);
+        let (fence, load) = (held_by(held), held.load);
         let condition = move |row: Option<&Lease>| {
             row.is_some() && (mutation::on(Mutation::RenewUnconditional) || fence(row))
         };
         let row = self
-            .write(Operation::Renew, &held.key, condition, |row| {
+            .write(Operation::Renew, &held.key, condition, move |row| {
                 row.map(|mut r| {
                     r.counter += 1;
+                    if load.is_some() {
+                        r.load = load;
+                    }
                     r
                 })
             })
@@ -184,11 +187,14 @@ impl LeaseStore for MemoryLeaseStore {
         let condition = move |row: Option<&Lease>| {
             row.is_some() && (mutation::on(Mutation::CheckpointUnconditional) || fence(row))
         };
-        let update = update.clone();
+        let (update, load) = (update.clone(), held.load);
         let row = self
             .write(Operation::Checkpoint, &held.key, condition, move |row| {
                 row.map(|mut r| {
                     checkpointed(&mut r, update);
+                    if load.is_some() {
+                        r.load = load;
+                    }
                     r
                 })
             })

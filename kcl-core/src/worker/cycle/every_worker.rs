@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use tokio::time::Instant;
 
 use super::{Coordinator, Wiring, take};
-use crate::config::{Liveness, WorkerConfig};
+use crate::config::{BalanceBy, Liveness, WorkerConfig};
 use crate::error::Error;
 use crate::lease::taker::{self, Candidate, Holder};
 use crate::lease::{Lease, LeaseStore};
@@ -50,7 +50,11 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
     let drained = state.view.is_drained(me);
     take::grant_handoffs(table, &state.shards, drained, &candidates, &by_key).await;
 
-    let plan = taker::plan(me, &candidates, table.limits(drained));
+    let plan = taker::plan(
+        me,
+        &asked_of(table, scope, &candidates, &by_key),
+        table.limits(drained),
+    );
     let wanted: Vec<&Lease> = plan
         .take
         .iter()
@@ -95,6 +99,29 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
     }
     w.report.cycle_done();
     Ok(())
+}
+
+/// What a worker planning for itself may plan with: everything, except that under a leader
+/// balancing by load, a worker looking for work asks only for small leases (under the band):
+/// the leader places the others by load, and a count-minded request for a hot lease would
+/// undo its move (a worker left empty by a load move would ask it straight back).
+fn asked_of(
+    table: &crate::worker::table::Table<impl Sized>,
+    scope: Scope,
+    candidates: &[Candidate],
+    by_key: &BTreeMap<&ShardId, &Lease>,
+) -> Vec<Candidate> {
+    let balancing = &table.config.balancing;
+    let by_load = scope == Scope::Itself && balancing.by == BalanceBy::Load;
+    let hot = |c: &Candidate| {
+        let figure = by_key.get(&c.key).and_then(|l| l.load);
+        matches!(c.holder, Holder::Other(_)) && figure.is_some_and(|f| f.units() >= balancing.band)
+    };
+    candidates
+        .iter()
+        .filter(|c| !(by_load && hot(c)))
+        .cloned()
+        .collect()
 }
 
 /// Under `EveryWorker` (no leader plans for the fleet): a worker at its `max_leases`

@@ -8,14 +8,15 @@
 //! moves it made ([`Moves`]) and plans as if they had landed, until the table shows them or
 //! they are over.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use tokio::time::Instant;
 
 use super::take::{self, Taking, owner_name};
 use super::{Coordinator, Wiring};
 use crate::error::{Error, ErrorKind};
-use crate::lease::leader::{self, Assignment, Moves};
+use crate::lease::balance::Bounds;
+use crate::lease::leader::{self, Assignment, Moves, Weighing};
 use crate::lease::taker::{Candidate, Holder};
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
@@ -29,10 +30,18 @@ use crate::worker::shards::Shards;
 use crate::worker::table::Table;
 use crate::worker::view::{Read, View};
 
-/// What only the leader keeps: the moves its view may not show yet.
+/// What only the leader keeps: the moves its view may not show yet, the load moves it made
+/// within the move window (the budget), the leases it took itself as orphans lately (it
+/// moves them on at once, stickiness or not: taking them was for speed, not for balance), and
+/// since when each worker above the band has been.
 #[derive(Default)]
 pub(super) struct Leading {
     moves: Moves,
+    load_moves: VecDeque<Instant>,
+    orphans: BTreeMap<ShardId, Instant>,
+    /// Workers above the band by load, and since when (only those above it for a whole
+    /// move window give leases: a burst moves nothing).
+    above: BTreeMap<WorkerId, Instant>,
 }
 
 impl Leading {
@@ -98,11 +107,48 @@ impl Leading {
                 observer.lapsed(owner);
             }
         }
-        let (view, moves) = (&*view, &self.moves);
-        leader::assign_within(
+        let balancing = &table.config.balancing;
+        let window = balancing.move_window;
+        self.load_moves
+            .retain(|at| now.saturating_duration_since(*at) < window);
+        self.orphans
+            .retain(|_, at| now.saturating_duration_since(*at) < balancing.stickiness);
+        let limits = table.limits(view.is_drained(&table.me));
+        let (view, moves, orphans) = (&*view, &self.moves, &self.orphans);
+        let settled = |key: &ShardId| {
+            orphans.contains_key(key) || view.observer.settled(key, now, balancing.stickiness)
+        };
+        let recent = |key: &ShardId| {
+            !orphans.contains_key(key) && view.observer.moved_within(key, now, balancing.stickiness)
+        };
+        let above = &self.above;
+        let sustained = |w: &WorkerId| {
+            above
+                .get(w)
+                .is_some_and(|since| now.saturating_duration_since(*since) >= window)
+        };
+        let weighing = Weighing {
+            by: balancing.by,
+            bounds: Bounds {
+                band: balancing.band,
+                budget: balancing.move_budget.saturating_sub(self.load_moves.len()),
+                max_steal: limits.max_steal,
+            },
+            figures: leases
+                .iter()
+                .filter_map(|l| Some((l.key.clone(), l.load?)))
+                .collect(),
+            settled: &settled,
+            recent: &recent,
+            capacity: balancing.capacity,
+            totals: view.heartbeats.totals(),
+            sustained: &sustained,
+            was_above: &|w| above.contains_key(w),
+        };
+        let plan = leader::assign_within(
             &table.me,
             candidates,
-            table.limits(view.is_drained(&table.me)),
+            limits,
             // A worker asked to drain is given nothing and asked for nothing.
             |w| {
                 !view.is_drained(w)
@@ -111,7 +157,31 @@ impl Leading {
             },
             |key, w| moves.refused(key, w),
             |w| moves.cap(w),
-        )
+            &weighing,
+        );
+        self.note(&table.me, &plan, candidates, now);
+        plan
+    }
+
+    /// Notes the load moves of `plan` against the budget, and the orphans `me` takes itself.
+    fn note(&mut self, me: &WorkerId, plan: &Assignment, candidates: &[Candidate], now: Instant) {
+        self.load_moves
+            .extend(std::iter::repeat_n(now, plan.load_moves));
+        for (key, _) in &plan.request_handoff {
+            self.orphans.remove(key);
+        }
+        self.above.retain(|w, _| plan.above.contains(w));
+        for w in &plan.above {
+            self.above.entry(w.clone()).or_insert(now);
+        }
+        for (key, _) in plan.take.iter().filter(|(_, to)| to == me) {
+            let orphan = candidates.iter().any(|c| {
+                &c.key == key && matches!(c.holder, Holder::Released | Holder::Expired { .. })
+            });
+            if orphan {
+                self.orphans.insert(key.clone(), now);
+            }
+        }
     }
 
     /// Takes what the plan gives the leader itself, and writes the rest to their workers.

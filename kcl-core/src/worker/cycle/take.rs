@@ -225,6 +225,7 @@ mod tests {
             me: WorkerId::from("w"),
             config: Arc::new(WorkerConfig::default()),
             store: Arc::new(MemoryLeaseStore::new()),
+            meters: crate::lease::load::Meters::new(1000),
         };
         let report = Report::default();
         let status = report.subscribe();

@@ -336,6 +336,12 @@ async fn deliver(
     if let Some(millis) = batch.millis_behind_latest {
         metrics.behind_latest(millis);
     }
+    if let Some(meter) = tenure.meter() {
+        meter.read(batch.records.len(), bytes);
+        if let Some(millis) = batch.millis_behind_latest {
+            meter.behind(millis);
+        }
+    }
     let (Some(first), Some(last)) = (batch.records.first(), batch.records.last()) else {
         return Ok(Hook::Done);
     };

@@ -1,0 +1,316 @@
+//! What a lease costs its holder, measured where it is cheap and honest, and carried to the
+//! leader on writes the holder makes anyway.
+//!
+//! A lease's **load** is the largest of three shares, each 1 for a shard at its limit:
+//! - the processor's busy time: time inside its hooks and `Parallel` handlers per second
+//!   (1 = one processor busy all the time; the host's CPU is not asked, it is noise shared by
+//!   everything on the host);
+//! - the bytes read per second against 1 MiB/s, and the records read per second against
+//!   1,000/s: a shard's write limits, which its steady reads cannot exceed;
+//! - while the shard is more than [`BEHIND_FLOOR`] behind the tip (`millisBehindLatest`), at
+//!   least 1: a shard catching up reads as fast as it is given, so what it reads now says
+//!   little of what it needs.
+//!
+//! The figure is smoothed (an exponentially weighted average with the time constant
+//! [`Balancing::smoothing`](crate::Balancing::smoothing), a minute by default), so a burst or
+//! ±20 % noise does not look like a change of load.
+//!
+//! **Carried for free.** The holder writes the figure into the lease row (`kclLoad`, with its
+//! declared capacity, `kclCapacity`: kcl extensions KCL Java ignores) with each renewal and
+//! checkpoint it makes anyway: no write is added, and a row grows by about 30 bytes (still one
+//! write unit). The leader, which follows the whole table, reads them there. Under
+//! [`Liveness::Heartbeat`](crate::Liveness::Heartbeat) leases are not renewed, so a lease's
+//! figure moves with its checkpoints, and the heartbeat row carries the worker's total, by
+//! which the leader scales figures gone stale (a shard gone quiet does not checkpoint).
+//!
+//! A lease taken over starts from the figure its row carries, so a moved lease does not look
+//! idle to the leader (which would move it back).
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A shard more than this far behind the tip counts at least one unit of load (see the module
+/// docs).
+pub const BEHIND_FLOOR: Duration = Duration::from_secs(60);
+
+/// Bytes per second that make one unit of load: a shard's write limit, 1 MiB/s.
+const BYTES_PER_UNIT: f64 = 1024.0 * 1024.0;
+/// Records per second that make one unit of load: a shard's write limit, 1,000/s.
+const RECORDS_PER_UNIT: f64 = 1000.0;
+
+/// What a lease costs its holder, as the holder measured it, and the holder's capacity (kcl
+/// extension attributes `kclLoad` and `kclCapacity`, in thousandths). See the module docs of
+/// [`lease::load`](crate::lease::load).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LeaseLoad {
+    /// The lease's load in thousandths of a unit (1,000: a shard at its limit).
+    pub milli: u32,
+    /// The holder's declared capacity in thousandths (1,000: a standard worker;
+    /// [`Balancing::capacity`](crate::Balancing::capacity)).
+    pub capacity_milli: u32,
+}
+
+impl LeaseLoad {
+    /// A load of `milli` thousandths on a holder of `capacity_milli` thousandths.
+    pub const fn new(milli: u32, capacity_milli: u32) -> Self {
+        Self {
+            milli,
+            capacity_milli,
+        }
+    }
+
+    /// The load in units.
+    pub fn units(self) -> f64 {
+        f64::from(self.milli) / 1000.0
+    }
+
+    /// The holder's capacity in units (at least a thousandth).
+    pub fn capacity(self) -> f64 {
+        f64::from(self.capacity_milli.max(1)) / 1000.0
+    }
+}
+
+/// Thousandths of `units`, saturating.
+pub(crate) fn milli(units: f64) -> u32 {
+    let scaled = (units * 1000.0).round();
+    if scaled.is_nan() || scaled <= 0.0 {
+        0
+    } else if scaled >= f64::from(u32::MAX) {
+        u32::MAX
+    } else {
+        // In range and non-negative: the conversion is exact up to rounding done above.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = scaled as u32;
+        n
+    }
+}
+
+/// Measures one held lease (see the module docs): fed by its shard consumer, read by its
+/// tenure when it writes the row.
+#[derive(Debug)]
+pub(crate) struct Meter {
+    state: Mutex<State>,
+    smoothing: Duration,
+    capacity_milli: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The smoothed load in units.
+    smoothed: f64,
+    /// When `smoothed` last took in what was gathered.
+    folded_at: Instant,
+    busy: Duration,
+    bytes: u64,
+    records: u64,
+    behind: Option<Duration>,
+}
+
+impl Meter {
+    /// A meter starting from `from` (the figure the row carried when the lease was taken).
+    pub(crate) fn new(from: Option<LeaseLoad>, smoothing: Duration, capacity_milli: u32) -> Self {
+        Self {
+            state: Mutex::new(State {
+                smoothed: from.map_or(0.0, LeaseLoad::units),
+                folded_at: Instant::now(),
+                busy: Duration::ZERO,
+                bytes: 0,
+                records: 0,
+                behind: None,
+            }),
+            smoothing,
+            capacity_milli,
+        }
+    }
+
+    /// A batch was read and handed over: `records` records of `bytes` bytes.
+    pub(crate) fn read(&self, records: usize, bytes: usize) {
+        if let Ok(mut s) = self.state.lock() {
+            s.records = s.records.saturating_add(records as u64);
+            s.bytes = s.bytes.saturating_add(bytes as u64);
+        }
+    }
+
+    /// The processor spent `took` inside a hook or a handler.
+    pub(crate) fn busy(&self, took: Duration) {
+        if let Ok(mut s) = self.state.lock() {
+            s.busy = s.busy.saturating_add(took);
+        }
+    }
+
+    /// The last read said the shard is `millis` behind the tip.
+    pub(crate) fn behind(&self, millis: u64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.behind = Some(Duration::from_millis(millis));
+        }
+    }
+
+    /// The figure to write now: what was gathered since the last call folded into the
+    /// smoothed load.
+    pub(crate) fn report(&self) -> LeaseLoad {
+        let Ok(mut s) = self.state.lock() else {
+            return LeaseLoad::new(0, self.capacity_milli);
+        };
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(s.folded_at);
+        if elapsed >= Duration::from_millis(100) {
+            let secs = elapsed.as_secs_f64();
+            #[allow(clippy::cast_precision_loss)]
+            let shares = [
+                s.busy.as_secs_f64() / secs,
+                s.bytes as f64 / secs / BYTES_PER_UNIT,
+                s.records as f64 / secs / RECORDS_PER_UNIT,
+            ];
+            let mut now_load = shares.into_iter().fold(0.0, f64::max);
+            if s.behind.is_some_and(|b| b > BEHIND_FLOOR) {
+                now_load = now_load.max(1.0);
+            }
+            let weight = 1.0 - (-secs / self.smoothing.as_secs_f64().max(0.001)).exp();
+            s.smoothed += weight * (now_load - s.smoothed);
+            s.folded_at = now;
+            s.busy = Duration::ZERO;
+            s.bytes = 0;
+            s.records = 0;
+        }
+        LeaseLoad::new(milli(s.smoothed), self.capacity_milli)
+    }
+}
+
+/// The meters of a worker's held leases: what its heartbeat row reports in all (see the
+/// module docs). Cheap to clone: one registry per worker.
+#[derive(Debug, Clone)]
+pub(crate) struct Meters {
+    held: Arc<Mutex<Vec<Weak<Meter>>>>,
+    capacity_milli: u32,
+}
+
+impl Meters {
+    /// A worker's registry, for a worker of `capacity_milli`.
+    pub(crate) fn new(capacity_milli: u32) -> Self {
+        Self {
+            held: Arc::default(),
+            capacity_milli,
+        }
+    }
+
+    /// Counts `meter` in the total while it lives (while its lease is held).
+    pub(crate) fn register(&self, meter: &Arc<Meter>) {
+        if let Ok(mut held) = self.held.lock() {
+            held.retain(|m| m.strong_count() > 0);
+            held.push(Arc::downgrade(meter));
+        }
+    }
+
+    /// The worker's load: the sum of its held leases' figures, each folded now.
+    pub(crate) fn total(&self) -> LeaseLoad {
+        let live: Vec<Arc<Meter>> = match self.held.lock() {
+            Ok(held) => held.iter().filter_map(Weak::upgrade).collect(),
+            Err(_) => Vec::new(),
+        };
+        let milli = live
+            .iter()
+            .fold(0u32, |sum, m| sum.saturating_add(m.report().milli));
+        LeaseLoad::new(milli, self.capacity_milli)
+    }
+}
+
+/// Where a tenure's figure comes from: its lease's meter, or (a heartbeat row) the worker's.
+#[derive(Debug, Clone)]
+pub(crate) enum Figure {
+    /// One held lease.
+    Lease(Arc<Meter>),
+    /// Every lease the worker holds.
+    Worker(Meters),
+}
+
+impl Figure {
+    /// The figure to write now.
+    pub(crate) fn report(&self) -> LeaseLoad {
+        match self {
+            Self::Lease(meter) => meter.report(),
+            Self::Worker(meters) => meters.total(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    async fn run(meter: &Meter, seconds: u64, busy_per_second: Duration) -> LeaseLoad {
+        let mut last = meter.report();
+        for _ in 0..seconds {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            meter.busy(busy_per_second);
+            last = meter.report();
+        }
+        last
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_time_is_the_load_once_smoothed() {
+        let meter = Meter::new(None, MINUTE, 1000);
+        let after_a_minute = run(&meter, 60, Duration::from_millis(500)).await;
+        // 1 − e^−1 of the way in one time constant.
+        assert!(
+            (300..=330).contains(&after_a_minute.milli),
+            "{after_a_minute:?}"
+        );
+        let settled = run(&meter, 600, Duration::from_millis(500)).await;
+        assert!((495..=500).contains(&settled.milli), "{settled:?}");
+        assert_eq!(settled.capacity_milli, 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_records_and_backlog_each_count_by_their_own_limit() {
+        let meter = Meter::new(None, Duration::from_millis(1), 1000);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        meter.read(10, 512 * 1024);
+        assert_eq!(meter.report().milli, 500, "half of 1 MiB/s");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        meter.read(1500, 1000);
+        assert_eq!(meter.report().milli, 1500, "1,500 records a second");
+        meter.behind(61_000);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(meter.report().milli, 1000, "behind: at least one unit");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_taken_over_starts_from_its_rows_figure() {
+        let meter = Meter::new(Some(LeaseLoad::new(800, 2000)), MINUTE, 1000);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        meter.busy(Duration::from_millis(2400));
+        let report = meter.report();
+        assert_eq!(report.milli, 800, "{report:?}");
+        assert_eq!(report.capacity_milli, 1000, "the new holder's capacity");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_workers_total_is_its_held_leases() {
+        let meters = Meters::new(2000);
+        let a = Arc::new(Meter::new(Some(LeaseLoad::new(300, 1000)), MINUTE, 2000));
+        let b = Arc::new(Meter::new(Some(LeaseLoad::new(200, 1000)), MINUTE, 2000));
+        meters.register(&a);
+        meters.register(&b);
+        assert_eq!(meters.total(), LeaseLoad::new(500, 2000));
+        drop(a);
+        assert_eq!(
+            meters.total(),
+            LeaseLoad::new(200, 2000),
+            "a lease let go leaves the sum"
+        );
+    }
+
+    #[test]
+    fn milli_saturates() {
+        assert_eq!(milli(-1.0), 0);
+        assert_eq!(milli(f64::NAN), 0);
+        assert_eq!(milli(1e12), u32::MAX);
+        assert_eq!(milli(0.2505), 251);
+    }
+}
