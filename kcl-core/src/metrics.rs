@@ -105,9 +105,29 @@ pub const STORE_READ_UNITS: &str = "kcl_lease_store_read_units_total";
 /// Write capacity units the lease table consumed (counter, `operation`).
 pub const STORE_WRITE_UNITS: &str = "kcl_lease_store_write_units_total";
 
+/// What a held lease costs its holder, as last written to its row: the largest of busy time
+/// per second, bytes against 1 MiB/s and records against 1,000/s (gauge, `shard`; see
+/// [`lease::load`](crate::lease::load)).
+pub const LEASE_LOAD: &str = "kcl_lease_load";
+/// Leases the leader asked to move to balance load (counter; moves of small leases by count
+/// and count balancing are in `kcl_lease_handoffs_requested_total`).
+pub const LOAD_MOVES: &str = "kcl_load_moves_total";
+
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 35] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 37] = [
+    (
+        LEASE_LOAD,
+        Kind::Gauge,
+        None,
+        "What a held lease costs its holder: the largest of busy time per second, bytes against 1 MiB/s and records against 1,000/s",
+    ),
+    (
+        LOAD_MOVES,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Leases the leader asked to move to balance load",
+    ),
     (
         RETRIES,
         Kind::Counter,

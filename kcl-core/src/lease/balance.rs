@@ -79,6 +79,9 @@ pub(crate) struct Bounds {
     pub(crate) max_steal: usize,
 }
 
+/// Leases by worker.
+pub(crate) type Load<'a> = BTreeMap<&'a WorkerId, usize>;
+
 /// The fleet as the balancer sees it, by worker.
 pub(crate) type Levels<'a> = BTreeMap<&'a WorkerId, Level>;
 

@@ -17,6 +17,7 @@ pub(crate) mod renewer;
 pub(crate) mod sync;
 pub(crate) mod taker;
 pub(crate) mod tenure;
+pub(crate) mod weigh;
 pub mod usage;
 
 pub use self::extras::LeaseStoreExtras;

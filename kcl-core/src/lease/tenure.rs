@@ -418,7 +418,12 @@ impl Tenure {
     async fn send(&self, op: Write<'_>, mut lease: Lease) -> Result<Lease, BackendError> {
         let store = &*self.store;
         if let (Write::Renew | Write::Checkpoint(_), Some(figure)) = (op, &self.figure) {
-            lease.load = Some(figure.report());
+            let load = figure.report();
+            if let Figure::Lease(_) = figure {
+                let shard = self.shard.to_string();
+                ::metrics::gauge!(crate::metrics::LEASE_LOAD, "shard" => shard).set(load.units());
+            }
+            lease.load = Some(load);
         }
         let limit = self.call_timeout;
         match op {

@@ -16,7 +16,9 @@ use super::take::{self, Taking, owner_name};
 use super::{Coordinator, Wiring};
 use crate::error::{Error, ErrorKind};
 use crate::lease::balance::Bounds;
-use crate::lease::leader::{self, Assignment, Moves, Weighing};
+use crate::config::BalanceBy;
+use crate::lease::leader::{self, Assignment, Moves};
+use crate::lease::weigh::Weighing;
 use crate::lease::taker::{Candidate, Holder};
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
@@ -128,7 +130,7 @@ impl Leading {
                 .is_some_and(|since| now.saturating_duration_since(*since) >= window)
         };
         let weighing = Weighing {
-            by: balancing.by,
+            by_load: balancing.by == BalanceBy::Load,
             bounds: Bounds {
                 band: balancing.band,
                 budget: balancing.move_budget.saturating_sub(self.load_moves.len()),
@@ -167,6 +169,7 @@ impl Leading {
     fn note(&mut self, me: &WorkerId, plan: &Assignment, candidates: &[Candidate], now: Instant) {
         self.load_moves
             .extend(std::iter::repeat_n(now, plan.load_moves));
+        ::metrics::counter!(metrics::LOAD_MOVES).increment(plan.load_moves as u64);
         for (key, _) in &plan.request_handoff {
             self.orphans.remove(key);
         }
