@@ -106,6 +106,12 @@ pub enum Mutation {
     SinkRefusalIgnored,
     /// Under `Parallel::park_keys`, a parked key's later records run.
     ParkedKeyRuns,
+    /// A lease kept through its owner's restart (`restart_grace`) expires after the failover
+    /// time alone: its grace is ignored.
+    RestartGraceIgnored,
+    /// The leader takes released leases itself, then balances them on (the placement before
+    /// released leases went straight to the least loaded worker: two moves each).
+    LeaderTakesReleased,
 }
 
 impl Mutation {
@@ -154,6 +160,8 @@ impl Mutation {
         Self::BisectRedeliversSucceeded,
         Self::SinkRefusalIgnored,
         Self::ParkedKeyRuns,
+        Self::RestartGraceIgnored,
+        Self::LeaderTakesReleased,
     ];
 }
 
@@ -174,6 +182,10 @@ impl Mutation {
             // Churn, not loss: no invariant of the simulation is broken by it.
             Self::LeaderBalancesOntoRefusers => {
                 Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
+            }
+            // Churn, not loss: two moves of a released lease instead of one.
+            Self::LeaderTakesReleased => {
+                Some("lease::leader::tests::released_leases_go_straight_to_the_least_loaded_worker")
             }
             Self::ReleaseOutweighedByRenewals => Some(
                 "lease::observer::tests::a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves",

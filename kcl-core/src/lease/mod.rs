@@ -73,6 +73,14 @@ pub struct Lease {
     /// keys are dead-lettered unrun, by whichever worker holds it; redriving the record
     /// removes its entry.
     pub parked_keys: Vec<String>,
+    /// Kept through its owner's restart (kcl extension, `restartGraceMillis`): the owner
+    /// stopped gracefully, expecting to come back under the same id, and asks others to wait
+    /// this much longer than the failover time before they take the lease (see
+    /// [`WorkerConfig::restart_grace`](crate::WorkerConfig::restart_grace)). Written by the
+    /// owner's last write, so that the owner delivers nothing after it; removed by the next
+    /// take or release. KCL Java ignores it: its workers take the lease after the failover
+    /// time, and leave the attribute on the row.
+    pub restart_grace: Option<std::time::Duration>,
 }
 
 impl Lease {
@@ -92,6 +100,7 @@ impl Lease {
             start_timestamp: None,
             endpoint: None,
             parked_keys: Vec::new(),
+            restart_grace: None,
         }
     }
 
@@ -126,6 +135,9 @@ pub struct CheckpointUpdate {
     pub endpoint: Option<String>,
     /// Entries added to [`Lease::parked_keys`] (the others stay); empty leaves it as it is.
     pub park: Vec<String>,
+    /// Marks the lease kept through its owner's restart ([`Lease::restart_grace`]); `None`
+    /// leaves the attribute as it is.
+    pub restart_grace: Option<std::time::Duration>,
 }
 
 impl CheckpointUpdate {
@@ -139,6 +151,7 @@ impl CheckpointUpdate {
             start_timestamp: None,
             endpoint: None,
             park: Vec::new(),
+            restart_grace: None,
         }
     }
 }

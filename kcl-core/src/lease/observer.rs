@@ -15,6 +15,8 @@
 //! back for want of room, naming itself) is *leaving*: not active, whatever else of its rows
 //! moved in the same read or moves afterwards (its other processors' last checkpoints come
 //! after the first releases), until it takes a lease again or a failover time has passed.
+//! A worker seen keeping a row for its restart ([`Lease::restart_grace`]) is leaving in the
+//! same way, until it resumes one (the mark gone, the owner the same) or takes a lease.
 //! Nor is a worker one of whose leases expired active, until a row of its moves again.
 
 use std::collections::BTreeMap;
@@ -42,6 +44,8 @@ struct Seen {
     since: Instant,
     owner: Option<WorkerId>,
     handoff_to: Option<WorkerId>,
+    /// Kept through its owner's restart.
+    kept: bool,
 }
 
 impl Observer {
@@ -61,6 +65,14 @@ impl Observer {
                     && let Some(owner) = &lease.owner
                 {
                     self.active.insert(owner.clone(), now);
+                    let kept = lease.restart_grace.is_some();
+                    if kept && !seen.kept {
+                        // Its last write before a restart: as good as a release.
+                        released.push(owner.clone());
+                    } else if seen.kept && !kept {
+                        // Resumed by the same worker, back from its restart.
+                        self.leaving.remove(owner);
+                    }
                 }
                 if seen.counter != lease.counter
                     && lease.owner.is_none()
@@ -93,6 +105,7 @@ impl Observer {
                     since,
                     owner: lease.owner.clone(),
                     handoff_to: lease.handoff_to.clone(),
+                    kept: lease.restart_grace.is_some(),
                 },
             );
         }
