@@ -253,6 +253,34 @@ mod tests {
         assert!(o.is_active(&b, Instant::now(), failover), "a refusal");
     }
 
+    /// A worker stopping for a restart marks its rows kept (`restart_grace`) instead of
+    /// releasing them: it is leaving (a leader gives it nothing, asks nothing of it) until it
+    /// comes back and resumes one, whatever else of its rows moved meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_keeping_its_rows_for_a_restart_is_leaving_until_it_resumes_one() {
+        let failover = Duration::from_secs(10);
+        let b = WorkerId::new("b");
+        let row = |key: &str, counter: u64, kept: bool| {
+            let mut l = Lease::new(ShardId::new(key), Checkpoint::TrimHorizon);
+            l.owner = Some(b.clone());
+            l.counter = counter;
+            l.restart_grace = kept.then_some(Duration::from_secs(30));
+            l
+        };
+        let mut o = Observer::default();
+        o.update(&[row("s1", 1, false), row("s2", 1, false)], Instant::now());
+        o.update(&[row("s1", 2, false), row("s2", 2, false)], Instant::now());
+        assert!(o.is_active(&b, Instant::now(), failover));
+        // s1 kept, s2's last checkpoint in the same read.
+        o.update(&[row("s1", 3, true), row("s2", 3, false)], Instant::now());
+        assert!(!o.is_active(&b, Instant::now(), failover), "kept s1");
+        o.update(&[row("s1", 3, true), row("s2", 4, true)], Instant::now());
+        assert!(!o.is_active(&b, Instant::now(), failover), "still leaving");
+        // Back: it resumes s1 (the mark gone, the owner the same).
+        o.update(&[row("s1", 4, false), row("s2", 4, true)], Instant::now());
+        assert!(o.is_active(&b, Instant::now(), failover), "resumed s1");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_worker_whose_lease_lapsed_is_inactive_until_a_row_of_its_moves() {
         let failover = Duration::from_secs(10);
