@@ -109,9 +109,10 @@ pub enum Mutation {
     /// A lease kept through its owner's restart (`restart_grace`) expires after the failover
     /// time alone: its grace is ignored.
     RestartGraceIgnored,
-    /// The leader takes released leases itself, then balances them on (the placement before
-    /// released leases went straight to the least loaded worker: two moves each).
-    LeaderTakesReleased,
+    /// A rolling replace as before issue 38: the leader takes released leases itself, then
+    /// balances them on (two moves each), and a new follower asks for the leases naming it
+    /// at the usual pace.
+    ReleasedViaLeader,
 }
 
 impl Mutation {
@@ -161,7 +162,7 @@ impl Mutation {
         Self::SinkRefusalIgnored,
         Self::ParkedKeyRuns,
         Self::RestartGraceIgnored,
-        Self::LeaderTakesReleased,
+        Self::ReleasedViaLeader,
     ];
 }
 
@@ -184,7 +185,7 @@ impl Mutation {
                 Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
             }
             // Churn, not loss: two moves of a released lease instead of one.
-            Self::LeaderTakesReleased => {
+            Self::ReleasedViaLeader => {
                 Some("lease::leader::tests::released_leases_go_straight_to_the_least_loaded_worker")
             }
             Self::ReleaseOutweighedByRenewals => Some(

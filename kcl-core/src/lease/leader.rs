@@ -203,7 +203,7 @@ fn place<'a>(
         // worker (a surge pod replacing the worker that released it is the emptiest), so
         // that it moves once, not twice: to the leader, then on.
         let orphan = matches!(c.holder, Holder::Expired { .. })
-            || (c.holder == Holder::Released && mutation::on(Mutation::LeaderTakesReleased));
+            || (c.holder == Holder::Released && mutation::on(Mutation::ReleasedViaLeader));
         let mine = load.get(me).copied().unwrap_or(0);
         let least = if orphan && room(me, mine) {
             Some(me)
