@@ -306,27 +306,31 @@ async fn produce(stream: MemoryStream) {
     }
 }
 
-/// The median of `runs` runs of each figure (each run on a fresh fleet).
-fn median(runs: usize, mut once: impl FnMut() -> Cost) -> Cost {
+/// The median of `runs` runs of each figure (each run on a fresh fleet), and the fewest and
+/// most moves of a run.
+fn median(runs: usize, mut once: impl FnMut() -> Cost) -> (Cost, (usize, usize)) {
     let costs: Vec<Cost> = (0..runs).map(|_| once()).collect();
+    let moves = costs.iter().map(|c| c.moves);
+    let range = (moves.clone().min().unwrap_or(0), moves.max().unwrap_or(0));
     let mid = |f: &dyn Fn(&Cost) -> f64| {
         let mut v: Vec<f64> = costs.iter().map(f).collect();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    Cost {
+    let cost = Cost {
         moves: mid(&|c| c.moves as f64) as usize,
         longest_gap: Duration::from_secs_f64(mid(&|c| c.longest_gap.as_secs_f64())),
         median_gap: Duration::from_secs_f64(mid(&|c| c.median_gap.as_secs_f64())),
         requests: mid(&|c| c.requests as f64) as u64,
         write_units: mid(&|c| c.write_units),
         took: Duration::from_secs_f64(mid(&|c| c.took.as_secs_f64())),
-    }
+    };
+    (cost, range)
 }
 
-fn row(deploy: &str, how: &str, c: Cost) {
+fn row(deploy: &str, how: &str, (c, (fewest, most)): (Cost, (usize, usize))) {
     println!(
-        "| {deploy} | {how} | {} | {:.2} | {:.1} | {:.1} | {} | {:.0} | {:.0} |",
+        "| {deploy} | {how} | {} ({fewest}–{most}) | {:.2} | {:.1} | {:.1} | {} | {:.0} | {:.0} |",
         c.moves,
         c.moves as f64 / f64::from(SHARDS),
         c.longest_gap.as_secs_f64(),
@@ -344,7 +348,7 @@ fn main() {
         .unwrap_or(5);
     let config = WorkerConfig::default();
     println!(
-        "| deploy | behaviour | lease moves | moves per lease | longest gap, s | median shard's longest gap, s | table requests | write units | simulated s |"
+        "| deploy | behaviour | lease moves (fewest–most of the runs) | moves per lease | longest gap, s | median shard's longest gap, s | table requests | write units | simulated s |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for down in [Duration::from_secs(2), Duration::from_secs(15)] {
