@@ -21,6 +21,7 @@
 //! holds 8 each again after the last start.
 #![allow(
     missing_docs,
+    clippy::panic,
     clippy::print_stdout,
     clippy::unwrap_used,
     clippy::expect_used,
@@ -317,11 +318,16 @@ fn median(runs: usize, mut once: impl FnMut() -> Cost) -> (Cost, (usize, usize))
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    let mid_count = |f: &dyn Fn(&Cost) -> u64| {
+        let mut v: Vec<u64> = costs.iter().map(f).collect();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
     let cost = Cost {
-        moves: mid(&|c| c.moves as f64) as usize,
+        moves: usize::try_from(mid_count(&|c| c.moves as u64)).unwrap_or(usize::MAX),
         longest_gap: Duration::from_secs_f64(mid(&|c| c.longest_gap.as_secs_f64())),
         median_gap: Duration::from_secs_f64(mid(&|c| c.median_gap.as_secs_f64())),
-        requests: mid(&|c| c.requests as f64) as u64,
+        requests: mid_count(&|c| c.requests),
         write_units: mid(&|c| c.write_units),
         took: Duration::from_secs_f64(mid(&|c| c.took.as_secs_f64())),
     };

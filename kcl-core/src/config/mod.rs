@@ -492,6 +492,15 @@ mod tests {
         assert!(e.is_some_and(|e| e.to_string().contains("max_records")));
         let c = WorkerConfig::default().taker_interval(Duration::ZERO);
         assert_eq!(c.validate().map_err(|e| e.key), Err("taker_interval"));
+        let c = WorkerConfig::default().restart_grace(Duration::ZERO);
+        assert_eq!(c.validate().map_err(|e| e.key), Err("restart_grace"));
+        let c = WorkerConfig::default().restart_grace(Duration::from_secs(60));
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(
+            WorkerConfig::default().restart_grace,
+            None,
+            "off by default"
+        );
         for name in ["", "has space", &"x".repeat(129)] {
             let c = WorkerConfig::default().retrieval(Retrieval::FanOut {
                 consumer_name: name.to_owned(),
@@ -519,6 +528,7 @@ mod tests {
             ("max_backoff", c.clone().max_backoff(huge)),
             ("call_timeout", c.clone().call_timeout(huge)),
             ("max_clock_skew", c.clone().max_clock_skew(huge)),
+            ("restart_grace", c.clone().restart_grace(huge)),
         ];
         for (key, config) in cases {
             let e = config.validate().err();

@@ -718,8 +718,8 @@ mod tests {
             leases.push(lease(&format!("a{i}"), Holder::Other(a.clone())));
         }
         // The new worker is known from the one lease it asked for (counted as its own).
-        let mut asked = lease("x", Holder::Other(a.clone()));
-        asked.handoff_to = Some(new.clone());
+        let mut asked = lease("x", Holder::Other(a));
+        asked.handoff_to = Some(new);
         leases.push(asked);
         leases.push(lease("r0", Holder::Released));
         leases.push(lease("r1", Holder::Released));

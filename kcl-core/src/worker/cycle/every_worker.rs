@@ -51,7 +51,7 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
     let drained = state.view.is_drained(me);
     take::grant_handoffs(table, &state.shards, drained, &candidates, &by_key).await;
     if !drained {
-        resume_kept(w, state, &mut candidates, &by_key).await;
+        resume_kept(w, state.taking(), &mut candidates, &by_key).await;
     }
 
     let plan = taker::plan(me, &candidates, table.limits(drained));
@@ -107,11 +107,15 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
 /// it. Those taken are `Me` in `candidates` from then on.
 async fn resume_kept<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     w: &Wiring<'_, S, L, F>,
-    state: &mut Coordinator,
+    mut taking: take::Taking<'_>,
     candidates: &mut [Candidate],
     by_key: &BTreeMap<&ShardId, &Lease>,
 ) {
-    let room = w.table.config.max_leases.saturating_sub(state.shards.len());
+    let room = w
+        .table
+        .config
+        .max_leases
+        .saturating_sub(taking.shards.len());
     let kept: Vec<&Lease> = candidates
         .iter()
         .filter(|c| c.holder == Holder::Adoptable)
@@ -122,9 +126,9 @@ async fn resume_kept<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     if kept.is_empty() {
         return;
     }
-    state.taking().take_all(w, &kept).await;
+    taking.take_all(w, &kept).await;
     for c in candidates.iter_mut() {
-        if state.shards.holds(&c.key) {
+        if taking.shards.holds(&c.key) {
             c.holder = Holder::Me;
         }
     }
