@@ -103,7 +103,9 @@ pub(super) async fn stand_by<S: ShardSource, L: LeaseStore, F: ProcessorFactory>
     // The standby's own read shows which leases name it: no index query.
     let listed = state.view.list(w.table, w.report, &mut state.problems, how);
     if let Some(leases) = listed.await? {
+        // Handing over first: what leaves makes room for what is adopted.
         state.shards.hand_over_listed(me, &leases);
+        state.shards.hand_over_requested(me);
         let mine = lease::keys_owned_by(leases, me);
         adopt(w, state.taking(), mine).await;
         w.report.cycle_done();
@@ -130,7 +132,8 @@ fn owner_query_interval(config: &WorkerConfig, running: Duration) -> Duration {
 const NEW_FOR: u32 = 2;
 
 /// Takes the leases among `mine` (keys whose row names this worker) that it does not
-/// hold yet, or gives them back if it is at `max_leases` or asked to drain.
+/// hold yet, or gives them back if it is at `max_leases` (and hands none over, which would
+/// make room) or asked to drain.
 async fn adopt<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     w: &Wiring<'_, S, L, F>,
     mut taking: Taking<'_>,
@@ -151,7 +154,15 @@ async fn adopt<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
             }
         };
         let full = taking.shards.len() >= table.config.max_leases;
-        if full || taking.view.is_drained(&table.me) {
+        let drained = taking.view.is_drained(&table.me);
+        if full && !drained && taking.shards.handing_off() > 0 {
+            // Leases on their way out make room in a moment: adopt it then (the row keeps
+            // naming this worker). A refusal now would tell the leader this worker takes no
+            // more than what it keeps, and it would stay short for a long while.
+            tracing::debug!(shard = %key, "at max_leases while handing over: adopting later");
+            continue;
+        }
+        if full || drained {
             refuse(table, &row).await;
             continue;
         }
