@@ -1,16 +1,16 @@
 //! The leader's plan for the whole fleet: a pure function of what the leader observed.
 //!
 //! With [`Coordination::Leader`](crate::Coordination::Leader) only the leader reads the whole
-//! table, so it decides for everyone. A lease whose owner died (expired) is read by nobody,
-//! so the leader takes it itself, at once: the failover then costs what it costs without a
-//! leader. A lease released by a worker that shut down, and a new lease, go to the least
-//! loaded active worker, the leader included (a released lease so moves once in a rolling
-//! replace: to the surge pod, not to the leader and then on); the leader writes the new owner (a conditional take on
-//! the new owner's behalf) and that worker adopts the lease when it next reads which leases
-//! name it (its index query, every few seconds). Then, while one worker holds at least two leases
-//! more than another, the most loaded is asked to hand one to the least loaded (a handoff
-//! request, which the owner sees in its next renewal and grants); each worker receives at
-//! most `max_steal` new requests a round, so the fleet moves gradually, as with the
+//! table, so it decides for everyone. A lease whose owner died (expired) is read by nobody, so
+//! the leader takes it itself, at once: the failover then costs what it costs without a leader.
+//! A lease released by a worker that shut down, and a new lease, go to the least loaded active
+//! worker, the leader included (a released lease so moves once in a rolling replace: to the
+//! surge pod, not to the leader and then on); the leader writes the new owner (a conditional
+//! take on the new owner's behalf) and that worker adopts the lease when it next reads which
+//! leases name it (its index query, every few seconds). Then, while one worker holds at least
+//! two leases more than another, the most loaded is asked to hand one to the least loaded (a
+//! handoff request, which the owner sees in its next renewal and grants); each worker receives
+//! at most `max_steal` new requests a round, so the fleet moves gradually, as with the
 //! per-worker taker.
 //!
 //! Workers are known as in [`taker::workers`]: owners of live leases and targets of pending
