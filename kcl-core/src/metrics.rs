@@ -48,7 +48,8 @@ pub const PARKED_KEYS: &str = "kcl_parked_keys";
 pub const SINK_FAILURES: &str = "kcl_dead_letter_sink_failures_total";
 /// Leases held by this worker (gauge).
 pub const LEASES_HELD: &str = "kcl_leases_held";
-/// Leases taken (counter, `from`: `unowned`, `expired` or `handoff`).
+/// Leases taken (counter, `from`: `unowned`, `expired`, `handoff` or `restart`: resumed
+/// after this worker's own restart, see `WorkerConfig::restart_grace`).
 pub const LEASES_TAKEN: &str = "kcl_leases_taken_total";
 /// Available leases the leader wrote to other workers (counter; `Coordination::Leader`).
 pub const LEASES_ASSIGNED: &str = "kcl_leases_assigned_total";
@@ -56,8 +57,8 @@ pub const LEASES_ASSIGNED: &str = "kcl_leases_assigned_total";
 pub const LEASES_STOLEN: &str = "kcl_lease_handoffs_requested_total";
 /// Leases lost: taken by others or expired locally (counter).
 pub const LEASES_LOST: &str = "kcl_leases_lost_total";
-/// Leases handed back or over gracefully: at shutdown, to another worker, on a drain
-/// (counter).
+/// Leases handed back or over gracefully: at shutdown (or kept for this worker's restart,
+/// under `restart_grace`), to another worker, on a drain (counter).
 pub const LEASES_RELEASED: &str = "kcl_leases_released_total";
 /// Successful checkpoint writes (counter).
 pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
@@ -204,7 +205,7 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 37] = [
         LEASES_TAKEN,
         Kind::Counter,
         Some(Unit::Count),
-        "Leases taken, by whom they came from (from: unowned, expired, handoff)",
+        "Leases taken, by whom they came from (from: unowned, expired, handoff, restart)",
     ),
     (
         LEASES_ASSIGNED,
@@ -228,7 +229,7 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 37] = [
         LEASES_RELEASED,
         Kind::Counter,
         Some(Unit::Count),
-        "Leases handed back or over gracefully (shutdown, handoff, drain)",
+        "Leases handed back or over gracefully (shutdown, handoff, drain; kept for a restart)",
     ),
     (
         CHECKPOINTS,
@@ -370,7 +371,7 @@ pub fn describe() {
 }
 
 /// Label values of [`LEASES_TAKEN`].
-pub(crate) const TAKEN_FROM: [&str; 3] = ["unowned", "expired", "handoff"];
+pub(crate) const TAKEN_FROM: [&str; 4] = ["unowned", "expired", "handoff", "restart"];
 /// Label values of [`THROTTLED`].
 pub(crate) const THROTTLED_OPERATIONS: [&str; 2] = ["get_records", "shard_iterator"];
 

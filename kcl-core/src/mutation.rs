@@ -114,6 +114,13 @@ pub enum Mutation {
     NoStickiness,
     /// The leader balances counts whatever the loads.
     LoadIgnored,
+    /// A lease kept through its owner's restart (`restart_grace`) expires after the failover
+    /// time alone: its grace is ignored.
+    RestartGraceIgnored,
+    /// A rolling replace as before issue 38: the leader takes released leases itself, then
+    /// balances them on (two moves each), and a new follower asks for the leases naming it
+    /// at the usual pace.
+    ReleasedViaLeader,
 }
 
 impl Mutation {
@@ -166,6 +173,8 @@ impl Mutation {
         Self::NoMoveBudget,
         Self::NoStickiness,
         Self::LoadIgnored,
+        Self::RestartGraceIgnored,
+        Self::ReleasedViaLeader,
     ];
 }
 
@@ -186,6 +195,10 @@ impl Mutation {
             // Churn, not loss: no invariant of the simulation is broken by it.
             Self::LeaderBalancesOntoRefusers => {
                 Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
+            }
+            // Churn, not loss: two moves of a released lease instead of one.
+            Self::ReleasedViaLeader => {
+                Some("lease::leader::tests::released_leases_go_straight_to_the_least_loaded_worker")
             }
             Self::ReleaseOutweighedByRenewals => Some(
                 "lease::observer::tests::a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves",

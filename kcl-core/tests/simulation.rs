@@ -8,7 +8,9 @@
 //! time, adds and removes workers, makes the store fail, throttle and answer late, partitions
 //! single workers, expires iterators, makes processors fail, ages closed shards out of the
 //! stream, and splits and merges shards; every fifth seed makes planned changes only (joins,
-//! graceful leaves, splits, merges). Then faults stop, the fleet drains, and the run is
+//! graceful leaves, splits, merges); in a third of the seeds workers keep their leases
+//! through a restart (`restart_grace`), and most graceful leaves are restarts under the same
+//! id. Then faults stop, the fleet drains, and the run is
 //! checked against the invariants in `sim/checks` (listed in the summary line) plus balance.
 //! Every worker is also a candidate for a singleton task that is slow to stop.
 //!
@@ -412,6 +414,15 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.failing_reports,
         stats.capped,
         stats.unowned_reports,
+    );
+    let restart_violations = results
+        .iter()
+        .flat_map(|(_, o)| &o.violations)
+        .filter(|v| v.starts_with("restart-kept:"))
+        .count();
+    println!(
+        "restart simulation: {} seeds keep leases through restarts (restart_grace), {} restarts under the same id, {} leases kept through a restart judged; {restart_violations} violations of [restart-kept]",
+        stats.grace, stats.restarts, stats.kept_judged,
     );
     violations
 }

@@ -12,7 +12,7 @@
 //! Defaults are the Java daemon's, not kcl's, wherever the two differ and the key exists:
 //! `initialPositionInStream` is `LATEST` and `retrievalMode` is `FANOUT`, as in KCL Java 3.x.
 //! kcl's own settings have keys of their own (`coordination`, `liveness`, `tableSetup`,
-//! `stalledAfterSeconds`, the failure policy's `failure…`, `deadLetterSink`,
+//! `stalledAfterSeconds`, `restartGraceSeconds`, the failure policy's `failure…`, `deadLetterSink`,
 //! `deadLetterOverflowS3`, `childErrorsFailBatch`).
 
 use std::time::Duration;
@@ -328,7 +328,7 @@ fn retrieval(r: &Reader<'_>, application_name: &str) -> Result<Retrieval, KeyErr
 }
 
 /// kcl's own settings, which KCL Java does not have: `coordination`, `liveness`,
-/// `stalledAfterSeconds` (errors kept in `r`).
+/// `stalledAfterSeconds`, `restartGraceSeconds` (errors kept in `r`).
 fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
     if let Some(coordination) = r.optional(r.parsed("coordination")) {
         worker.coordination = coordination;
@@ -336,19 +336,24 @@ fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
     if let Some(liveness) = r.optional(r.parsed("liveness")) {
         *worker = std::mem::take(worker).liveness(liveness);
     }
-    let key = "stalledAfterSeconds";
-    match r.get(key) {
-        None => {}
-        Some(off) if off.eq_ignore_ascii_case("off") => {
-            *worker = std::mem::take(worker).stalled_after(None);
-        }
-        Some(_) => {
+    if let Some(stalled_after) = seconds_or_off(r, "stalledAfterSeconds") {
+        *worker = std::mem::take(worker).stalled_after(stalled_after);
+    }
+    if let Some(grace) = seconds_or_off(r, "restartGraceSeconds") {
+        *worker = std::mem::take(worker).restart_grace(grace);
+    }
+}
+
+/// A property that is a number of seconds or `off` (`None`); `None` if it is absent or does
+/// not parse (the error kept in `r`).
+fn seconds_or_off(r: &Reader<'_>, key: &'static str) -> Option<Option<Duration>> {
+    match r.get(key)? {
+        off if off.eq_ignore_ascii_case("off") => Some(None),
+        _ => {
             let seconds = r
                 .number::<u64>(key)
                 .map_err(|e| key_error(key, format!("{}; or off", e.reason)));
-            if let Some(seconds) = r.optional(seconds) {
-                *worker = std::mem::take(worker).stalled_after(Some(Duration::from_secs(seconds)));
-            }
+            r.optional(seconds).map(|s| Some(Duration::from_secs(s)))
         }
     }
 }
@@ -401,6 +406,7 @@ pub(crate) const FIELDS: &[(&str, &str)] = &[
     ("retrievalMode", "retrieval"),
     ("fanoutConfig.consumerName", "retrieval.consumer_name"),
     ("stalledAfterSeconds", "stalled_after"),
+    ("restartGraceSeconds", "restart_grace"),
     ("coordination", "coordination"),
     ("liveness", "liveness"),
     ("failureAttempts", "failure.attempts"),

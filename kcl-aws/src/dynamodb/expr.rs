@@ -157,6 +157,9 @@ impl Expr {
         if !update.park.is_empty() {
             self.add(PARKED_KEYS, AttributeValue::Ss(update.park.clone()));
         }
+        if let Some(grace) = update.restart_grace {
+            self.set(schema::RESTART_GRACE, schema::millis(grace));
+        }
         self
     }
 

@@ -448,7 +448,8 @@ impl LeaseStore for DynamoDbLeaseStore {
         )
         .set(LEASE_COUNTER, schema::number(observed.counter + 1))
         .remove(HANDOFF_TO)
-        .remove(CHECKPOINT_OWNER);
+        .remove(CHECKPOINT_OWNER)
+        .remove(schema::RESTART_GRACE);
         if observed.owner.as_ref() != Some(new_owner) {
             e.increment(OWNER_SWITCHES_SINCE_CHECKPOINT);
         }
@@ -459,7 +460,8 @@ impl LeaseStore for DynamoDbLeaseStore {
         let mut e = Expr::held(held);
         e.set(LEASE_COUNTER, schema::number(held.counter + 1))
             .remove(LEASE_OWNER)
-            .remove(HANDOFF_TO);
+            .remove(HANDOFF_TO)
+            .remove(schema::RESTART_GRACE);
         self.update(Operation::Release, &held.key, e)
             .await
             .map(drop)
@@ -502,7 +504,8 @@ impl LeaseStore for DynamoDbLeaseStore {
         let mut e = Expr::held(observed);
         e.set(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()))
             .remove(HANDOFF_TO)
-            .remove(CHECKPOINT_OWNER);
+            .remove(CHECKPOINT_OWNER)
+            .remove(schema::RESTART_GRACE);
         e.checkpoint(&observed.key, update, observed.counter);
         self.update(Operation::Reset, &observed.key, e).await
     }

@@ -6,8 +6,8 @@
 //! `checkpointSubSequenceNumber` N, `ownerSwitchesSinceCheckpoint` N, `parentShardId` SS
 //! (singular, as KCL Java names it), `childShardIds` SS, `pendingCheckpoint` S,
 //! `pendingCheckpointSubSequenceNumber` N, `startingHashKey` / `endingHashKey` S (decimal).
-//! `handoffTo` S and `startingTimestamp` N (epoch milliseconds) are our own additions; KCL
-//! Java ignores them.
+//! `handoffTo` S, `startingTimestamp` N (epoch milliseconds), `kclEndpoint` S, `parkedKeys`
+//! SS and `restartGraceMillis` N (a duration) are our own additions; KCL Java ignores them.
 //!
 //! Every expression refers to attributes through `#name` placeholders (the placeholder is the
 //! attribute name behind a `#`), because some of them, such as `owner` and `checkpoint`-like
@@ -76,6 +76,11 @@ pub(crate) const PARKED_KEYS: &str = "parkedKeys";
 pub(crate) const LOAD: &str = "kclLoad";
 /// kcl extension: the holder's declared capacity, in thousandths (`N`), written with `kclLoad`.
 pub(crate) const CAPACITY: &str = "kclCapacity";
+/// kcl extension: the lease is kept through its owner's restart, and others wait this many
+/// milliseconds longer than the failover time before taking it (`N`; see
+/// `Lease::restart_grace`). A duration, never a time. KCL Java ignores it (and its takes
+/// leave it; kcl's takes and releases remove it).
+pub(crate) const RESTART_GRACE: &str = "restartGraceMillis";
 /// KCL Java's multi-stream rows: the stream (`account:stream:creationEpoch`; "streamName"
 /// for historical reasons).
 pub(crate) const STREAM_NAME: &str = "streamName";
@@ -236,6 +241,9 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(load) = lease.load {
         put(LOAD, number(load.milli.into()));
         put(CAPACITY, number(load.capacity_milli.into()));
+}
+    if let Some(grace) = lease.restart_grace {
+        put(RESTART_GRACE, millis(grace));
     }
     item
 }
@@ -253,6 +261,11 @@ fn load(item: &Item) -> Option<LeaseLoad> {
         figure(LOAD)?,
         figure(CAPACITY).unwrap_or(1000),
     ))
+}
+
+/// A duration as whole milliseconds (`N`).
+pub(crate) fn millis(duration: std::time::Duration) -> AttributeValue {
+    number(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A timestamp as whole milliseconds since the Unix epoch, rounded down (a pin read back
@@ -335,6 +348,7 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         .map(|entry| entry.as_str().to_owned())
         .collect();
     lease.load = load(item);
+    lease.restart_grace = optional_n(item, RESTART_GRACE)?.map(std::time::Duration::from_millis);
     Ok(lease)
 }
 
@@ -524,7 +538,9 @@ mod tests {
         lease.hash_key_range = Some(HashKeyRange::FULL);
         lease.handoff_to = Some(WorkerId::new("w2"));
         lease.start_timestamp = DateTime::from_timestamp_millis(1_763_000_000_123);
+        lease.restart_grace = Some(std::time::Duration::from_secs(60));
         let item = to_item(&lease);
+        assert_eq!(item.get(RESTART_GRACE), Some(&n("60000")));
         assert!(matches!(
             item.get(PARENT_SHARD_ID),
             Some(AttributeValue::Ss(_))

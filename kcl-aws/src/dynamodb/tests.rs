@@ -162,6 +162,57 @@ async fn take_of_an_unowned_lease_requires_no_owner_and_counts_the_switch() {
     assert_eq!(taken.owner, Some(WorkerId::new("w9")));
 }
 
+/// A lease kept through its owner's restart: the owner's last write is a checkpoint write
+/// of the row as it is, conditional on owner and counter, that sets `restartGraceMillis`;
+/// the take that resumes it (or any take, or release) removes the attribute.
+#[tokio::test]
+async fn a_restart_mark_is_a_fenced_checkpoint_write_and_a_take_removes_it() {
+    let mark = mock!(Client::update_item)
+        .match_requests(|req| {
+            let expr = req.update_expression().unwrap_or_default();
+            let values = req.expression_attribute_values().unwrap();
+            req.condition_expression() == Some(schema::COND_OWNED)
+                && values.get(":counter") == Some(&AttributeValue::N("7".into()))
+                && values.get(":restartGraceMillis") == Some(&AttributeValue::N("60000".into()))
+                && expr.contains("#restartGraceMillis = :restartGraceMillis")
+        })
+        .then_output(|| {
+            let mut after = held();
+            after.counter = 8;
+            after.restart_grace = Some(std::time::Duration::from_secs(60));
+            UpdateItemOutput::builder()
+                .set_attributes(Some(row(&after)))
+                .build()
+        });
+    let mut update = CheckpointUpdate::new(held().checkpoint);
+    update.restart_grace = Some(std::time::Duration::from_secs(60));
+    let kept = store(&[&mark]).checkpoint(&held(), &update).await.unwrap();
+    assert_eq!(kept.restart_grace, Some(std::time::Duration::from_secs(60)));
+    assert_eq!(mark.num_calls(), 1);
+
+    let resume = mock!(Client::update_item)
+        .match_requests(|req| {
+            let expr = req.update_expression().unwrap_or_default();
+            req.condition_expression() == Some(schema::COND_OWNED)
+                && expr.contains("REMOVE ")
+                && expr.contains("#restartGraceMillis")
+                && !expr.contains(":restartGraceMillis")
+        })
+        .then_output(|| {
+            let mut after = held();
+            after.counter = 9;
+            UpdateItemOutput::builder()
+                .set_attributes(Some(row(&after)))
+                .build()
+        });
+    let resumed = store(&[&resume])
+        .take(&kept, &WorkerId::new("w1"))
+        .await
+        .unwrap();
+    assert_eq!(resumed.restart_grace, None);
+    assert_eq!(resume.num_calls(), 1);
+}
+
 /// Issue 34, item 7: a reset is one `UpdateItem`, conditional on the owner and counter
 /// observed, that makes the placeholder the owner and writes the checkpoint; a failed
 /// condition is a conflict.

@@ -111,6 +111,26 @@ pub struct WorkerConfig {
     /// KCL Java's graceful shutdown has no deadline by default).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub shutdown_timeout: Duration,
+    /// For a worker with a stable identity (the same [`WorkerBuilder::id`](crate::WorkerBuilder::id)
+    /// across restarts: a StatefulSet pod, an ECS service with fixed names, a systemd unit):
+    /// on a graceful shutdown its processors checkpoint (`shutdown_requested`) as always, but
+    /// its leases stay its own instead of being released, marked
+    /// ([`Lease::restart_grace`](crate::Lease::restart_grace)) so that other workers wait this
+    /// much longer than the failover time before they take them. When it comes back under
+    /// the same id it resumes them at once (a conditional take of each, which also fences any
+    /// older process of that id); if it does not come back in time they fail over as after a
+    /// crash: a rolling restart moves no lease. Expiry stays judged by a counter standing still
+    /// (the failover time + this) on each observer's monotonic clock. A KCL Java worker in the
+    /// fleet ignores the mark and takes such leases after the failover time.
+    ///
+    /// Default `None` (`"off"` in a file): leases are released at once on shutdown (KCL Java's
+    /// behaviour). Off, because a worker whose id changes at every start (a Kubernetes
+    /// Deployment's pod names, the default [`WorkerId::for_this_process`](crate::WorkerId::for_this_process))
+    /// never comes back to resume: its leases would wait the failover time + this for nothing.
+    /// A worker stopped for good with this set (a scale-down) leaves its leases waiting that
+    /// long too.
+    #[cfg_attr(feature = "serde", serde(with = "off_or_duration"))]
+    pub restart_grace: Option<Duration>,
     /// The longest any one lease-table or stream call may take before the worker gives up on
     /// it and treats it as failed (the write may or may not have been applied). Default 15 s,
     /// above kcl-aws's SDK operation timeouts (10 s), so that the SDK's own error comes
@@ -232,6 +252,7 @@ impl Default for WorkerConfig {
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             shutdown_timeout: Duration::from_secs(30),
+            restart_grace: None,
             call_timeout: Duration::from_secs(15),
             max_clock_skew: Duration::from_secs(2),
             stalled_after: Some(Duration::from_secs(600)),
@@ -289,6 +310,15 @@ impl WorkerConfig {
     #[must_use]
     pub fn stalled_after(mut self, value: impl Into<Option<Duration>>) -> Self {
         self.stalled_after = value.into();
+        self
+    }
+
+    /// Sets [`WorkerConfig::restart_grace`]: how much longer than the failover time the
+    /// fleet waits for this worker to come back under its id after a graceful shutdown, or
+    /// `None` to release its leases at once.
+    #[must_use]
+    pub fn restart_grace(mut self, value: impl Into<Option<Duration>>) -> Self {
+        self.restart_grace = value.into();
         self
     }
 
@@ -355,7 +385,7 @@ impl WorkerConfig {
     }
 
     /// Every duration field with its key.
-    fn durations(&self) -> [(&'static str, Duration); 14] {
+    fn durations(&self) -> [(&'static str, Duration); 15] {
         [
             ("failover_time", self.failover_time),
             ("renew_interval", self.renew_interval),
@@ -371,6 +401,7 @@ impl WorkerConfig {
             ("max_clock_skew", self.max_clock_skew),
             ("stalled_after", self.stalled_after.unwrap_or_default()),
             ("ack_checkpoint_interval", self.ack_checkpoint_interval),
+            ("restart_grace", self.restart_grace.unwrap_or_default()),
         ]
     }
 
@@ -401,6 +432,9 @@ impl WorkerConfig {
         }
         if self.stalled_after.is_some_and(|d| d.is_zero()) {
             return err("stalled_after", "must be above zero, or off");
+        }
+        if self.restart_grace.is_some_and(|d| d.is_zero()) {
+            return err("restart_grace", "must be above zero, or off");
         }
         if let Retrieval::FanOut { consumer_name } = &self.retrieval {
             let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
@@ -468,6 +502,15 @@ mod tests {
         assert!(e.is_some_and(|e| e.to_string().contains("max_records")));
         let c = WorkerConfig::default().taker_interval(Duration::ZERO);
         assert_eq!(c.validate().map_err(|e| e.key), Err("taker_interval"));
+        let c = WorkerConfig::default().restart_grace(Duration::ZERO);
+        assert_eq!(c.validate().map_err(|e| e.key), Err("restart_grace"));
+        let c = WorkerConfig::default().restart_grace(Duration::from_secs(60));
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(
+            WorkerConfig::default().restart_grace,
+            None,
+            "off by default"
+        );
         for name in ["", "has space", &"x".repeat(129)] {
             let c = WorkerConfig::default().retrieval(Retrieval::FanOut {
                 consumer_name: name.to_owned(),
@@ -495,6 +538,7 @@ mod tests {
             ("max_backoff", c.clone().max_backoff(huge)),
             ("call_timeout", c.clone().call_timeout(huge)),
             ("max_clock_skew", c.clone().max_clock_skew(huge)),
+            ("restart_grace", c.clone().restart_grace(huge)),
         ];
         for (key, config) in cases {
             let e = config.validate().err();

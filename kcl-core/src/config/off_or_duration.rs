@@ -1,5 +1,6 @@
 //! A setting that is a duration or `"off"` (`None`), in a configuration file:
-//! [`WorkerConfig::stalled_after`](super::WorkerConfig::stalled_after). Durations are
+//! [`WorkerConfig::stalled_after`](super::WorkerConfig::stalled_after) and
+//! [`WorkerConfig::restart_grace`](super::WorkerConfig::restart_grace). Durations are
 //! humantime strings (`"10m"`), as every other duration of the file; `null` is off too.
 
 use std::time::Duration;
@@ -58,5 +59,17 @@ mod tests {
             let text = serde_json::to_string(&config).unwrap_or_default();
             assert_eq!(stalled_after(&text), Ok(value), "{text}");
         }
+    }
+
+    #[test]
+    fn a_restart_grace_is_off_unless_given() {
+        let grace = |json: &str| {
+            let config: Result<WorkerConfig, _> = serde_json::from_str(json);
+            config.map(|c| c.restart_grace).map_err(|e| e.to_string())
+        };
+        assert_eq!(grace("{}"), Ok(None));
+        assert_eq!(grace(r#"{"restart_grace": "off"}"#), Ok(None));
+        let minute = Some(std::time::Duration::from_secs(60));
+        assert_eq!(grace(r#"{"restart_grace": "1m"}"#), Ok(minute));
     }
 }

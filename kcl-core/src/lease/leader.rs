@@ -1,15 +1,16 @@
 //! The leader's plan for the whole fleet: a pure function of what the leader observed.
 //!
 //! With [`Coordination::Leader`](crate::Coordination::Leader) only the leader reads the whole
-//! table, so it decides for everyone. A lease that lost its owner (expired, or released by a
-//! worker that shut down) is read by nobody, so the leader takes it itself, at once: the
-//! failover then costs what it costs without a leader. A new lease goes to the least loaded
-//! known worker, the leader included; the leader writes the new owner (a conditional take on
-//! the new owner's behalf) and that worker adopts the lease when it next reads which leases
-//! name it (its index query, every few seconds). Then, while one worker holds at least two leases
-//! more than another, the most loaded is asked to hand one to the least loaded (a handoff
-//! request, which the owner sees in its next renewal and grants); each worker receives at
-//! most `max_steal` new requests a round, so the fleet moves gradually, as with the
+//! table, so it decides for everyone. A lease whose owner died (expired) is read by nobody, so
+//! the leader takes it itself, at once: the failover then costs what it costs without a leader.
+//! A lease released by a worker that shut down, and a new lease, go to the least loaded active
+//! worker, the leader included (a released lease so moves once in a rolling replace: to the
+//! surge pod, not to the leader and then on); the leader writes the new owner (a conditional
+//! take on the new owner's behalf) and that worker adopts the lease when it next reads which
+//! leases name it (its index query, every few seconds). Then, while one worker holds at least
+//! two leases more than another, the most loaded is asked to hand one to the least loaded (a
+//! handoff request, which the owner sees in its next renewal and grants); each worker receives
+//! at most `max_steal` new requests a round, so the fleet moves gradually, as with the
 //! per-worker taker.
 //!
 //! Workers are known as in [`taker::workers`]: owners of live leases and targets of pending
@@ -215,9 +216,9 @@ fn loads<'a>(
 }
 
 
-/// Places the available leases: an orphan with the leader itself while it has room, the
-/// others with the least loaded worker with room that did not refuse them; what nobody can
-/// take is unplaced.
+/// Places the available leases: an expired one with the leader itself while it has room,
+/// the others (new, released) with the least loaded worker with room that did not refuse
+/// them; what nobody can take is unplaced.
 fn place<'a>(
     me: &'a WorkerId,
     leases: &'a [Candidate],
@@ -242,10 +243,13 @@ fn place<'a>(
         _ => (0, Reverse(Duration::ZERO), c.key.clone()),
     });
     for c in available {
-        // A lease that lost its owner is being read by nobody: the leader takes it at once
-        // (another worker would adopt it only at its next index query) and lets the
-        // balancing below move it on.
-        let orphan = matches!(c.holder, Holder::Released | Holder::Expired { .. });
+        // An expired lease is being read by nobody: the leader, which saw it expire, takes it
+        // at once (another worker would adopt it only at its next index query) and lets the
+        // balancing below move it on. A released one goes straight to the least loaded
+        // worker (a surge pod replacing the worker that released it is the emptiest), so
+        // that it moves once, not twice: to the leader, then on.
+        let orphan = matches!(c.holder, Holder::Expired { .. })
+            || (c.holder == Holder::Released && mutation::on(Mutation::ReleasedViaLeader));
         let mine = load.get(me).copied().unwrap_or(0);
         let candidates = load
             .iter()
@@ -742,7 +746,7 @@ mod tests {
     }
 
     #[test]
-    fn orphaned_leases_go_to_the_leader_then_on_to_the_others() {
+    fn expired_leases_go_to_the_leader_then_on_to_the_others() {
         let me = w("leader");
         let expired = Holder::Expired {
             idle: Duration::from_secs(11),
@@ -752,8 +756,8 @@ mod tests {
             lease("s0", Holder::Me),
             lease("s1", Holder::Other(w("a"))),
             lease("s2", expired.clone()),
-            lease("s3", expired),
-            lease("s4", Holder::Released),
+            lease("s3", expired.clone()),
+            lease("s4", expired),
         ];
         let plan = assign(&me, &leases, LIMITS, |_| true);
         assert_eq!(count(&plan, "leader"), 3, "{plan:?}");
@@ -768,6 +772,38 @@ mod tests {
         assert!(
             plan.take.is_empty() && plan.request_handoff.is_empty(),
             "{plan:?}"
+        );
+    }
+
+    /// A rolling replace: the leaving worker released its leases; each goes straight to the
+    /// least loaded active worker (the new, empty one first), not to the leader first and
+    /// then on (two moves each). The leaving worker itself gets none back.
+    #[test]
+    fn released_leases_go_straight_to_the_least_loaded_worker() {
+        // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+        #[cfg(feature = "mutation-testing")]
+        if let Ok(name) = std::env::var("KCL_MUTATION") {
+            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
+            crate::mutation::set(found.copied());
+        }
+        let (me, a, new) = (w("leader"), w("a"), w("new"));
+        let mut leases = Vec::new();
+        for i in 0..3 {
+            leases.push(lease(&format!("m{i}"), Holder::Me));
+            leases.push(lease(&format!("a{i}"), Holder::Other(a.clone())));
+        }
+        // The new worker is known from the one lease it asked for (counted as its own).
+        let mut asked = lease("x", Holder::Other(a));
+        asked.handoff_to = Some(new);
+        leases.push(asked);
+        leases.push(lease("r0", Holder::Released));
+        leases.push(lease("r1", Holder::Released));
+        let plan = assign(&me, &leases, LIMITS, |_| true);
+        assert_eq!(count(&plan, "new"), 2, "the emptiest takes them: {plan:?}");
+        assert_eq!(plan.take.len(), 2, "{plan:?}");
+        assert!(
+            plan.request_handoff.is_empty(),
+            "balanced by placement: {plan:?}"
         );
     }
 

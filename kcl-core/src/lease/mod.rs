@@ -82,6 +82,14 @@ pub struct Lease {
     /// [`load`]). The leader balances by it; `None` in rows written by KCL Java or by
     /// kcl workers that do not measure it.
     pub load: Option<LeaseLoad>,
+    /// Kept through its owner's restart (kcl extension, `restartGraceMillis`): the owner
+    /// stopped gracefully, expecting to come back under the same id, and asks others to wait
+    /// this much longer than the failover time before they take the lease (see
+    /// [`WorkerConfig::restart_grace`](crate::WorkerConfig::restart_grace)). Written by the
+    /// owner's last write, so that the owner delivers nothing after it; removed by the next
+    /// take or release. KCL Java ignores it: its workers take the lease after the failover
+    /// time, and leave the attribute on the row.
+    pub restart_grace: Option<std::time::Duration>,
 }
 
 impl Lease {
@@ -102,6 +110,7 @@ impl Lease {
             endpoint: None,
             parked_keys: Vec::new(),
             load: None,
+            restart_grace: None,
         }
     }
 
@@ -136,6 +145,9 @@ pub struct CheckpointUpdate {
     pub endpoint: Option<String>,
     /// Entries added to [`Lease::parked_keys`] (the others stay); empty leaves it as it is.
     pub park: Vec<String>,
+    /// Marks the lease kept through its owner's restart ([`Lease::restart_grace`]); `None`
+    /// leaves the attribute as it is.
+    pub restart_grace: Option<std::time::Duration>,
 }
 
 impl CheckpointUpdate {
@@ -149,6 +161,7 @@ impl CheckpointUpdate {
             start_timestamp: None,
             endpoint: None,
             park: Vec::new(),
+            restart_grace: None,
         }
     }
 }

@@ -15,6 +15,8 @@
 //! back for want of room, naming itself) is *leaving*: not active, whatever else of its rows
 //! moved in the same read or moves afterwards (its other processors' last checkpoints come
 //! after the first releases), until it takes a lease again or a failover time has passed.
+//! A worker seen keeping a row for its restart ([`Lease::restart_grace`]) is leaving in the
+//! same way, until it resumes one (the mark gone, the owner the same) or takes a lease.
 //! Nor is a worker one of whose leases expired active, until a row of its moves again.
 
 use std::collections::BTreeMap;
@@ -46,6 +48,8 @@ struct Seen {
     first: Instant,
     /// When it last saw the row pass from one owner to another (a handoff or a failover).
     moved: Option<Instant>,
+    /// Kept through its owner's restart.
+    kept: bool,
 }
 
 impl Observer {
@@ -65,6 +69,14 @@ impl Observer {
                     && let Some(owner) = &lease.owner
                 {
                     self.active.insert(owner.clone(), now);
+                    let kept = lease.restart_grace.is_some();
+                    if kept && !seen.kept {
+                        // Its last write before a restart: as good as a release.
+                        released.push(owner.clone());
+                    } else if seen.kept && !kept {
+                        // Resumed by the same worker, back from its restart.
+                        self.leaving.remove(owner);
+                    }
                 }
                 if seen.counter != lease.counter
                     && lease.owner.is_none()
@@ -111,6 +123,7 @@ impl Observer {
                     handoff_to: lease.handoff_to.clone(),
                     first: before.map_or(now, |seen| seen.first),
                     moved,
+                    kept: lease.restart_grace.is_some(),
                 },
             );
         }
@@ -274,6 +287,34 @@ mod tests {
         o.update(&[refused.clone(), row("s2", 5, Some(&b))], Instant::now());
         o.update(&[refused, row("s2", 6, Some(&b))], Instant::now());
         assert!(o.is_active(&b, Instant::now(), failover), "a refusal");
+    }
+
+    /// A worker stopping for a restart marks its rows kept (`restart_grace`) instead of
+    /// releasing them: it is leaving (a leader gives it nothing, asks nothing of it) until it
+    /// comes back and resumes one, whatever else of its rows moved meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_keeping_its_rows_for_a_restart_is_leaving_until_it_resumes_one() {
+        let failover = Duration::from_secs(10);
+        let b = WorkerId::new("b");
+        let row = |key: &str, counter: u64, kept: bool| {
+            let mut l = Lease::new(ShardId::new(key), Checkpoint::TrimHorizon);
+            l.owner = Some(b.clone());
+            l.counter = counter;
+            l.restart_grace = kept.then_some(Duration::from_secs(30));
+            l
+        };
+        let mut o = Observer::default();
+        o.update(&[row("s1", 1, false), row("s2", 1, false)], Instant::now());
+        o.update(&[row("s1", 2, false), row("s2", 2, false)], Instant::now());
+        assert!(o.is_active(&b, Instant::now(), failover));
+        // s1 kept, s2's last checkpoint in the same read.
+        o.update(&[row("s1", 3, true), row("s2", 3, false)], Instant::now());
+        assert!(!o.is_active(&b, Instant::now(), failover), "kept s1");
+        o.update(&[row("s1", 3, true), row("s2", 4, true)], Instant::now());
+        assert!(!o.is_active(&b, Instant::now(), failover), "still leaving");
+        // Back: it resumes s1 (the mark gone, the owner the same).
+        o.update(&[row("s1", 4, false), row("s2", 4, true)], Instant::now());
+        assert!(o.is_active(&b, Instant::now(), failover), "resumed s1");
     }
 
     #[tokio::test(start_paused = true)]

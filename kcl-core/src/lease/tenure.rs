@@ -107,6 +107,8 @@ enum Write<'a> {
     Checkpoint(&'a CheckpointUpdate),
     HandOff(&'a WorkerId),
     Release,
+    /// The last write before a restart: the row as it is, marked kept for `grace`.
+    Keep(Duration),
 }
 
 /// A held lease. See the module docs.
@@ -367,6 +369,16 @@ impl Tenure {
         result
     }
 
+    /// Keeps the lease through this worker's restart: its last write marks the row
+    /// ([`Lease::restart_grace`]) so that others wait `grace` longer than the failover time
+    /// before they take it, and the same worker id resumes it when it comes back. The row keeps
+    /// its checkpoints. Ends the tenure: nothing is delivered after the mark.
+    pub(crate) async fn keep_for_restart(&self, grace: Duration) -> Result<(), TenureError> {
+        let result = self.write(Write::Keep(grace)).await.map(drop);
+        self.mark_lost();
+        result
+    }
+
     async fn write(&self, op: Write<'_>) -> Result<Lease, TenureError> {
         let mut held = self.held.lock().await;
         // Retried at most once, after reconciling an uncertain earlier write.
@@ -435,6 +447,12 @@ impl Tenure {
             Write::Release => bounded(limit, "release", store.release(&lease))
                 .await
                 .map(|()| lease),
+            Write::Keep(grace) => {
+                let mut update = CheckpointUpdate::new(lease.checkpoint.clone());
+                update.pending = lease.pending_checkpoint.clone();
+                update.restart_grace = Some(grace);
+                bounded(limit, "checkpoint", store.checkpoint(&lease, &update)).await
+            }
         }
     }
 

@@ -260,6 +260,10 @@ pub fn item_size(lease: &Lease) -> usize {
     if lease.start_timestamp.is_some() {
         size += number("startingTimestamp", 1_800_000_000_000);
     }
+    if let Some(grace) = lease.restart_grace {
+        let millis = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        size += number("restartGraceMillis", millis);
+    }
     size
 }
 

@@ -187,6 +187,7 @@ impl<L: LeaseStore> Singleton<L> {
             start_timestamp: None,
             endpoint: Some(address),
             park: Vec::new(),
+            restart_grace: None,
         };
         if let Err(error) = tenure.checkpoint(&update).await {
             tracing::debug!(?error, singleton = %self.key, "advertising the inbox failed");

@@ -368,16 +368,18 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Releases leases that name this worker but that it does not hold: handed over to it by
-    /// another worker after its last cycle. Without this they would wait for expiry.
+    /// another worker after its last cycle. Without this they would wait for expiry. Leases
+    /// its shard tasks kept for its restart (`restart_grace`) stay its own.
     async fn release_unheld(&self) {
         let limit = self.table.config.call_timeout;
         let Ok(leases) = bounded(limit, "list", self.table.store.list()).await else {
             return;
         };
-        for lease in leases
-            .iter()
-            .filter(|l| l.is_owned_by(&self.table.me) && !is_coordination_key(&l.key))
-        {
+        for lease in leases.iter().filter(|l| {
+            l.is_owned_by(&self.table.me)
+                && !is_coordination_key(&l.key)
+                && l.restart_grace.is_none()
+        }) {
             match bounded(limit, "release", self.table.store.release(lease)).await {
                 Ok(()) => {
                     tracing::info!(shard = %lease.key, "released a lease handed over during shutdown");

@@ -3,7 +3,9 @@
 //!
 //! Expiry is judged here, by observation only: a lease (and its owner's heartbeat row, if it
 //! has one) whose counter has not changed for the failover time on this worker's monotonic
-//! clock. No wall clock of another machine is ever compared.
+//! clock — plus the grace its owner wrote in it when it kept it for its restart
+//! ([`Lease::restart_grace`]), a duration, never a time. No wall clock of another machine is
+//! ever compared.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -138,11 +140,17 @@ impl View {
                 if let Some(heartbeat) = self.heartbeats.live(owner) {
                     idle = idle.min(self.observer.idle(heartbeat, now));
                 }
-                let expiry = if mutation::on(Mutation::TakeAtHalfFailover) {
+                let mut expiry = if mutation::on(Mutation::TakeAtHalfFailover) {
                     table.config.failover_time / 2
                 } else {
                     table.config.failover_time
                 };
+                // Kept through its owner's restart: the owner asked for this much longer.
+                if let Some(grace) = lease.restart_grace
+                    && !mutation::on(Mutation::RestartGraceIgnored)
+                {
+                    expiry += grace.min(crate::config::MAX_DURATION);
+                }
                 if idle >= expiry {
                     Holder::Expired {
                         idle,

@@ -141,12 +141,19 @@ impl Keys {
 impl Fleet {
     pub fn join(&mut self) {
         let id = format!("w{}", self.next_id);
-        let config = if self.mixed && self.next_id % 2 == 1 {
+        self.next_id += 1;
+        self.rejoin(&id);
+    }
+
+    /// Starts worker `id` (again, after a graceful stop: a restart under the same id).
+    pub fn rejoin(&mut self, id: &str) {
+        let id = id.to_owned();
+        let number: usize = id.trim_start_matches('w').parse().unwrap_or(0);
+        let config = if self.mixed && number % 2 == 1 {
             self.config.clone().liveness(Liveness::PerLease)
         } else {
             self.config.clone()
         };
-        self.next_id += 1;
         let factory = Factory {
             worker: id.clone(),
             log: self.log.clone(),

@@ -88,6 +88,18 @@ pub struct Acceptance {
     pub at: Instant,
 }
 
+/// A worker stopped gracefully and started again under the same id.
+#[derive(Debug, Clone)]
+pub struct Restart {
+    pub worker: String,
+    /// When its stop was asked for (its singleton candidacies first, then the worker).
+    pub stopped: Instant,
+    /// When its worker had stopped (its leases kept).
+    pub down: Instant,
+    /// When it started again; `None` if the run ended first.
+    pub back: Option<Instant>,
+}
+
 /// One run of the fleet's periodic job: who, for which period, when.
 #[derive(Debug, Clone)]
 pub struct PeriodicRun {
@@ -106,6 +118,8 @@ pub struct Journal {
     pub crashes: Vec<(String, Instant)>,
     /// Workers stopped gracefully, and when.
     pub leaves: Vec<(String, Instant)>,
+    /// Of those, workers stopped for a restart under the same id (`restart_grace`).
+    pub restarts: Vec<Restart>,
     /// While some fault was on (a freeze, store faults, a partition): from, until.
     pub disturbed: Vec<(Instant, Instant)>,
     /// Of those, what befell one worker (a freeze, a partition): who, from, until.

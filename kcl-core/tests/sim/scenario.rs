@@ -26,6 +26,9 @@ use super::processor::Log;
 use super::schedule::{Run, disturb, produce, reshard};
 
 pub const MAX_SHARDS: usize = 32;
+/// The restart grace of the seeds that have one (a third): most of their graceful leaves are
+/// restarts under the same id (`schedule::leave`).
+pub const RESTART_GRACE: Duration = Duration::from_secs(8);
 pub const MAX_WORKERS: usize = 5;
 /// How many taker cycles after the drain the fleet may take to balance.
 const BALANCE_CYCLES: u32 = 20;
@@ -152,6 +155,11 @@ pub struct Stats {
     pub planned: usize,
     pub crashes: usize,
     pub freezes: usize,
+    /// Seeds whose workers keep their leases through a restart (`restart_grace`), their
+    /// restarts, and the leases kept through a restart judged by `restart-kept`.
+    pub grace: usize,
+    pub restarts: usize,
+    pub kept_judged: usize,
     /// Seeds whose workers' `max_leases` is capped, and the problems reported (each report
     /// counted once, from when it appeared until it was gone), by kind.
     pub capped: usize,
@@ -235,6 +243,9 @@ impl std::ops::AddAssign for Stats {
         self.planned += o.planned;
         self.crashes += o.crashes;
         self.freezes += o.freezes;
+        self.grace += o.grace;
+        self.restarts += o.restarts;
+        self.kept_judged += o.kept_judged;
         self.capped += o.capped;
         self.stalled_reports += o.stalled_reports;
         self.stall_windows += o.stall_windows;
@@ -391,6 +402,11 @@ pub async fn simulate(seed: u64) -> Outcome {
         store.set_feed(feed);
         store.set_index_lag(Duration::from_millis(lags.random_range(0..=3_000)));
     }
+    // A third of the seeds keep leases through restarts (drawn apart).
+    let grace = StdRng::seed_from_u64(seed ^ 0x6ace_5eed)
+        .random_ratio(1, 3)
+        .then_some(RESTART_GRACE);
+    stats.grace = usize::from(grace.is_some());
     // A quarter of the seeds cap `max_leases` (drawn apart: see `problems::cap`).
     let cap = super::problems::cap(seed);
     stats.capped = usize::from(cap.is_some());
@@ -402,7 +418,8 @@ pub async fn simulate(seed: u64) -> Outcome {
             .coordination(coordination)
             .liveness(liveness)
             .retrieval(retrieval)
-            .max_unacknowledged(max_unacknowledged),
+            .max_unacknowledged(max_unacknowledged)
+            .restart_grace(grace),
         stream: stream.clone(),
         store,
         faults: faults.clone(),
@@ -724,8 +741,10 @@ fn judge(
         standby_row: (fleet.standbys > 0)
             .then(|| ShardId::new(format!("{COORDINATION_PREFIX}sim/standby"))),
         poll: config().taker_interval,
+        restart_grace: fleet.config.restart_grace,
     };
     stats.stall_windows = checks::stalls(&evidence).len();
+    stats.kept_judged = checks::kept_judged(&evidence);
     checks::check(&evidence)
 }
 

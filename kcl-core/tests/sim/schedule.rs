@@ -114,8 +114,15 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
     let mut host = StdRng::seed_from_u64(run.fleet.seed ^ 0x5005_9e4d);
     let mut suspend_at = (!planned && host.random_ratio(1, 3))
         .then(|| Instant::now() + Duration::from_millis(host.random_range(3_000..15_000)));
+    // Under a restart grace, most graceful leaves are restarts under the same id; drawn
+    // apart, so that the scenario's own draws stay as they were.
+    let mut restarts = Restarts {
+        rng: StdRng::seed_from_u64(run.fleet.seed ^ 0x2e57_a27d),
+        pending: Vec::new(),
+    };
     while Instant::now() < fault_end {
-        sleep(Duration::from_millis(run.rng.random_range(300..2500))).await;
+        let pause = Duration::from_millis(run.rng.random_range(300..2500));
+        run.pause(pause, &mut restarts).await;
         let now = Instant::now();
         undo.due(&faults, now);
         if suspend_at.take_if(|at| *at <= now).is_some() {
@@ -129,8 +136,8 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
         match event {
             0..12 => run.crash().await,
             12..24 => run.freeze(now, &mut undo),
-            24..36 => run.join(),
-            36..44 => run.leave().await,
+            24..36 => run.join(restarts.pending.len()),
+            36..44 => run.leave(&mut restarts).await,
             44..56 => run.store_faults(now, &mut undo),
             56..62 => run.partition(now, &mut undo),
             62..66 => run.age_out(),
@@ -140,7 +147,46 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
             _ => run.merge(),
         }
     }
+    // Workers restarting come back as planned.
+    while let Some(due) = restarts.pending.iter().map(|(_, at)| *at).max() {
+        run.pause(due.saturating_duration_since(Instant::now()), &mut restarts)
+            .await;
+    }
     run.violations
+}
+
+/// Workers stopped for a restart, and when each comes back.
+struct Restarts {
+    rng: StdRng,
+    pending: Vec<(String, Instant)>,
+}
+
+impl Run<'_> {
+    /// Sleeps `length`, starting again the workers whose restart is due on the way.
+    async fn pause(&mut self, length: Duration, restarts: &mut Restarts) {
+        let until = Instant::now() + length;
+        loop {
+            let next = restarts.pending.iter().map(|(_, at)| *at).min();
+            match next {
+                Some(due) if due <= until => {
+                    tokio::time::sleep_until(due).await;
+                    let i = restarts
+                        .pending
+                        .iter()
+                        .position(|(_, at)| *at == due)
+                        .expect("a pending restart");
+                    let (id, _) = restarts.pending.swap_remove(i);
+                    self.fleet.rejoin(&id);
+                    let mut log = self.fleet.log.lock();
+                    if let Some(r) = log.restarts.iter_mut().rev().find(|r| r.worker == id) {
+                        r.back = Some(Instant::now());
+                    }
+                }
+                _ => break,
+            }
+        }
+        tokio::time::sleep_until(until).await;
+    }
 }
 
 impl Run<'_> {
@@ -188,21 +234,42 @@ impl Run<'_> {
         self.stats.suspends += 1;
     }
 
-    fn join(&mut self) {
-        if self.fleet.live.len() < MAX_WORKERS {
+    /// A new worker, unless the fleet is full (workers due back from a restart counted).
+    fn join(&mut self, restarting: usize) {
+        if self.fleet.live.len() + restarting < MAX_WORKERS {
             self.fleet.join();
             self.stats.joins += 1;
         }
     }
 
-    async fn leave(&mut self) {
+    /// A worker stops gracefully; under a restart grace, two times in three it comes back
+    /// under the same id 0.5 to 7 s later (the grace is 8 s; past the failover time of 3 s
+    /// at times, when only the grace keeps its leases waiting).
+    async fn leave(&mut self, restarts: &mut Restarts) {
         if self.fleet.live.len() > 1
             && let Some(id) = self.fleet.pick(self.rng)
             && !self.fleet.faults.is_paused(&id)
         {
+            let stopped = Instant::now();
             self.violations.extend(self.fleet.remove(&id, false).await);
-            self.fleet.log.lock().leaves.push((id, Instant::now()));
+            let down = Instant::now();
+            self.fleet.log.lock().leaves.push((id.clone(), down));
             self.stats.leaves += 1;
+            if self.fleet.config.restart_grace.is_some() && restarts.rng.random_ratio(2, 3) {
+                let back = down + Duration::from_millis(restarts.rng.random_range(500..7_000));
+                restarts.pending.push((id.clone(), back));
+                self.fleet
+                    .log
+                    .lock()
+                    .restarts
+                    .push(super::processor::Restart {
+                        worker: id,
+                        stopped,
+                        down,
+                        back: None,
+                    });
+                self.stats.restarts += 1;
+            }
         }
     }
 

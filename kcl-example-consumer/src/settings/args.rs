@@ -147,6 +147,14 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     pub(crate) shutdown_timeout: Span,
 
+    /// With a worker id that is the same at every start (a StatefulSet pod's name, an ECS
+    /// service's fixed name, a systemd unit): on SIGTERM its leases stay its own for this long
+    /// beyond the failover time, and it resumes them at once when it comes back, so a rolling
+    /// restart moves no lease. `off` (the default) hands them back at once: right for a
+    /// Deployment, whose pods get new names.
+    #[arg(long, value_name = "DURATION|off", default_value = "off")]
+    pub(crate) restart_grace: OffOr,
+
     /// Records asked for per GetRecords call (1 to 10000).
     #[arg(
         long,

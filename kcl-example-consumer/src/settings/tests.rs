@@ -576,6 +576,20 @@ fn a_dynamodb_stream_setting_that_does_not_fit_is_named() {
 }
 
 #[test]
+fn restart_grace_is_off_by_default_and_a_duration_or_off() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.restart_grace, None);
+    assert_eq!(s.effective["restart_grace"].0, "off");
+    let s = resolve_ok(&[REQUIRED, &["--restart-grace", "60s"]].concat(), None);
+    assert_eq!(s.worker.restart_grace, Some(Duration::from_secs(60)));
+    let file = toml_file("stream = \"s\"\napplication-name = \"app\"\nrestart-grace = \"2m\"\n");
+    let s = resolve_ok(&[], Some(&file));
+    assert_eq!(s.worker.restart_grace, Some(Duration::from_secs(120)));
+    let e = resolve_err(&[REQUIRED, &["--restart-grace", "0s"]].concat(), None);
+    assert_eq!(e.key, "restart_grace", "{e}");
+}
+
+#[test]
 fn stalled_after_is_a_duration_or_off() {
     let s = resolve_ok(REQUIRED, None);
     assert_eq!(

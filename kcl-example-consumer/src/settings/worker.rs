@@ -50,6 +50,7 @@ pub(super) fn worker_config(
         .liveness(a.liveness)
         .retrieval(a.retrieval.with_consumer(application_name))
         .shutdown_timeout(a.shutdown_timeout.0)
+        .restart_grace(a.restart_grace.0)
         .max_records(a.max_records)
         .idle_time_between_reads(a.idle_time_between_reads.0)
         .shard_sync_interval(a.shard_sync_interval.0)

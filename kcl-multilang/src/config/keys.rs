@@ -327,6 +327,14 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
              still this long while records wait is reported stalled",
         ),
     ),
+    (
+        "restartGraceSeconds",
+        Use::Mapped(
+            "kcl: restart_grace, seconds or off (default): with a workerId stable across \
+             restarts, leases stay this worker's this long beyond the failover time on \
+             shutdown, and are resumed at once when it comes back",
+        ),
+    ),
     // The worker's lifecycle.
     (
         "taskBackoffTimeMillis",

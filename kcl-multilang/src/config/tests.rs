@@ -389,6 +389,21 @@ fn the_fan_out_consumer_is_named_by_its_arn_or_its_name() {
 }
 
 #[test]
+fn restart_grace_is_off_by_default_and_a_number_of_seconds_or_off() {
+    let grace = |extra: &str| config(&format!("{MINIMAL}{extra}")).map(|c| c.worker.restart_grace);
+    assert_eq!(grace("").unwrap(), None);
+    assert_eq!(
+        grace("restartGraceSeconds = 60\n").unwrap(),
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(grace("restartGraceSeconds = off\n").unwrap(), None);
+    for bad in ["soon", "0"] {
+        let e = grace(&format!("restartGraceSeconds = {bad}\n")).unwrap_err();
+        assert_eq!(e.key, "restartGraceSeconds", "{e}");
+    }
+}
+
+#[test]
 fn stalled_after_is_a_number_of_seconds_or_off() {
     let stalled_after =
         |extra: &str| config(&format!("{MINIMAL}{extra}")).map(|c| c.worker.stalled_after);

@@ -9,7 +9,8 @@
 //! process never checkpointed a record missing from its file.
 //!
 //! SIGTERM or SIGINT shuts down gracefully (processors checkpoint in `shutdown_requested`,
-//! leases are released); a second signal forces the shutdown.
+//! leases are released, or kept for a restart under `--restart-grace-ms`); a second signal
+//! forces the shutdown.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -134,6 +135,10 @@ struct Args {
     /// `--stream`; a record's data is the adapter's JSON.
     #[arg(long)]
     dynamodb_streams_table: Option<String>,
+    /// Keep the leases through a restart for this long beyond the failover time
+    /// (`restart_grace`), in milliseconds; released at once when not given.
+    #[arg(long)]
+    restart_grace_ms: Option<u64>,
     /// Checkpoint acknowledged records after this many (`ack_checkpoint_every`).
     #[arg(long, default_value_t = 1000)]
     ack_checkpoint_every: u64,
@@ -377,6 +382,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .call_timeout(Duration::from_millis(args.call_timeout_ms))
         .ack_checkpoint_every(args.ack_checkpoint_every)
         .ack_checkpoint_interval(Duration::from_millis(args.ack_checkpoint_ms))
+        .restart_grace(args.restart_grace_ms.map(Duration::from_millis))
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,

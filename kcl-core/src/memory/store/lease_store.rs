@@ -44,6 +44,9 @@ fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
             r.parked_keys.push(entry);
         }
     }
+    if update.restart_grace.is_some() {
+        r.restart_grace = update.restart_grace;
+    }
     r.counter += 1;
 }
 
@@ -135,6 +138,7 @@ impl LeaseStore for MemoryLeaseStore {
                         r.owner = Some(new_owner);
                         r.counter += 1;
                         r.handoff_to = None;
+                        r.restart_grace = None;
                         r
                     })
                 },
@@ -149,6 +153,7 @@ impl LeaseStore for MemoryLeaseStore {
                 r.owner = None;
                 r.counter += 1;
                 r.handoff_to = None;
+                r.restart_grace = None;
                 r
             })
         })
@@ -222,6 +227,7 @@ impl LeaseStore for MemoryLeaseStore {
                     row.map(|mut r| {
                         r.owner = Some(owner);
                         r.handoff_to = None;
+                        r.restart_grace = None;
                         checkpointed(&mut r, update);
                         r
                     })

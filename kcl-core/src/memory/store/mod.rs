@@ -285,6 +285,7 @@ impl MemoryLeaseStore {
                 let mut taken = before;
                 taken.owner.clone_from(&lease.owner);
                 taken.handoff_to = None;
+                taken.restart_grace = None;
                 taken.counter = lease.counter;
                 log(Operation::Take.as_str(), taken);
                 log(Operation::Checkpoint.as_str(), lease);

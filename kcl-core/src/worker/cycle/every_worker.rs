@@ -3,7 +3,8 @@
 //! follower or standby holding nothing does to find work and make itself known.
 //!
 //! Read the whole table, sync shards when due (under `EveryWorker`), grant handoffs asked
-//! of this worker, take what its fair share allows, ask loaded workers for the rest.
+//! of this worker, resume the leases it kept through its restart, take what its fair share
+//! allows, ask loaded workers for the rest.
 
 use std::collections::BTreeMap;
 
@@ -46,9 +47,12 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
     else {
         return Ok(());
     };
-    let (by_key, candidates) = state.view.candidates(table, &state.shards, &leases);
+    let (by_key, mut candidates) = state.view.candidates(table, &state.shards, &leases);
     let drained = state.view.is_drained(me);
     take::grant_handoffs(table, &state.shards, drained, &candidates, &by_key).await;
+    if !drained {
+        resume_kept(w, state.taking(), &mut candidates, &by_key).await;
+    }
 
     let plan = taker::plan(
         me,
@@ -122,6 +126,39 @@ fn asked_of(
         .filter(|c| !(by_load && hot(c)))
         .cloned()
         .collect()
+}
+
+/// Resumes every lease this worker kept through its restart (the row names it and carries
+/// the mark, see [`WorkerConfig::restart_grace`]), whatever its fair share, up to
+/// `max_leases`: they were its own before the restart, and leaving any to expire would move
+/// it. Those taken are `Me` in `candidates` from then on.
+async fn resume_kept<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    w: &Wiring<'_, S, L, F>,
+    mut taking: take::Taking<'_>,
+    candidates: &mut [Candidate],
+    by_key: &BTreeMap<&ShardId, &Lease>,
+) {
+    let room = w
+        .table
+        .config
+        .max_leases
+        .saturating_sub(taking.shards.len());
+    let kept: Vec<&Lease> = candidates
+        .iter()
+        .filter(|c| c.holder == Holder::Adoptable)
+        .filter_map(|c| by_key.get(&c.key).copied())
+        .filter(|l| l.restart_grace.is_some())
+        .take(room)
+        .collect();
+    if kept.is_empty() {
+        return;
+    }
+    taking.take_all(w, &kept).await;
+    for c in candidates.iter_mut() {
+        if taking.shards.holds(&c.key) {
+            c.holder = Holder::Me;
+        }
+    }
 }
 
 /// Under `EveryWorker` (no leader plans for the fleet): a worker at its `max_leases`

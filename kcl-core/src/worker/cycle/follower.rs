@@ -22,6 +22,7 @@ use super::{Coordinator, Wiring, take::Taking};
 use crate::config::WorkerConfig;
 use crate::error::Error;
 use crate::lease::{self, Lease, LeaseStore};
+use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
 use crate::singleton::is_coordination_key;
 use crate::source::ShardSource;
@@ -41,6 +42,8 @@ pub(super) struct Following {
     looked_for_work: Option<Instant>,
     /// When it last asked which leases name it.
     owner_query_at: Option<Instant>,
+    /// Its first cycle as a follower.
+    since: Option<Instant>,
 }
 
 impl Following {
@@ -51,6 +54,7 @@ impl Following {
         state: &mut Coordinator,
     ) -> Result<(), Error> {
         let table = w.table;
+        let since = *self.since.get_or_insert_with(Instant::now);
         let every = table.config.taker_interval * LOOK_FOR_WORK_EVERY;
         let look = self.looked_for_work.is_none_or(|at| at.elapsed() >= every);
         if state.shards.is_empty() && look {
@@ -59,7 +63,7 @@ impl Following {
         }
         state.shards.hand_over_requested(&table.me);
         state.heartbeat.follow_flag(table, &state.shards).await;
-        let interval = owner_query_interval(&table.config);
+        let interval = owner_query_interval(&table.config, since.elapsed());
         if self
             .owner_query_at
             .is_some_and(|at| at.elapsed() < interval)
@@ -99,7 +103,9 @@ pub(super) async fn stand_by<S: ShardSource, L: LeaseStore, F: ProcessorFactory>
     // The standby's own read shows which leases name it: no index query.
     let listed = state.view.list(w.table, w.report, &mut state.problems, how);
     if let Some(leases) = listed.await? {
+        // Handing over first: what leaves makes room for what is adopted.
         state.shards.hand_over_listed(me, &leases);
+        state.shards.hand_over_requested(me);
         let mine = lease::keys_owned_by(leases, me);
         adopt(w, state.taking(), mine).await;
         w.report.cycle_done();
@@ -109,14 +115,25 @@ pub(super) async fn stand_by<S: ShardSource, L: LeaseStore, F: ProcessorFactory>
 }
 
 /// How often a follower asks which leases name it: half the failover time (5 s by default;
-/// KCL Java 3.x's workers ask every 10 s). Only handoffs the leader arranged reach a follower
-/// this way (the leader takes orphaned leases itself), so this paces balancing, not failover.
-fn owner_query_interval(config: &WorkerConfig) -> Duration {
+/// KCL Java 3.x's workers ask every 10 s). Only what the leader arranged reaches a follower
+/// this way (assignments, handoffs: the leader takes expired leases itself), so this paces
+/// balancing, not failover. A follower that started lately (within [`NEW_FOR`] failover
+/// times) asks every taker interval: that is when a rolling replace gives it the leases the
+/// worker it replaces released (`lease::leader`), which would otherwise wait for its query;
+/// a few dozen queries once per start cost next to nothing.
+fn owner_query_interval(config: &WorkerConfig, running: Duration) -> Duration {
+    if running < config.failover_time * NEW_FOR && !mutation::on(Mutation::ReleasedViaLeader) {
+        return config.taker_interval;
+    }
     (config.failover_time / 2).max(config.taker_interval)
 }
 
+/// How long, in failover times, a follower counts as new (see `owner_query_interval`).
+const NEW_FOR: u32 = 2;
+
 /// Takes the leases among `mine` (keys whose row names this worker) that it does not
-/// hold yet, or gives them back if it is at `max_leases` or asked to drain.
+/// hold yet, or gives them back if it is at `max_leases` (and hands none over, which would
+/// make room) or asked to drain.
 async fn adopt<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     w: &Wiring<'_, S, L, F>,
     mut taking: Taking<'_>,
@@ -137,7 +154,15 @@ async fn adopt<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
             }
         };
         let full = taking.shards.len() >= table.config.max_leases;
-        if full || taking.view.is_drained(&table.me) {
+        let drained = taking.view.is_drained(&table.me);
+        if full && !drained && taking.shards.handing_off() > 0 {
+            // Leases on their way out make room in a moment: adopt it then (the row keeps
+            // naming this worker). A refusal now would tell the leader this worker takes no
+            // more than what it keeps, and it would stay short for a long while.
+            tracing::debug!(shard = %key, "at max_leases while handing over: adopting later");
+            continue;
+        }
+        if full || drained {
             refuse(table, &row).await;
             continue;
         }

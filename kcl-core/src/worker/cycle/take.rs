@@ -91,14 +91,18 @@ impl Taking<'_> {
         let key = &observed.key;
         match take {
             Ok(lease) => {
-                let [unowned, expired, handoff] = metrics::TAKEN_FROM;
+                let [unowned, expired, handoff, restart] = metrics::TAKEN_FROM;
                 let from = match &observed.owner {
                     None => unowned,
+                    Some(o) if o == me && observed.restart_grace.is_some() => restart,
                     Some(o) if o == me => handoff,
                     Some(_) => expired,
                 };
                 match &observed.owner {
                     None => tracing::info!(shard = %key, "lease taken (it had no owner)"),
+                    Some(o) if o == me && observed.restart_grace.is_some() => {
+                        tracing::info!(shard = %key, "lease resumed (kept through this worker's restart)");
+                    }
                     Some(o) if o == me => {
                         tracing::info!(shard = %key, "lease taken (handed over to this worker)");
                     }

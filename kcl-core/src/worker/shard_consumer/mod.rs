@@ -9,8 +9,9 @@
 //!
 //! The task stops for one of four reasons: the shard ended (checkpointed `SHARD_END`), the
 //! lease was lost (`lease_lost`, no checkpoint possible), the worker is stopping
-//! (`shutdown_requested`, then the lease is released at once) or another worker asked for the
-//! lease (`shutdown_requested`, then the lease is handed to it).
+//! (`shutdown_requested`, then the lease is released at once, or under a
+//! [`restart_grace`](crate::WorkerConfig::restart_grace) kept for the worker's return) or
+//! another worker asked for the lease (`shutdown_requested`, then the lease is handed to it).
 //!
 //! Why it is built this way:
 //! - **The renewer is a task of its own.** A processor that blocks its thread (CPU work,
@@ -205,7 +206,7 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
     control: &Control,
 ) -> Exit {
     let stop = attempts(ctx, tenure, control).await;
-    hand_back(stop, tenure, control).await
+    hand_back(stop, tenure, control, ctx.config.restart_grace).await
 }
 
 /// Runs processors one after another, each from the last checkpoint, with a backoff after
@@ -249,9 +250,15 @@ async fn attempts<S: ShardSource, F: ProcessorFactory>(
     }
 }
 
-/// Hands the lease back as `stop` says: released (to its handoff target, if any), tidied
-/// after the shard's end, or nothing when it is lost.
-async fn hand_back(stop: Stop, tenure: &Tenure, control: &Control) -> Exit {
+/// Hands the lease back as `stop` says: released (to its handoff target, if any; kept for
+/// this worker's restart under a `restart_grace`), tidied after the shard's end, or nothing
+/// when it is lost.
+async fn hand_back(
+    stop: Stop,
+    tenure: &Tenure,
+    control: &Control,
+    restart_grace: Option<Duration>,
+) -> Exit {
     match stop {
         Stop::Lost => Exit::Lost,
         Stop::Finished | Stop::ShardEnd => {
@@ -265,7 +272,13 @@ async fn hand_back(stop: Stop, tenure: &Tenure, control: &Control) -> Exit {
                     tracing::info!(to = %to, "handing the lease over");
                     tenure.hand_off(&to).await
                 }
-                None => tenure.release().await,
+                None => match restart_grace {
+                    Some(grace) => {
+                        tracing::info!(?grace, "keeping the lease for this worker's restart");
+                        tenure.keep_for_restart(grace).await
+                    }
+                    None => tenure.release().await,
+                },
             };
             match result {
                 Ok(()) => {

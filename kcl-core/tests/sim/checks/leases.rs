@@ -168,27 +168,27 @@ fn is_heartbeat(key: &ShardId) -> bool {
 }
 
 /// expiry: a lease another worker owns is taken (not handed over) only once its counter has
-/// stood still for the failover time: the taker cannot have observed it for longer. That
+/// stood still for the failover time — plus the grace the owner wrote in it if it kept it for
+/// its restart (`restart_grace`): the taker cannot have observed it for longer. That
 /// holds for a leader writing the lease to a third worker too. Under heartbeats, the owner's
 /// heartbeat row that was live when it took the lease must have been fenced since (released
 /// or deleted by another worker, which is itself allowed only once the row's counter stood
 /// still for the failover time).
 pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
     // Per lease: the owner and counter after the last event, when the counter last moved,
-    // and the event that made the owner the owner.
-    let mut last: BTreeMap<ShardId, (Option<&str>, u64, tokio::time::Instant, u64)> =
-        BTreeMap::new();
+    // the event that made the owner the owner, and the grace the row asks for.
+    let mut last: BTreeMap<ShardId, Last<'_>> = BTreeMap::new();
     // Per heartbeat row: the events that ended a tenure of it (a release or a delete).
     let mut fenced: BTreeMap<&ShardId, Vec<u64>> = BTreeMap::new();
     for ev in e.store {
         let key = &ev.lease.key;
         let owner = ev.lease.owner.as_ref().map(|o| o.as_str());
-        if let Some((before, _, moved, _)) = last.get(key)
+        if let Some((before, _, moved, _, grace)) = last.get(key)
             && ev.client != RESET_OWNER
             && (ev.operation == "take" && owner != *before
                 || matches!(ev.operation, "delete" | "release") && is_heartbeat(key))
             && before.is_some_and(|b| b != ev.client)
-            && ev.started.saturating_duration_since(*moved) < e.failover
+            && ev.started.saturating_duration_since(*moved) < e.failover + grace.unwrap_or_default()
         {
             v.push(format!(
                 "expiry: {} {} {key} of {before:?} {:?} after its counter last moved",
@@ -197,7 +197,7 @@ pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
                 ev.started.saturating_duration_since(*moved)
             ));
         }
-        if let Some((Some(before), _, _, since)) = last.get(key)
+        if let Some((Some(before), _, _, since, _)) = last.get(key)
             && ev.client != RESET_OWNER
             && !key.as_str().starts_with("kcl-coordination/")
             && ev.operation == "take"
@@ -232,16 +232,27 @@ pub(super) fn expiry(e: &Evidence<'_>, v: &mut Vec<String>) {
             continue;
         }
         let moved = match last.get(key) {
-            Some((_, counter, moved, _)) if *counter == ev.lease.counter => *moved,
+            Some((_, counter, moved, ..)) if *counter == ev.lease.counter => *moved,
             _ => ev.at,
         };
         let since = match last.get(key) {
-            Some((before, _, _, since)) if *before == owner => *since,
+            Some((before, _, _, since, _)) if *before == owner => *since,
             _ => ev.seq,
         };
-        last.insert(key.clone(), (owner, ev.lease.counter, moved, since));
+        let grace = ev.lease.restart_grace;
+        last.insert(key.clone(), (owner, ev.lease.counter, moved, since, grace));
     }
 }
+
+/// A lease as `expiry` last saw it: owner, counter, when the counter last moved, the event
+/// that made the owner the owner, and the grace the row asks for (`restart_grace`).
+type Last<'a> = (
+    Option<&'a str>,
+    u64,
+    tokio::time::Instant,
+    u64,
+    Option<std::time::Duration>,
+);
 
 /// The last event on `key` before event `seq`.
 fn last_before<'a>(store: &'a [StoreEvent], key: &ShardId, seq: u64) -> Option<&'a StoreEvent> {

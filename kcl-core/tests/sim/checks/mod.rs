@@ -5,10 +5,12 @@ mod parallel;
 mod poison;
 mod problems;
 mod records;
+mod restarts;
 mod singletons;
 
 pub use problems::stalls;
 pub use records::{Openings, undelivered};
+pub use restarts::kept_judged;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -48,6 +50,7 @@ pub const INVARIANTS: &[&str] = &[
     "dead-letter-early",
     "parked-key-order",
     "bisect-bound",
+    "restart-kept",
 ];
 
 /// How the fleet started reading.
@@ -111,6 +114,8 @@ pub struct Evidence<'a> {
     pub standby_row: Option<ShardId>,
     /// How often candidates holding a row read the row ahead (the taker interval here).
     pub poll: Duration,
+    /// The workers' `restart_grace`, in the seeds that have one.
+    pub restart_grace: Option<Duration>,
 }
 
 impl Evidence<'_> {
@@ -156,5 +161,6 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         poison::parked_key_order(e, &mut v);
         v.extend(e.journal.over_delivered.iter().cloned());
     }
+    restarts::kept(e, &mut v);
     v
 }
