@@ -241,7 +241,7 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(load) = lease.load {
         put(LOAD, number(load.milli.into()));
         put(CAPACITY, number(load.capacity_milli.into()));
-}
+    }
     if let Some(grace) = lease.restart_grace {
         put(RESTART_GRACE, millis(grace));
     }

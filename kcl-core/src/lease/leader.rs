@@ -38,9 +38,9 @@ use super::Lease;
 /// [`Moves::overlay`]).
 const REFUSALS_KEPT_FOR: u32 = 30;
 use super::balance::{self, Level, Levels, Load};
-use super::weigh::{Weighing, weigh};
 use super::keys::is_coordination_key;
 use super::taker::{self, Candidate, Holder, Limits};
+use super::weigh::{Weighing, weigh};
 use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
@@ -214,7 +214,6 @@ fn loads<'a>(
     }
     (load, movable)
 }
-
 
 /// Places the available leases: an expired one with the leader itself while it has room,
 /// the others (new, released) with the least loaded worker with room that did not refuse

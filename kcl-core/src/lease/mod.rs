@@ -17,8 +17,8 @@ pub(crate) mod renewer;
 pub(crate) mod sync;
 pub(crate) mod taker;
 pub(crate) mod tenure;
-pub(crate) mod weigh;
 pub mod usage;
+pub(crate) mod weigh;
 
 pub use self::extras::LeaseStoreExtras;
 pub use self::load::LeaseLoad;

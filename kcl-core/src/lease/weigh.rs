@@ -157,4 +157,3 @@ pub(super) fn weigh<'a>(
         .collect();
     (levels, movable)
 }
-

@@ -14,12 +14,12 @@ use tokio::time::Instant;
 
 use super::take::{self, Taking, owner_name};
 use super::{Coordinator, Wiring};
+use crate::config::BalanceBy;
 use crate::error::{Error, ErrorKind};
 use crate::lease::balance::Bounds;
-use crate::config::BalanceBy;
 use crate::lease::leader::{self, Assignment, Moves};
-use crate::lease::weigh::Weighing;
 use crate::lease::taker::{Candidate, Holder};
+use crate::lease::weigh::Weighing;
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
 use crate::mutation::{self, Mutation};
