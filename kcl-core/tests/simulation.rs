@@ -358,6 +358,17 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         "parallel simulation: {} seeds processed with Parallel ({} handler runs, {} cut short by a crash, a lost lease or a restart), {parallel_violations} violations in them, of every invariant with [key-order, watermark]",
         stats.parallel, stats.handler_runs, stats.handler_runs_cut
     );
+    let load_violations: usize = results
+        .iter()
+        .filter(|(_, o)| o.stats.load > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum();
+    println!(
+        "load simulation: {} seeds balancing by load under skewed, noisy, bursting, quiet and silent load ({} lease moves in all), {load_violations} violations of [{}]",
+        stats.load,
+        stats.load_moves,
+        sim::load::INVARIANTS.join(", ")
+    );
     let poison_violations: usize = results
         .iter()
         .filter(|(_, o)| o.stats.poison > 0)

@@ -48,6 +48,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::scenario::{Fingerprint, Outcome, Stats};
 
+/// The invariants judged here (see the module docs).
+pub const INVARIANTS: &[&str] = &[
+    "load-converge",
+    "load-moves",
+    "load-sticky",
+    "load-budget",
+    "load-lost",
+];
+
 /// Whether `seed` runs this scenario.
 pub fn is_load_seed(seed: u64) -> bool {
     seed % 8 == 7
