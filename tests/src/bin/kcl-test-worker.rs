@@ -26,9 +26,10 @@ use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::parallel::ParallelProcessor;
 use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, Coordination, ExtendedSequenceNumber, InitialPosition,
-    InitializationInput, LeaseStore, Liveness, Parallel, ProcessRecordsInput, ProcessorFactory,
-    RecordHandler, RecordProcessor, RetrievalMode, ShardId, ShardSource, Worker, WorkerConfig,
+    BalanceBy, Balancing, BoxError, CheckpointError, Checkpointer, Coordination,
+    ExtendedSequenceNumber, InitialPosition, InitializationInput, LeaseStore, Liveness, Parallel,
+    ProcessRecordsInput, ProcessorFactory, RecordHandler, RecordProcessor, RetrievalMode, ShardId,
+    ShardSource, Worker, WorkerConfig,
 };
 use kcl_integration_tests::tracker::FileTracker;
 use kcl_serve::HttpMessenger;
@@ -145,6 +146,43 @@ struct Args {
     /// ... or this long, in milliseconds (`ack_checkpoint_interval`).
     #[arg(long, default_value_t = 5000)]
     ack_checkpoint_ms: u64,
+    /// `load` or `count` (`Balancing::by`).
+    #[arg(long, default_value = "load", value_parser = ["load", "count"])]
+    balance_by: String,
+    /// This worker's capacity (`Balancing::capacity`).
+    #[arg(long, default_value_t = 1.0)]
+    capacity: f64,
+    /// The load figures' time constant, in milliseconds (`Balancing::smoothing`).
+    #[arg(long, default_value_t = 60_000)]
+    smoothing_ms: u64,
+    /// The move budget's window, in milliseconds (`Balancing::move_window`).
+    #[arg(long, default_value_t = 60_000)]
+    move_window_ms: u64,
+    /// `Balancing::stickiness`, in milliseconds.
+    #[arg(long, default_value_t = 600_000)]
+    stickiness_ms: u64,
+    /// A file naming hot shards, one id a line, read at each batch: each record of a hot
+    /// shard costs `--hot-record-ms` of busy time, slept after journaling it.
+    #[arg(long)]
+    hot_shards_file: Option<PathBuf>,
+    /// What one record of a hot shard costs, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    hot_record_ms: u64,
+}
+
+/// The balancing of `--balance-by`, `--capacity`, `--smoothing-ms`, `--move-window-ms` and
+/// `--stickiness-ms` (budget and band as default).
+fn balancing(args: &Args) -> Balancing {
+    let by = match args.balance_by.as_str() {
+        "count" => BalanceBy::Count,
+        _ => BalanceBy::Load,
+    };
+    let (mut b, ms) = (Balancing::default(), Duration::from_millis);
+    b.move_window = ms(args.move_window_ms);
+    b.by(by)
+        .capacity(args.capacity)
+        .smoothing(ms(args.smoothing_ms))
+        .stickiness(ms(args.stickiness_ms))
 }
 
 /// Appends JSON lines; shared by every processor of the process.
@@ -190,6 +228,8 @@ struct Recorder {
     batch_checkpoint: bool,
     batch_delay: Duration,
     record_delay: Duration,
+    /// `--hot-shards-file` and `--hot-record-ms`.
+    hot: Option<(Arc<PathBuf>, Duration)>,
     checkpoint_every: u64,
     /// Records of this shard delivered to this processor.
     seen: u64,
@@ -239,6 +279,16 @@ impl RecordHandler for Handler {
 }
 
 impl Recorder {
+    /// What a record of this shard costs now (`--hot-shards-file`).
+    fn hot_cost(&self) -> Duration {
+        let Some((file, cost)) = &self.hot else {
+            return Duration::ZERO;
+        };
+        let listed = std::fs::read_to_string(file.as_path()).unwrap_or_default();
+        let hot = listed.lines().any(|l| l.trim() == self.shard.as_str());
+        if hot { *cost } else { Duration::ZERO }
+    }
+
     async fn checkpoint(
         &self,
         checkpointer: &mut Checkpointer,
@@ -298,11 +348,13 @@ impl RecordProcessor for Recorder {
                 json!({"shard": self.shard.as_str(), "count": input.records().len(), "data": first}),
             );
         }
+        let hot = self.hot_cost();
         for record in input.records().iter().filter(|_| !self.journal_batches) {
             self.journal
                 .write("record", record_line(&self.shard, record));
-            if !self.record_delay.is_zero() {
-                tokio::time::sleep(self.record_delay).await;
+            let delay = self.record_delay + hot;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
             }
             self.seen += 1;
             if self.checkpoint_every > 0 && self.seen.is_multiple_of(self.checkpoint_every) {
@@ -383,6 +435,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .ack_checkpoint_every(args.ack_checkpoint_every)
         .ack_checkpoint_interval(Duration::from_millis(args.ack_checkpoint_ms))
         .restart_grace(args.restart_grace_ms.map(Duration::from_millis))
+        .balancing(balancing(&args))
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,
@@ -396,7 +449,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let checkpoint_every = args.checkpoint_every;
         let journal_batches = args.journal_batches;
         let parallel = args.parallel;
+        let hot_cost = Duration::from_millis(args.hot_record_ms);
+        let hot = (args.hot_shards_file.clone()).map(|file| (Arc::new(file), hot_cost));
         move |shard: ShardId| Recorder {
+            hot: hot.clone(),
             parallel: parallel.map(|n| {
                 let handler = Handler {
                     shard: shard.clone(),
