@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kcl_aws::{TableBilling, TableSetup};
-use kcl_core::{InitialPosition, InitialPositionKind, Retrieval, RetrievalMode, WorkerConfig};
+use kcl_core::{
+    BalanceBy, InitialPosition, InitialPositionKind, Retrieval, RetrievalMode, WorkerConfig,
+};
 
 use crate::child::ChildCommand;
 use crate::properties::Properties;
@@ -336,6 +338,12 @@ fn kcl_own(r: &Reader<'_>, worker: &mut WorkerConfig) {
     if let Some(liveness) = r.optional(r.parsed("liveness")) {
         *worker = std::mem::take(worker).liveness(liveness);
     }
+    if let Some(by) = r.optional(balance_by(r)) {
+        worker.balancing = std::mem::take(&mut worker.balancing).by(by);
+    }
+    if let Some(capacity) = r.optional(capacity(r)) {
+        worker.balancing = std::mem::take(&mut worker.balancing).capacity(capacity);
+    }
     if let Some(stalled_after) = seconds_or_off(r, "stalledAfterSeconds") {
         *worker = std::mem::take(worker).stalled_after(stalled_after);
     }
@@ -356,6 +364,32 @@ fn seconds_or_off(r: &Reader<'_>, key: &'static str) -> Option<Option<Duration>>
             r.optional(seconds).map(|s| Some(Duration::from_secs(s)))
         }
     }
+}
+
+/// What the leader balances (`balanceBy`): `load` or `count`.
+fn balance_by(r: &Reader<'_>) -> Result<Option<BalanceBy>, KeyError> {
+    let key = "balanceBy";
+    r.get(key)
+        .map(|v| match v.to_ascii_lowercase().as_str() {
+            "load" => Ok(BalanceBy::Load),
+            "count" => Ok(BalanceBy::Count),
+            _ => Err(key_error(key, format!("`{v}` is neither load nor count"))),
+        })
+        .transpose()
+}
+
+/// This worker's capacity (`workerCapacity`): a number; its range is kcl-core's to check
+/// (`balancing.capacity`, named by this key through [`FIELDS`]).
+fn capacity(r: &Reader<'_>) -> Result<Option<f64>, KeyError> {
+    let key = "workerCapacity";
+    r.get(key)
+        .map(|v| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|c| c.is_finite())
+                .ok_or_else(|| key_error(key, format!("`{v}` is not a number such as 1 or 2.5")))
+        })
+        .transpose()
 }
 
 /// The fan-out consumer's name, if given: from `fanoutConfig.consumerArn`
@@ -411,6 +445,7 @@ pub(crate) const FIELDS: &[(&str, &str)] = &[
     ("liveness", "liveness"),
     ("failureAttempts", "failure.attempts"),
     ("failureExhausted", "failure.exhausted"),
+    ("workerCapacity", "balancing.capacity"),
 ];
 
 /// The property that sets `field`, for errors the worker's own validation finds; a field no

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use kcl_core::{Coordination, InitialPositionKind, Liveness, RetrievalMode};
+use kcl_core::{BalanceBy, Coordination, InitialPositionKind, Liveness, RetrievalMode};
 use kcl_serve::{LogFormat, SourceKind};
 
 use super::Backend;
 use super::parse::{
-    OffOr, Span, parse_count, parse_duration, parse_listen, parse_max_leases, parse_timestamp,
-    parse_u32,
+    OffOr, Span, parse_balance_by, parse_capacity, parse_count, parse_duration, parse_listen,
+    parse_max_leases, parse_timestamp, parse_u32,
 };
 use crate::fault::Fault;
 
@@ -122,6 +122,23 @@ pub(crate) struct RunArgs {
     /// every second, as KCL Java 1.x and 2.x did).
     #[arg(long, value_name = "MODE", default_value = "leader")]
     pub(crate) coordination: Coordination,
+
+    /// What the leader balances (with `--coordination leader`): `load` (each worker's load
+    /// per unit of capacity, from what each lease costs its holder: busy time, bytes and
+    /// records read, backlog; written with the renewals the worker makes anyway) or `count`
+    /// (lease counts only, as KCL Java 2.x). `every-worker` coordination balances counts.
+    #[arg(
+        long,
+        value_name = "load|count",
+        default_value = "load",
+        value_parser = parse_balance_by
+    )]
+    pub(crate) balance_by: BalanceBy,
+
+    /// This worker's capacity relative to a standard worker (1), between 0.001 and 1000: a
+    /// worker of capacity 2 (twice the CPU) is given twice the load under `--balance-by load`.
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_capacity)]
+    pub(crate) capacity: f64,
 
     /// What proves a worker alive: `per-lease` (each held lease is renewed every third of
     /// the failover time, as KCL Java does) or `heartbeat` (one heartbeat row per worker,

@@ -35,6 +35,24 @@ pub(crate) fn parse_max_leases(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `load` or `count` (kcl-core's `BalanceBy`, whose serde names these are).
+pub(crate) fn parse_balance_by(s: &str) -> Result<kcl_core::BalanceBy, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "load" => Ok(kcl_core::BalanceBy::Load),
+        "count" => Ok(kcl_core::BalanceBy::Count),
+        _ => Err(format!("expected load or count, got {s:?}")),
+    }
+}
+
+/// A finite number (its range is kcl-core's to check: `Balancing::capacity`).
+pub(crate) fn parse_capacity(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|c| c.is_finite())
+        .ok_or_else(|| format!("expected a number such as 1 or 2.5, got {s:?}"))
+}
+
 pub(crate) fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     s.trim()
         .parse::<SocketAddr>()

@@ -683,3 +683,27 @@ fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
             .is_some()
     );
 }
+
+#[test]
+fn balancing_by_load_or_count_with_a_capacity() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.balancing, kcl_core::Balancing::default());
+    let args = ["--balance-by", "count", "--capacity", "2.5"];
+    let s = resolve_ok(&[REQUIRED, &args].concat(), None);
+    assert_eq!(s.worker.balancing.by, kcl_core::BalanceBy::Count);
+    assert!((s.worker.balancing.capacity - 2.5).abs() < 1e-9);
+    let file = toml_file("balance-by = \"LOAD\"\ncapacity = 4\n");
+    let s = resolve_ok(REQUIRED, Some(&file));
+    assert_eq!(s.worker.balancing.by, kcl_core::BalanceBy::Load);
+    assert!((s.worker.balancing.capacity - 4.0).abs() < 1e-9);
+    assert_eq!(s.effective["capacity"].0, "4");
+    let e = resolve_err(&[REQUIRED, &["--balance-by", "cpu"]].concat(), None);
+    assert_eq!(e.key, "balance_by", "{e}");
+    for bad in ["0", "1001", "NaN", "two"] {
+        let e = resolve_err(&[REQUIRED, &["--capacity", bad]].concat(), None);
+        assert_eq!(e.key, "capacity", "{bad}: {e}");
+    }
+    let e = resolve_err(REQUIRED, Some(&toml_file("capacity = -1\n")));
+    assert_eq!(e.key, "capacity", "{e}");
+    assert!(e.to_string().contains("kcl.toml"), "{e}");
+}

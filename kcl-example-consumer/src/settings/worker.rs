@@ -2,7 +2,7 @@
 //! it, its errors named by our keys.
 
 use kcl_core::failure::FailurePolicy;
-use kcl_core::{InitialPosition, InitialPositionKind as Position, WorkerConfig};
+use kcl_core::{Balancing, InitialPosition, InitialPositionKind as Position, WorkerConfig};
 
 use super::RunArgs;
 use super::{SettingsError, Values};
@@ -55,7 +55,8 @@ pub(super) fn worker_config(
         .idle_time_between_reads(a.idle_time_between_reads.0)
         .shard_sync_interval(a.shard_sync_interval.0)
         .stalled_after(a.stalled_after.0)
-        .failure(failure(a));
+        .failure(failure(a))
+        .balancing(Balancing::default().by(a.balance_by).capacity(a.capacity));
     worker.validate().map_err(|e| {
         // kcl-core names its field; ours is the same name (renew_interval follows
         // failover_time, the consumer name the application name).
@@ -63,6 +64,7 @@ pub(super) fn worker_config(
             "renew_interval" => "failover_time",
             "retrieval.consumer_name" => "application_name",
             "failure.attempts" => "failure_attempts",
+            "balancing.capacity" => "capacity",
             key => key,
         };
         v.fail(key, e.reason)

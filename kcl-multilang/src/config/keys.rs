@@ -19,8 +19,8 @@ pub(crate) enum Use {
 
 const NO_CLOUDWATCH: Use = Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen");
 const NO_WORKER_METRICS: Use = Use::Ignored(
-    "kcl balances by lease count (a handoff lets the processor checkpoint first); \
-     no worker metrics, no WorkerMetricStats table",
+    "kcl balances by what each lease costs its holder, measured by the worker and written with \
+     its renewals (balanceBy, workerCapacity), not by host metrics: no WorkerMetricStats table",
 );
 const NO_COORDINATOR_TABLE: Use = Use::Ignored(
     "kcl keeps its coordination (leader, standby) in the lease table: no CoordinatorState table",
@@ -298,6 +298,21 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
         Use::Mapped(
             "kcl: s3://BUCKET/PREFIX for letters too large for an sqs: or kinesis: \
              deadLetterSink (256 KiB, 1 MiB); without it such a letter is refused, and retried",
+        ),
+    ),
+    (
+        "balanceBy",
+        Use::Mapped(
+            "kcl: what the leader balances: load (default: each worker's load per unit of \
+             capacity, from what each lease costs its holder) or count (lease counts only, as \
+             KCL Java 2.x); coordination = every-worker balances counts",
+        ),
+    ),
+    (
+        "workerCapacity",
+        Use::Mapped(
+            "kcl: this worker's capacity relative to a standard worker (default 1, between \
+             0.001 and 1000): a worker of capacity 2 is given twice the load",
         ),
     ),
     (

@@ -639,3 +639,30 @@ fn dead_letter_keys_to_no_effect_are_said_once() {
         "{described}"
     );
 }
+
+#[test]
+fn balance_by_and_worker_capacity() {
+    use kcl_core::{BalanceBy, Balancing};
+
+    assert_eq!(
+        config(MINIMAL).unwrap().worker.balancing,
+        Balancing::default()
+    );
+    let c = config(&format!(
+        "{MINIMAL}balanceBy = COUNT\nworkerCapacity = 2.5\n"
+    ))
+    .unwrap();
+    assert_eq!(c.worker.balancing.by, BalanceBy::Count);
+    assert!((c.worker.balancing.capacity - 2.5).abs() < 1e-9);
+    for (lines, key, says) in [
+        ("balanceBy = cpu\n", "balanceBy", "cpu"),
+        ("workerCapacity = big\n", "workerCapacity", "big"),
+        ("workerCapacity = NaN\n", "workerCapacity", "NaN"),
+        ("workerCapacity = 0\n", "workerCapacity", "between"),
+        ("workerCapacity = 5000\n", "workerCapacity", "between"),
+    ] {
+        let error = config(&format!("{MINIMAL}{lines}")).unwrap_err();
+        assert_eq!(error.key, key, "{lines}: {error}");
+        assert!(error.reason.contains(says), "{lines}: {error}");
+    }
+}
