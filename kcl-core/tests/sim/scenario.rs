@@ -55,7 +55,7 @@ pub fn config() -> WorkerConfig {
             Balancing::default()
                 .smoothing(Duration::from_secs(1))
                 .move_budget(4, Duration::from_secs(5))
-                .stickiness(Duration::from_secs(30)),
+                .stickiness(Duration::from_secs(5)),
         )
 }
 
