@@ -64,6 +64,8 @@ pub(crate) struct Movable<'a> {
     /// Known not to have moved within the stickiness window (the leader watched it that
     /// long): only such a lease moves for load.
     pub(crate) settled: bool,
+    /// Seen moving within the stickiness window: not spread by count either.
+    pub(crate) recent: bool,
 }
 
 /// The bounds of one round.
@@ -234,11 +236,7 @@ fn best_step<'a>(
                     ((source.load - lease.load + given) / source.capacity).max(left(given))
                 };
                 let gain = source.level() - after(0.0);
-                // A lease under the band gains less than a band, but a worker above the band
-                // sheds it all the same to a worker it leaves within half the band: else a
-                // hot lease and many small ones on one worker would never part.
-                let sheds = lease.load < band && left(0.0) <= mean + band / 2.0;
-                if (gain > worth || sheds) && gain > 0.0 && room(to, target.count) {
+                if gain > worth && room(to, target.count) {
                     let tie = crate::types::stable_hash((to, lease.key));
                     keep(&mut best, (gain, left(0.0), tie, Step::Move(i, to)));
                 }
@@ -322,7 +320,7 @@ fn spread_counts<'a>(
         else {
             break;
         };
-        let spare = |m: &Movable<'_>| m.load < small;
+        let spare = |m: &Movable<'_>| m.load < small && !m.recent;
         let gives = |w: &WorkerId| movable.iter().any(|m| m.holder == w && spare(m));
         let Some((from, high)) = held
             .iter()

@@ -183,6 +183,14 @@ impl Observer {
         })
     }
 
+    /// Whether this worker saw `key` pass from one owner to another within `window` of `now`.
+    pub(crate) fn moved_within(&self, key: &ShardId, now: Instant, window: Duration) -> bool {
+        self.seen
+            .get(key)
+            .and_then(|seen| seen.moved)
+            .is_some_and(|at| now.saturating_duration_since(at) < window)
+    }
+
     /// How long the lease's counter has stood still, as observed here.
     pub(crate) fn idle(&self, lease: &Lease, now: Instant) -> Duration {
         match self.seen.get(&lease.key) {

@@ -20,6 +20,8 @@ pub(crate) struct Weighing<'a> {
     pub(crate) figures: BTreeMap<ShardId, LeaseLoad>,
     /// Whether a lease is known not to have moved within the stickiness window.
     pub(crate) settled: &'a dyn Fn(&ShardId) -> bool,
+    /// Whether a lease was seen moving within the stickiness window.
+    pub(crate) recent: &'a dyn Fn(&ShardId) -> bool,
     /// The leader's own capacity (its rows may not show it yet).
     pub(crate) capacity: f64,
     /// Each worker's total as its heartbeat row carries it (under heartbeats).
@@ -44,6 +46,7 @@ impl Weighing<'_> {
             },
             figures: BTreeMap::new(),
             settled: &|_| true,
+            recent: &|_| false,
             capacity: 1.0,
             totals: BTreeMap::new(),
             sustained: &|_| false,
@@ -149,6 +152,7 @@ pub(super) fn weigh<'a>(
             key,
             load: scaled(key, holder),
             settled: (weighing.settled)(key),
+            recent: (weighing.recent)(key),
         })
         .collect();
     (levels, movable)

@@ -25,9 +25,8 @@
 //! - `moves`: from 3 min after the change to 16 min, from 3 min into the quiet phase (its
 //!   start is a change of load) and from 1 min into the silent phase to their ends, at most
 //!   one lease move per worker per quarter hour (a worker-hour at the default timing);
-//! - `sticky`: after the start-up, no lease carrying load (a band or more: smaller leases are
-//!   spread by count, whose moves the budget and the stickiness do not hold) moves twice
-//!   within the stickiness window;
+//! - `sticky`: after the start-up, no lease carrying load moves twice within the stickiness
+//!   window;
 //! - `budget`: after the start-up, no more moves of leases carrying load within 12 s than the
 //!   budget per 15 s window (a move lands up to a few seconds after the leader asks);
 //! - `lost`: every record processed: each shard's checkpoint at its last record.
@@ -511,8 +510,9 @@ fn judge(
             ));
         }
     }
-    let loaded =
-        |t: Duration, key: &ShardId| loads_at(history, t).get(key).copied().unwrap_or(0.0) >= BAND;
+    let loaded = |t: Duration, key: &ShardId| {
+        loads_at(history, t).get(key).copied().unwrap_or(0.0) >= BAND / 2.0
+    };
     let mut by_key: BTreeMap<&ShardId, Vec<Duration>> = BTreeMap::new();
     for (t, key) in &moves {
         by_key.entry(key).or_default().push(*t);

@@ -62,6 +62,7 @@ impl Fleet {
                 key,
                 load: *load,
                 settled: *settled,
+                recent: !*settled,
             })
             .collect();
         plan(&mut levels, &mut movable, bounds, &|_, _| true)
@@ -117,17 +118,11 @@ fn two_hot_on_one() -> Fleet {
 fn two_hot_leases_on_one_worker_are_split_in_one_move() {
     let fleet = two_hot_on_one();
     let (moves, spread) = fleet.plan(BOUNDS);
+    assert_eq!(moves.len(), 1, "{moves:?}");
     assert_eq!(
         moves[0].0,
         k("h2"),
         "the move that lowers `a` the most without lifting its target above it"
-    );
-    // Its target, above the band with two small leases besides, sheds them.
-    assert!(
-        moves[1..]
-            .iter()
-            .all(|(key, _)| [k("c5"), k("c6")].contains(key)),
-        "{moves:?}"
     );
     let fleet = fleet.after(&moves).after(&spread);
     let mean = (0.9 + 0.8 + 6.0 * 0.05) / 4.0;
@@ -193,8 +188,10 @@ fn the_budget_bounds_the_moves_of_a_round() {
 fn a_lease_moved_lately_stays_where_it_is() {
     let fleet = two_hot_on_one().sticky("h2");
     let (moves, _) = fleet.plan(BOUNDS);
-    assert_eq!(moves[0].0, k("h1"), "{moves:?}");
-    assert!(moves.iter().all(|(key, _)| *key != k("h2")), "{moves:?}");
+    assert_eq!(
+        moves.iter().map(|m| m.0.clone()).collect::<Vec<_>>(),
+        vec![k("h1")]
+    );
     let fleet = two_hot_on_one().sticky("h1").sticky("h2");
     assert_eq!(
         fleet.plan(BOUNDS).0,
@@ -288,26 +285,4 @@ fn a_hot_lease_that_fits_only_where_others_must_make_room_is_swapped() {
     // `b` is still above half the band; with budget left, its smaller lease goes on to `c`.
     let (more, _) = fleet.plan(two);
     assert_eq!(more, vec![(k("b2"), w("c"))]);
-}
-
-#[test]
-fn a_hot_worker_sheds_small_leases_no_single_one_worth_a_band() {
-    // `a`: a hot lease and eight small ones; `b` a hot one. Neither hot lease can move
-    // without lifting the other worker as high, and each small one gains less than a band.
-    let mut fleet = Fleet::new(&[("a", 1.0), ("b", 1.0)])
-        .lease("hot", "a", 0.6)
-        .lease("other", "b", 0.6);
-    for i in 0..8 {
-        fleet = fleet.lease(&format!("s{i}"), "a", 0.05);
-    }
-    let (moves, _) = fleet.plan(BOUNDS);
-    assert_eq!(moves.len(), 3, "until `a` is within half a band: {moves:?}");
-    assert!(
-        moves
-            .iter()
-            .all(|(key, to)| key.as_str().starts_with('s') && *to == w("b")),
-        "{moves:?}"
-    );
-    let fleet = fleet.after(&moves);
-    assert!((fleet.level("a") - 0.85).abs() < 1e-9 && (fleet.level("b") - 0.75).abs() < 1e-9);
 }

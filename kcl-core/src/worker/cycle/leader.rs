@@ -120,6 +120,9 @@ impl Leading {
         let settled = |key: &ShardId| {
             orphans.contains_key(key) || view.observer.settled(key, now, balancing.stickiness)
         };
+        let recent = |key: &ShardId| {
+            !orphans.contains_key(key) && view.observer.moved_within(key, now, balancing.stickiness)
+        };
         let above = &self.above;
         let sustained = |w: &WorkerId| {
             above
@@ -138,6 +141,7 @@ impl Leading {
                 .filter_map(|l| Some((l.key.clone(), l.load?)))
                 .collect(),
             settled: &settled,
+            recent: &recent,
             capacity: balancing.capacity,
             totals: view.heartbeats.totals(),
             sustained: &sustained,
