@@ -30,7 +30,10 @@ pub enum BalanceBy {
     Count,
 }
 
-/// How the leader places and balances leases; see the [module docs](self).
+/// How the leader places and balances leases; see [`docs/balancing.md`] in the repository
+/// and the module docs of [`lease::load`](crate::lease::load).
+///
+/// [`docs/balancing.md`]: https://github.com/kcl-rs/kcl/blob/main/docs/balancing.md
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]

@@ -27,7 +27,9 @@ pub struct ShutdownHandle {
 
 impl ShutdownHandle {
     /// Graceful shutdown: stop taking leases, let processors checkpoint in
-    /// `shutdown_requested`, release every lease so others take them at once.
+    /// `shutdown_requested`, release every lease so others take them at once (under
+    /// [`WorkerConfig::restart_grace`](crate::WorkerConfig::restart_grace), keep them for
+    /// this worker's return instead).
     pub fn shutdown(&self) {
         self.graceful.cancel();
     }
