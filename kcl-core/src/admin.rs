@@ -113,6 +113,7 @@ pub async fn reset<L: LeaseStore>(
             start_timestamp: to.pin,
             endpoint: None,
             park: Vec::new(),
+            carrier: None,
         };
         match store.reset(&observed, &placeholder, &update).await {
             Ok(row) => {

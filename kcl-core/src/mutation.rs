@@ -106,6 +106,11 @@ pub enum Mutation {
     SinkRefusalIgnored,
     /// Under `Parallel::park_keys`, a parked key's later records run.
     ParkedKeyRuns,
+    /// A worker judges a role row by its own counter alone, as if it named no carrier.
+    RoleCarrierIgnored,
+    /// A carrier's write proves its role even when answered after the role's validity ran
+    /// out (a lapsed role comes back).
+    CarrierProvesAfterLapse,
 }
 
 impl Mutation {
@@ -154,6 +159,8 @@ impl Mutation {
         Self::BisectRedeliversSucceeded,
         Self::SinkRefusalIgnored,
         Self::ParkedKeyRuns,
+        Self::RoleCarrierIgnored,
+        Self::CarrierProvesAfterLapse,
     ];
 }
 

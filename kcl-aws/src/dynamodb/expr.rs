@@ -7,7 +7,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::{CheckpointUpdate, Lease};
 
 use super::schema::{
-    self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER, COND_OWNER,
+    self, CARRIER, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER, COND_OWNER,
     ENDPOINT, LEASE_COUNTER, LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PARKED_KEYS,
     PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE, PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
     START_TIMESTAMP, VAL_OWNER,
@@ -147,6 +147,9 @@ impl Expr {
         }
         if !update.park.is_empty() {
             self.add(PARKED_KEYS, AttributeValue::Ss(update.park.clone()));
+        }
+        if let Some(carrier) = &update.carrier {
+            self.set(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
         }
         self
     }

@@ -68,6 +68,9 @@ pub(crate) const HANDOFF_TO: &str = "handoffTo";
 pub(crate) const START_TIMESTAMP: &str = "startingTimestamp";
 /// Where a singleton's holder takes messages (kcl extension).
 pub(crate) const ENDPOINT: &str = "kclEndpoint";
+/// kcl extension: on a role row, the row whose renewals prove its holder alive (`S`; see
+/// `Lease::carrier`).
+pub(crate) const CARRIER: &str = "kclCarrier";
 /// kcl extension: ordering keys parked behind a dead-lettered record (a string set; see
 /// `Lease::parked_keys`).
 pub(crate) const PARKED_KEYS: &str = "parkedKeys";
@@ -228,6 +231,9 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if !lease.parked_keys.is_empty() {
         put(PARKED_KEYS, AttributeValue::Ss(lease.parked_keys.clone()));
     }
+    if let Some(carrier) = &lease.carrier {
+        put(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
+    }
     item
 }
 
@@ -306,6 +312,7 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         })
         .transpose()?;
     lease.endpoint = optional_s(item, ENDPOINT)?.map(str::to_owned);
+    lease.carrier = optional_s(item, CARRIER)?.map(ShardId::new);
     lease.parked_keys = optional_ss(item, PARKED_KEYS)?
         .into_iter()
         .map(|entry| entry.as_str().to_owned())

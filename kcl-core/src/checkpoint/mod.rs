@@ -149,6 +149,7 @@ impl Checkpointer {
                 start_timestamp: None,
                 endpoint: None,
                 park: Vec::new(),
+                carrier: None,
             };
             return self.write(&update).await;
         }
@@ -179,6 +180,7 @@ impl Checkpointer {
             start_timestamp: None,
             endpoint: None,
             park: Vec::new(),
+            carrier: None,
         };
         self.write(&update).await
     }
@@ -204,6 +206,7 @@ impl Checkpointer {
             start_timestamp: None,
             endpoint: None,
             park: Vec::new(),
+            carrier: None,
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -219,6 +222,7 @@ impl Checkpointer {
             start_timestamp: None,
             endpoint: None,
             park: Vec::new(),
+            carrier: None,
         };
         self.write(&update).await
     }

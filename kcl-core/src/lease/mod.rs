@@ -73,6 +73,10 @@ pub struct Lease {
     /// keys are dead-lettered unrun, by whichever worker holds it; redriving the record
     /// removes its entry.
     pub parked_keys: Vec<String>,
+    /// On a role row (the leader's, the standby's): the row whose renewals prove its holder
+    /// alive, one the holder renews anyway (kcl extension, `kclCarrier`); the role row itself,
+    /// or none, when the holder renews the role row (see `worker/roles.rs`).
+    pub carrier: Option<ShardId>,
 }
 
 impl Lease {
@@ -92,6 +96,7 @@ impl Lease {
             start_timestamp: None,
             endpoint: None,
             parked_keys: Vec::new(),
+            carrier: None,
         }
     }
 
@@ -126,6 +131,9 @@ pub struct CheckpointUpdate {
     pub endpoint: Option<String>,
     /// Entries added to [`Lease::parked_keys`] (the others stay); empty leaves it as it is.
     pub park: Vec<String>,
+    /// Names the row that carries a role row ([`Lease::carrier`]); `None` leaves the
+    /// attribute as it is.
+    pub carrier: Option<ShardId>,
 }
 
 impl CheckpointUpdate {
@@ -139,6 +147,7 @@ impl CheckpointUpdate {
             start_timestamp: None,
             endpoint: None,
             park: Vec::new(),
+            carrier: None,
         }
     }
 }
@@ -272,6 +281,17 @@ pub trait LeaseStore: LeaseStoreExtras {
         key: &ShardId,
     ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send;
 
+    /// One lease, read as cheaply as the store can (DynamoDB: an eventually consistent
+    /// `GetItem`, half a unit), possibly a second or so stale. For candidates watching a
+    /// role row now and then: what they act on is checked by a consistent read or a
+    /// conditional write. By default [`get`](Self::get); a wrapper delegates.
+    fn peek(
+        &self,
+        key: &ShardId,
+    ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
+        self.get(key)
+    }
+
     /// Creates `lease` unless a lease with its key exists. Returns whether it was created.
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
@@ -374,6 +394,13 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
         key: &ShardId,
     ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
         (**self).get(key)
+    }
+
+    fn peek(
+        &self,
+        key: &ShardId,
+    ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
+        (**self).peek(key)
     }
 
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send {

@@ -164,6 +164,7 @@ async fn record(ctx: &TaskContext, index: u64) -> Result<(), crate::lease::tenur
         start_timestamp: None,
         endpoint: None,
         park: Vec::new(),
+        carrier: None,
     };
     ctx.tenure.checkpoint(&update).await.map(drop)
 }

@@ -49,13 +49,15 @@ impl Following {
         &mut self,
         w: &Wiring<'_, S, L, F>,
         state: &mut Coordinator,
+        roles: &Roles,
     ) -> Result<(), Error> {
         let table = w.table;
         let every = table.config.taker_interval * LOOK_FOR_WORK_EVERY;
         let look = self.looked_for_work.is_none_or(|at| at.elapsed() >= every);
         if state.shards.is_empty() && look {
             self.looked_for_work = Some(Instant::now());
-            return every_worker::plan_for_myself(w, state, Read::Whole, Scope::Itself).await;
+            let how = Read::Whole(Some(roles));
+            return every_worker::plan_for_myself(w, state, how, Scope::Itself).await;
         }
         state.shards.hand_over_requested(&table.me);
         state.heartbeat.follow_flag(table, &state.shards).await;
@@ -79,6 +81,7 @@ impl Following {
             }
         };
         self.owner_query_at = Some(Instant::now());
+        roles.assigned(&mine);
         adopt(w, state.taking(), mine).await;
         w.report.cycle_done();
         Ok(())

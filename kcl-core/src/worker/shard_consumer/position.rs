@@ -122,6 +122,7 @@ async fn write_pin(
         start_timestamp: Some(pin),
         endpoint: None,
         park: Vec::new(),
+        carrier: None,
     };
     match tenure.checkpoint(&update).await {
         Ok(_) => {
