@@ -185,6 +185,11 @@ impl Mutation {
             Self::ReleaseOutweighedByRenewals => Some(
                 "lease::observer::tests::a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves",
             ),
+            // A holder whose carrier's renewals stalled past its validity and then resumed:
+            // no random schedule of the simulation lined that up in 1,000 seeds.
+            Self::CarrierProvesAfterLapse => Some(
+                "singleton::carried::tests::a_carrier_answered_after_the_role_lapsed_proves_nothing",
+            ),
             _ => None,
         }
     }

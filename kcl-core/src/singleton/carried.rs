@@ -341,6 +341,56 @@ mod tests {
         assert_eq!(proof.idle(Instant::now()), Duration::ZERO);
     }
 
+    /// A carrier's renewal answered after the role's validity ran out proves nothing: the
+    /// role stays lapsed (observers may already have taken it), and one answered in time
+    /// extends it from the renewal's start.
+    #[cfg(feature = "test-util")]
+    #[tokio::test(start_paused = true)]
+    async fn a_carrier_answered_after_the_role_lapsed_proves_nothing() {
+        // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+        #[cfg(feature = "mutation-testing")]
+        if let Ok(name) = std::env::var("KCL_MUTATION") {
+            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
+            crate::mutation::set(found.copied());
+        }
+        use crate::lease::LeaseStore;
+        use crate::lease::tenure::{Taken, Timing};
+        let store = Arc::new(crate::memory::MemoryLeaseStore::new());
+        let made = store.ensure_table(crate::lease::TableFeatures::NONE).await;
+        assert!(made.is_ok());
+        let a = WorkerId::new("a");
+        let mut held = Vec::new();
+        for key in ["kcl-coordination/worker-leader", "s1"] {
+            let lease = Lease::new(ShardId::new(key), Checkpoint::TrimHorizon);
+            assert!(store.create(&lease).await.is_ok_and(|created| created));
+            let taken = store.take(&lease, &a).await.unwrap_or_else(|e| unreachable!("{e}"));
+            let timing = Timing {
+                failover_time: F,
+                call_timeout: F,
+            };
+            let taken = Taken {
+                lease: taken,
+                worker: a.clone(),
+                store: store.clone(),
+                started: Instant::now(),
+            };
+            held.push(Tenure::new(taken, timing));
+        }
+        let (role, carrier) = (&held[0], &held[1]);
+        let _carry = carrier.carry(&role.validity());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let renewed = Instant::now();
+        assert!(carrier.renew().await.is_ok());
+        assert_eq!(role.valid_until(), renewed + F * 9 / 10, "proved in time");
+        tokio::time::advance(F).await;
+        assert!(carrier.renew().await.is_ok(), "the lease is still the worker's");
+        assert!(
+            role.valid_until() < Instant::now(),
+            "a lapsed role came back: valid {:?} past now",
+            role.valid_until().saturating_duration_since(Instant::now())
+        );
+    }
+
     /// A row naming itself, or nothing, is judged by its own counter, as any singleton row.
     #[tokio::test(start_paused = true)]
     async fn a_row_without_a_carrier_is_judged_by_its_own_counter() {
