@@ -268,8 +268,12 @@ mod tests {
         for (shards, workers) in [(8, 5), (100, 10)] {
             let fleet = Fleet::new(shards, workers);
             let kcl = estimate(&fleet, Coordination::Leader, Liveness::PerLease);
-            let ratio = kcl.dollars_per_month(&prices) / kcl_java(&fleet).dollars_per_month(&prices);
-            assert!(ratio <= 1.0, "{shards} shards, {workers} workers: {ratio:.4}x");
+            let ratio =
+                kcl.dollars_per_month(&prices) / kcl_java(&fleet).dollars_per_month(&prices);
+            assert!(
+                ratio <= 1.0,
+                "{shards} shards, {workers} workers: {ratio:.4}x"
+            );
         }
     }
 

@@ -5,7 +5,13 @@
 //! within a leader cycle or two, and their records are processed a few seconds later (the
 //! follower they are assigned to adopts them at its next index query, every half failover
 //! time). Paused time, in-memory backends.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 mod common;
 

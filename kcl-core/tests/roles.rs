@@ -3,7 +3,13 @@
 //! never, whatever its liveness; a dead leader is still replaced within the failover time and
 //! a cycle or two, and the leader hands the standby row to a follower; a leader that hands its
 //! carrier over names another and goes on leading. Paused time, in-memory backends.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stderr
+)]
 
 mod common;
 
@@ -37,7 +43,11 @@ async fn fleet(
     ids: &[&str],
     shards: u32,
     config: &WorkerConfig,
-) -> (kcl_core::memory::MemoryStream, MemoryLeaseStore, Vec<Running>) {
+) -> (
+    kcl_core::memory::MemoryStream,
+    MemoryLeaseStore,
+    Vec<Running>,
+) {
     let (stream, store, seen) = world(shards);
     let b = Behaviour::default();
     let workers: Vec<Running> = ids
@@ -76,7 +86,10 @@ async fn an_idle_fleet_writes_no_role_row() {
             .filter(|e| [LEADER, STANDBY].contains(&e.lease.key.as_str()))
             .map(|e| (e.client.clone(), e.operation, e.lease.key.to_string()))
             .collect();
-        assert!(writes.is_empty(), "{liveness:?}: role rows written: {writes:?}");
+        assert!(
+            writes.is_empty(),
+            "{liveness:?}: role rows written: {writes:?}"
+        );
         for key in [LEADER, STANDBY] {
             let role = row(&store, key).unwrap();
             let carrier = role.carrier.as_ref().expect("a carrier");
@@ -101,7 +114,10 @@ async fn a_dead_leader_is_replaced_and_the_standby_row_handed_on() {
     let config = config(Liveness::PerLease);
     let (_stream, store, mut workers) = fleet(&ids, 6, &config).await;
     sleep(Duration::from_secs(10)).await;
-    let (leader, standby) = (holder(&store, LEADER).unwrap(), holder(&store, STANDBY).unwrap());
+    let (leader, standby) = (
+        holder(&store, LEADER).unwrap(),
+        holder(&store, STANDBY).unwrap(),
+    );
     let at = ids.iter().position(|id| *id == leader).unwrap();
     let dead = workers.remove(at);
     dead.task.abort();
@@ -113,14 +129,19 @@ async fn a_dead_leader_is_replaced_and_the_standby_row_handed_on() {
     .await;
     let orphans = wait_until(Duration::from_secs(60), || {
         store.leases().iter().all(|l| {
-            l.key.as_str().starts_with("kcl-coordination/") || l.owner != Some(WorkerId::new(&leader))
+            l.key.as_str().starts_with("kcl-coordination/")
+                || l.owner != Some(WorkerId::new(&leader))
         })
     })
     .await;
-    let follower = ids.iter().find(|id| ![&leader, &standby].contains(&&id.to_string())).unwrap();
+    let follower = ids
+        .iter()
+        .find(|id| ![&leader, &standby].contains(&&id.to_string()))
+        .unwrap();
     let handed = wait_until(Duration::from_secs(60), || {
         holder(&store, STANDBY).is_some_and(|h| h == *follower)
-            && row(&store, STANDBY).is_some_and(|r| r.carrier.is_some_and(|c| !c.as_str().ends_with("standby")))
+            && row(&store, STANDBY)
+                .is_some_and(|r| r.carrier.is_some_and(|c| !c.as_str().ends_with("standby")))
     })
     .await;
     eprintln!(
@@ -128,7 +149,10 @@ async fn a_dead_leader_is_replaced_and_the_standby_row_handed_on() {
         handed.map(|_| killed.elapsed())
     );
     let bound = failover + taker * 3;
-    assert!(led.is_some_and(|t| t <= bound), "led after {led:?}, bound {bound:?}");
+    assert!(
+        led.is_some_and(|t| t <= bound),
+        "led after {led:?}, bound {bound:?}"
+    );
     assert!(
         orphans.is_some_and(|t| t <= bound + taker),
         "leases after {orphans:?}, bound {:?}",
@@ -154,7 +178,10 @@ async fn a_leader_handing_its_carrier_over_names_another() {
     let standby = holder(&store, STANDBY).unwrap();
     let carrier = row(&store, LEADER).unwrap().carrier.unwrap();
     let carried = row(&store, carrier.as_str()).unwrap();
-    assert_eq!(carried.owner.as_ref().map(|o| o.to_string()), Some(leader.clone()));
+    assert_eq!(
+        carried.owner.as_ref().map(|o| o.to_string()),
+        Some(leader.clone())
+    );
     let from = store.journal().len();
     store
         .request_handoff(&carried, Some(&WorkerId::new(&standby)))
@@ -167,7 +194,10 @@ async fn a_leader_handing_its_carrier_over_names_another() {
     assert!(moved.is_some(), "the carrier was not handed over");
     sleep(config.failover_time * 2).await;
     let now = row(&store, LEADER).unwrap();
-    assert_eq!(now.owner.as_ref().map(|o| o.to_string()), Some(leader.clone()));
+    assert_eq!(
+        now.owner.as_ref().map(|o| o.to_string()),
+        Some(leader.clone())
+    );
     let renamed = now.carrier.unwrap();
     assert_ne!(renamed, carrier);
     assert!(holder(&store, renamed.as_str()).is_some_and(|h| h == leader));

@@ -66,10 +66,17 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
                 *by.entry(owner.clone()).or_default() += 1;
             }
             roles = (
-                holder(&ctx, "kcl-coordination/worker-leader").await.unwrap_or_default(),
-                holder(&ctx, "kcl-coordination/worker-standby").await.unwrap_or_default(),
+                holder(&ctx, "kcl-coordination/worker-leader")
+                    .await
+                    .unwrap_or_default(),
+                holder(&ctx, "kcl-coordination/worker-standby")
+                    .await
+                    .unwrap_or_default(),
             );
-            Ok(by.len() == 4 && by.values().all(|n| *n == 1) && roles.0.is_some() && roles.1.is_some())
+            Ok(by.len() == 4
+                && by.values().all(|n| *n == 1)
+                && roles.0.is_some()
+                && roles.1.is_some())
         },
     )
     .await?;
@@ -87,7 +94,11 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     // Split the follower's shard in the middle of its hash keys.
     let source = KinesisShardSource::from_client(ctx.kinesis.clone(), ctx.stream.clone());
     let shards = source.list_shards().await?;
-    let range = shards.iter().find(|s| s.id.as_str() == parent).unwrap().hash_key_range;
+    let range = shards
+        .iter()
+        .find(|s| s.id.as_str() == parent)
+        .unwrap()
+        .hash_key_range;
     let middle = range.start + (range.end - range.start) / 2 + 1;
     ctx.kinesis
         .split_shard()

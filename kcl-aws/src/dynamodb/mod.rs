@@ -318,7 +318,11 @@ impl DynamoDbLeaseStore {
     }
 
     /// One row: consistently for `get`, eventually (half a unit) for `peek`.
-    async fn get_item(&self, key: &ShardId, consistent: bool) -> Result<Option<Lease>, BackendError> {
+    async fn get_item(
+        &self,
+        key: &ShardId,
+        consistent: bool,
+    ) -> Result<Option<Lease>, BackendError> {
         let (k, v) = self.key(key);
         let result = self
             .client

@@ -137,9 +137,9 @@ impl Proof {
 
     /// How long the proof has stood still, as observed here.
     pub(crate) fn idle(&self, now: Instant) -> Duration {
-        self.seen
-            .as_ref()
-            .map_or(Duration::ZERO, |(_, since)| now.saturating_duration_since(*since))
+        self.seen.as_ref().map_or(Duration::ZERO, |(_, since)| {
+            now.saturating_duration_since(*since)
+        })
     }
 
     /// The carrier to read consistently now, if any: one a read that may be stale shows gone
@@ -158,7 +158,11 @@ impl Proof {
     /// starts again from `now` with what it shows.
     pub(crate) fn confirm(&mut self, row: &Lease, carrier: Option<&Lease>, now: Instant) -> bool {
         let consistent = State::of(row, carrier, true);
-        if self.seen.as_ref().is_some_and(|(seen, _)| *seen == consistent) {
+        if self
+            .seen
+            .as_ref()
+            .is_some_and(|(seen, _)| *seen == consistent)
+        {
             return true;
         }
         self.seen = Some((consistent, now));
@@ -217,7 +221,10 @@ pub(super) async fn keep(
         // Observers stop counting the old carrier once the row names another: so does this.
         link = None;
         let wanted = carriers.pick();
-        let named = wanted.as_ref().map_or(tenure.shard(), |c| c.shard()).clone();
+        let named = wanted
+            .as_ref()
+            .map_or(tenure.shard(), |c| c.shard())
+            .clone();
         match timeout_at(role.until(), name(&tenure, &named)).await {
             Ok(Ok(())) => {
                 link = wanted.map(|c| {
@@ -266,7 +273,10 @@ mod tests {
     use crate::types::Checkpoint;
 
     fn row(counter: u64, owner: &str, carrier: &str) -> Lease {
-        let mut r = Lease::new(ShardId::new("kcl-coordination/worker-leader"), Checkpoint::TrimHorizon);
+        let mut r = Lease::new(
+            ShardId::new("kcl-coordination/worker-leader"),
+            Checkpoint::TrimHorizon,
+        );
         r.counter = counter;
         r.owner = Some(WorkerId::new(owner));
         r.carrier = Some(ShardId::new(carrier));
@@ -306,10 +316,16 @@ mod tests {
         assert!(!proof.expired(Instant::now(), F, false));
         tokio::time::advance(F).await;
         proof.observe(&r, Some(&lease("s1", 9, "a")), Instant::now());
-        assert_eq!(proof.to_confirm(Instant::now(), F), Some(&ShardId::new("s1")));
+        assert_eq!(
+            proof.to_confirm(Instant::now(), F),
+            Some(&ShardId::new("s1"))
+        );
         assert!(!proof.expired(Instant::now(), F, false), "unconfirmed");
         let moved = lease("s1", 10, "a");
-        assert!(!judge(&mut proof, &r, Some(&moved)), "a stale view hid a renewal");
+        assert!(
+            !judge(&mut proof, &r, Some(&moved)),
+            "a stale view hid a renewal"
+        );
         tokio::time::advance(F).await;
         assert!(judge(&mut proof, &r, Some(&moved)));
     }
@@ -322,7 +338,10 @@ mod tests {
         let mut proof = Proof::default();
         let r = row(5, "a", "s1");
         proof.observe(&r, Some(&lease("s1", 3, "b")), Instant::now());
-        assert_eq!(proof.to_confirm(Instant::now(), F), Some(&ShardId::new("s1")));
+        assert_eq!(
+            proof.to_confirm(Instant::now(), F),
+            Some(&ShardId::new("s1"))
+        );
         // The consistent read shows it the holder's after all: alive.
         assert!(!judge(&mut proof, &r, Some(&lease("s1", 4, "a"))));
         assert_eq!(proof.to_confirm(Instant::now(), F), None);
@@ -363,7 +382,10 @@ mod tests {
         for key in ["kcl-coordination/worker-leader", "s1"] {
             let lease = Lease::new(ShardId::new(key), Checkpoint::TrimHorizon);
             assert!(store.create(&lease).await.is_ok_and(|created| created));
-            let taken = store.take(&lease, &a).await.unwrap_or_else(|e| unreachable!("{e}"));
+            let taken = store
+                .take(&lease, &a)
+                .await
+                .unwrap_or_else(|e| unreachable!("{e}"));
             let timing = Timing {
                 failover_time: F,
                 call_timeout: F,
@@ -383,7 +405,10 @@ mod tests {
         assert!(carrier.renew().await.is_ok());
         assert_eq!(role.valid_until(), renewed + F * 9 / 10, "proved in time");
         tokio::time::advance(F).await;
-        assert!(carrier.renew().await.is_ok(), "the lease is still the worker's");
+        assert!(
+            carrier.renew().await.is_ok(),
+            "the lease is still the worker's"
+        );
         assert!(
             role.valid_until() < Instant::now(),
             "a lapsed role came back: valid {:?} past now",

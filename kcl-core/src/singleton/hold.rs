@@ -151,8 +151,12 @@ impl<L: LeaseStore> Singleton<L> {
         let row = tenure.snapshot().await;
         let limit = self.config.failover_time;
         match bounded(limit, "release", self.store.release(&row)).await {
-            Ok(()) => tracing::info!(singleton = %self.key, "role row released after its validity lapsed"),
-            Err(error) => tracing::debug!(%error, singleton = %self.key, "releasing a lapsed row failed"),
+            Ok(()) => {
+                tracing::info!(singleton = %self.key, "role row released after its validity lapsed");
+            }
+            Err(error) => {
+                tracing::debug!(%error, singleton = %self.key, "releasing a lapsed row failed");
+            }
         }
     }
 

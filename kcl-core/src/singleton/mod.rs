@@ -63,11 +63,11 @@ use tokio::sync::watch;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use self::carried::Carriers;
 pub use self::config::{MAX_STANDBYS, SingletonConfig};
 pub use self::context::{FencingToken, TaskContext};
 pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
-pub(crate) use self::carried::Carriers;
 pub(crate) use self::take::Sighting;
 use crate::error::{ConfigError, Error};
 use crate::lease::tenure::Tenure;

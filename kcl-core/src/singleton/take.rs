@@ -106,7 +106,10 @@ impl<L: LeaseStore> Singleton<L> {
     /// row it names as its carrier, both read cheaply.
     async fn read_with_carrier(&self) -> Result<(Option<Lease>, Option<Lease>), BackendError> {
         let row = self.read().await?;
-        let carrier = match row.as_ref().and_then(|r| r.carrier.as_ref().filter(|c| **c != r.key)) {
+        let carrier = match row
+            .as_ref()
+            .and_then(|r| r.carrier.as_ref().filter(|c| **c != r.key))
+        {
             Some(key) if self.carriers.is_some() => {
                 let limit = self.config.failover_time;
                 bounded(limit, "peek", self.store.peek(key)).await?

@@ -142,7 +142,8 @@ impl Roles {
         let (leader_tx, leader) = watch::channel(false);
         let (standby_tx, standby) = watch::channel(false);
         let stop = CancellationToken::new();
-        let (leader_row, standby_row) = (Arc::new(Sighting::default()), Arc::new(Sighting::default()));
+        let (leader_row, standby_row) =
+            (Arc::new(Sighting::default()), Arc::new(Sighting::default()));
         let singleton_config = role_config(config);
         let candidates = (
             Singleton::named(
@@ -151,9 +152,14 @@ impl Roles {
                 store.clone(),
                 singleton_config.clone(),
             )
-            .map(|s| s.with_sighting(leader_row.clone()).with_carriers(carriers.clone())),
-            Singleton::named(RESERVED[1], me.clone(), store, singleton_config)
-                .map(|s| s.with_sighting(standby_row.clone()).with_carriers(carriers.clone())),
+            .map(|s| {
+                s.with_sighting(leader_row.clone())
+                    .with_carriers(carriers.clone())
+            }),
+            Singleton::named(RESERVED[1], me.clone(), store, singleton_config).map(|s| {
+                s.with_sighting(standby_row.clone())
+                    .with_carriers(carriers.clone())
+            }),
         );
         let (lead, stand_by) = match candidates {
             (Ok(lead), Ok(stand_by)) => (Arc::new(lead), Arc::new(stand_by)),
@@ -211,11 +217,14 @@ impl Roles {
     pub(super) fn saw(&self, leases: &[Lease], at: Instant) {
         let find = |key: &ShardId| leases.iter().find(|l| &l.key == key);
         let role = self.current();
-        for (i, sighting) in [&self.leader_row, &self.standby_row].into_iter().enumerate() {
+        for (i, sighting) in [&self.leader_row, &self.standby_row]
+            .into_iter()
+            .enumerate()
+        {
             let Some(row) = find(&role_key(RESERVED[i])) else {
                 continue;
             };
-            let carrier = row.carrier.as_ref().and_then(|c| find(c)).cloned();
+            let carrier = row.carrier.as_ref().and_then(&find).cloned();
             sighting.saw(row.clone(), carrier.clone(), at);
             if i == 1 && role == Role::Leader {
                 self.keeper_lock().saw(row.clone(), carrier, at);

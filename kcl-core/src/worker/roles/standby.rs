@@ -42,21 +42,19 @@ impl Standby {
     /// The row to hand on, if it is free or its holder's proof stood still for `failover`
     /// (with `carrier` the carrier as a consistent read shows it, where one is needed); the
     /// carrier to read first otherwise, if that is what is missing.
-    fn due(
-        &mut self,
-        me: &WorkerId,
-        carrier: Option<Option<&Lease>>,
-        failover: Duration,
-    ) -> Due {
+    fn due(&mut self, me: &WorkerId, carrier: Option<Option<&Lease>>, failover: Duration) -> Due {
         let now = Instant::now();
-        if self.handed.is_some_and(|at| now.saturating_duration_since(at) < failover) {
+        if self
+            .handed
+            .is_some_and(|at| now.saturating_duration_since(at) < failover)
+        {
             return Due::No;
         }
         let Some((row, _)) = &self.seen else {
             return Due::No;
         };
         match &row.owner {
-            None => return Due::Hand(row.clone()),
+            None => return Due::Hand(Box::new(row.clone())),
             Some(owner) if owner == me => return Due::No,
             Some(_) => {}
         }
@@ -66,7 +64,7 @@ impl Standby {
             (Some(_), Some(carrier)) => self.proof.confirm(row, carrier, now),
         };
         if self.proof.expired(now, failover, confirmed) {
-            Due::Hand(row.clone())
+            Due::Hand(Box::new(row.clone()))
         } else {
             Due::No
         }
@@ -76,7 +74,7 @@ impl Standby {
 enum Due {
     No,
     Confirm(crate::types::ShardId),
-    Hand(Lease),
+    Hand(Box<Lease>),
 }
 
 impl Roles {
@@ -99,7 +97,10 @@ impl Roles {
                 let Ok(carrier) = read else {
                     return;
                 };
-                match self.keeper_lock().due(&table.me, Some(carrier.as_ref()), failover) {
+                match self
+                    .keeper_lock()
+                    .due(&table.me, Some(carrier.as_ref()), failover)
+                {
                     Due::Hand(row) => row,
                     Due::No | Due::Confirm(_) => return,
                 }

@@ -269,7 +269,12 @@ pub(super) fn roles(e: &Evidence<'_>, v: &mut Vec<String>) {
         if !(taken || released) || ev.client == holder {
             continue;
         }
-        let Some(carrier) = before.lease.carrier.as_ref().filter(|c| **c != ev.lease.key) else {
+        let Some(carrier) = before
+            .lease
+            .carrier
+            .as_ref()
+            .filter(|c| **c != ev.lease.key)
+        else {
             continue;
         };
         let proved = e
@@ -278,7 +283,9 @@ pub(super) fn roles(e: &Evidence<'_>, v: &mut Vec<String>) {
             .take_while(|c| c.seq < ev.seq)
             .filter(|c| &c.lease.key == carrier && c.seq > before.seq)
             .filter(|c| matches!(c.operation, "renew" | "checkpoint"))
-            .filter(|c| c.client == holder && c.lease.owner.as_ref().is_some_and(|o| o.as_str() == holder))
+            .filter(|c| {
+                c.client == holder && c.lease.owner.as_ref().is_some_and(|o| o.as_str() == holder)
+            })
             .last();
         if let Some(proof) = proved
             && ev.started.saturating_duration_since(proof.at) < e.failover
