@@ -506,7 +506,14 @@ mod tests {
         lease.hash_key_range = Some(HashKeyRange::FULL);
         lease.handoff_to = Some(WorkerId::new("w2"));
         lease.start_timestamp = DateTime::from_timestamp_millis(1_763_000_000_123);
+        lease.endpoint = Some("http://10.0.0.7:8125".to_owned());
+        lease.parked_keys = vec!["00000000000000ab/4959/0".to_owned()];
+        lease.carrier = Some(ShardId::new("shardId-000000000003"));
         let item = to_item(&lease);
+        assert_eq!(
+            item.get(CARRIER),
+            Some(&AttributeValue::S("shardId-000000000003".into()))
+        );
         assert!(matches!(
             item.get(PARENT_SHARD_ID),
             Some(AttributeValue::Ss(_))
