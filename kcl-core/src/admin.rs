@@ -114,6 +114,7 @@ pub async fn reset<L: LeaseStore>(
             endpoint: None,
             park: Vec::new(),
             restart_grace: None,
+            carrier: None,
         };
         match store.reset(&observed, &placeholder, &update).await {
             Ok(row) => {

@@ -180,8 +180,9 @@ impl Fleet {
         Ok(pid)
     }
 
-    /// The leader's and the standby's pids, once running processes hold both rows (a new
-    /// standby appears within two failover times of the old one moving up).
+    /// The leader's and the standby's pids, once running processes hold both rows (the leader
+    /// hands the standby row to a follower when the standby moves up, and the follower takes
+    /// it at its next index query: within a cycle and half a failover time).
     async fn roles(&self) -> anyhow::Result<(u32, u32)> {
         let mut roles = None;
         wait_until(

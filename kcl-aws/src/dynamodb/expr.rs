@@ -7,8 +7,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::{CheckpointUpdate, Lease, LeaseLoad};
 
 use super::schema::{
-    self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER, COND_OWNER,
-    ENDPOINT, LEASE_COUNTER, LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PARKED_KEYS,
+    self, CARRIER, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER,
+    COND_OWNER, ENDPOINT, LEASE_COUNTER, LEASE_OWNER, OWNER_SWITCHES_SINCE_CHECKPOINT, PARKED_KEYS,
     PENDING_CHECKPOINT, PENDING_CHECKPOINT_STATE, PENDING_CHECKPOINT_SUB_SEQUENCE_NUMBER,
     START_TIMESTAMP, VAL_OWNER,
 };
@@ -159,6 +159,9 @@ impl Expr {
         }
         if let Some(grace) = update.restart_grace {
             self.set(schema::RESTART_GRACE, schema::millis(grace));
+        }
+        if let Some(carrier) = &update.carrier {
+            self.set(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
         }
         self
     }

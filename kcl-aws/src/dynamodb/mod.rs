@@ -317,6 +317,40 @@ impl DynamoDbLeaseStore {
         Ok(leases)
     }
 
+    /// One row: consistently for `get`, eventually (half a unit) for `peek`.
+    async fn get_item(
+        &self,
+        key: &ShardId,
+        consistent: bool,
+    ) -> Result<Option<Lease>, BackendError> {
+        let (k, v) = self.key(key);
+        let result = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(k, v)
+            .consistent_read(consistent)
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        let operation = if consistent {
+            Operation::Get
+        } else {
+            Operation::Peek
+        };
+        self.count(operation, &result, |o| {
+            (o.consumed_capacity(), i32::from(o.item.is_some()))
+        });
+        let out = result.map_err(|e| backend_error(operation.as_str(), self.what(key), e))?;
+        let lease = out.item.as_ref().filter(|i| !schema::is_foreign_entity(i));
+        let parsed = lease.map(schema::from_item);
+        Ok(parsed.and_then(|lease| {
+            lease
+                .inspect_err(|error| tracing::debug!(table = %self.table, %key, %error, "lease row cannot be parsed"))
+                .ok()
+        }))
+    }
+
     fn what(&self, key: &ShardId) -> String {
         format!("lease {key} in table {}", self.table)
     }
@@ -385,27 +419,11 @@ impl LeaseStore for DynamoDbLeaseStore {
     }
 
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
-        let (k, v) = self.key(key);
-        let result = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key(k, v)
-            .consistent_read(true)
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        self.count(Operation::Get, &result, |o| {
-            (o.consumed_capacity(), i32::from(o.item.is_some()))
-        });
-        let out = result.map_err(|e| backend_error("get", self.what(key), e))?;
-        let lease = out.item.as_ref().filter(|i| !schema::is_foreign_entity(i));
-        let parsed = lease.map(schema::from_item);
-        Ok(parsed.and_then(|lease| {
-            lease
-                .inspect_err(|error| tracing::debug!(table = %self.table, %key, %error, "lease row cannot be parsed"))
-                .ok()
-        }))
+        self.get_item(key, true).await
+    }
+
+    async fn peek(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
+        self.get_item(key, false).await
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {

@@ -68,6 +68,9 @@ pub(crate) const HANDOFF_TO: &str = "handoffTo";
 pub(crate) const START_TIMESTAMP: &str = "startingTimestamp";
 /// Where a singleton's holder takes messages (kcl extension).
 pub(crate) const ENDPOINT: &str = "kclEndpoint";
+/// kcl extension: on a role row, the row whose renewals prove its holder alive (`S`; see
+/// `Lease::carrier`).
+pub(crate) const CARRIER: &str = "kclCarrier";
 /// kcl extension: ordering keys parked behind a dead-lettered record (a string set; see
 /// `Lease::parked_keys`).
 pub(crate) const PARKED_KEYS: &str = "parkedKeys";
@@ -245,6 +248,9 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(grace) = lease.restart_grace {
         put(RESTART_GRACE, millis(grace));
     }
+    if let Some(carrier) = &lease.carrier {
+        put(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
+    }
     item
 }
 
@@ -343,6 +349,7 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         })
         .transpose()?;
     lease.endpoint = optional_s(item, ENDPOINT)?.map(str::to_owned);
+    lease.carrier = optional_s(item, CARRIER)?.map(ShardId::new);
     lease.parked_keys = optional_ss(item, PARKED_KEYS)?
         .into_iter()
         .map(|entry| entry.as_str().to_owned())
@@ -541,6 +548,14 @@ mod tests {
         lease.restart_grace = Some(std::time::Duration::from_secs(60));
         let item = to_item(&lease);
         assert_eq!(item.get(RESTART_GRACE), Some(&n("60000")));
+        lease.endpoint = Some("http://10.0.0.7:8125".to_owned());
+        lease.parked_keys = vec!["00000000000000ab/4959/0".to_owned()];
+        lease.carrier = Some(ShardId::new("shardId-000000000003"));
+        let item = to_item(&lease);
+        assert_eq!(
+            item.get(CARRIER),
+            Some(&AttributeValue::S("shardId-000000000003".into()))
+        );
         assert!(matches!(
             item.get(PARENT_SHARD_ID),
             Some(AttributeValue::Ss(_))

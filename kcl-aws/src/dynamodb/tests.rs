@@ -132,6 +132,53 @@ async fn renew_is_conditional_on_owner_and_counter_and_returns_the_new_row() {
     assert_eq!(renewed.handoff_to, Some(WorkerId::new("w2")));
 }
 
+/// A role row's candidates read cheaply: `peek` is a `GetItem` without `ConsistentRead`,
+/// counted apart; `get` stays consistent. Naming a carrier is a checkpoint that sets
+/// `kclCarrier`.
+#[tokio::test]
+async fn peek_reads_eventually_and_a_checkpoint_names_a_carrier() {
+    use aws_sdk_dynamodb::operation::get_item::GetItemOutput;
+    use kcl_core::lease::usage::Operation;
+
+    let get = |consistent: bool| {
+        mock!(Client::get_item)
+            .match_requests(move |req| req.consistent_read() == Some(consistent))
+            .then_output(|| {
+                GetItemOutput::builder()
+                    .set_item(Some(row(&held())))
+                    .build()
+            })
+    };
+    let (peek, consistent) = (get(false), get(true));
+    let name = mock!(Client::update_item)
+        .match_requests(|req| {
+            let values = req.expression_attribute_values().unwrap();
+            req.update_expression()
+                .is_some_and(|e| e.contains("#kclCarrier = :kclCarrier"))
+                && values.get(":kclCarrier")
+                    == Some(&AttributeValue::S("shardId-000000000003".into()))
+        })
+        .then_output(|| {
+            let mut after = held();
+            after.counter = 8;
+            after.carrier = Some(ShardId::new("shardId-000000000003"));
+            UpdateItemOutput::builder()
+                .set_attributes(Some(row(&after)))
+                .build()
+        });
+    let store = store(&[&peek, &consistent, &name]);
+    let key = held().key;
+    assert_eq!(store.peek(&key).await.unwrap(), Some(held()));
+    assert_eq!(store.get(&key).await.unwrap(), Some(held()));
+    let mut update = CheckpointUpdate::new(Checkpoint::TrimHorizon);
+    update.carrier = Some(ShardId::new("shardId-000000000003"));
+    let named = store.checkpoint(&held(), &update).await.unwrap();
+    assert_eq!(named.carrier, Some(ShardId::new("shardId-000000000003")));
+    let usage = store.usage().unwrap();
+    assert_eq!(usage.of(Operation::Peek).requests, 1);
+    assert_eq!(usage.of(Operation::Get).requests, 1);
+}
+
 #[tokio::test]
 async fn take_of_an_unowned_lease_requires_no_owner_and_counts_the_switch() {
     let mut observed = held();

@@ -150,6 +150,7 @@ impl Checkpointer {
                 endpoint: None,
                 park: Vec::new(),
                 restart_grace: None,
+                carrier: None,
             };
             return self.write(&update).await;
         }
@@ -181,6 +182,7 @@ impl Checkpointer {
             endpoint: None,
             park: Vec::new(),
             restart_grace: None,
+            carrier: None,
         };
         self.write(&update).await
     }
@@ -207,6 +209,7 @@ impl Checkpointer {
             endpoint: None,
             park: Vec::new(),
             restart_grace: None,
+            carrier: None,
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -223,6 +226,7 @@ impl Checkpointer {
             endpoint: None,
             park: Vec::new(),
             restart_grace: None,
+            carrier: None,
         };
         self.write(&update).await
     }

@@ -57,8 +57,11 @@ pub enum Coordination {
     /// leases that lost their owner, assigns new ones, and balances the fleet by asking
     /// owners for handoffs; a standby follows it too, so that it can act at once if the
     /// leader dies. The others read only which leases name them (`LeaseStore::owned_by`,
-    /// every half failover time) and learn of handoff requests from their renewals. Reads
-    /// grow with shards, not workers × shards; the bill is KCL Java 3.x's or below. Without
+    /// every half failover time) and learn of handoff requests from their renewals. The
+    /// leader's and the standby's rows are carried by a row their holders renew anyway (a
+    /// lease, or the heartbeat row), so they cost no write of their own. Reads grow with
+    /// shards, not workers × shards; the bill is KCL Java 3.x's or below from five workers
+    /// on (`docs/benchmarks.md` says where it is above). Without
     /// a leader the fleet keeps processing what it holds; workers that hold nothing look for
     /// work themselves every few intervals.
     ///

@@ -90,6 +90,10 @@ pub struct Lease {
     /// take or release. KCL Java ignores it: its workers take the lease after the failover
     /// time, and leave the attribute on the row.
     pub restart_grace: Option<std::time::Duration>,
+    /// On a role row (the leader's, the standby's): the row whose renewals prove its holder
+    /// alive, one the holder renews anyway (kcl extension, `kclCarrier`); the role row itself,
+    /// or none, when the holder renews the role row (see `worker/roles.rs`).
+    pub carrier: Option<ShardId>,
 }
 
 impl Lease {
@@ -111,6 +115,7 @@ impl Lease {
             parked_keys: Vec::new(),
             load: None,
             restart_grace: None,
+            carrier: None,
         }
     }
 
@@ -148,6 +153,9 @@ pub struct CheckpointUpdate {
     /// Marks the lease kept through its owner's restart ([`Lease::restart_grace`]); `None`
     /// leaves the attribute as it is.
     pub restart_grace: Option<std::time::Duration>,
+    /// Names the row that carries a role row ([`Lease::carrier`]); `None` leaves the
+    /// attribute as it is.
+    pub carrier: Option<ShardId>,
 }
 
 impl CheckpointUpdate {
@@ -162,6 +170,7 @@ impl CheckpointUpdate {
             endpoint: None,
             park: Vec::new(),
             restart_grace: None,
+            carrier: None,
         }
     }
 }
@@ -295,6 +304,17 @@ pub trait LeaseStore: LeaseStoreExtras {
         key: &ShardId,
     ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send;
 
+    /// One lease, read as cheaply as the store can (DynamoDB: an eventually consistent
+    /// `GetItem`, half a unit), possibly a second or so stale. For candidates watching a
+    /// role row now and then: what they act on is checked by a consistent read or a
+    /// conditional write. By default [`get`](Self::get); a wrapper delegates.
+    fn peek(
+        &self,
+        key: &ShardId,
+    ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
+        self.get(key)
+    }
+
     /// Creates `lease` unless a lease with its key exists. Returns whether it was created.
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send;
 
@@ -399,6 +419,13 @@ impl<L: LeaseStore> LeaseStore for std::sync::Arc<L> {
         key: &ShardId,
     ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
         (**self).get(key)
+    }
+
+    fn peek(
+        &self,
+        key: &ShardId,
+    ) -> impl Future<Output = Result<Option<Lease>, BackendError>> + Send {
+        (**self).peek(key)
     }
 
     fn create(&self, lease: &Lease) -> impl Future<Output = Result<bool, BackendError>> + Send {

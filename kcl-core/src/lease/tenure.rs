@@ -20,10 +20,17 @@
 //! from the worker's heartbeat tenure: nothing renews the lease itself, its validity is the
 //! heartbeat's, and it is lost when the heartbeat is (the worker then takes its leases again,
 //! each by a conditional write, under a new heartbeat).
+//!
+//! A tenure may also *carry* another row's validity ([`Tenure::carry`]): a worker's role row
+//! names a lease (or heartbeat row) its holder renews anyway, and each renewal or checkpoint
+//! of that lease proves the role too. Only while the proof is unbroken: a write proves the
+//! role if its answer came before the role's validity ran out (a role that lapsed stays
+//! lapsed, whatever the carrier does later; see `worker/roles.rs` for why that is needed).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex as SyncMutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as SyncMutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -111,14 +118,67 @@ enum Write<'a> {
     Keep(Duration),
 }
 
+/// Until when a holder may act as one: the start of its last successful write, plus a span.
+#[derive(Debug)]
+pub(crate) struct Validity {
+    until: SyncMutex<Instant>,
+    span: Duration,
+}
+
+impl Validity {
+    fn new(until: Instant, span: Duration) -> Self {
+        Self {
+            until: SyncMutex::new(until),
+            span,
+        }
+    }
+
+    /// Until when the holder may act.
+    pub(crate) fn until(&self) -> Instant {
+        *self
+            .until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A write of the holder's own row that started at `started` succeeded.
+    fn wrote(&self, started: Instant) {
+        let mut until = self
+            .until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *until = (*until).max(started + self.span);
+    }
+
+    /// A write of a carrier that started at `started` was answered at `answered`: it proves
+    /// the holder alive only if the validity had not run out by then (see the module docs).
+    fn proved(&self, started: Instant, answered: Instant) {
+        let mut until = self
+            .until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if answered < *until || mutation::on(Mutation::CarrierProvesAfterLapse) {
+            *until = (*until).max(started + self.span);
+        }
+    }
+}
+
+/// A role carried by a tenure, until this is dropped (see [`Tenure::carry`]).
+pub(crate) struct Carry(Arc<AtomicBool>);
+
+impl Drop for Carry {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 /// A held lease. See the module docs.
 pub(crate) struct Tenure {
     shard: ShardId,
     worker: WorkerId,
     store: Arc<dyn HeldLeaseStore>,
     held: Mutex<Held>,
-    valid_until: SyncMutex<Instant>,
-    validity: Duration,
+    valid_until: Arc<Validity>,
     call_timeout: Duration,
     lost: CancellationToken,
     /// The heartbeat this tenure's validity comes from, if it is derived (see module docs).
@@ -126,6 +186,8 @@ pub(crate) struct Tenure {
     /// What the lease (or, for a heartbeat row, the worker) costs, written with each renewal
     /// and checkpoint.
     figure: Option<Figure>,
+    /// The validities this tenure's writes prove too, each while its [`Carry`] lives.
+    carried: SyncMutex<Vec<(Weak<Validity>, Arc<AtomicBool>)>>,
 }
 
 impl std::fmt::Debug for Tenure {
@@ -178,12 +240,12 @@ impl Tenure {
                 lease,
                 uncertain: false,
             }),
-            valid_until: SyncMutex::new(started + validity),
-            validity,
+            valid_until: Arc::new(Validity::new(started + validity, validity)),
             call_timeout: timing.call_timeout,
             lost: CancellationToken::new(),
             heartbeat: None,
             figure: None,
+            carried: SyncMutex::new(Vec::new()),
         }
     }
 
@@ -198,6 +260,39 @@ impl Tenure {
         match &self.figure {
             Some(Figure::Lease(meter)) => Some(meter),
             _ => None,
+        }
+    }
+
+    /// This tenure's validity, for a tenure that carries it ([`carry`](Self::carry)).
+    pub(crate) fn validity(&self) -> Arc<Validity> {
+        self.valid_until.clone()
+    }
+
+    /// From now on, until the returned [`Carry`] is dropped, every renewal and checkpoint of
+    /// this lease (writes that keep it this worker's) proves `role` too, under the rule of
+    /// the module docs. Handoffs and releases prove nothing: they give the row away.
+    pub(crate) fn carry(&self, role: &Arc<Validity>) -> Carry {
+        let on = Arc::new(AtomicBool::new(true));
+        let mut carried = self
+            .carried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        carried.retain(|(v, on)| on.load(Ordering::Acquire) && v.strong_count() > 0);
+        carried.push((Arc::downgrade(role), on.clone()));
+        Carry(on)
+    }
+
+    /// A write of this lease that keeps it ours, started at `started`, just succeeded.
+    fn prove_carried(&self, started: Instant) {
+        let answered = Instant::now();
+        let carried = self
+            .carried
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (role, on) in carried.iter() {
+            if let Some(role) = role.upgrade().filter(|_| on.load(Ordering::Acquire)) {
+                role.proved(started, answered);
+            }
         }
     }
 
@@ -247,15 +342,17 @@ impl Tenure {
         if let Some(heartbeat) = &self.heartbeat {
             return heartbeat.valid_until();
         }
-        *self
-            .valid_until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.valid_until.until()
     }
 
     /// True if the lease is held and its validity has not run out.
     pub(crate) fn is_valid(&self) -> bool {
         !self.is_lost() && Instant::now() < self.valid_until()
+    }
+
+    /// The row's counter as last written or read; `None` while a write is under way.
+    pub(crate) fn counter_now(&self) -> Option<u64> {
+        Some(self.held.try_lock().ok()?.lease.counter)
     }
 
     /// Gives the lease up locally (validity ran out, or a write lost its condition).
@@ -401,11 +498,10 @@ impl Tenure {
                     held.uncertain = false;
                     // A write of a lease proves nothing about it under heartbeats.
                     if self.heartbeat.is_none() {
-                        *self
-                            .valid_until
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                            started + self.validity;
+                        self.valid_until.wrote(started);
+                        if matches!(op, Write::Renew | Write::Checkpoint(_)) {
+                            self.prove_carried(started);
+                        }
                     }
                     return Ok(held.lease.clone());
                 }

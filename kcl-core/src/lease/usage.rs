@@ -32,6 +32,8 @@ pub enum Operation {
     ReadChanges,
     /// Reading one lease.
     Get,
+    /// Reading one lease cheaply (an eventually consistent `GetItem`).
+    Peek,
     /// Reading which leases name one owner (an index query).
     OwnedBy,
     /// Creating a lease.
@@ -56,12 +58,13 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::EnsureTable,
         Self::List,
         Self::Snapshot,
         Self::ReadChanges,
         Self::Get,
+        Self::Peek,
         Self::OwnedBy,
         Self::Create,
         Self::Renew,
@@ -82,6 +85,7 @@ impl Operation {
             Self::Snapshot => "snapshot",
             Self::ReadChanges => "read_changes",
             Self::Get => "get",
+            Self::Peek => "peek",
             Self::OwnedBy => "owned_by",
             Self::Create => "create",
             Self::Renew => "renew",
@@ -99,7 +103,12 @@ impl Operation {
     pub fn is_read(self) -> bool {
         matches!(
             self,
-            Self::List | Self::Snapshot | Self::ReadChanges | Self::Get | Self::OwnedBy
+            Self::List
+                | Self::Snapshot
+                | Self::ReadChanges
+                | Self::Get
+                | Self::Peek
+                | Self::OwnedBy
         )
     }
 }

@@ -12,12 +12,14 @@ use super::Singleton;
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
+use super::carried;
 use super::context::{FencingToken, TaskContext};
 use super::messages::Registration;
 use crate::lease::renewer;
 use crate::lease::tenure::{Taken, Tenure, Timing};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
+use crate::task::bounded;
 
 /// Messages an instance's inbox holds before senders are told it is busy.
 const INBOX_CAPACITY: usize = 64;
@@ -84,11 +86,14 @@ impl<L: LeaseStore> Singleton<L> {
             call_timeout: self.config.failover_time,
         };
         let tenure = Arc::new(Tenure::new(taken, timing));
+        *self
+            .holding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tenure.clone());
         self.holder.send_replace(Some(self.me.clone()));
         tracing::info!(singleton = %self.key, %fence, me = %self.me, "singleton acquired");
         let outcome = {
-            let renewer = renewer::run(tenure.clone(), self.config.renew_interval);
-            let _renewer = AbortOnDropHandle::new(crate::task::spawn(renewer));
+            let _renewer = AbortOnDropHandle::new(self.keep(&tenure));
             // Advertised, then registered and started without an `.await` in between, so
             // that the inbox takes messages only once the task runs; unregistered when the
             // task ends. A sender that reads the address before the registration is told
@@ -107,15 +112,52 @@ impl<L: LeaseStore> Singleton<L> {
             // Dropping the renewer here aborts any write it has under way, which frees the
             // tenure for the release below.
         };
-        if !tenure.is_lost()
-            && let Err(error) = tenure.release().await
-        {
-            tracing::debug!(?error, singleton = %self.key, "singleton release failed");
+        if !tenure.is_lost() {
+            if let Err(error) = tenure.release().await {
+                tracing::debug!(?error, singleton = %self.key, "singleton release failed");
+            }
+        } else if self.carriers.is_some() {
+            self.release_lapsed(&tenure).await;
         }
         tenure.mark_lost();
+        *self
+            .holding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         tracing::info!(singleton = %self.key, me = %self.me, "singleton given up");
         self.holder.send_replace(None);
         outcome
+    }
+
+    /// The task that keeps the row: its renewer, or for a carried row the keeper that names
+    /// its carrier (see `carried`).
+    fn keep(&self, tenure: &Arc<Tenure>) -> tokio::task::JoinHandle<()> {
+        let interval = self.config.renew_interval;
+        match &self.carriers {
+            Some(carriers) => crate::task::spawn(carried::keep(
+                tenure.clone(),
+                carriers.clone(),
+                interval,
+                self.config.failover_time,
+            )),
+            None => crate::task::spawn(renewer::run(tenure.clone(), interval)),
+        }
+    }
+
+    /// A carried row whose validity lapsed may still look alive to others while its carrier
+    /// goes on: released, if nobody wrote it since (conditional), so that a successor takes
+    /// it at once rather than never.
+    async fn release_lapsed(&self, tenure: &Tenure) {
+        let row = tenure.snapshot().await;
+        let limit = self.config.failover_time;
+        match bounded(limit, "release", self.store.release(&row)).await {
+            Ok(()) => {
+                tracing::info!(singleton = %self.key, "role row released after its validity lapsed");
+            }
+            Err(error) => {
+                tracing::debug!(%error, singleton = %self.key, "releasing a lapsed row failed");
+            }
+        }
     }
 
     /// Runs the task until it returns, cancelling its token on shutdown, when the lease is at
@@ -188,6 +230,7 @@ impl<L: LeaseStore> Singleton<L> {
             endpoint: Some(address),
             park: Vec::new(),
             restart_grace: None,
+            carrier: None,
         };
         if let Err(error) = tenure.checkpoint(&update).await {
             tracing::debug!(?error, singleton = %self.key, "advertising the inbox failed");

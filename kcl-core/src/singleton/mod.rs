@@ -47,6 +47,7 @@
 //! # }
 //! ```
 
+pub(crate) mod carried;
 mod config;
 mod context;
 mod hold;
@@ -62,14 +63,15 @@ use tokio::sync::watch;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use self::carried::Carriers;
 pub use self::config::{MAX_STANDBYS, SingletonConfig};
 pub use self::context::{FencingToken, TaskContext};
 pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
 pub(crate) use self::take::Sighting;
 use crate::error::{ConfigError, Error};
-use crate::lease::observer::Observer;
-use crate::lease::{LeaseStore, TableFeatures};
+use crate::lease::tenure::Tenure;
+use crate::lease::{Lease, LeaseStore, TableFeatures};
 use crate::types::{ShardId, WorkerId};
 
 pub use crate::lease::keys::{COORDINATION_PREFIX, is_coordination_key};
@@ -146,6 +148,13 @@ pub struct Singleton<L> {
     /// The row as this process last read it elsewhere (a worker's standby reads the whole
     /// table anyway): a poll uses a fresh sighting instead of reading the row again.
     sighting: Option<Arc<take::Sighting>>,
+    /// For a worker's role rows: the rows that carry this one while it is held (see
+    /// `carried`); candidates then read the row cheaply, with its carrier.
+    carriers: Option<Arc<Carriers>>,
+    /// Wakes a sleeping candidate to poll at once (it was handed the row).
+    poked: tokio::sync::Notify,
+    /// The row's tenure while this candidate holds it.
+    holding: std::sync::Mutex<Option<Arc<Tenure>>>,
 }
 
 /// A wall clock: `Utc::now` unless a test or simulation says otherwise.
@@ -217,7 +226,41 @@ impl<L: LeaseStore> Singleton<L> {
             clock: Arc::new(chrono::Utc::now),
             messenger: None,
             sighting: None,
+            carriers: None,
+            poked: tokio::sync::Notify::new(),
+            holding: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The row is carried by one of `carriers` while held (see `carried`).
+    pub(crate) fn with_carriers(mut self, carriers: Arc<Carriers>) -> Self {
+        self.carriers = Some(carriers);
+        self
+    }
+
+    /// Polls at once (or as soon as it next waits): the row was handed to this candidate, or
+    /// seen free.
+    pub(crate) fn poke(&self) {
+        self.poked.notify_one();
+    }
+
+    /// This process read the row as `row` elsewhere: if it holds the row and the read shows
+    /// a later write that made another worker the holder, the holding ends now rather than at
+    /// its next write (a carried row is not written while its carrier proves it).
+    pub(crate) fn saw_held(&self, row: &Lease) {
+        let holding = self
+            .holding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Some(tenure) = holding else {
+            return;
+        };
+        let newer = tenure.counter_now().is_some_and(|c| row.counter > c);
+        if newer && !row.is_owned_by(&self.me) {
+            tracing::info!(singleton = %self.key, holder = ?row.owner, "the row was taken: giving up");
+            tenure.mark_lost();
+        }
     }
 
     /// Gives the running instance an inbox ([`TaskContext::inbox`]) that any process reaches
@@ -361,10 +404,10 @@ impl<L: LeaseStore> Singleton<L> {
         F: FnMut(TaskContext) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let mut observer = Observer::default();
+        let mut proof = carried::Proof::default();
         let mut penalty = hold::Penalty::default();
         while !shutdown.is_cancelled() {
-            let polled = self.try_take(&mut observer, shutdown).await;
+            let polled = self.try_take(&mut proof, shutdown).await;
             self.polled.send_replace(true);
             if shutdown.is_cancelled() {
                 break;
@@ -391,6 +434,7 @@ impl<L: LeaseStore> Singleton<L> {
                 biased;
                 () = shutdown.cancelled() => {}
                 () = self.poll_changed.notified() => {}
+                () = self.poked.notified() => {}
                 () = sleep(self.poll_interval()) => {}
             }
         }

@@ -165,6 +165,7 @@ async fn record(ctx: &TaskContext, index: u64) -> Result<(), crate::lease::tenur
         endpoint: None,
         park: Vec::new(),
         restart_grace: None,
+        carrier: None,
     };
     ctx.tenure.checkpoint(&update).await.map(drop)
 }

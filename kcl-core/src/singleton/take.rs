@@ -12,6 +12,10 @@
 //! its own while one is fresh: the standby's leader candidate would otherwise read the leader
 //! row every second, 60 read units a minute for every fleet. A sighting is never newer than
 //! the row: expiry judged on it can only come later, and the take stays conditional.
+//!
+//! A worker's role rows are carried (see `carried`): their candidates read the row and its
+//! carrier cheaply (eventually consistent), judge the pair, and read the carrier consistently
+//! before taking a row that looks expired.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -20,9 +24,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Singleton;
+use super::carried::Proof;
 use crate::BackendError;
 use crate::error::ErrorKind;
-use crate::lease::observer::Observer;
 use crate::lease::{Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
 use crate::task::bounded;
@@ -33,28 +37,30 @@ impl<L: LeaseStore> Singleton<L> {
     /// if it is not, or if `shutdown` came.
     pub(super) async fn try_take(
         &self,
-        observer: &mut Observer,
+        proof: &mut Proof,
         shutdown: &CancellationToken,
     ) -> Result<Option<(Lease, Instant)>, BackendError> {
         // Two polls' worth: the worker's cycles and this candidate's polls share a period but
-        // not a phase.
-        let sighted = self
-            .sighting
-            .as_ref()
-            .and_then(|s| s.fresh(self.poll_interval() * 2));
-        let (row, seen) = match sighted {
-            Some((row, at)) => (Some(row), at),
+        // not a phase. (At most two failover times: a candidate that seldom polls, or only
+        // when poked, takes sightings of a recent read only.)
+        let within = self.poll_interval().min(self.config.failover_time) * 2;
+        let sighted = self.sighting.as_ref().and_then(|s| s.fresh(within));
+        let (row, carrier, seen) = match sighted {
+            Some(Seen { row, carrier, at }) => (Some(row), carrier, at),
             None => tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(None),
-                row = self.read() => (row?, Instant::now()),
+                read = self.read_with_carrier() => {
+                    let (row, carrier) = read?;
+                    (row, carrier, Instant::now())
+                }
             },
         };
         let Some(row) = row else {
             return Ok(None);
         };
-        let now = Instant::now();
-        observer.update(std::slice::from_ref(&row), seen);
+        proof.observe(&row, carrier.as_ref(), seen);
+        tracing::trace!(singleton = %self.key, owner = ?row.owner, counter = row.counter, carrier = ?carrier.as_ref().map(|c| (&c.key, &c.owner, c.counter)), idle = ?proof.idle(Instant::now()), "polled");
         self.holder.send_if_modified(|h| {
             let changed = *h != row.owner;
             h.clone_from(&row.owner);
@@ -63,7 +69,7 @@ impl<L: LeaseStore> Singleton<L> {
         let free = match &row.owner {
             None => true,
             Some(o) if o == &self.me => true,
-            Some(_) => observer.idle(&row, now) >= self.config.failover_time,
+            Some(_) => self.expired(proof, &row).await?,
         };
         if !free {
             return Ok(None);
@@ -84,10 +90,45 @@ impl<L: LeaseStore> Singleton<L> {
         Ok(Some((lease, started)))
     }
 
-    /// The row, created if absent; `None` if it vanished again.
+    /// Whether `row`, as `proof` observed it, is expired: its proof stood still for the
+    /// failover time, confirmed by a consistent read of its carrier where it has one.
+    async fn expired(&self, proof: &mut Proof, row: &Lease) -> Result<bool, BackendError> {
+        let failover = self.config.failover_time;
+        let mut confirmed = false;
+        if let Some(key) = proof.to_confirm(Instant::now(), failover).cloned() {
+            let carrier = bounded(failover, "get", self.store.get(&key)).await?;
+            confirmed = proof.confirm(row, carrier.as_ref(), Instant::now());
+        }
+        Ok(proof.expired(Instant::now(), failover, confirmed))
+    }
+
+    /// The row (created if absent; `None` if it vanished again) and, for a carried row, the
+    /// row it names as its carrier, both read cheaply.
+    async fn read_with_carrier(&self) -> Result<(Option<Lease>, Option<Lease>), BackendError> {
+        let row = self.read().await?;
+        let carrier = match row
+            .as_ref()
+            .and_then(|r| r.carrier.as_ref().filter(|c| **c != r.key))
+        {
+            Some(key) if self.carriers.is_some() => {
+                let limit = self.config.failover_time;
+                bounded(limit, "peek", self.store.peek(key)).await?
+            }
+            _ => None,
+        };
+        Ok((row, carrier))
+    }
+
+    /// The row, created if absent; `None` if it vanished again. Carried rows are read
+    /// cheaply (their takes are confirmed), the others consistently.
     async fn read(&self) -> Result<Option<Lease>, BackendError> {
         let limit = self.config.failover_time;
-        if let Some(row) = bounded(limit, "get", self.store.get(&self.key)).await? {
+        let found = if self.carriers.is_some() {
+            bounded(limit, "peek", self.store.peek(&self.key)).await?
+        } else {
+            bounded(limit, "get", self.store.get(&self.key)).await?
+        };
+        if let Some(row) = found {
             return Ok(Some(row));
         }
         // A new row is free: whoever created it tries to take it at once, and whoever lost
@@ -101,22 +142,30 @@ impl<L: LeaseStore> Singleton<L> {
     }
 }
 
+/// What a sighting holds: the row, its carrier if the read had it, and when it was read.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) row: Lease,
+    pub(crate) carrier: Option<Lease>,
+    pub(crate) at: Instant,
+}
+
 /// The row as another part of this process last read it, and when.
 #[derive(Debug, Default)]
-pub(crate) struct Sighting(Mutex<Option<(Lease, Instant)>>);
+pub(crate) struct Sighting(Mutex<Option<Seen>>);
 
 impl Sighting {
-    /// `row` was read at `at`.
-    pub(crate) fn saw(&self, row: Lease, at: Instant) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((row, at));
+    /// `row` (and the row its carrier names, if the read had it) was read at `at`.
+    pub(crate) fn saw(&self, row: Lease, carrier: Option<Lease>, at: Instant) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Seen { row, carrier, at });
     }
 
     /// The last sighting, if it is at most `within` old.
-    fn fresh(&self, within: Duration) -> Option<(Lease, Instant)> {
+    fn fresh(&self, within: Duration) -> Option<Seen> {
         let seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         seen.as_ref()
-            .filter(|(_, at)| {
-                at.elapsed() <= within || mutation::on(Mutation::SightingTrustedHoweverOld)
+            .filter(|s| {
+                s.at.elapsed() <= within || mutation::on(Mutation::SightingTrustedHoweverOld)
             })
             .cloned()
     }

@@ -228,7 +228,7 @@ async fn a_candidate_whose_sightings_stopped_reads_the_row_itself() {
         .into_iter()
         .find(|l| l.key.as_str().ends_with("compactor"))
         .unwrap_or_else(|| unreachable!("the row exists"));
-    sighting.saw(row, Instant::now());
+    sighting.saw(row, None, Instant::now());
     let b = Singleton::new("compactor", "b", store.client("b"), config())
         .unwrap_or_else(|e| unreachable!("{e}"))
         .with_sighting(sighting);

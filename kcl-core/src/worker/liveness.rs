@@ -46,17 +46,18 @@ use crate::lease::observer::Observer;
 use crate::lease::tenure::{Taken, Tenure};
 use crate::lease::{Lease, LeaseLoad, LeaseStore, renewer};
 use crate::mutation::{self, Mutation};
-use crate::singleton::{heartbeat_key, heartbeat_of};
+use crate::singleton::{Carriers, heartbeat_key, heartbeat_of};
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
 /// This worker's own liveness state: its heartbeat (under heartbeats), and the leases its
 /// shard tasks could not hand back.
-#[derive(Default)]
 pub(super) struct HeartbeatState {
     current: Option<Heartbeat>,
     /// Leases whose shard task could not hand them back, to release again (under heartbeats
     /// nothing else would: their owner's heartbeat goes on).
     unreleased: Vec<ShardId>,
+    /// Where the heartbeat is offered to carry the worker's roles.
+    carriers: Arc<Carriers>,
 }
 
 /// This worker's heartbeat: the row's tenure and its renewer.
@@ -68,6 +69,15 @@ struct Heartbeat {
 }
 
 impl HeartbeatState {
+    /// No heartbeat yet; each one started is offered to `carriers`.
+    pub(super) fn new(carriers: Arc<Carriers>) -> Self {
+        Self {
+            current: None,
+            unreleased: Vec::new(),
+            carriers,
+        }
+    }
+
     /// The heartbeat's tenure, which a lease's validity derives from under heartbeats.
     pub(super) fn tenure(&self) -> Option<&Arc<Tenure>> {
         self.current.as_ref().map(|h| &h.tenure)
@@ -130,6 +140,7 @@ impl HeartbeatState {
         };
         let figure = Figure::Worker(table.meters.clone());
         let tenure = Arc::new(Tenure::new(taken, table.timing()).with_figure(figure));
+        self.carriers.offer(&tenure);
         let renew = renewer::run(tenure.clone(), table.config.renew_interval)
             .instrument(tracing::info_span!("heartbeat"));
         tracing::debug!("heartbeat started");

@@ -219,8 +219,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             )
             .dead_letters(self.dead_letters.clone()),
         );
-        let mut state = Coordinator::new(self.handle.graceful.clone());
-        let mut mode = Mode::start(&self.table.me, self.table.store.clone(), &self.table.config);
+        // What this worker renews anyway, which carries its roles (see `roles`).
+        let carriers = Arc::default();
+        let mut state = Coordinator::new(self.handle.graceful.clone(), Arc::clone(&carriers));
+        let mut mode = Mode::start(
+            &self.table.me,
+            self.table.store.clone(),
+            &self.table.config,
+            &carriers,
+        );
         let outcome = self
             .coordinate(&mut state, &mut mode, &ctx, &mut beat)
             .await;

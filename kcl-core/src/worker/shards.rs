@@ -20,6 +20,7 @@ use crate::lease::tenure::{Taken, Tenure};
 use crate::lease::{Lease, LeaseStore};
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
+use crate::singleton::Carriers;
 use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
 
@@ -30,6 +31,8 @@ pub(super) struct Shards {
     task_keys: BTreeMap<tokio::task::Id, ShardId>,
     /// The worker's graceful shutdown, which every shard task's own token is a child of.
     graceful: CancellationToken,
+    /// Where each lease taken is offered to carry the worker's roles.
+    carriers: Arc<Carriers>,
 }
 
 /// One held lease: its writer, and how to steer its task.
@@ -39,13 +42,15 @@ pub(super) struct Held {
 }
 
 impl Shards {
-    /// No shard tasks yet; theirs stop gracefully when `graceful` is cancelled.
-    pub(super) fn new(graceful: CancellationToken) -> Self {
+    /// No shard tasks yet; theirs stop gracefully when `graceful` is cancelled; every lease
+    /// taken is offered to `carriers`.
+    pub(super) fn new(graceful: CancellationToken, carriers: Arc<Carriers>) -> Self {
         Self {
             held: BTreeMap::new(),
             tasks: JoinSet::new(),
             task_keys: BTreeMap::new(),
             graceful,
+            carriers,
         }
     }
 
@@ -135,6 +140,7 @@ impl Shards {
             None => Tenure::new(taken, table.timing()),
         };
         let tenure = Arc::new(tenure.with_figure(Figure::Lease(meter)));
+        self.carriers.offer(&tenure);
         let control = Arc::new(Control::new(self.graceful.child_token()));
         let task = shard_consumer::run(ctx.clone(), tenure.clone(), control.clone())
             .instrument(shard_consumer::span(&key, &table.me));

@@ -44,8 +44,9 @@ pub(super) struct View {
 /// How a read of the whole table is made.
 #[derive(Clone, Copy)]
 pub(super) enum Read<'a> {
-    /// Consistently, every time.
-    Whole,
+    /// Consistently, every time; what it sees of the role rows goes to their candidates, if
+    /// this worker has roles.
+    Whole(Option<&'a Roles>),
     /// Through the change feed, for a worker that observes for the fleet (the leader and the
     /// standby); what it sees of the leader row goes to its candidate for that row.
     Feed(&'a Roles),
@@ -69,7 +70,7 @@ impl View {
     ) -> Result<Option<Vec<Lease>>, Error> {
         let read = match how {
             Read::Feed(_) => observe(table, &mut self.mirror).await,
-            Read::Whole => {
+            Read::Whole(_) => {
                 self.mirror.clear();
                 table.call("list", table.store.list()).await
             }
@@ -92,7 +93,7 @@ impl View {
         problems.replace(ProblemKind::UnreadableRow, unreadable.collect());
         self.drained = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
         let now = Instant::now();
-        if let Read::Feed(roles) = how {
+        if let Read::Feed(roles) | Read::Whole(Some(roles)) = how {
             roles.saw(&leases, now);
         }
         // The observer watches coordination rows too: heartbeats decide expiry.

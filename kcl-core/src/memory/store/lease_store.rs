@@ -39,6 +39,9 @@ fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
     if update.endpoint.is_some() {
         r.endpoint = update.endpoint;
     }
+    if update.carrier.is_some() {
+        r.carrier = update.carrier;
+    }
     for entry in update.park {
         if !r.parked_keys.contains(&entry) {
             r.parked_keys.push(entry);
@@ -81,6 +84,17 @@ impl LeaseStore for MemoryLeaseStore {
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
         self.read(Operation::Get, |t| {
             let row = t.rows.get(key).cloned();
+            let (found, bytes) = (row.is_some(), row.as_ref().map_or(0, usage::item_size));
+            (row, u64::from(found), bytes)
+        })
+        .await
+    }
+
+    /// The row as it was up to the owner index's lag ago (see
+    /// [`set_index_lag`](MemoryLeaseStore::set_index_lag)): an eventually consistent read.
+    async fn peek(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
+        self.read(Operation::Peek, |t| {
+            let row = t.stale_row(key);
             let (found, bytes) = (row.is_some(), row.as_ref().map_or(0, usage::item_size));
             (row, u64::from(found), bytes)
         })

@@ -52,6 +52,7 @@ impl Following {
         &mut self,
         w: &Wiring<'_, S, L, F>,
         state: &mut Coordinator,
+        roles: &Roles,
     ) -> Result<(), Error> {
         let table = w.table;
         let since = *self.since.get_or_insert_with(Instant::now);
@@ -59,7 +60,8 @@ impl Following {
         let look = self.looked_for_work.is_none_or(|at| at.elapsed() >= every);
         if state.shards.is_empty() && look {
             self.looked_for_work = Some(Instant::now());
-            return every_worker::plan_for_myself(w, state, Read::Whole, Scope::Itself).await;
+            let how = Read::Whole(Some(roles));
+            return every_worker::plan_for_myself(w, state, how, Scope::Itself).await;
         }
         state.shards.hand_over_requested(&table.me);
         state.heartbeat.follow_flag(table, &state.shards).await;
@@ -83,6 +85,7 @@ impl Following {
             }
         };
         self.owner_query_at = Some(Instant::now());
+        roles.assigned(&mine);
         adopt(w, state.taking(), mine).await;
         w.report.cycle_done();
         Ok(())

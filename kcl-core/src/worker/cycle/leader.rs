@@ -84,6 +84,11 @@ impl Leading {
         self.place(w, state.taking(), &plan, &by_key).await;
         self.balance(table, &state.shards, &mut state.view, &plan, &by_key)
             .await;
+        let (view, now) = (&state.view, Instant::now());
+        let active = |w: &WorkerId| {
+            !view.is_drained(w) && view.observer.is_active(w, now, table.config.failover_time)
+        };
+        roles.keep_standby(table, &leases, active).await;
         state.shards.hand_over_listed(me, &leases);
         state.shards.hand_over_requested(me);
         state.view.heartbeats.flag_pending(table, &leases).await;

@@ -41,6 +41,7 @@ use crate::config::{Coordination, WorkerConfig};
 use crate::error::Error;
 use crate::lease::LeaseStore;
 use crate::processor::ProcessorFactory;
+use crate::singleton::Carriers;
 use crate::source::ShardSource;
 use crate::types::WorkerId;
 
@@ -69,12 +70,13 @@ pub(super) struct Coordinator {
 
 impl Coordinator {
     /// Nothing held or seen yet; shard tasks stop gracefully when `graceful` is cancelled.
-    pub(super) fn new(graceful: CancellationToken) -> Self {
+    /// The leases it takes and its heartbeat are offered to `carriers`, to carry its roles.
+    pub(super) fn new(graceful: CancellationToken, carriers: Arc<Carriers>) -> Self {
         Self {
-            shards: Shards::new(graceful),
+            shards: Shards::new(graceful, carriers.clone()),
             view: View::default(),
             sync: ShardSync::default(),
-            heartbeat: HeartbeatState::default(),
+            heartbeat: HeartbeatState::new(carriers),
             problems: Problems::default(),
         }
     }
@@ -111,16 +113,18 @@ pub(super) struct Led {
 }
 
 impl Mode {
-    /// The mode `config` asks for; under a leader, starts competing for the roles.
+    /// The mode `config` asks for; under a leader, starts competing for the roles, which
+    /// `carriers` carry.
     pub(super) fn start<L: LeaseStore>(
         me: &WorkerId,
         store: Arc<L>,
         config: &WorkerConfig,
+        carriers: &Arc<Carriers>,
     ) -> Self {
         match config.coordination {
             Coordination::EveryWorker => Self::EveryWorker,
             Coordination::Leader => Self::Led(Box::new(Led {
-                roles: Roles::start(me, store, config),
+                roles: Roles::start(me, store, config, carriers),
                 leading: Leading::default(),
                 following: Following::default(),
             })),
@@ -162,7 +166,7 @@ pub(super) async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     state.heartbeat.release_left(w.table, &state.shards).await;
     match mode {
         Mode::EveryWorker => {
-            every_worker::plan_for_myself(w, state, Read::Whole, Scope::Fleet).await?;
+            every_worker::plan_for_myself(w, state, Read::Whole(None), Scope::Fleet).await?;
         }
         Mode::Led(led) => led.cycle(w, state).await?,
     }
@@ -189,7 +193,7 @@ impl Led {
         match role {
             Role::Leader => self.leading.cycle(w, state, &self.roles).await,
             Role::Standby => follower::stand_by(w, state, &self.roles).await,
-            Role::Follower => self.following.cycle(w, state).await,
+            Role::Follower => self.following.cycle(w, state, &self.roles).await,
         }
     }
 }

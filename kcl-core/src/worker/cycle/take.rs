@@ -246,7 +246,7 @@ mod tests {
             report: &report,
             ctx: &ctx,
         };
-        let mut state = Coordinator::new(CancellationToken::new());
+        let mut state = Coordinator::new(CancellationToken::new(), Arc::default());
         let shard = ShardId::new("shardId-000000000000");
         let mut lease = Lease::new(shard.clone(), Checkpoint::TrimHorizon);
         lease.owner = Some(table.me.clone());

@@ -123,6 +123,7 @@ async fn write_pin(
         endpoint: None,
         park: Vec::new(),
         restart_grace: None,
+        carrier: None,
     };
     match tenure.checkpoint(&update).await {
         Ok(_) => {

@@ -253,6 +253,64 @@ type Last<'a> = (
     u64,
     Option<std::time::Duration>,
 );
+/// roles: a worker's role row (`Coordination::Leader`) carried by a row its holder renews is
+/// taken from its holder, or released by another worker, only once the holder's last write of
+/// that carrier (a renewal or checkpoint keeping it the holder's, after the role row last
+/// named it) landed at least the failover time before the take was sent: no two workers
+/// hold a role with their proof of life unbroken. (That the role row's own counter stood
+/// still that long is `expiry`.)
+pub(super) fn roles(e: &Evidence<'_>, v: &mut Vec<String>) {
+    let is_role = |key: &ShardId| {
+        matches!(
+            key.as_str(),
+            "kcl-coordination/worker-leader" | "kcl-coordination/worker-standby"
+        )
+    };
+    for ev in e.store.iter().filter(|ev| is_role(&ev.lease.key)) {
+        let Some(before) = last_before(e.store, &ev.lease.key, ev.seq) else {
+            continue;
+        };
+        let Some(holder) = before.lease.owner.as_ref().map(|o| o.as_str()) else {
+            continue;
+        };
+        let owner = ev.lease.owner.as_ref().map(|o| o.as_str());
+        let taken = ev.operation == "take" && owner != Some(holder);
+        let released = ev.operation == "release";
+        if !(taken || released) || ev.client == holder {
+            continue;
+        }
+        let Some(carrier) = before
+            .lease
+            .carrier
+            .as_ref()
+            .filter(|c| **c != ev.lease.key)
+        else {
+            continue;
+        };
+        let proved = e
+            .store
+            .iter()
+            .take_while(|c| c.seq < ev.seq)
+            .filter(|c| &c.lease.key == carrier && c.seq > before.seq)
+            .filter(|c| matches!(c.operation, "renew" | "checkpoint"))
+            .filter(|c| {
+                c.client == holder && c.lease.owner.as_ref().is_some_and(|o| o.as_str() == holder)
+            })
+            .last();
+        if let Some(proof) = proved
+            && ev.started.saturating_duration_since(proof.at) < e.failover
+        {
+            v.push(format!(
+                "roles: {} {} {} from {holder} {:?} after {holder}'s {} of its carrier {carrier} landed",
+                ev.client,
+                ev.operation,
+                ev.lease.key,
+                ev.started.saturating_duration_since(proof.at),
+                proof.operation
+            ));
+        }
+    }
+}
 
 /// The last event on `key` before event `seq`.
 fn last_before<'a>(store: &'a [StoreEvent], key: &ShardId, seq: u64) -> Option<&'a StoreEvent> {

@@ -29,6 +29,7 @@ pub const INVARIANTS: &[&str] = &[
     "checkpoints",
     "fencing",
     "expiry",
+    "roles",
     "validity",
     "exclusive",
     "lineage",
@@ -134,6 +135,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     leases::checkpoints(e, &mut v);
     leases::fencing(e, &mut v);
     leases::expiry(e, &mut v);
+    leases::roles(e, &mut v);
     leases::validity(e, &mut v);
     leases::exclusive(e, &mut v);
     leases::lineage(e, &mut v);

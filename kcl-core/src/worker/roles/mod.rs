@@ -1,15 +1,21 @@
 //! A worker's role under [`Coordination::Leader`](crate::Coordination::Leader): leader,
 //! standby or follower, each held through a [`Singleton`] on the lease table.
 //!
-//! Two singleton rows, `worker-leader` and `worker-standby`. A worker competes for the standby
-//! row only while it is not the leader. The standby reads the leader row every taker
-//! interval, so that it takes over within one interval of the leader's expiry (and, having
-//! observed the whole table as the leader did, can take the old leader's leases at once).
-//! Everyone else reads the standby row every two failover times and the leader row every
-//! six: a follower matters only once the standby has moved up or gone (a new standby then
-//! appears within two failover times), and the leader row only if the leader and the standby
-//! are both gone. So the rows cost a read per worker every 15 s at the default timing, not
-//! per interval.
+//! Two singleton rows, `worker-leader` and `worker-standby`, each *carried* (see
+//! `singleton::carried`): it names a row its holder renews anyway (one of its leases, or its
+//! heartbeat row) and is written only when that carrier changes, or, by a holder with nothing
+//! to carry it, every half failover time. So the roles cost no write of their own.
+//!
+//! A worker competes for the standby row only while it is not the leader. The standby reads
+//! the whole table every taker interval (through the feed), leader row and carrier included,
+//! so that it takes over within one interval of the leader's expiry (and, having observed the
+//! whole table as the leader did, can take the old leader's leases at once). The leader sees
+//! the standby row the same way, and hands it to a follower holding a lease (`standby`) when
+//! it is free, or expired by the same rule: the follower finds it in its next index query
+//! (every half failover time) and takes it. Followers read nothing else but the leader row and
+//! its carrier, every six failover times, in case the leader and the standby are both gone
+//! (a follower holding nothing reads the whole table every few intervals, and takes a free
+//! row from that). So a follower costs one unit of reads a minute for the roles.
 //!
 //! Roles decide who does the work of reading the table, not who may write: every take and
 //! handoff stays conditional, so a stale role (a leader that has just lost its row) costs at
@@ -26,10 +32,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+mod standby;
+
+pub(super) use self::standby::Standby;
+
 use crate::WorkerConfig;
 use crate::lease::{Lease, LeaseStore};
-use crate::singleton::{COORDINATION_PREFIX, RESERVED, Sighting, Singleton, SingletonConfig};
-use crate::types::WorkerId;
+use crate::singleton::{
+    COORDINATION_PREFIX, Carriers, RESERVED, Sighting, Singleton, SingletonConfig,
+};
+use crate::types::{ShardId, WorkerId};
 
 /// What this worker does in the fleet's coordination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,15 +56,46 @@ pub(super) enum Role {
 
 /// The role this worker holds, kept current by two background tasks.
 pub(super) struct Roles {
+    me: WorkerId,
     leader: watch::Receiver<bool>,
     standby: watch::Receiver<bool>,
     /// The leader row as this worker's reads of the table show it, for its leader candidate.
     leader_row: Arc<Sighting>,
+    /// The standby row as this worker's reads of the table show it, for its standby
+    /// candidate.
+    standby_row: Arc<Sighting>,
+    /// The two candidates, to tell them what this worker's reads showed.
+    candidates: Vec<Arc<dyn Candidate>>,
     /// Who holds the leader row, as last seen.
     holder: watch::Receiver<Option<WorkerId>>,
+    /// What the leader keeps to hand the standby row on.
+    pub(super) keeper: std::sync::Mutex<Standby>,
     stop: CancellationToken,
     /// Aborted when dropped: a worker that crashes (its future dropped) stops competing.
     tasks: Vec<AbortOnDropHandle<()>>,
+}
+
+/// What the worker tells a role candidate, whatever its store.
+trait Candidate: Send + Sync {
+    /// This worker read the candidate's row as `row`.
+    fn saw(&self, row: &Lease);
+    /// Poll at once.
+    fn poke(&self);
+}
+
+impl<L: LeaseStore> Candidate for Singleton<L> {
+    fn saw(&self, row: &Lease) {
+        self.saw_held(row);
+    }
+
+    fn poke(&self) {
+        Singleton::poke(self);
+    }
+}
+
+/// The key of role row `name`.
+fn role_key(name: &str) -> ShardId {
+    ShardId::new(format!("{COORDINATION_PREFIX}{name}"))
 }
 
 /// Sets its flag while a singleton task runs, and clears it however the task ends (returns,
@@ -74,27 +117,33 @@ impl Drop for Flag {
 
 impl Roles {
     /// No roles: a worker that cannot compete follows only.
-    fn none() -> Self {
+    fn none(me: &WorkerId) -> Self {
         Self {
+            me: me.clone(),
             leader: watch::Sender::new(false).subscribe(),
             standby: watch::Sender::new(false).subscribe(),
             leader_row: Arc::default(),
+            standby_row: Arc::default(),
+            candidates: Vec::new(),
             holder: watch::Sender::new(None).subscribe(),
+            keeper: std::sync::Mutex::default(),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
         }
     }
 
-    /// Starts competing for the leader and standby rows.
+    /// Starts competing for the leader and standby rows, carried by `carriers`.
     pub(super) fn start<L: LeaseStore>(
         me: &WorkerId,
         store: Arc<L>,
         config: &WorkerConfig,
+        carriers: &Arc<Carriers>,
     ) -> Self {
         let (leader_tx, leader) = watch::channel(false);
         let (standby_tx, standby) = watch::channel(false);
         let stop = CancellationToken::new();
-        let leader_row = Arc::new(Sighting::default());
+        let (leader_row, standby_row) =
+            (Arc::new(Sighting::default()), Arc::new(Sighting::default()));
         let singleton_config = role_config(config);
         let candidates = (
             Singleton::named(
@@ -103,22 +152,32 @@ impl Roles {
                 store.clone(),
                 singleton_config.clone(),
             )
-            .map(|s| s.with_sighting(leader_row.clone())),
-            Singleton::named(RESERVED[1], me.clone(), store, singleton_config),
+            .map(|s| {
+                s.with_sighting(leader_row.clone())
+                    .with_carriers(carriers.clone())
+            }),
+            Singleton::named(RESERVED[1], me.clone(), store, singleton_config).map(|s| {
+                s.with_sighting(standby_row.clone())
+                    .with_carriers(carriers.clone())
+            }),
         );
         let (lead, stand_by) = match candidates {
             (Ok(lead), Ok(stand_by)) => (Arc::new(lead), Arc::new(stand_by)),
             (Err(error), _) | (_, Err(error)) => {
                 // The worker's own timing was validated the same way; this cannot happen.
                 tracing::error!(%error, "cannot compete for the leader: following only");
-                return Self::none();
+                return Self::none(me);
             }
         };
+        // The standby row is handed over by the leader, or seen free in a read of the table:
+        // its candidates poll when told to, not on their own.
+        stand_by.set_poll_interval(crate::config::MAX_DURATION);
         let pace = Pace {
             fast: config.taker_interval,
             slow: config.failover_time * 6,
         };
         let holder = lead.holder();
+        let told: Vec<Arc<dyn Candidate>> = vec![lead.clone(), stand_by.clone()];
         let settled = settle(lead.holder(), config.failover_time);
         let (stopped, leading) = (stop.clone(), leader.clone());
         let tasks = vec![
@@ -138,24 +197,66 @@ impl Roles {
             }),
         ];
         Self {
+            me: me.clone(),
             leader,
             standby,
             leader_row,
+            standby_row,
+            candidates: told,
             holder,
+            keeper: std::sync::Mutex::default(),
             stop,
             tasks,
         }
     }
 
-    /// This worker read the whole table at `at`: its leader candidate, polling every taker
-    /// interval while this worker stands by, takes the leader row from it instead of reading
-    /// the row again.
+    /// This worker read the whole table at `at`: its candidates take the role rows (and
+    /// their carriers) from it instead of reading them again; a holder learns from it that
+    /// its row was taken; a candidate for a row seen free, or handed to this worker, polls
+    /// at once.
     pub(super) fn saw(&self, leases: &[Lease], at: Instant) {
-        let leader_row =
-            |l: &&Lease| l.key.as_str().strip_prefix(COORDINATION_PREFIX) == Some(RESERVED[0]);
-        if let Some(row) = leases.iter().find(leader_row) {
-            self.leader_row.saw(row.clone(), at);
+        let find = |key: &ShardId| leases.iter().find(|l| &l.key == key);
+        let role = self.current();
+        for (i, sighting) in [&self.leader_row, &self.standby_row]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(row) = find(&role_key(RESERVED[i])) else {
+                continue;
+            };
+            let carrier = row.carrier.as_ref().and_then(&find).cloned();
+            sighting.saw(row.clone(), carrier.clone(), at);
+            if i == 1 && role == Role::Leader {
+                self.keeper_lock().saw(row.clone(), carrier, at);
+            }
+            let Some(candidate) = self.candidates.get(i) else {
+                continue;
+            };
+            candidate.saw(row);
+            // Free, or handed to this worker: the standby row only to a worker that is
+            // neither leader nor standby.
+            let mine = row.owner.is_none() || row.owner.as_ref() == Some(&self.me);
+            let wanted = i == 0 && role != Role::Leader || i == 1 && role == Role::Follower;
+            if mine && wanted {
+                candidate.poke();
+            }
         }
+    }
+
+    /// The leader handed the standby row to this worker (its index query shows it).
+    pub(super) fn assigned(&self, keys: &[ShardId]) {
+        if self.current() != Role::Follower || !keys.contains(&role_key(RESERVED[1])) {
+            return;
+        }
+        if let Some(candidate) = self.candidates.get(1) {
+            candidate.poke();
+        }
+    }
+
+    fn keeper_lock(&self) -> std::sync::MutexGuard<'_, Standby> {
+        self.keeper
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Resolves when this worker becomes the leader (never, without roles), so that it acts
@@ -213,12 +314,12 @@ struct Pace {
 fn role_config(config: &WorkerConfig) -> SingletonConfig {
     let mut singleton_config = SingletonConfig::default()
         .failover_time(config.failover_time)
-        .poll_interval(config.failover_time * 2)
+        .poll_interval(config.failover_time * 6)
         // The roles stand in line themselves (see `stand_by_loop`).
         .standbys(0);
-    // Renewed every half failover time, as heartbeats are (four attempts, a failed one
-    // retried every eighth, before the row's validity runs out): a third fewer writes for
-    // two rows every fleet pays for, whatever its size.
+    // A holder with nothing to carry its row renews it every half failover time, as
+    // heartbeats are (four attempts, a failed one retried every eighth, before the row's
+    // validity runs out).
     singleton_config.renew_interval = config.failover_time / 2;
     singleton_config
 }
