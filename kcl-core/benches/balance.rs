@@ -207,7 +207,7 @@ fn main() {
     for seed in &seeds {
         for (i, (mode, balancing)) in modes.iter().enumerate() {
             let wall = std::time::Instant::now();
-            let run = run(*seed, balancing.clone());
+            let run = run(*seed, balancing);
             print_row(mode, &seed.to_string(), &run);
             eprintln!(
                 "({mode}, seed {seed}: {:.0} s of wall time)",
@@ -277,7 +277,7 @@ fn median(runs: &[Run]) -> Run {
 }
 
 /// One fleet, one seed, one balancing: see the module docs.
-fn run(seed: u64, balancing: Balancing) -> Run {
+fn run(seed: u64, balancing: &Balancing) -> Run {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
@@ -292,7 +292,7 @@ fn run(seed: u64, balancing: Balancing) -> Run {
         *profile.base.lock().unwrap() = ids.iter().map(|id| (id.clone(), even)).collect();
         let began = Instant::now();
         let stops: Vec<ShutdownHandle> = (0..WORKERS)
-            .map(|i| start(&stream, &store, &profile, &format!("w{i:02}"), &balancing))
+            .map(|i| start(&stream, &store, &profile, &format!("w{i:02}"), balancing))
             .collect();
         let drivers = [
             tokio::spawn(produce(stream.clone())),
