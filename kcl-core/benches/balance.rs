@@ -196,7 +196,7 @@ fn main() {
             |s| s.split(',').map(|n| n.parse().unwrap()).collect(),
         );
     let modes = [
-        ("load (default)", Balancing::default()),
+        ("load", Balancing::by_load()),
         ("count", Balancing::by_count()),
     ];
     println!(

@@ -19,14 +19,15 @@ use crate::error::ConfigError;
 #[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 #[non_exhaustive]
 pub enum BalanceBy {
-    /// The default: each worker's load per unit of capacity, from the figures holders write
+    /// Each worker's load per unit of capacity, from the figures holders write
     /// with their renewals. Falls back to counts while no figure is known (a fleet of older
     /// workers, or one that has not measured anything yet), and balances counts among leases
     /// that cost nothing (an idle fleet still spreads its leases over new workers).
-    #[default]
     Load,
-    /// Lease counts only: no two workers more than one lease apart (kcl before load balancing,
-    /// and KCL Java 2.x).
+    /// The default: lease counts only, no two workers more than one lease apart (as KCL Java
+    /// 2.x). Load balancing is opt-in until the simulation proves it under crashes and
+    /// restarts too, as it proves counts (see `docs/balancing.md`).
+    #[default]
     Count,
 }
 
@@ -39,7 +40,7 @@ pub enum BalanceBy {
 #[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 #[non_exhaustive]
 pub struct Balancing {
-    /// What is balanced. Default [`BalanceBy::Load`].
+    /// What is balanced. Default [`BalanceBy::Count`]; [`Balancing::by_load`] opts in.
     pub by: BalanceBy,
     /// This worker's capacity, relative to a standard worker (1): a pod with twice the CPU
     /// declares 2 and is given twice the load. Written with its renewals. Default 1.
@@ -69,7 +70,7 @@ pub struct Balancing {
 impl Default for Balancing {
     fn default() -> Self {
         Self {
-            by: BalanceBy::Load,
+            by: BalanceBy::Count,
             capacity: 1.0,
             band: 0.1,
             move_budget: 4,
@@ -81,7 +82,16 @@ impl Default for Balancing {
 }
 
 impl Balancing {
-    /// Balancing by lease counts only ([`BalanceBy::Count`]), the rest as default.
+    /// Balancing by load ([`BalanceBy::Load`]), the rest as default.
+    pub fn by_load() -> Self {
+        Self {
+            by: BalanceBy::Load,
+            ..Self::default()
+        }
+    }
+
+    /// Balancing by lease counts only ([`BalanceBy::Count`], the default), the rest as
+    /// default.
     pub fn by_count() -> Self {
         Self {
             by: BalanceBy::Count,

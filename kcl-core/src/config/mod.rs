@@ -189,9 +189,9 @@ pub struct WorkerConfig {
     /// Under [`Parallel`](crate::Parallel) set [`Parallel::on_failure`](crate::Parallel::on_failure)
     /// instead. See [`failure`](crate::failure).
     pub failure: FailurePolicy,
-    /// How the leader places and balances leases: by what they cost (the default,
-    /// [`BalanceBy::Load`]) or by counts, within an absolute band, a move budget and a
-    /// stickiness window; and this worker's capacity. See [`Balancing`].
+    /// How the leader places and balances leases: by counts (the default) or by what they cost
+    /// ([`Balancing::by_load`]: within an absolute band, a move budget and a stickiness window);
+    /// and this worker's capacity. See [`Balancing`].
     pub balancing: Balancing,
 }
 

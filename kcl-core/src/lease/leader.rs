@@ -145,7 +145,10 @@ pub(crate) fn assign_within(
         return assignment;
     }
     let (mut levels, mut movable) = weigh(me, leases, &load, movable, weighing);
-    let by_load = Some((&mut levels, weighing));
+    // By load, a worker the leader learned is full (see `Moves::cap`) comes last: its level
+    // says nothing of its room, and it would only give the lease back.
+    let fits: &dyn Fn(&WorkerId, usize) -> bool = &room_to_balance;
+    let by_load = Some((&mut levels, weighing, fits));
     place(
         me,
         leases,
@@ -222,7 +225,11 @@ fn place<'a>(
     me: &'a WorkerId,
     leases: &'a [Candidate],
     load: &mut Load<'a>,
-    mut by_load: Option<(&mut Levels<'a>, &Weighing<'_>)>,
+    mut by_load: Option<(
+        &mut Levels<'a>,
+        &Weighing<'_>,
+        &dyn Fn(&WorkerId, usize) -> bool,
+    )>,
     room: &impl Fn(&WorkerId, usize) -> bool,
     refused: &impl Fn(&ShardId, &WorkerId) -> bool,
     assignment: &mut Assignment,
@@ -255,7 +262,7 @@ fn place<'a>(
             .filter(|(w, n)| room(w, **n) && !refused(&c.key, w));
         let least = if orphan && room(me, mine) {
             Some(me)
-        } else if let Some((levels, weighing)) = &by_load {
+        } else if let Some((levels, weighing, fits)) = &by_load {
             // The most headroom: the lowest level once it has this lease.
             let figure = weighing.load_of(&c.key, 0.0);
             let after = |w: &WorkerId| {
@@ -265,7 +272,9 @@ fn place<'a>(
             };
             candidates
                 .min_by(|(a, n), (b, m)| {
-                    let order = after(a).total_cmp(&after(b)).then(n.cmp(m));
+                    let full = |w: &WorkerId, n: usize| !fits(w, n);
+                    let order = full(a, **n).cmp(&full(b, **m));
+                    let order = order.then(after(a).total_cmp(&after(b))).then(n.cmp(m));
                     order.then(spread(a, &c.key).cmp(&spread(b, &c.key)))
                 })
                 .map(|(w, _)| *w)
@@ -277,7 +286,7 @@ fn place<'a>(
         if let Some(w) = least {
             assignment.take.push((c.key.clone(), w.clone()));
             *load.entry(w).or_default() += 1;
-            if let Some((levels, weighing)) = &mut by_load {
+            if let Some((levels, weighing, _)) = &mut by_load {
                 let level = levels.entry(w).or_insert(Level {
                     load: 0.0,
                     capacity: 1.0,

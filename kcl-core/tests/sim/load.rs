@@ -216,7 +216,7 @@ fn skewed(ids: &[ShardId], rng: &mut StdRng) -> BTreeMap<ShardId, f64> {
 }
 
 fn start(setup: &Setup, id: &str, capacity: f64, stop: &CancellationToken) -> JoinHandle<()> {
-    let balancing = Balancing::default()
+    let balancing = Balancing::by_load()
         .capacity(capacity)
         .smoothing(Duration::from_secs(15))
         .move_budget(setup.budget, Duration::from_secs(15))

@@ -48,9 +48,8 @@ pub fn config() -> WorkerConfig {
         .shutdown_timeout(Duration::from_secs(10))
         .call_timeout(Duration::from_secs(2))
         .stalled_after(super::problems::STALLED_AFTER)
-        // Balancing by load (the default) at the sim's pace: figures that fade within seconds
-        // once the drain stops the work, so that the idle fleet's counts even out as fast
-        // as `balance` expects (see `sim/load.rs` for balancing at its own pace).
+        // Counts (the default; `sim/load.rs` proves balancing by load), at the sim's pace should
+        // a seed turn load on: figures that fade within seconds once the drain stops the work.
         .balancing(
             Balancing::default()
                 .smoothing(Duration::from_secs(1))

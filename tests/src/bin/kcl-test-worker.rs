@@ -147,7 +147,7 @@ struct Args {
     #[arg(long, default_value_t = 5000)]
     ack_checkpoint_ms: u64,
     /// `load` or `count` (`Balancing::by`).
-    #[arg(long, default_value = "load", value_parser = ["load", "count"])]
+    #[arg(long, default_value = "count", value_parser = ["load", "count"])]
     balance_by: String,
     /// This worker's capacity (`Balancing::capacity`).
     #[arg(long, default_value_t = 1.0)]

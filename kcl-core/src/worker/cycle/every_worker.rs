@@ -121,9 +121,14 @@ fn asked_of(
         let figure = by_key.get(&c.key).and_then(|l| l.load);
         matches!(c.holder, Holder::Other(_)) && figure.is_some_and(|f| f.units() >= balancing.band)
     };
+    // Unless there is nothing else to ask for: a worker that asks for nothing stays unknown
+    // to the leader, which then gives it nothing either.
+    let small_held = candidates
+        .iter()
+        .any(|c| matches!(c.holder, Holder::Other(_)) && !hot(c));
     candidates
         .iter()
-        .filter(|c| !(by_load && hot(c)))
+        .filter(|c| !(by_load && small_held && hot(c)))
         .cloned()
         .collect()
 }
