@@ -13,9 +13,9 @@
 //! other 230 share the rest (0.011 each). The mean level is then 0.4 of a worker, and even a
 //! count balance that gives one worker 5 hot shards leaves it under full load.
 //!
-//! Reported per run and as medians over the seeds, for the default `Balancing` (production
+//! Reported per run and as medians over the seeds, for `Balancing::by_load()` (production
 //! timing: smoothing 60 s, move window 60 s, budget 4, stickiness 10 min, band 0.1) and for
-//! `Balancing::by_count()` on the same seed:
+//! `Balancing::by_count()` (the default) on the same seed:
 //! - max/mean: the most loaded worker's level over the mean level (true loads, without the
 //!   noise, of the leases where the table says they are), at the end of the steady hour and
 //!   the worst sample during it; and max − mean at the end, in units, against the band (0.1);

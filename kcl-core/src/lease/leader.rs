@@ -218,6 +218,14 @@ fn loads<'a>(
     (load, movable)
 }
 
+/// What placing by load needs: the levels (updated as leases are placed), the figures, and
+/// whether a worker fits one more lease as far as the leader knows.
+type ByLoad<'a, 'b> = (
+    &'b mut Levels<'a>,
+    &'b Weighing<'b>,
+    &'b dyn Fn(&WorkerId, usize) -> bool,
+);
+
 /// Places the available leases: an expired one with the leader itself while it has room,
 /// the others (new, released) with the least loaded worker with room that did not refuse
 /// them; what nobody can take is unplaced.
@@ -225,11 +233,7 @@ fn place<'a>(
     me: &'a WorkerId,
     leases: &'a [Candidate],
     load: &mut Load<'a>,
-    mut by_load: Option<(
-        &mut Levels<'a>,
-        &Weighing<'_>,
-        &dyn Fn(&WorkerId, usize) -> bool,
-    )>,
+    mut by_load: Option<ByLoad<'a, '_>>,
     room: &impl Fn(&WorkerId, usize) -> bool,
     refused: &impl Fn(&ShardId, &WorkerId) -> bool,
     assignment: &mut Assignment,

@@ -123,11 +123,11 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "MODE", default_value = "leader")]
     pub(crate) coordination: Coordination,
 
-    /// What the leader balances (with `--coordination leader`): `count` (the default) or, opt-in,
-    /// `load` (each worker's load
-    /// per unit of capacity, from what each lease costs its holder: busy time, bytes and
-    /// records read, backlog; written with the renewals the worker makes anyway) or `count`
-    /// (lease counts only, as KCL Java 2.x). `every-worker` coordination balances counts.
+    /// What the leader balances (with `--coordination leader`): `count` (the default: lease
+    /// counts only, as KCL Java 2.x) or, opt-in, `load` (each worker's load per unit of
+    /// capacity, from what each lease costs its holder: busy time, bytes and records read,
+    /// backlog; written with the renewals the worker makes anyway). `every-worker`
+    /// coordination balances counts.
     #[arg(
         long,
         value_name = "load|count",

@@ -688,15 +688,25 @@ fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
 fn balancing_by_load_or_count_with_a_capacity() {
     let s = resolve_ok(REQUIRED, None);
     assert_eq!(s.worker.balancing, kcl_core::Balancing::default());
-    let args = ["--balance-by", "count", "--capacity", "2.5"];
-    let s = resolve_ok(&[REQUIRED, &args].concat(), None);
     assert_eq!(s.worker.balancing.by, kcl_core::BalanceBy::Count);
+    let args = ["--balance-by", "load", "--capacity", "2.5"];
+    let s = resolve_ok(&[REQUIRED, &args].concat(), None);
+    assert_eq!(s.worker.balancing.by, kcl_core::BalanceBy::Load);
     assert!((s.worker.balancing.capacity - 2.5).abs() < 1e-9);
     let file = toml_file("balance-by = \"LOAD\"\ncapacity = 4\n");
     let s = resolve_ok(REQUIRED, Some(&file));
     assert_eq!(s.worker.balancing.by, kcl_core::BalanceBy::Load);
     assert!((s.worker.balancing.capacity - 4.0).abs() < 1e-9);
     assert_eq!(s.effective["capacity"].0, "4");
+    let s = resolve_ok(
+        &[REQUIRED, &["--balance-by", "count"]].concat(),
+        Some(&file),
+    );
+    assert_eq!(
+        s.worker.balancing.by,
+        kcl_core::BalanceBy::Count,
+        "the flag wins"
+    );
     let e = resolve_err(&[REQUIRED, &["--balance-by", "cpu"]].concat(), None);
     assert_eq!(e.key, "balance_by", "{e}");
     for bad in ["0", "1001", "NaN", "two"] {

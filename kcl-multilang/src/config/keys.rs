@@ -19,8 +19,9 @@ pub(crate) enum Use {
 
 const NO_CLOUDWATCH: Use = Use::Ignored("no CloudWatch: Prometheus metrics are served on --listen");
 const NO_WORKER_METRICS: Use = Use::Ignored(
-    "kcl balances by what each lease costs its holder, measured by the worker and written with \
-     its renewals (balanceBy, workerCapacity), not by host metrics: no WorkerMetricStats table",
+    "kcl balances by lease count, or (balanceBy = load, workerCapacity) by what each lease costs \
+     its holder, measured by the worker and written with its renewals, not by host metrics: \
+     no WorkerMetricStats table",
 );
 const NO_COORDINATOR_TABLE: Use = Use::Ignored(
     "kcl keeps its coordination (leader, standby) in the lease table: no CoordinatorState table",
@@ -303,9 +304,9 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
     (
         "balanceBy",
         Use::Mapped(
-            "kcl: what the leader balances: load (default: each worker's load per unit of \
-             capacity, from what each lease costs its holder) or count (lease counts only, as \
-             KCL Java 2.x); coordination = every-worker balances counts",
+            "kcl: what the leader balances: count (default: lease counts only, as KCL Java \
+             2.x) or, opt-in, load (each worker's load per unit of capacity, from what each \
+             lease costs its holder); coordination = every-worker balances counts",
         ),
     ),
     (
