@@ -102,18 +102,7 @@ impl Observer {
                     self.active.insert(to.clone(), now);
                 }
             }
-            // A new owner, other than a new lease's first (a release and a take is a move).
-            let moved = match before {
-                Some(seen)
-                    if lease.owner.is_some()
-                        && seen.owner != lease.owner
-                        && (seen.owner.is_some() || seen.counter > 0) =>
-                {
-                    Some(now)
-                }
-                Some(seen) => seen.moved,
-                None => None,
-            };
+            let moved = moved(before, lease, now);
             next.insert(
                 lease.key.clone(),
                 Seen {
@@ -199,6 +188,22 @@ impl Observer {
             }
             _ => Duration::ZERO,
         }
+    }
+}
+
+/// When `lease` last passed from one owner to another, as seen: now if it just did (a new
+/// owner, other than a new lease's first: a release and a take is a move), else as `before`.
+fn moved(before: Option<&Seen>, lease: &Lease, now: Instant) -> Option<Instant> {
+    match before {
+        Some(seen)
+            if lease.owner.is_some()
+                && seen.owner != lease.owner
+                && (seen.owner.is_some() || seen.counter > 0) =>
+        {
+            Some(now)
+        }
+        Some(seen) => seen.moved,
+        None => None,
     }
 }
 

@@ -648,12 +648,22 @@ fn balance_by_and_worker_capacity() {
         config(MINIMAL).unwrap().worker.balancing,
         Balancing::default()
     );
+    assert_eq!(
+        config(MINIMAL).unwrap().worker.balancing.by,
+        BalanceBy::Count
+    );
     let c = config(&format!(
-        "{MINIMAL}balanceBy = COUNT\nworkerCapacity = 2.5\n"
+        "{MINIMAL}balanceBy = LOAD\nworkerCapacity = 2.5\n"
     ))
     .unwrap();
-    assert_eq!(c.worker.balancing.by, BalanceBy::Count);
+    assert_eq!(c.worker.balancing.by, BalanceBy::Load);
     assert!((c.worker.balancing.capacity - 2.5).abs() < 1e-9);
+    let c = config(&format!("{MINIMAL}balanceBy = load\nbalanceBy = count\n")).unwrap();
+    assert_eq!(
+        c.worker.balancing.by,
+        BalanceBy::Count,
+        "the last one given"
+    );
     for (lines, key, says) in [
         ("balanceBy = cpu\n", "balanceBy", "cpu"),
         ("workerCapacity = big\n", "workerCapacity", "big"),
