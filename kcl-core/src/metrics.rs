@@ -387,6 +387,7 @@ pub(crate) fn refresh_worker_series() {
         PROCESSOR_FAILURES,
         READ_FAILURES,
         AGGREGATES_DROPPED,
+        LOAD_MOVES,
     ] {
         ::metrics::counter!(name).increment(0);
     }
