@@ -92,7 +92,7 @@ pub struct Lease {
     pub restart_grace: Option<std::time::Duration>,
     /// On a role row (the leader's, the standby's): the row whose renewals prove its holder
     /// alive, one the holder renews anyway (kcl extension, `kclCarrier`); the role row itself,
-    /// or none, when the holder renews the role row (see `worker/roles.rs`).
+    /// or none, when the holder renews the role row (see `worker/roles`).
     pub carrier: Option<ShardId>,
 }
 

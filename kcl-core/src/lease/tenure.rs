@@ -25,7 +25,7 @@
 //! names a lease (or heartbeat row) its holder renews anyway, and each renewal or checkpoint
 //! of that lease proves the role too. Only while the proof is unbroken: a write proves the
 //! role if its answer came before the role's validity ran out (a role that lapsed stays
-//! lapsed, whatever the carrier does later; see `worker/roles.rs` for why that is needed).
+//! lapsed, whatever the carrier does later; see `singleton/carried.rs` for why that is needed).
 
 use std::future::Future;
 use std::pin::Pin;
