@@ -38,6 +38,9 @@ const KCL_TYPES: &[(&str, &str)] = &[
     ("childShardIds", "SS"),
     ("pendingCheckpoint", "S"),
     ("pendingCheckpointSubSequenceNumber", "N"),
+    // kcl's load figures, written with its renewals; KCL Java ignores them.
+    ("kclLoad", "N"),
+    ("kclCapacity", "N"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
