@@ -314,3 +314,57 @@ proptest! {
         })?;
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_after_an_unanswered_shard_end_sees_the_shard_ended() {
+    // The processor's `SHARD_END` applied but its answer was lost, and the processor
+    // restarts: what it reads must be the row as the store has it, or it would read the
+    // parent again after its children started (the simulation's lineage check, seed 183).
+    // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+    crate::mutation::set_from_env();
+    let store = MemoryLeaseStore::new();
+    let tenure = taken(&store, "a").await;
+    let mut cp = Checkpointer::new(tenure.clone());
+    cp.set_last_delivered(pos(9));
+    cp.set_shard_end(vec![ShardId::new("child")]);
+    store.faults().set_ambiguous_rate(1.0);
+    assert!(cp.checkpoint().await.is_err(), "reported failed");
+    store.faults().set_ambiguous_rate(0.0);
+    assert_eq!(
+        row(&store).await.checkpoint,
+        Checkpoint::ShardEnd,
+        "it did apply"
+    );
+    tenure
+        .settle()
+        .await
+        .unwrap_or_else(|e| unreachable!("settled, not lost: {e:?}"));
+    assert_eq!(tenure.snapshot().await.checkpoint, Checkpoint::ShardEnd);
+    assert!(!tenure.is_lost());
+}
+
+#[tokio::test(start_paused = true)]
+async fn settling_a_write_that_never_applied_fences_it_off() {
+    let store = MemoryLeaseStore::new();
+    let tenure = taken(&store, "a").await;
+    let before = row(&store).await;
+    let mut cp = Checkpointer::new(tenure.clone());
+    cp.set_last_delivered(pos(4));
+    store.faults().set_error_rate(1.0);
+    assert!(cp.checkpoint().await.is_err(), "uncertain");
+    store.faults().set_error_rate(0.0);
+    tenure
+        .settle()
+        .await
+        .unwrap_or_else(|e| unreachable!("{e:?}"));
+    let settled = row(&store).await;
+    assert_eq!(
+        settled.counter,
+        before.counter + 1,
+        "a renewal from the counter held"
+    );
+    assert_eq!(settled.checkpoint, Checkpoint::TrimHorizon);
+    // The lost write, landing late, is conditional on the old counter: refused.
+    let update = CheckpointUpdate::new(Checkpoint::Sequence(pos(4)));
+    assert!(store.checkpoint(&before, &update).await.is_err());
+}

@@ -602,11 +602,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_worker_that_refused_is_not_balanced_onto() {
         // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
-        #[cfg(feature = "mutation-testing")]
-        if let Ok(name) = std::env::var("KCL_MUTATION") {
-            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
-            crate::mutation::set(found.copied());
-        }
+        crate::mutation::set_from_env();
         let (me, b) = (w("leader"), w("b"));
         // b holds s3 and gave s0 back (unowned, naming b in handoffTo).
         let leases = vec![
@@ -793,11 +789,7 @@ mod tests {
     #[test]
     fn released_leases_go_straight_to_the_least_loaded_worker() {
         // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
-        #[cfg(feature = "mutation-testing")]
-        if let Ok(name) = std::env::var("KCL_MUTATION") {
-            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
-            crate::mutation::set(found.copied());
-        }
+        crate::mutation::set_from_env();
         let (me, a, new) = (w("leader"), w("a"), w("new"));
         let mut leases = Vec::new();
         for i in 0..3 {

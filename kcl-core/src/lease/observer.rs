@@ -238,11 +238,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves() {
         // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
-        #[cfg(feature = "mutation-testing")]
-        if let Ok(name) = std::env::var("KCL_MUTATION") {
-            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
-            crate::mutation::set(found.copied());
-        }
+        crate::mutation::set_from_env();
         let failover = Duration::from_secs(10);
         let b = WorkerId::new("b");
         let row = |key: &str, counter: u64, owner: Option<&WorkerId>| {

@@ -367,11 +367,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_carrier_answered_after_the_role_lapsed_proves_nothing() {
         // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
-        #[cfg(feature = "mutation-testing")]
-        if let Ok(name) = std::env::var("KCL_MUTATION") {
-            let found = Mutation::ALL.iter().find(|m| format!("{m:?}") == name);
-            crate::mutation::set(found.copied());
-        }
+        crate::mutation::set_from_env();
         use crate::lease::LeaseStore;
         use crate::lease::tenure::{Taken, Timing};
         let store = Arc::new(crate::memory::MemoryLeaseStore::new());

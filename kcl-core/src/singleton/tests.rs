@@ -208,13 +208,7 @@ fn the_workers_own_names_are_reserved() {
 #[tokio::test(start_paused = true)]
 async fn a_candidate_whose_sightings_stopped_reads_the_row_itself() {
     // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
-    #[cfg(feature = "mutation-testing")]
-    if let Ok(name) = std::env::var("KCL_MUTATION") {
-        let found = crate::mutation::Mutation::ALL
-            .iter()
-            .find(|m| format!("{m:?}") == name);
-        crate::mutation::set(found.copied());
-    }
+    crate::mutation::set_from_env();
     let store = MemoryLeaseStore::new();
     let runs: Runs = Arc::default();
     let (holder, holder_stop) = candidate("a", &store, &runs);

@@ -239,13 +239,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall() {
         // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
-        #[cfg(feature = "mutation-testing")]
-        if let Ok(name) = std::env::var("KCL_MUTATION") {
-            let found = crate::mutation::Mutation::ALL
-                .iter()
-                .find(|m| format!("{m:?}") == name);
-            crate::mutation::set(found.copied());
-        }
+        crate::mutation::set_from_env();
         let stream = MemoryStream::new(1);
         let producer = stream.clone();
         tokio::spawn(async move {
