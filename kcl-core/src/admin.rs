@@ -115,6 +115,7 @@ pub async fn reset<L: LeaseStore>(
             park: Vec::new(),
             restart_grace: None,
             carrier: None,
+            signals: None,
         };
         match store.reset(&observed, &placeholder, &update).await {
             Ok(row) => {

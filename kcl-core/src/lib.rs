@@ -65,6 +65,7 @@
 pub mod ack;
 pub mod admin;
 pub mod aggregation;
+pub mod autoscale;
 mod checkpoint;
 mod config;
 mod error;
@@ -91,9 +92,10 @@ mod worker;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod memory;
 
+pub use autoscale::FleetSignals;
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
 pub use config::{
-    BalanceBy, Balancing, Coordination, InitialPositionKind, Liveness, MAX_DURATION,
+    Autoscaling, BalanceBy, Balancing, Coordination, InitialPositionKind, Liveness, MAX_DURATION,
     ParseModeError, Retrieval, RetrievalMode, WorkerConfig,
 };
 pub use error::{

@@ -114,9 +114,30 @@ pub const LEASE_LOAD: &str = "kcl_lease_load";
 /// and count balancing are in `kcl_lease_handoffs_requested_total`).
 pub const LOAD_MOVES: &str = "kcl_load_moves_total";
 
+/// Records behind the tip of a held shard: its arrival rate × how far behind it is (gauge,
+/// `shard`; see [`autoscale`](crate::autoscale)).
+pub const SHARD_BACKLOG: &str = "kcl_shard_backlog_records";
+/// Workers the fleet should run, damped (gauge; the leader's, see
+/// [`FleetSignals::desired_workers`](crate::FleetSignals::desired_workers)).
+pub const FLEET_DESIRED_WORKERS: &str = "kcl_fleet_desired_workers";
+/// Workers the formula asks for, before damping (gauge; the leader's).
+pub const FLEET_RECOMMENDED_WORKERS: &str = "kcl_fleet_recommended_workers";
+/// Workers the leader sees active (gauge; the leader's).
+pub const FLEET_WORKERS: &str = "kcl_fleet_workers";
+/// Records behind the tip, fleet wide (gauge; the leader's).
+pub const FLEET_BACKLOG: &str = "kcl_fleet_backlog_records";
+/// How far behind the tip the most behind shard is (gauge; the leader's).
+pub const FLEET_BEHIND: &str = "kcl_fleet_behind_seconds";
+/// Records arriving per second, fleet wide (gauge; the leader's).
+pub const FLEET_ARRIVAL_RATE: &str = "kcl_fleet_arrival_records_per_second";
+/// Records read per second, fleet wide: the drain rate (gauge; the leader's).
+pub const FLEET_DRAIN_RATE: &str = "kcl_fleet_drain_records_per_second";
+/// The load the fleet needs to keep up and catch up within `catch_up` (gauge; the leader's).
+pub const FLEET_NEEDED_LOAD: &str = "kcl_fleet_needed_load";
+
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 37] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 46] = [
     (
         LEASE_LOAD,
         Kind::Gauge,
@@ -296,6 +317,60 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 37] = [
         Kind::Gauge,
         Some(Unit::Count),
         "Records handed out to be acknowledged later and not acknowledged yet",
+    ),
+    (
+        SHARD_BACKLOG,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Records behind the tip of a held shard: its arrival rate times how far behind it is",
+    ),
+    (
+        FLEET_DESIRED_WORKERS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Workers the fleet should run, damped (the leader's figure; what an autoscaler follows)",
+    ),
+    (
+        FLEET_RECOMMENDED_WORKERS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Workers the formula asks for now, before damping (the leader's figure)",
+    ),
+    (
+        FLEET_WORKERS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Workers the leader sees active",
+    ),
+    (
+        FLEET_BACKLOG,
+        Kind::Gauge,
+        Some(Unit::Count),
+        "Records behind the tip, fleet wide (the leader's figure)",
+    ),
+    (
+        FLEET_BEHIND,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        "How far behind the tip the most behind shard is (the leader's figure)",
+    ),
+    (
+        FLEET_ARRIVAL_RATE,
+        Kind::Gauge,
+        None,
+        "Records arriving per second, fleet wide (the leader's figure)",
+    ),
+    (
+        FLEET_DRAIN_RATE,
+        Kind::Gauge,
+        None,
+        "Records read per second, fleet wide: the drain rate (the leader's figure)",
+    ),
+    (
+        FLEET_NEEDED_LOAD,
+        Kind::Gauge,
+        None,
+        "Load the fleet needs to keep up and read its backlog within catch_up (1: one worker busy all the time)",
     ),
     (
         WATERMARK_LAG_RECORDS,

@@ -41,6 +41,7 @@ const KCL_TYPES: &[(&str, &str)] = &[
     // kcl's load figures, written with its renewals; KCL Java ignores them.
     ("kclLoad", "N"),
     ("kclCapacity", "N"),
+    ("kclFlow", "S"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,6 +99,9 @@ impl Expr {
         if let Some(load) = load {
             self.set(schema::LOAD, schema::number(load.milli.into()))
                 .set(schema::CAPACITY, schema::number(load.capacity_milli.into()));
+            if let Some(flow) = load.flow {
+                self.set(schema::FLOW, AttributeValue::S(flow.encode()));
+            }
         }
         self
     }
@@ -159,6 +162,9 @@ impl Expr {
         }
         if let Some(grace) = update.restart_grace {
             self.set(schema::RESTART_GRACE, schema::millis(grace));
+        }
+        if let Some(signals) = &update.signals {
+            self.set(schema::SIGNALS, AttributeValue::S(signals.clone()));
         }
         if let Some(carrier) = &update.carrier {
             self.set(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 use kcl_core::multi_stream::StreamId;
+use kcl_core::lease::load::Flow;
 use kcl_core::{Checkpoint, HashKeyRange, Lease, LeaseLoad, ShardId, WorkerId};
 
 use crate::error::ParseError;
@@ -79,6 +80,12 @@ pub(crate) const PARKED_KEYS: &str = "parkedKeys";
 pub(crate) const LOAD: &str = "kclLoad";
 /// kcl extension: the holder's declared capacity, in thousandths (`N`), written with `kclLoad`.
 pub(crate) const CAPACITY: &str = "kclCapacity";
+/// kcl extension: how records arrive at the shard and are read (`S`, four numbers, see
+/// `kcl_core::lease::load::Flow`), written with `kclLoad`.
+pub(crate) const FLOW: &str = "kclFlow";
+/// kcl extension: the leader's fleet signals (`S`, see `kcl_core::FleetSignals::encode`), on
+/// the fleet-signals row only.
+pub(crate) const SIGNALS: &str = "kclSignals";
 /// kcl extension: the lease is kept through its owner's restart, and others wait this many
 /// milliseconds longer than the failover time before taking it (`N`; see
 /// `Lease::restart_grace`). A duration, never a time. KCL Java ignores it (and its takes
@@ -244,6 +251,12 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(load) = lease.load {
         put(LOAD, number(load.milli.into()));
         put(CAPACITY, number(load.capacity_milli.into()));
+        if let Some(flow) = load.flow {
+            put(FLOW, AttributeValue::S(flow.encode()));
+        }
+    }
+    if let Some(signals) = &lease.signals {
+        put(SIGNALS, AttributeValue::S(signals.clone()));
     }
     if let Some(grace) = lease.restart_grace {
         put(RESTART_GRACE, millis(grace));
@@ -263,10 +276,12 @@ fn load(item: &Item) -> Option<LeaseLoad> {
             .flatten()
             .and_then(|n| u32::try_from(n).ok())
     };
-    Some(LeaseLoad::new(
-        figure(LOAD)?,
-        figure(CAPACITY).unwrap_or(1000),
-    ))
+    let load = LeaseLoad::new(figure(LOAD)?, figure(CAPACITY).unwrap_or(1000));
+    let flow = optional_s(item, FLOW).ok().flatten().and_then(Flow::decode);
+    Some(match flow {
+        Some(flow) => load.with_flow(flow),
+        None => load,
+    })
 }
 
 /// A duration as whole milliseconds (`N`).
@@ -350,6 +365,7 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         .transpose()?;
     lease.endpoint = optional_s(item, ENDPOINT)?.map(str::to_owned);
     lease.carrier = optional_s(item, CARRIER)?.map(ShardId::new);
+    lease.signals = optional_s(item, SIGNALS)?.map(str::to_owned);
     lease.parked_keys = optional_ss(item, PARKED_KEYS)?
         .into_iter()
         .map(|entry| entry.as_str().to_owned())

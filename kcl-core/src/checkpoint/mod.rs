@@ -151,6 +151,7 @@ impl Checkpointer {
                 park: Vec::new(),
                 restart_grace: None,
                 carrier: None,
+                signals: None,
             };
             return self.write(&update).await;
         }
@@ -183,6 +184,7 @@ impl Checkpointer {
             park: Vec::new(),
             restart_grace: None,
             carrier: None,
+            signals: None,
         };
         self.write(&update).await
     }
@@ -210,6 +212,7 @@ impl Checkpointer {
             park: Vec::new(),
             restart_grace: None,
             carrier: None,
+            signals: None,
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -227,6 +230,7 @@ impl Checkpointer {
             park: Vec::new(),
             restart_grace: None,
             carrier: None,
+            signals: None,
         };
         self.write(&update).await
     }

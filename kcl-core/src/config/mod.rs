@@ -6,12 +6,14 @@ use crate::error::ConfigError;
 use crate::failure::FailurePolicy;
 use crate::types::InitialPosition;
 
+mod autoscale;
 mod balance;
 mod modes;
 #[cfg(feature = "serde")]
 mod off_or_duration;
 mod parse;
 
+pub use autoscale::Autoscaling;
 pub use balance::{BalanceBy, Balancing};
 pub use modes::{Coordination, Liveness, Retrieval};
 pub use parse::{InitialPositionKind, ParseModeError, RetrievalMode};
@@ -193,6 +195,10 @@ pub struct WorkerConfig {
     /// ([`Balancing::by_load`]: within an absolute band, a move budget and a stickiness window);
     /// and this worker's capacity. See [`Balancing`].
     pub balancing: Balancing,
+    /// How the leader works out how many workers the fleet needs (`desired_workers`, for an
+    /// autoscaler), and whether it publishes it for every worker to answer with. See
+    /// [`Autoscaling`] and [`autoscale`](crate::autoscale).
+    pub autoscaling: Autoscaling,
 }
 
 /// The longest duration any setting may have: far beyond any useful value, and small enough
@@ -264,6 +270,7 @@ impl Default for WorkerConfig {
             retrieval: Retrieval::Polling,
             failure: FailurePolicy::block(),
             balancing: Balancing::default(),
+            autoscaling: Autoscaling::default(),
         }
     }
 }
@@ -382,6 +389,8 @@ impl WorkerConfig {
         failure: FailurePolicy,
         /// Sets [`WorkerConfig::balancing`].
         balancing: Balancing,
+        /// Sets [`WorkerConfig::autoscaling`].
+        autoscaling: Autoscaling,
     }
 
     /// Every duration field with its key.
@@ -476,7 +485,8 @@ impl WorkerConfig {
             return err("ack_checkpoint_every", "must be at least 1");
         }
         self.failure.check("failure.attempts")?;
-        self.balancing.check()
+        self.balancing.check()?;
+        self.autoscaling.check()
     }
 }
 

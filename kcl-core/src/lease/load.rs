@@ -51,6 +51,9 @@ pub struct LeaseLoad {
     /// The holder's declared capacity in thousandths (1,000: a standard worker;
     /// [`Balancing::capacity`](crate::Balancing::capacity)).
     pub capacity_milli: u32,
+    /// How records arrive and are read (kcl extension `kclFlow`), for the fleet's
+    /// autoscaling signals; `None` in rows of workers that do not measure it.
+    pub flow: Option<Flow>,
 }
 
 impl LeaseLoad {
@@ -59,7 +62,15 @@ impl LeaseLoad {
         Self {
             milli,
             capacity_milli,
+            flow: None,
         }
+    }
+
+    /// The same load, with `flow`.
+    #[must_use]
+    pub const fn with_flow(mut self, flow: Flow) -> Self {
+        self.flow = Some(flow);
+        self
     }
 
     /// The load in units.
@@ -70,6 +81,95 @@ impl LeaseLoad {
     /// The holder's capacity in units (at least a thousandth).
     pub fn capacity(self) -> f64 {
         f64::from(self.capacity_milli.max(1)) / 1000.0
+    }
+}
+
+/// How records arrive at a shard and are read from it, as its holder measured them (kcl
+/// extension `kclFlow`, written with `kclLoad`): what the leader adds up into
+/// [`FleetSignals`](crate::FleetSignals). Rates in thousandths of a record per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub struct Flow {
+    /// Records arriving per second × 1,000: records read per second of the stream's time
+    /// the reads covered (the position moves by the records' arrival times, so this is the
+    /// producers' rate whether the shard is caught up or catching up).
+    pub arrival_milli: u64,
+    /// Records read per second × 1,000.
+    pub read_milli: u64,
+    /// How far behind the tip the shard was at its last read (`millisBehindLatest`).
+    pub behind_millis: u64,
+    /// The load of reading it, without the backlog floor of `kclLoad`, in thousandths.
+    pub work_milli: u32,
+}
+
+impl Flow {
+    /// A flow of `arrival` and `read` records per second, `behind` the tip, costing `work`
+    /// units.
+    pub fn new(arrival: f64, read: f64, behind: Duration, work: f64) -> Self {
+        Self {
+            arrival_milli: u64::from(milli(arrival)),
+            read_milli: u64::from(milli(read)),
+            behind_millis: u64::try_from(behind.as_millis()).unwrap_or(u64::MAX),
+            work_milli: milli(work),
+        }
+    }
+
+    /// Records arriving per second.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn arrival(&self) -> f64 {
+        self.arrival_milli as f64 / 1000.0
+    }
+
+    /// Records read per second.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn read(&self) -> f64 {
+        self.read_milli as f64 / 1000.0
+    }
+
+    /// How far behind the tip.
+    pub fn behind(&self) -> Duration {
+        Duration::from_millis(self.behind_millis)
+    }
+
+    /// The load of reading it, in units.
+    pub fn work(&self) -> f64 {
+        f64::from(self.work_milli) / 1000.0
+    }
+
+    /// Records behind the tip: the arrival rate × how far behind.
+    pub fn backlog(&self) -> f64 {
+        self.arrival() * self.behind().as_secs_f64()
+    }
+
+    /// The row's text: four whole numbers.
+    pub fn encode(&self) -> String {
+        format!(
+            "{} {} {} {}",
+            self.arrival_milli, self.read_milli, self.behind_millis, self.work_milli
+        )
+    }
+
+    /// Reads what [`encode`](Self::encode) wrote; `None` for anything else (a hint: a flow
+    /// that does not parse is left out, the row stays readable).
+    pub fn decode(text: &str) -> Option<Self> {
+        let mut parts = text.split_ascii_whitespace();
+        let flow = Self {
+            arrival_milli: parts.next()?.parse().ok()?,
+            read_milli: parts.next()?.parse().ok()?,
+            behind_millis: parts.next()?.parse().ok()?,
+            work_milli: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(flow)
+    }
+
+    /// The flows of several shards as one: rates and work add up, the most behind counts.
+    pub(crate) fn sum(flows: impl IntoIterator<Item = Self>) -> Self {
+        flows.into_iter().fold(Self::default(), |a, b| Self {
+            arrival_milli: a.arrival_milli.saturating_add(b.arrival_milli),
+            read_milli: a.read_milli.saturating_add(b.read_milli),
+            behind_millis: a.behind_millis.max(b.behind_millis),
+            work_milli: a.work_milli.saturating_add(b.work_milli),
+        })
     }
 }
 
@@ -107,11 +207,24 @@ struct State {
     bytes: u64,
     records: u64,
     behind: Option<Duration>,
+    /// The smoothed flow: arrival and read rates (records/s) and the load without the
+    /// backlog floor.
+    arrival: f64,
+    read: f64,
+    work: f64,
+    /// Where in the stream's time the last read ended (seconds after `base`: the time of the
+    /// read less how far behind it was), and where it was when the flow was last folded.
+    position: Option<f64>,
+    folded_position: Option<f64>,
+    /// Records read since the flow was last folded.
+    arrived: u64,
+    base: Instant,
 }
 
 impl Meter {
     /// A meter starting from `from` (the figure the row carried when the lease was taken).
     pub(crate) fn new(from: Option<LeaseLoad>, smoothing: Duration, capacity_milli: u32) -> Self {
+        let flow = from.and_then(|f| f.flow).unwrap_or_default();
         Self {
             state: Mutex::new(State {
                 smoothed: from.map_or(0.0, LeaseLoad::units),
@@ -120,6 +233,13 @@ impl Meter {
                 bytes: 0,
                 records: 0,
                 behind: None,
+                arrival: flow.arrival(),
+                read: flow.read(),
+                work: flow.work(),
+                position: None,
+                folded_position: None,
+                arrived: 0,
+                base: Instant::now(),
             }),
             smoothing,
             capacity_milli,
@@ -141,10 +261,14 @@ impl Meter {
         }
     }
 
-    /// The last read said the shard is `millis` behind the tip.
-    pub(crate) fn behind(&self, millis: u64) {
+    /// The last read (of `records` records) said the shard is `millis` behind the tip.
+    pub(crate) fn behind(&self, millis: u64, records: usize) {
         if let Ok(mut s) = self.state.lock() {
-            s.behind = Some(Duration::from_millis(millis));
+            let behind = Duration::from_millis(millis);
+            s.behind = Some(behind);
+            let at = Instant::now().saturating_duration_since(s.base).as_secs_f64();
+            s.position = Some(at - behind.as_secs_f64());
+            s.arrived = s.arrived.saturating_add(records as u64);
         }
     }
 
@@ -164,18 +288,46 @@ impl Meter {
                 s.bytes as f64 / secs / BYTES_PER_UNIT,
                 s.records as f64 / secs / RECORDS_PER_UNIT,
             ];
-            let mut now_load = shares.into_iter().fold(0.0, f64::max);
+            let work = shares.into_iter().fold(0.0, f64::max);
+            let mut now_load = work;
             if s.behind.is_some_and(|b| b > BEHIND_FLOOR) {
                 now_load = now_load.max(1.0);
             }
             let weight = 1.0 - (-secs / self.smoothing.as_secs_f64().max(0.001)).exp();
             s.smoothed += weight * (now_load - s.smoothed);
+            s.work += weight * (work - s.work);
+            #[allow(clippy::cast_precision_loss)]
+            let read = s.records as f64 / secs;
+            s.read += weight * (read - s.read);
+            s.fold_arrival(weight);
             s.folded_at = now;
             s.busy = Duration::ZERO;
             s.bytes = 0;
             s.records = 0;
         }
-        LeaseLoad::new(milli(s.smoothed), self.capacity_milli)
+        let flow = Flow::new(s.arrival, s.read, s.behind.unwrap_or_default(), s.work);
+        LeaseLoad::new(milli(s.smoothed), self.capacity_milli).with_flow(flow)
+    }
+}
+
+impl State {
+    /// Folds the records read since the last fold over the stream time they covered into
+    /// the arrival rate. Reads that covered no stream time (none came back, or the position
+    /// stood still) say nothing of it: it is left as it was.
+    fn fold_arrival(&mut self, weight: f64) {
+        let (Some(position), Some(from)) = (self.position, self.folded_position) else {
+            self.folded_position = self.position;
+            self.arrived = 0;
+            return;
+        };
+        let covered = position - from;
+        if covered > 0.05 {
+            #[allow(clippy::cast_precision_loss)]
+            let arrival = self.arrived as f64 / covered;
+            self.arrival += weight * (arrival - self.arrival);
+            self.folded_position = Some(position);
+            self.arrived = 0;
+        }
     }
 }
 
@@ -275,7 +427,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(1)).await;
         meter.read(1500, 1000);
         assert_eq!(meter.report().milli, 1500, "1,500 records a second");
-        meter.behind(61_000);
+        meter.behind(61_000, 0);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(meter.report().milli, 1000, "behind: at least one unit");
     }

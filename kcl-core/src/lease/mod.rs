@@ -94,6 +94,10 @@ pub struct Lease {
     /// alive, one the holder renews anyway (kcl extension, `kclCarrier`); the role row itself,
     /// or none, when the holder renews the role row (see `worker/roles`).
     pub carrier: Option<ShardId>,
+    /// On the fleet-signals row only: the leader's [`FleetSignals`](crate::FleetSignals) as
+    /// [`FleetSignals::encode`](crate::FleetSignals::encode) wrote them (kcl extension,
+    /// `kclSignals`; see [`autoscale`](crate::autoscale)).
+    pub signals: Option<String>,
 }
 
 impl Lease {
@@ -116,6 +120,7 @@ impl Lease {
             load: None,
             restart_grace: None,
             carrier: None,
+            signals: None,
         }
     }
 
@@ -156,6 +161,9 @@ pub struct CheckpointUpdate {
     /// Names the row that carries a role row ([`Lease::carrier`]); `None` leaves the
     /// attribute as it is.
     pub carrier: Option<ShardId>,
+    /// Publishes the leader's figures ([`Lease::signals`]); `None` leaves the attribute as
+    /// it is.
+    pub signals: Option<String>,
 }
 
 impl CheckpointUpdate {
@@ -171,6 +179,7 @@ impl CheckpointUpdate {
             park: Vec::new(),
             restart_grace: None,
             carrier: None,
+            signals: None,
         }
     }
 }

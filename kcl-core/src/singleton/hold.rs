@@ -231,6 +231,7 @@ impl<L: LeaseStore> Singleton<L> {
             park: Vec::new(),
             restart_grace: None,
             carrier: None,
+            signals: None,
         };
         if let Err(error) = tenure.checkpoint(&update).await {
             tracing::debug!(?error, singleton = %self.key, "advertising the inbox failed");

@@ -166,6 +166,7 @@ async fn record(ctx: &TaskContext, index: u64) -> Result<(), crate::lease::tenur
         park: Vec::new(),
         restart_grace: None,
         carrier: None,
+        signals: None,
     };
     ctx.tenure.checkpoint(&update).await.map(drop)
 }

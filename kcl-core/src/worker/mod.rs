@@ -65,7 +65,7 @@ pub enum Phase {
 }
 
 /// A snapshot of a worker, for health checks and dashboards.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 #[doc(alias = "WorkerStateChangeListener")]
 pub struct Status {
@@ -101,6 +101,12 @@ pub struct Status {
     pub draining: bool,
     /// Each held shard, for an operator: checkpoint, lag, last progress.
     pub shards: Vec<ShardStatus>,
+    /// The fleet's backlog and the workers it needs ([`FleetSignals`](crate::FleetSignals)):
+    /// the leader's own figures on the leader (and on every worker under
+    /// `Coordination::EveryWorker`); on the others, what the leader last published
+    /// ([`Autoscaling::publish_interval`](crate::Autoscaling::publish_interval)), read every
+    /// publish interval. `None` until known.
+    pub fleet: Option<crate::FleetSignals>,
 }
 
 /// One held shard in [`Status`].

@@ -39,6 +39,9 @@ fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
     if update.endpoint.is_some() {
         r.endpoint = update.endpoint;
     }
+    if update.signals.is_some() {
+        r.signals.clone_from(&update.signals);
+    }
     if update.carrier.is_some() {
         r.carrier = update.carrier;
     }

@@ -339,7 +339,7 @@ async fn deliver(
     if let Some(meter) = tenure.meter() {
         meter.read(batch.records.len(), bytes);
         if let Some(millis) = batch.millis_behind_latest {
-            meter.behind(millis);
+            meter.behind(millis, batch.records.len());
         }
     }
     let (Some(first), Some(last)) = (batch.records.first(), batch.records.last()) else {

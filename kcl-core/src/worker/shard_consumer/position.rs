@@ -124,6 +124,7 @@ async fn write_pin(
         park: Vec::new(),
         restart_grace: None,
         carrier: None,
+        signals: None,
     };
     match tenure.checkpoint(&update).await {
         Ok(_) => {
