@@ -1,5 +1,7 @@
 //! A worker run as a deployed process runs it: probes and metrics served from before it starts
-//! until it has stopped, graceful shutdown on the first signal, forced on the second.
+//! until it has stopped, graceful shutdown on the first signal (or on `POST /drain`, see
+//! [`drain`](crate::drain)), forced on the second; with feature `scaler`, KEDA's external
+//! scaler on a port of its own while the worker runs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -24,6 +26,9 @@ pub struct Serving {
     metrics: Metrics,
     probes: Probes,
     shutdown_timeout: Duration,
+    /// KEDA's external scaler's address, bound (feature `scaler`).
+    #[cfg(feature = "scaler")]
+    scaler: Option<TcpListener>,
 }
 
 /// What else a run serves and obeys.
@@ -104,7 +109,32 @@ impl Serving {
             listener: server::bind(listen).await?,
             probes: Probes::for_worker(config),
             shutdown_timeout: config.shutdown_timeout,
+            #[cfg(feature = "scaler")]
+            scaler: None,
         })
+    }
+
+    /// Also serves KEDA's external scaler (gRPC, [`kcl_scaler`]) on `addr` while the worker
+    /// runs, until its shutdown begins (so that KEDA reconnects to a worker that stays). The
+    /// address is bound now.
+    #[cfg(feature = "scaler")]
+    pub async fn with_scaler(mut self, addr: SocketAddr) -> Result<Self, ServeError> {
+        self.scaler = Some(kcl_scaler::bind(addr).await?);
+        Ok(self)
+    }
+
+    /// The address the HTTP server listens on (its port, when bound to port 0).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// The address the scaler listens on, if it is served.
+    pub fn scaler_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "scaler")]
+        if let Some(listener) = &self.scaler {
+            return listener.local_addr().ok();
+        }
+        None
     }
 
     /// Runs `worker` (whose id is `worker_id`) to its end, serving its probes and metrics.
@@ -119,12 +149,18 @@ impl Serving {
         L: LeaseStore,
         F: ProcessorFactory,
     {
+        let handle = worker.shutdown_handle();
         let mut routes = router(
             worker_id,
             worker.status(),
             self.metrics.prometheus.clone(),
             self.probes,
-        );
+        )
+        .merge(crate::drain::routes(
+            handle.clone(),
+            worker.status(),
+            options.on_signal.clone(),
+        ));
         if let Some(extra) = options.routes {
             routes = routes.merge(extra);
         }
@@ -135,7 +171,11 @@ impl Serving {
             stop_http.clone().cancelled_owned(),
             server::Limits::default(),
         ));
-        let handle = worker.shutdown_handle();
+        #[cfg(feature = "scaler")]
+        let scaler = self.scaler.map(|listener| {
+            // Stops when the worker's shutdown begins (the handle's token is cancelled then).
+            tokio::spawn(kcl_scaler::serve(listener, worker.status(), handle.token()))
+        });
         let forced = CancellationToken::new();
         let signals = tokio::spawn(on_signals(
             handle.clone(),
@@ -162,6 +202,14 @@ impl Serving {
         signals.abort();
         options.on_signal.cancel();
         stop_http.cancel();
+        #[cfg(feature = "scaler")]
+        if let Some(scaler) = scaler {
+            match tokio::time::timeout(Duration::from_secs(2), scaler).await {
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the scaler failed"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "the scaler task failed"),
+                Ok(Ok(Ok(()))) | Err(_) => {}
+            }
+        }
         match tokio::time::timeout(Duration::from_secs(2), http).await {
             Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
             Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),

@@ -84,7 +84,9 @@ fn workers_for(workers: f64, fleet: &Fleet, config: &Autoscaling) -> u32 {
     let wanted = clamp_u32(whole((workers - 1e-6).ceil()));
     let shards = fleet.open_shards.max(1);
     let cap = config.max_workers.map_or(shards, |max| max.min(shards));
-    let for_max_leases = fleet.open_shards.div_ceil(clamp_u32(fleet.max_leases).max(1));
+    let for_max_leases = fleet
+        .open_shards
+        .div_ceil(clamp_u32(fleet.max_leases).max(1));
     wanted.min(cap).max(for_max_leases).max(config.min_workers)
 }
 
@@ -94,7 +96,11 @@ fn whole(x: f64) -> u64 {
         return 0;
     }
     // Rounded, non-negative and capped: the conversion loses nothing that matters.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let n = x.round().min(u64::MAX as f64) as u64;
     n
 }
@@ -157,7 +163,10 @@ mod tests {
         let flows = vec![flow(1000.0, 1000.0, 3600, 1.0); 2];
         let signals = recommend(&fleet(flows.clone(), 2), &Autoscaling::default());
         assert_eq!(signals.recommended, 2);
-        assert!((signals.needed - 1.4).abs() < 1e-9, "a shard's need is one worker's share");
+        assert!(
+            (signals.needed - 1.4).abs() < 1e-9,
+            "a shard's need is one worker's share"
+        );
         let capped = Autoscaling::default().workers(1, 1);
         assert_eq!(recommend(&fleet(flows, 2), &capped).recommended, 1);
     }

@@ -126,8 +126,16 @@ mod tests {
             recommended: 5,
             desired_workers: 4,
         };
-        assert_eq!(FleetSignals::decode(&signals.encode()), Some(signals.clone()));
-        for bad in ["", "v2 1 2 3 4 5 6 7 8 9 10", "v1 1 2 3", "v1 1 2 3 4 NaN 6 7 8 9 10"] {
+        assert_eq!(
+            FleetSignals::decode(&signals.encode()),
+            Some(signals.clone())
+        );
+        for bad in [
+            "",
+            "v2 1 2 3 4 5 6 7 8 9 10",
+            "v1 1 2 3",
+            "v1 1 2 3 4 NaN 6 7 8 9 10",
+        ] {
             assert_eq!(FleetSignals::decode(bad), None, "{bad:?}");
         }
         let extra = format!("{} 11", signals.encode());

@@ -266,7 +266,9 @@ impl Meter {
         if let Ok(mut s) = self.state.lock() {
             let behind = Duration::from_millis(millis);
             s.behind = Some(behind);
-            let at = Instant::now().saturating_duration_since(s.base).as_secs_f64();
+            let at = Instant::now()
+                .saturating_duration_since(s.base)
+                .as_secs_f64();
             s.position = Some(at - behind.as_secs_f64());
             s.arrived = s.arrived.saturating_add(records as u64);
         }
