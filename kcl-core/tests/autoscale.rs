@@ -5,7 +5,7 @@
 //! stops them gracefully. Each backlog is read within the stated time, replicas come back
 //! down, the replica count never changes direction twice within the scale-down window, and
 //! nothing is lost through any scale-in.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
 
 mod common;
 
