@@ -17,8 +17,8 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
-use kcl_core::multi_stream::StreamId;
 use kcl_core::lease::load::Flow;
+use kcl_core::multi_stream::StreamId;
 use kcl_core::{Checkpoint, HashKeyRange, Lease, LeaseLoad, ShardId, WorkerId};
 
 use crate::error::ParseError;

@@ -24,6 +24,11 @@ impl Damper {
         }
     }
 
+    /// What it said last.
+    pub(crate) fn current(&self) -> Option<u32> {
+        self.current
+    }
+
     /// Whether it has said anything yet.
     pub(crate) fn is_fresh(&self) -> bool {
         self.current.is_none()
@@ -76,7 +81,11 @@ mod tests {
         assert_eq!(damper.next(6, t0 + Duration::from_secs(15), UP, DOWN), 6);
         // The recommendation falls back at once; the figure stays for five minutes.
         for s in (30..=310).step_by(15) {
-            assert_eq!(damper.next(2, t0 + Duration::from_secs(s), UP, DOWN), 6, "at {s}");
+            assert_eq!(
+                damper.next(2, t0 + Duration::from_secs(s), UP, DOWN),
+                6,
+                "at {s}"
+            );
         }
         assert_eq!(damper.next(2, t0 + Duration::from_secs(330), UP, DOWN), 2);
     }
@@ -90,7 +99,10 @@ mod tests {
         // up window.
         for i in 1..100_u64 {
             let raw = if i % 2 == 0 { 5 } else { 3 };
-            assert_eq!(damper.next(raw, t0 + Duration::from_secs(15 * i), up, DOWN), 4);
+            assert_eq!(
+                damper.next(raw, t0 + Duration::from_secs(15 * i), up, DOWN),
+                4
+            );
         }
         let t1 = t0 + Duration::from_secs(15 * 100);
         for i in 0..=4_u64 {

@@ -104,7 +104,10 @@ impl Autoscaling {
             })
         };
         if self.catch_up.is_zero() || self.catch_up > super::MAX_DURATION {
-            return err("autoscaling.catch_up", "must be above zero and at most 7 days");
+            return err(
+                "autoscaling.catch_up",
+                "must be above zero and at most 7 days",
+            );
         }
         if !(self.utilization.is_finite() && self.utilization > 0.0 && self.utilization <= 1.0) {
             return err("autoscaling.utilization", "must be above 0 and at most 1");
