@@ -24,6 +24,11 @@ impl Damper {
         }
     }
 
+    /// What it said last.
+    pub(crate) fn current(&self) -> Option<u32> {
+        self.current
+    }
+
     /// Whether it has said anything yet.
     pub(crate) fn is_fresh(&self) -> bool {
         self.current.is_none()

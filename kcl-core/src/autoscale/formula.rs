@@ -10,6 +10,17 @@ use crate::lease::load::Flow;
 /// limit (1,000 a second) is one unit, as in [`lease::load`](crate::lease::load).
 const DEFAULT_COST: f64 = 1.0 / 1000.0;
 
+/// The workers needed may stray this far (a tenth) from the figure last said before the
+/// recommendation changes: the HPA's own default tolerance. A fleet whose need sits near a
+/// whole number of workers does not flip between the two.
+const TOLERANCE: f64 = 0.1;
+
+/// A fleet shrinks only to a size at which its need would take at most this share of the
+/// planned utilization. Busy time counts time spent waiting for a core, which grows as
+/// workers are taken away: a fleet shrunk to exactly its target would find itself above it,
+/// and grow again.
+const SCALE_IN_HEADROOM: f64 = 0.8;
+
 /// What the formula reads: the flows the holders measured (one per lease, or one per worker
 /// where its heartbeat row carries its total) and the fleet's shape.
 #[derive(Debug, Clone, Default)]
@@ -24,6 +35,8 @@ pub(crate) struct Fleet {
     pub(crate) open_shards: u32,
     /// The most leases one worker takes.
     pub(crate) max_leases: usize,
+    /// What was said last (`desired_workers`), if anything.
+    pub(crate) current: Option<u32>,
 }
 
 /// The signals of `fleet` (see the module docs of [`autoscale`](super)), with
@@ -77,11 +90,24 @@ pub(crate) fn recommend(fleet: &Fleet, config: &Autoscaling) -> FleetSignals {
     }
 }
 
-/// `workers` rounded up, at most one per open shard and `max_workers`, at least
+/// `workers` rounded up (a fall only as far as [`SCALE_IN_HEADROOM`] allows, a change only
+/// beyond [`TOLERANCE`]), at most one per open shard and `max_workers`, at least
 /// `min_workers` and enough workers for every open shard under `max_leases`.
 fn workers_for(workers: f64, fleet: &Fleet, config: &Autoscaling) -> u32 {
     // A hair under a whole number is that number: 3.0000001 of rounding is not a fourth.
-    let wanted = clamp_u32(whole((workers - 1e-6).ceil()));
+    let round_up = |x: f64| clamp_u32(whole((x - 1e-6).ceil()));
+    let up = round_up(workers);
+    let wanted = match fleet.current {
+        Some(current)
+            if (f64::from(current) * (1.0 - TOLERANCE)
+                ..=f64::from(current) * (1.0 + TOLERANCE))
+                .contains(&workers) =>
+        {
+            current
+        }
+        Some(current) if up < current => round_up(workers / SCALE_IN_HEADROOM).min(current),
+        _ => up,
+    };
     let shards = fleet.open_shards.max(1);
     let cap = config.max_workers.map_or(shards, |max| max.min(shards));
     let for_max_leases = fleet
@@ -125,6 +151,7 @@ mod tests {
             workers,
             capacity: 1.0,
             max_leases: usize::MAX,
+            current: None,
         }
     }
 
@@ -194,6 +221,27 @@ mod tests {
         // Nothing known at all: a record costs a thousandth.
         let unknown = vec![flow(2000.0, 0.0, 0, 0.0)];
         assert!((recommend(&fleet(unknown, 1), &Autoscaling::default()).needed - 0.7).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_need_within_a_tenth_of_what_was_said_changes_nothing() {
+        // 0.75 units: 1.07 workers at 0.7 each. Said 1: stays 1; said nothing: 2.
+        let flows = vec![flow(75.0, 75.0, 0, 0.375); 2];
+        let mut f = fleet(flows, 1);
+        assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 2);
+        f.current = Some(1);
+        assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 1);
+        // 1.96 units: 2.8 workers. Said 3: 3. Said 4: a fall, but only to where 2.8 workers'
+        // need takes 80 % of the target: 2.8 / 0.8 = 3.5, so 4 stays.
+        f.flows = vec![flow(100.0, 100.0, 0, 0.49); 4];
+        f.open_shards = 4;
+        f.current = Some(3);
+        assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 3);
+        f.current = Some(4);
+        assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 4);
+        // 1.4 units: 2 workers; said 4: down to 2 / 0.8 = 2.5, so 3.
+        f.flows = vec![flow(100.0, 100.0, 0, 0.35); 4];
+        assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 3);
     }
 
     #[test]

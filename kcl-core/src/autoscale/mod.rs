@@ -18,14 +18,29 @@
 //! - it needs `n = k × (a + b / catch_up)` units: what keeps arriving, and its backlog read
 //!   within [`catch_up`](crate::Autoscaling::catch_up), at most one worker's share
 //!   `c × utilization` (a shard is read by one worker: more workers cannot help it);
-//! - the fleet needs `ceil(Σ n / (c × utilization))` workers, `c` the workers' mean capacity,
-//!   at least `min_workers` (and enough for `max_leases`), at most `max_workers`.
+//! - the fleet needs `N = Σ n / (c × utilization)` workers, `c` the workers' mean capacity;
+//!   `recommended` is `N` rounded up, at least `min_workers` (and enough for `max_leases`),
+//!   at most `max_workers` and one worker per open shard.
+//!
+//! A worker's leases cannot cost more than its capacity: busy time beyond it is time spent
+//! waiting for a core, so their costs are scaled down to it (else a saturated worker would
+//! ask for one worker per shard). For the same reason, busy time grows as workers are taken
+//! away, so the recommendation falls only to a size at which `N` would use at most 80 % of
+//! the planned utilization, and it does not move while `N` is within a tenth of what was said
+//! last (the HPA's tolerance).
 //!
 //! **Damping**, as the HPA's stabilization windows: `desired_workers` follows a rise once
 //! every recommendation of [`scale_up_window`](crate::Autoscaling::scale_up_window) is above
 //! it (at once by default), and a fall only down to the highest recommendation of
 //! [`scale_down_window`](crate::Autoscaling::scale_down_window) (5 min). A new leader starts
 //! from the published figure, or from the workers it sees, never from nothing.
+//!
+//! **Measured** by each lease's meter ([`lease::load`](crate::lease::load)), smoothed with
+//! the balancing's time constant (a minute), and corrected for its start: a lease taken
+//! from a fleet that was down reports what it reads within seconds, not a climb from zero.
+//! The arrival rate is the records read per second of the stream's time the reads covered
+//! (the read position moves by the records' arrival times: `now − millisBehindLatest`), so it
+//! is the producers' rate whether the shard is caught up or catching up.
 
 mod damping;
 mod formula;
@@ -33,7 +48,7 @@ mod publish;
 
 pub(crate) use damping::Damper;
 pub(crate) use formula::{Fleet, recommend};
-pub(crate) use publish::{Publisher, SIGNALS_KEY};
+pub(crate) use publish::Publisher;
 
 use std::time::Duration;
 

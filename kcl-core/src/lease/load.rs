@@ -35,6 +35,10 @@ use tokio::time::Instant;
 /// docs).
 pub const BEHIND_FLOOR: Duration = Duration::from_secs(60);
 
+/// What was gathered is folded into the figures at most this often: a shorter window (a
+/// checkpoint right after a batch) would measure the batch, not the rate.
+const FOLD_EVERY: Duration = Duration::from_secs(1);
+
 /// Bytes per second that make one unit of load: a shard's write limit, 1 MiB/s.
 const BYTES_PER_UNIT: f64 = 1024.0 * 1024.0;
 /// Records per second that make one unit of load: a shard's write limit, 1,000/s.
@@ -209,9 +213,9 @@ struct State {
     behind: Option<Duration>,
     /// The smoothed flow: arrival and read rates (records/s) and the load without the
     /// backlog floor.
-    arrival: f64,
-    read: f64,
-    work: f64,
+    arrival: Smoothed,
+    read: Smoothed,
+    work: Smoothed,
     /// Where in the stream's time the last read ended (seconds after `base`: the time of the
     /// read less how far behind it was), and where it was when the flow was last folded.
     position: Option<f64>,
@@ -224,7 +228,7 @@ struct State {
 impl Meter {
     /// A meter starting from `from` (the figure the row carried when the lease was taken).
     pub(crate) fn new(from: Option<LeaseLoad>, smoothing: Duration, capacity_milli: u32) -> Self {
-        let flow = from.and_then(|f| f.flow).unwrap_or_default();
+        let flow = from.and_then(|f| f.flow);
         Self {
             state: Mutex::new(State {
                 smoothed: from.map_or(0.0, LeaseLoad::units),
@@ -233,9 +237,9 @@ impl Meter {
                 bytes: 0,
                 records: 0,
                 behind: None,
-                arrival: flow.arrival(),
-                read: flow.read(),
-                work: flow.work(),
+                arrival: Smoothed::from(flow.map(|f| f.arrival())),
+                read: Smoothed::from(flow.map(|f| f.read())),
+                work: Smoothed::from(flow.map(|f| f.work())),
                 position: None,
                 folded_position: None,
                 arrived: 0,
@@ -282,7 +286,7 @@ impl Meter {
         };
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(s.folded_at);
-        if elapsed >= Duration::from_millis(100) {
+        if elapsed >= FOLD_EVERY {
             let secs = elapsed.as_secs_f64();
             #[allow(clippy::cast_precision_loss)]
             let shares = [
@@ -297,18 +301,50 @@ impl Meter {
             }
             let weight = 1.0 - (-secs / self.smoothing.as_secs_f64().max(0.001)).exp();
             s.smoothed += weight * (now_load - s.smoothed);
-            s.work += weight * (work - s.work);
+            s.work.fold(work, weight);
             #[allow(clippy::cast_precision_loss)]
             let read = s.records as f64 / secs;
-            s.read += weight * (read - s.read);
+            s.read.fold(read, weight);
             s.fold_arrival(weight);
             s.folded_at = now;
             s.busy = Duration::ZERO;
             s.bytes = 0;
             s.records = 0;
         }
-        let flow = Flow::new(s.arrival, s.read, s.behind.unwrap_or_default(), s.work);
+        let [arrival, read, work] = [&s.arrival, &s.read, &s.work].map(Smoothed::get);
+        let flow = Flow::new(arrival, read, s.behind.unwrap_or_default(), work);
         LeaseLoad::new(milli(s.smoothed), self.capacity_milli).with_flow(flow)
+    }
+}
+
+/// An exponentially weighted average corrected for its start: until it has seen a whole
+/// time constant, it is the weighted mean of what it saw, not a climb from zero (a fleet
+/// that starts far behind must not look idle for a minute), nor the first window alone.
+#[derive(Debug, Default)]
+struct Smoothed {
+    /// The average as if started from zero.
+    value: f64,
+    /// The weight it has taken in (1: a whole history).
+    mass: f64,
+}
+
+impl Smoothed {
+    /// Starting from `known` (a figure the row carried) as if from a whole history.
+    fn from(known: Option<f64>) -> Self {
+        known.map_or_else(Self::default, |value| Self { value, mass: 1.0 })
+    }
+
+    fn fold(&mut self, now: f64, weight: f64) {
+        self.value += weight * (now - self.value);
+        self.mass += weight * (1.0 - self.mass);
+    }
+
+    fn get(&self) -> f64 {
+        if self.mass > 0.0 {
+            self.value / self.mass
+        } else {
+            0.0
+        }
     }
 }
 
@@ -326,7 +362,7 @@ impl State {
         if covered > 0.05 {
             #[allow(clippy::cast_precision_loss)]
             let arrival = self.arrived as f64 / covered;
-            self.arrival += weight * (arrival - self.arrival);
+            self.arrival.fold(arrival, weight);
             self.folded_position = Some(position);
             self.arrived = 0;
         }
@@ -364,10 +400,12 @@ impl Meters {
             Ok(held) => held.iter().filter_map(Weak::upgrade).collect(),
             Err(_) => Vec::new(),
         };
-        let milli = live
+        let reports: Vec<LeaseLoad> = live.iter().map(|m| m.report()).collect();
+        let milli = reports
             .iter()
-            .fold(0u32, |sum, m| sum.saturating_add(m.report().milli));
-        LeaseLoad::new(milli, self.capacity_milli)
+            .fold(0u32, |sum, r| sum.saturating_add(r.milli));
+        let flow = Flow::sum(reports.iter().filter_map(|r| r.flow));
+        LeaseLoad::new(milli, self.capacity_milli).with_flow(flow)
     }
 }
 
@@ -451,13 +489,10 @@ mod tests {
         let b = Arc::new(Meter::new(Some(LeaseLoad::new(200, 1000)), MINUTE, 2000));
         meters.register(&a);
         meters.register(&b);
-        assert_eq!(meters.total(), LeaseLoad::new(500, 2000));
+        let total = meters.total();
+        assert_eq!((total.milli, total.capacity_milli), (500, 2000));
         drop(a);
-        assert_eq!(
-            meters.total(),
-            LeaseLoad::new(200, 2000),
-            "a lease let go leaves the sum"
-        );
+        assert_eq!(meters.total().milli, 200, "a lease let go leaves the sum");
     }
 
     #[test]

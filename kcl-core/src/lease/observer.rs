@@ -141,6 +141,17 @@ impl Observer {
         self.active.remove(worker);
     }
 
+    /// The workers [`is_active`](Self::is_active) says are.
+    pub(crate) fn active_workers(
+        &self,
+        now: Instant,
+        within: Duration,
+    ) -> impl Iterator<Item = &WorkerId> {
+        self.active
+            .keys()
+            .filter(move |w| self.is_active(w, now, within))
+    }
+
     /// Whether `worker` was seen active (see the module docs) within `within` of `now`.
     pub(crate) fn is_active(&self, worker: &WorkerId, now: Instant, within: Duration) -> bool {
         let leaving = self

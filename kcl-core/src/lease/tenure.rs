@@ -263,6 +263,14 @@ impl Tenure {
         }
     }
 
+    /// The lease's meter, to share with what reads the shard.
+    pub(crate) fn shared_meter(&self) -> Option<Arc<Meter>> {
+        match &self.figure {
+            Some(Figure::Lease(meter)) => Some(meter.clone()),
+            _ => None,
+        }
+    }
+
     /// This tenure's validity, for a tenure that carries it ([`carry`](Self::carry)).
     pub(crate) fn validity(&self) -> Arc<Validity> {
         self.valid_until.clone()
@@ -529,6 +537,9 @@ impl Tenure {
             let load = figure.report();
             if let Figure::Lease(_) = figure {
                 let shard = self.shard.to_string();
+                let backlog = load.flow.map_or(0.0, |f| f.backlog());
+                ::metrics::gauge!(crate::metrics::SHARD_BACKLOG, "shard" => shard.clone())
+                    .set(backlog);
                 ::metrics::gauge!(crate::metrics::LEASE_LOAD, "shard" => shard).set(load.units());
             }
             lease.load = Some(load);

@@ -142,6 +142,15 @@ impl Report {
         });
     }
 
+    /// The fleet's signals as worked out or read here ([`Status::fleet`]).
+    pub(super) fn publish_fleet(&self, fleet: Option<crate::FleetSignals>) {
+        self.status.send_if_modified(|s| {
+            let changed = s.fleet != fleet;
+            s.fleet = fleet;
+            changed
+        });
+    }
+
     /// A cycle completed with a successful read: says so in `Status`.
     pub(super) fn cycle_done(&self) {
         self.status

@@ -80,6 +80,11 @@ pub(super) async fn plan_for_myself<S: ShardSource, L: LeaseStore, F: ProcessorF
             &by_key,
         );
         state.problems.replace(ProblemKind::Unowned, unowned);
+        let view = &state.view;
+        state
+            .scaling
+            .lead(table, view, &leases, w.report, false)
+            .await;
     }
     if table.config.liveness == Liveness::Heartbeat {
         // Leases naming this worker that it will not take would never expire while its

@@ -92,6 +92,11 @@ impl Leading {
         state.shards.hand_over_listed(me, &leases);
         state.shards.hand_over_requested(me);
         state.view.heartbeats.flag_pending(table, &leases).await;
+        let view = &state.view;
+        state
+            .scaling
+            .lead(table, view, &leases, w.report, true)
+            .await;
         w.report.cycle_done();
         Ok(())
     }

@@ -17,6 +17,7 @@
 mod every_worker;
 mod follower;
 mod leader;
+mod scaling;
 mod sync;
 mod take;
 
@@ -66,6 +67,8 @@ pub(super) struct Coordinator {
     pub(super) heartbeat: HeartbeatState,
     /// Shards read by nobody and rows nobody can read, as this worker last found them.
     pub(super) problems: Problems,
+    /// The fleet's autoscaling signals, as worked out or read here.
+    pub(super) scaling: scaling::Scaling,
 }
 
 impl Coordinator {
@@ -78,6 +81,7 @@ impl Coordinator {
             sync: ShardSync::default(),
             heartbeat: HeartbeatState::new(carriers),
             problems: Problems::default(),
+            scaling: scaling::Scaling::default(),
         }
     }
 
@@ -191,9 +195,11 @@ impl Led {
                 .replace(ProblemKind::Unowned, BTreeMap::new());
         }
         match role {
-            Role::Leader => self.leading.cycle(w, state, &self.roles).await,
-            Role::Standby => follower::stand_by(w, state, &self.roles).await,
-            Role::Follower => self.following.cycle(w, state, &self.roles).await,
+            Role::Leader => return self.leading.cycle(w, state, &self.roles).await,
+            Role::Standby => follower::stand_by(w, state, &self.roles).await?,
+            Role::Follower => self.following.cycle(w, state, &self.roles).await?,
         }
+        state.scaling.follow(w.table, w.report).await;
+        Ok(())
     }
 }

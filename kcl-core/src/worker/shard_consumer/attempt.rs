@@ -51,7 +51,9 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     // 4. Batches, until the shard ends or something stops them.
     let mut checkpointer = Checkpointer::new(tenure.clone());
     let mut acks = Acks::new(&ctx.config, &checkpointer);
-    let prefetch = Prefetcher::spawn(ctx, lease.key.clone(), lease.hash_key_range, start, seed);
+    let meter = tenure.shared_meter();
+    let range = lease.hash_key_range;
+    let prefetch = Prefetcher::spawn(ctx, lease.key.clone(), range, start, (seed, meter));
     let (held, cp) = (&mut processor, &mut checkpointer);
     let stop = match batches::run(ctx, tenure, control, held, cp, &mut acks, prefetch).await {
         // 5. A graceful stop waits for the records in flight.

@@ -31,6 +31,7 @@ use super::{ShardContext, Start};
 use crate::aggregation;
 use crate::config::WorkerConfig;
 use crate::error::{BackendError, ErrorKind};
+use crate::lease::load::Meter;
 use crate::metrics;
 use crate::source::{RecordBatch, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 use crate::task::bounded;
@@ -67,7 +68,7 @@ impl Prefetcher {
         shard: ShardId,
         range: Option<HashKeyRange>,
         start: Start,
-        seed: u64,
+        (seed, meter): (u64, Option<Arc<Meter>>),
     ) -> Self {
         let config: &WorkerConfig = &ctx.config;
         let (tx, rx) = mpsc::channel(config.max_prefetch_batches);
@@ -87,6 +88,7 @@ impl Prefetcher {
             max_records: config.max_records,
             idle: config.idle_time_between_reads,
             call_timeout: config.call_timeout,
+            meter,
             backoff: ExponentialBuilder::default()
                 .with_min_delay(config.min_backoff)
                 .with_max_delay(config.max_backoff)
@@ -132,6 +134,9 @@ struct FetchLoop<S> {
     max_records: u32,
     idle: std::time::Duration,
     call_timeout: std::time::Duration,
+    /// The lease's meter: a read that came back empty while nothing waits to be delivered
+    /// says the shard is at the tip with nothing arriving (its batches are not passed on).
+    meter: Option<Arc<Meter>>,
     backoff: ExponentialBuilder,
 }
 
@@ -259,6 +264,12 @@ impl<S: ShardSource> FetchLoop<S> {
     /// room for it. False if the consumer is gone.
     async fn pass_on(&self, batch: RecordBatch) -> bool {
         if batch.records.is_empty() && batch.next_iterator.is_some() {
+            let caught_up = self.tx.capacity() == self.tx.max_capacity();
+            if let (Some(meter), Some(millis), true) =
+                (&self.meter, batch.millis_behind_latest, caught_up)
+            {
+                meter.behind(millis, 0);
+            }
             return true;
         }
         let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
