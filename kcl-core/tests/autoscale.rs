@@ -5,7 +5,13 @@
 //! stops them gracefully. Each backlog is read within the stated time, replicas come back
 //! down, the replica count never changes direction twice within the scale-down window, and
 //! nothing is lost through any scale-in.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
 
 mod common;
 
