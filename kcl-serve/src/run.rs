@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker, WorkerConfig};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -204,29 +205,34 @@ impl Serving {
         stop_http.cancel();
         #[cfg(feature = "scaler")]
         if let Some(scaler) = scaler {
-            match tokio::time::timeout(Duration::from_secs(2), scaler).await {
-                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the scaler failed"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "the scaler task failed"),
-                Ok(Ok(Ok(()))) | Err(_) => {}
-            }
+            joined("the scaler", scaler).await;
         }
-        match tokio::time::timeout(Duration::from_secs(2), http).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Ok(Ok(Ok(()))) | Err(_) => {}
-        }
-        let summary = Self::summary(&self.metrics, &options.summary);
-        match &ended {
-            Ended::Stopped => tracing::info!("stopped: {summary}"),
-            Ended::Forced => {
-                tracing::warn!(
-                    "stopped by force: {summary}; leases not handed back move after the failover time"
-                );
-            }
-            Ended::Exited | Ended::Failed(_) => tracing::info!("ended: {summary}"),
-        }
+        joined("the HTTP server", http).await;
+        said(&ended, &Self::summary(&self.metrics, &options.summary));
         self.metrics.last_push().await;
         ended
+    }
+}
+
+/// Waits a little for a server's task to end, saying if it failed.
+async fn joined<E: std::fmt::Display>(what: &str, task: JoinHandle<Result<(), E>>) {
+    match tokio::time::timeout(Duration::from_secs(2), task).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "{what} failed"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "{what}'s task failed"),
+        Ok(Ok(Ok(()))) | Err(_) => {}
+    }
+}
+
+/// The run's last line: how it ended, and what the process did.
+fn said(ended: &Ended, summary: &str) {
+    match ended {
+        Ended::Stopped => tracing::info!("stopped: {summary}"),
+        Ended::Forced => {
+            tracing::warn!(
+                "stopped by force: {summary}; leases not handed back move after the failover time"
+            );
+        }
+        Ended::Exited | Ended::Failed(_) => tracing::info!("ended: {summary}"),
     }
 }
 
