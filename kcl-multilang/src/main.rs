@@ -3,6 +3,7 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -45,6 +46,12 @@ struct Cli {
     )]
     listen: String,
 
+    /// Serve KEDA's external scaler (gRPC) on this port, on the host of --listen: it answers
+    /// with the fleet's desired_workers (docs/autoscaling.md), and the leader publishes its
+    /// figures every 15 s so that every worker can answer. Off unless set.
+    #[arg(long, env = "KCL_SCALER_PORT", value_name = "PORT")]
+    scaler_port: Option<u16>,
+
     /// Log format: pretty (human) or json (one object per line). Logs go to stderr.
     #[arg(
         long,
@@ -82,7 +89,8 @@ otherwise; kinesisEndpoint and dynamoDBEndpoint (or AWS_ENDPOINT_URL_KINESIS and
 AWS_ENDPOINT_URL_DYNAMODB) point at emulators.
 
 Signals: SIGTERM or SIGINT asks every child to checkpoint (shutdownRequested), then hands the
-leases back at once; a second one forces.
+leases back at once; a second one forces. POST /drain on --listen (from this host only, a
+preStop hook) does the same, even under restartGraceSeconds, and answers once no lease is held.
 
 Exit status: 0 after a graceful shutdown, 1 when the worker fails (or a child, with
 --exit-on-child-failure), 2 for a bad command line or properties file, 130 when forced.";
@@ -135,10 +143,19 @@ fn main() -> ExitCode {
     if let Err(e) = logging {
         return fail(&e, EXIT_USAGE);
     }
-    let listen = match cli.listen.trim().parse() {
+    let listen: std::net::SocketAddr = match cli.listen.trim().parse() {
         Ok(addr) => addr,
         Err(e) => return fail(&format!("invalid setting `listen`: {e}"), EXIT_USAGE),
     };
+    let mut config = config;
+    let scaler = cli.scaler_port.map(|port| {
+        let autoscaling = &mut config.worker.autoscaling;
+        // Every worker answers KEDA: the others from the row the leader publishes.
+        autoscaling.publish_interval = autoscaling
+            .publish_interval
+            .or(Some(Duration::from_secs(15)));
+        std::net::SocketAddr::new(listen.ip(), port)
+    });
     if let Some(file) = &cli.log_configuration {
         tracing::warn!(%file, "--log-configuration is ignored: use --log-filter and --log-format");
     }
@@ -151,7 +168,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start the async runtime: {e}"), 1),
     };
     tracing::info!(program = %program.display(), "executableName found");
-    match runtime.block_on(run(config, listen, cli.exit_on_child_failure)) {
+    match runtime.block_on(run(config, (listen, scaler), cli.exit_on_child_failure)) {
         Ok(code) => code,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "kcl-multilang failed");
@@ -241,9 +258,10 @@ fn dead_letters(config: &DaemonConfig, sdk: &aws_config::SdkConfig) -> Option<De
     Some(letters)
 }
 
+/// Runs the daemon, serving HTTP on `listen` (and KEDA's scaler on `scaler`, if given).
 async fn run(
     config: DaemonConfig,
-    listen: std::net::SocketAddr,
+    (listen, scaler): (std::net::SocketAddr, Option<std::net::SocketAddr>),
     exit_on_failure: bool,
 ) -> anyhow::Result<ExitCode> {
     let sdk = sdk_config(&config).await;
@@ -279,7 +297,10 @@ async fn run(
     let command = Arc::new(config.command.clone());
     let factory = move |_: &ShardId| ChildProcessor::new(command.clone(), policy.clone());
 
-    let serving = kcl_serve::Serving::start(listen, &config.worker).await?;
+    let mut serving = kcl_serve::Serving::start(listen, &config.worker).await?;
+    if let Some(scaler) = scaler {
+        serving = serving.with_scaler(scaler).await?;
+    }
     let mut builder = Worker::builder(source, store)
         .id(config.worker_id.clone())
         .config(config.worker.clone());

@@ -530,7 +530,7 @@ async fn scale_in(ctx: &Context, served: &mut Served) -> anyhow::Result<()> {
     )
     .await?;
     eprintln!(
-        "drain of {id}: its {} leases released in {drained:?}, owned by others {taken:?} later \
+        "drain of {id}: its {} lease(s) released in {drained:?}, owned by others {taken:?} later \
          (failover {FAILOVER:?}, restart grace 30s)",
         mine.len()
     );
