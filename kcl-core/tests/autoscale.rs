@@ -5,7 +5,13 @@
 //! stops them gracefully. Each backlog is read within the stated time, replicas come back
 //! down, the replica count never changes direction twice within the scale-down window, and
 //! nothing is lost through any scale-in.
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)]
 
 mod common;
 
@@ -299,4 +305,72 @@ async fn a_tripled_rate_scales_out_reads_the_backlog_and_scales_back_in() {
     for pair in turns.windows(2) {
         assert!(pair[1] - pair[0] >= down, "flapped: {timeline:?}");
     }
+}
+
+/// A leader that crashes while `desired_workers` is held up by the scale-down window: the
+/// next leader goes on from the figure it published, and the fleet is not scaled in early.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_goes_on_from_the_published_figure() {
+    let (stream, store, seen) = world(SHARDS);
+    let start_at = Instant::now();
+    let producer = {
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            let mut i = 0_u64;
+            while start_at.elapsed() < Duration::from_secs(600) {
+                let per_tick = if start_at.elapsed() < Duration::from_secs(180) {
+                    30
+                } else {
+                    5
+                };
+                for _ in 0..per_tick {
+                    stream.put(&format!("key-{}", i % 101), "x");
+                    i += 1;
+                }
+                sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let mut fleet: Vec<(&str, Running)> = ["w0", "w1", "w2"]
+        .into_iter()
+        .map(|id| (id, start(id, &stream, &store, &seen)))
+        .collect();
+    sleep(Duration::from_secs(420)).await;
+    let leader = fleet
+        .iter()
+        .find_map(|(_, r)| r.status.borrow().leader.clone())
+        .unwrap();
+    let index = fleet
+        .iter()
+        .position(|(id, _)| *id == leader.as_str())
+        .unwrap();
+    let before = fleet[index].1.status.borrow().fleet.clone().unwrap();
+    assert!(
+        before.desired_workers > before.recommended,
+        "held up by the scale-down window when the leader crashes: {before:?}"
+    );
+    fleet.remove(index).1.task.abort();
+    // For the rest of the window, every figure the others show is at least what was said,
+    // and one of them leads and says it.
+    let until = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < until {
+        sleep(Duration::from_secs(1)).await;
+        for (_, r) in &fleet {
+            if let Some(s) = r.status.borrow().fleet.clone() {
+                assert!(
+                    s.desired_workers >= before.desired_workers,
+                    "{s:?} after {before:?}"
+                );
+            }
+        }
+    }
+    let next = fleet.iter().find(|(id, r)| {
+        r.status
+            .borrow()
+            .leader
+            .as_ref()
+            .is_some_and(|l| l.as_str() == *id)
+    });
+    assert!(next.is_some(), "a new leader within 40 s");
+    producer.abort();
 }

@@ -42,11 +42,15 @@ impl Scaling {
         let now = Instant::now();
         let mut fleet = fleet(table, view, leases, now);
         if self.damper.is_fresh() {
-            // A new leader goes on from what was said last, or from the fleet as it runs.
-            let from = self
-                .latest
-                .as_ref()
-                .map_or(fleet.workers, |s| s.desired_workers);
+            // A new leader goes on from what was said last, or from the fleet as it runs:
+            // the workers its rows name, as it has not watched them long enough to see them
+            // all active yet.
+            let owners: BTreeSet<&WorkerId> =
+                leases.iter().filter_map(|l| l.owner.as_ref()).collect();
+            let running = u32::try_from(owners.len())
+                .unwrap_or(u32::MAX)
+                .max(fleet.workers);
+            let from = self.latest.as_ref().map_or(running, |s| s.desired_workers);
             self.damper = Damper::starting_at(from, now);
         }
         fleet.current = self.damper.current();
