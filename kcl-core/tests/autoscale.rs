@@ -22,8 +22,8 @@ use std::time::Duration;
 use common::{Running, Seen, config, world};
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    Autoscaling, BoxError, Checkpointer, FleetSignals, ProcessRecordsInput, RecordProcessor,
-    SequenceNumber, ShardId, Worker, WorkerConfig,
+    Autoscaling, BoxError, Checkpointer, FleetSignals, Liveness, ProcessRecordsInput,
+    RecordProcessor, SequenceNumber, ShardId, Worker, WorkerConfig,
 };
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, sleep};
@@ -88,17 +88,26 @@ impl RecordProcessor for Costly {
     }
 }
 
-fn worker_config() -> WorkerConfig {
+fn worker_config(liveness: Liveness) -> WorkerConfig {
     config()
+        .liveness(liveness)
         .max_records(100)
         .autoscaling(Autoscaling::default().publish_interval(Duration::from_secs(5)))
 }
 
 fn start(id: &str, stream: &MemoryStream, store: &MemoryLeaseStore, seen: &Seen) -> Running {
+    start_with(id, Liveness::PerLease, (stream, store, seen))
+}
+
+fn start_with(
+    id: &str,
+    liveness: Liveness,
+    (stream, store, seen): (&MemoryStream, &MemoryLeaseStore, &Seen),
+) -> Running {
     let (worker, seen, core) = (id.to_owned(), seen.clone(), Arc::new(Semaphore::new(1)));
     let w = Worker::new(
         id,
-        worker_config(),
+        worker_config(liveness),
         stream.client(id),
         store.client(id),
         move |shard: &ShardId| Costly {
@@ -144,6 +153,7 @@ async fn produce(stream: MemoryStream, start: Instant) -> Vec<SequenceNumber> {
 /// answers it: the published figure); new workers start after [`START_DELAY`], the newest
 /// stop first, gracefully.
 struct Autoscaler {
+    liveness: Liveness,
     running: Vec<(String, Running)>,
     starting: Vec<Instant>,
     next_id: usize,
@@ -172,7 +182,7 @@ impl Autoscaler {
         for _ in ready {
             let id = format!("w{}", self.next_id);
             self.next_id += 1;
-            let running = start(&id, world.0, world.1, world.2);
+            let running = start_with(&id, self.liveness, world);
             self.running.push((id, running));
         }
         let Some(signals) = self.signals() else {
@@ -203,12 +213,25 @@ impl Autoscaler {
 
 #[tokio::test(start_paused = true)]
 async fn a_tripled_rate_scales_out_reads_the_backlog_and_scales_back_in() {
+    scenario(Liveness::PerLease).await;
+}
+
+/// The same under heartbeats, where the leader reads each worker's total from its heartbeat
+/// row (its lease rows move only with checkpoints).
+#[tokio::test(start_paused = true)]
+async fn under_heartbeats_too() {
+    scenario(Liveness::Heartbeat).await;
+}
+
+async fn scenario(liveness: Liveness) {
     let (stream, store, seen) = world(SHARDS);
     let start_at = Instant::now();
     let producer = tokio::spawn(produce(stream.clone(), start_at));
     sleep(FLEET_START).await;
+    let first = start_with("w0", liveness, (&stream, &store, &seen));
     let mut scaler = Autoscaler {
-        running: vec![("w0".to_owned(), start("w0", &stream, &store, &seen))],
+        liveness,
+        running: vec![("w0".to_owned(), first)],
         starting: Vec::new(),
         next_id: 1,
         replicas: vec![(FLEET_START, 1)],

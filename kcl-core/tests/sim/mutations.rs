@@ -74,7 +74,10 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("NoStickiness", 15),
     ];
     let name = format!("{m:?}");
-    HINTS.iter().find(|(n, _)| *n == name).map(|(_, seed)| *seed)
+    HINTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, seed)| *seed)
 }
 
 /// Without the deliberate bugs compiled in there is nothing to check.
