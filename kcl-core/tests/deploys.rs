@@ -2,7 +2,8 @@
 //! stable id keeps its leases through a graceful restart (`restart_grace`) and resumes them at
 //! once; if it does not come back they fail over after the failover time + the grace; a
 //! process of the same id still running is fenced by the resume; and under a leader a lease
-//! released by a leaving worker moves once, to the least loaded worker (a surge pod).
+//! released by a leaving worker moves once, to the least loaded worker (a surge pod); a
+//! drained worker (a scale-in) releases its leases whatever its restart grace.
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -201,6 +202,66 @@ async fn kept_leases_fail_over_after_failover_plus_grace_if_the_worker_stays_awa
             "{mode:?}: nothing lost ({:?})",
             stopped.elapsed()
         );
+        c.shutdown.shutdown();
+        c.task.await.unwrap().unwrap();
+    }
+}
+
+/// A drain (`ShutdownHandle::drain`, a scale-in) releases every lease even under a restart
+/// grace: the worker is not coming back, so nothing waits for it. The other worker takes them
+/// within a few taker cycles, far below the failover time; every record is delivered once
+/// (checkpointed at shutdown), and no row keeps a restart mark.
+#[tokio::test(start_paused = true)]
+async fn a_drained_worker_releases_its_leases_even_under_a_restart_grace() {
+    let b = Behaviour::default(); // checkpoints only in shutdown_requested
+    for mode in modes() {
+        let (stream, store, seen) = world(6);
+        let world = (&stream, &store, &seen);
+        let a = start_as("a", "a", config_in(mode), world, &b);
+        let c = start_as("c", "c", config_in(mode), world, &b);
+        assert!(
+            wait_until(Duration::from_secs(20), || held(&a) == 3 && held(&c) == 3)
+                .await
+                .is_some(),
+            "{mode:?}: balanced"
+        );
+        fill(&stream, 120);
+        assert!(
+            wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 120)
+                .await
+                .is_some()
+        );
+        let mark = store.journal().len();
+        a.shutdown.drain();
+        assert!(a.shutdown.is_draining() && a.shutdown.is_shutdown());
+        a.task.await.unwrap().unwrap();
+        // Released by the handback itself: no write kept a lease for a restart.
+        let kept: Vec<String> = store.journal()[mark..]
+            .iter()
+            .filter(|e| e.lease.restart_grace.is_some())
+            .map(|e| format!("{} {} {}", e.client, e.operation, e.lease.key))
+            .collect();
+        assert_eq!(
+            kept,
+            Vec::<String>::new(),
+            "{mode:?}: nothing kept for a restart"
+        );
+        let moved = wait_until(Duration::from_secs(30), || held(&c) == 6).await;
+        let bound = config().taker_interval * 4;
+        assert!(
+            moved.is_some_and(|t| t <= bound),
+            "{mode:?}: taken after {moved:?}, expected within {bound:?} (failover {:?})",
+            config().failover_time
+        );
+        fill(&stream, 60);
+        assert!(
+            wait_until(Duration::from_secs(10), || delivered_by(&seen).len() == 180)
+                .await
+                .is_some(),
+            "{mode:?}: nothing lost"
+        );
+        let repeats = delivered_by(&seen).values().filter(|w| w.len() > 1).count();
+        assert_eq!(repeats, 0, "{mode:?}: checkpointed at the drain");
         c.shutdown.shutdown();
         c.task.await.unwrap().unwrap();
     }

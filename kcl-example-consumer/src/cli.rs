@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use kcl_serve::LogFormat;
 
 use crate::settings::RunArgs;
-use crate::settings::parse::parse_duration;
+use crate::settings::parse::{parse_duration, parse_listen};
 
 const AFTER_HELP: &str = "\
 Precedence: command-line flag > KCL_* environment variable > config file > default.
@@ -24,7 +24,8 @@ Output: one JSON line per closed window on stdout; logs on stderr.
 HTTP: /healthz (liveness), /readyz (worker running and lease table reachable),
 /metrics (Prometheus text), /status (JSON).
 Signals: SIGTERM or SIGINT shuts down gracefully within --shutdown-timeout; a second one
-forces exit.";
+forces exit. `kcl-example-consumer drain` (a preStop hook) hands every lease over and stops it,
+even under --restart-grace (POST /drain, from this host only).";
 
 /// A Kinesis consumer built on kcl: counts records and bytes per partition key in tumbling
 /// windows and prints one JSON line per window.
@@ -57,6 +58,10 @@ pub(crate) enum Command {
     /// Probe a running consumer's health endpoint and exit 0 if it answers 200: a container
     /// health check for images without a shell or curl (distroless, ECS).
     Healthcheck(HealthcheckArgs),
+    /// Ask the consumer running beside this command (a pod's `preStop` hook) to hand every
+    /// lease over and stop, for a scale-in; wait until it holds none, say what happened, and
+    /// exit 0 once it is drained (1 if it is not by --timeout).
+    Drain(DrainArgs),
     /// What the lease table will cost a fleet each month on on-demand DynamoDB, in each
     /// coordination mode, next to KCL Java 3.x's bill for the same fleet (an idle stream;
     /// checkpoints are extra and the same in every mode).
@@ -96,6 +101,20 @@ pub(crate) struct HealthcheckArgs {
 
     /// Give up after this long.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
+    pub(crate) timeout: std::time::Duration,
+}
+
+/// Options of `drain`.
+#[derive(Debug, Args, Clone)]
+pub(crate) struct DrainArgs {
+    /// Address of the consumer's HTTP server (POST /drain answers local callers only); 0.0.0.0
+    /// asks 127.0.0.1. Read from KCL_LISTEN or the config file's `listen` like the consumer.
+    #[arg(long, env = "KCL_LISTEN", default_value = "127.0.0.1:8080", value_parser = parse_listen)]
+    pub(crate) addr: std::net::SocketAddr,
+
+    /// Give up waiting after this long (exit 1): keep it below the pod's
+    /// terminationGracePeriodSeconds, which counts the preStop hook too.
+    #[arg(long, default_value = "50s", value_parser = parse_duration)]
     pub(crate) timeout: std::time::Duration,
 }
 
@@ -147,7 +166,7 @@ pub(crate) fn command_for(argv: &[std::ffi::OsString]) -> clap::Command {
     let other = argv
         .get(1)
         .and_then(|a| a.to_str())
-        .is_some_and(|a| matches!(a, "demo" | "healthcheck" | "cost" | "help"));
+        .is_some_and(|a| matches!(a, "demo" | "healthcheck" | "drain" | "cost" | "help"));
     if other { without_run_env() } else { command() }
 }
 
@@ -159,6 +178,7 @@ fn without_run_env() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
         .mut_subcommand("demo", |c| c.mut_args(hide))
         .mut_subcommand("healthcheck", |c| c.mut_args(hide))
+        .mut_subcommand("drain", |c| c.mut_args(hide))
 }
 
 /// The command, with environment values hidden from `--help` (they may be secrets).
@@ -179,6 +199,7 @@ pub(crate) fn command() -> clap::Command {
         .mut_subcommand("run", |c| c.mut_args(kcl_env))
         .mut_subcommand("demo", |c| c.mut_args(hide))
         .mut_subcommand("healthcheck", |c| c.mut_args(hide))
+        .mut_subcommand("drain", |c| c.mut_args(hide))
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ fn main() -> ExitCode {
             }
         }
         Some(Command::Healthcheck(args)) => {
-            let listen = match healthcheck_listen(&matches, args.listen) {
+            let listen = match listen_of(&matches, ("healthcheck", "listen"), &args.listen) {
                 Ok(listen) => listen,
                 Err(e) => return fail(&e.to_string(), EXIT_USAGE),
             };
@@ -65,6 +65,7 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e, 1),
             }
         }
+        Some(Command::Drain(args)) => drain(&matches, &args),
         Some(Command::Cost(args)) => cost::print(&args),
         Some(Command::Run(_)) | None => {
             let run_matches = matches.subcommand_matches("run").unwrap_or(&matches);
@@ -96,22 +97,53 @@ fn fail(message: &str, code: u8) -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The address `healthcheck` probes: `--listen` or `KCL_LISTEN`, else the `listen` of the
-/// config file the consumer reads (`KCL_CONFIG`), else the consumer's default: the address
-/// the consumer beside it serves on, however it was told.
-fn healthcheck_listen(
+/// The address `healthcheck` probes or `drain` asks (`(subcommand, option)`): the option or
+/// `KCL_LISTEN`, else the `listen` of the config file the consumer reads (`KCL_CONFIG`), else
+/// the consumer's default: the address the consumer beside it serves on, however it was told.
+fn listen_of(
     matches: &clap::ArgMatches,
-    given: String,
+    (subcommand, option): (&str, &str),
+    given: &impl ToString,
 ) -> Result<String, settings::SettingsError> {
+    let given = given.to_string();
     let defaulted = matches
-        .subcommand_matches("healthcheck")
-        .and_then(|m| m.value_source("listen"))
+        .subcommand_matches(subcommand)
+        .and_then(|m| m.value_source(option))
         .is_none_or(|source| source == clap::parser::ValueSource::DefaultValue);
     let Some(path) = std::env::var_os("KCL_CONFIG").filter(|_| defaulted) else {
         return Ok(given);
     };
     let file = settings::FileValues::load(std::path::Path::new(&path))?;
     Ok(file.values.get("listen").cloned().unwrap_or(given))
+}
+
+/// `drain`: asks the consumer beside it to hand its leases over and stop, and says how it
+/// went.
+#[allow(clippy::print_stdout)]
+fn drain(matches: &clap::ArgMatches, args: &cli::DrainArgs) -> ExitCode {
+    let addr = listen_of(matches, ("drain", "addr"), &args.addr).and_then(|a| {
+        settings::parse::parse_listen(&a).map_err(|reason| settings::SettingsError {
+            key: "listen".into(),
+            origin: None,
+            reason,
+        })
+    });
+    let addr = match addr {
+        Ok(addr) => addr,
+        Err(e) => return fail(&e.to_string(), EXIT_USAGE),
+    };
+    match http::drain::request(addr, args.timeout) {
+        Ok(done) => {
+            println!(
+                "drained: {} lease{} handed over in {:.1}s; the consumer stops now",
+                done.leases,
+                if done.leases == 1 { "" } else { "s" },
+                done.took.as_secs_f64()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&format!("drain: {e}"), 1),
+    }
 }
 
 #[allow(clippy::print_stdout)]
@@ -147,9 +179,14 @@ where
     F: ProcessorFactory,
 {
     let summary = summary::start(settings, &store)?;
-    let serving =
+    #[cfg_attr(not(feature = "scaler"), allow(unused_mut))]
+    let mut serving =
         http::Serving::start_with(settings.listen, &settings.worker, settings.otlp.as_ref())
             .await?;
+    #[cfg(feature = "scaler")]
+    if let Some(addr) = settings.scaler {
+        serving = serving.with_scaler(addr).await?;
+    }
     let mut builder = Worker::builder(source, store)
         .id(settings.worker_id.clone())
         .config(settings.worker.clone());

@@ -1,5 +1,7 @@
 //! A worker run as a deployed process runs it: probes and metrics served from before it starts
-//! until it has stopped, graceful shutdown on the first signal, forced on the second.
+//! until it has stopped, graceful shutdown on the first signal (or on `POST /drain`, see
+//! [`drain`](crate::drain)), forced on the second; with feature `scaler`, KEDA's external
+//! scaler on a port of its own while the worker runs.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -7,6 +9,7 @@ use std::time::Duration;
 use axum::Router;
 use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker, WorkerConfig};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -24,6 +27,9 @@ pub struct Serving {
     metrics: Metrics,
     probes: Probes,
     shutdown_timeout: Duration,
+    /// KEDA's external scaler's address, bound (feature `scaler`).
+    #[cfg(feature = "scaler")]
+    scaler: Option<TcpListener>,
 }
 
 /// What else a run serves and obeys.
@@ -104,7 +110,32 @@ impl Serving {
             listener: server::bind(listen).await?,
             probes: Probes::for_worker(config),
             shutdown_timeout: config.shutdown_timeout,
+            #[cfg(feature = "scaler")]
+            scaler: None,
         })
+    }
+
+    /// Also serves KEDA's external scaler (gRPC, [`kcl_scaler`]) on `addr` while the worker
+    /// runs, until its shutdown begins (so that KEDA reconnects to a worker that stays). The
+    /// address is bound now.
+    #[cfg(feature = "scaler")]
+    pub async fn with_scaler(mut self, addr: SocketAddr) -> Result<Self, ServeError> {
+        self.scaler = Some(kcl_scaler::bind(addr).await?);
+        Ok(self)
+    }
+
+    /// The address the HTTP server listens on (its port, when bound to port 0).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// The address the scaler listens on, if it is served.
+    pub fn scaler_addr(&self) -> Option<SocketAddr> {
+        #[cfg(feature = "scaler")]
+        if let Some(listener) = &self.scaler {
+            return listener.local_addr().ok();
+        }
+        None
     }
 
     /// Runs `worker` (whose id is `worker_id`) to its end, serving its probes and metrics.
@@ -119,12 +150,18 @@ impl Serving {
         L: LeaseStore,
         F: ProcessorFactory,
     {
+        let handle = worker.shutdown_handle();
         let mut routes = router(
             worker_id,
             worker.status(),
             self.metrics.prometheus.clone(),
             self.probes,
-        );
+        )
+        .merge(crate::drain::routes(
+            handle.clone(),
+            worker.status(),
+            options.on_signal.clone(),
+        ));
         if let Some(extra) = options.routes {
             routes = routes.merge(extra);
         }
@@ -135,7 +172,11 @@ impl Serving {
             stop_http.clone().cancelled_owned(),
             server::Limits::default(),
         ));
-        let handle = worker.shutdown_handle();
+        #[cfg(feature = "scaler")]
+        let scaler = self.scaler.map(|listener| {
+            // Stops when the worker's shutdown begins (the handle's token is cancelled then).
+            tokio::spawn(kcl_scaler::serve(listener, worker.status(), handle.token()))
+        });
         let forced = CancellationToken::new();
         let signals = tokio::spawn(on_signals(
             handle.clone(),
@@ -162,23 +203,36 @@ impl Serving {
         signals.abort();
         options.on_signal.cancel();
         stop_http.cancel();
-        match tokio::time::timeout(Duration::from_secs(2), http).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "HTTP server failed"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "HTTP server task failed"),
-            Ok(Ok(Ok(()))) | Err(_) => {}
+        #[cfg(feature = "scaler")]
+        if let Some(scaler) = scaler {
+            joined("the scaler", scaler).await;
         }
-        let summary = Self::summary(&self.metrics, &options.summary);
-        match &ended {
-            Ended::Stopped => tracing::info!("stopped: {summary}"),
-            Ended::Forced => {
-                tracing::warn!(
-                    "stopped by force: {summary}; leases not handed back move after the failover time"
-                );
-            }
-            Ended::Exited | Ended::Failed(_) => tracing::info!("ended: {summary}"),
-        }
+        joined("the HTTP server", http).await;
+        said(&ended, &Self::summary(&self.metrics, &options.summary));
         self.metrics.last_push().await;
         ended
+    }
+}
+
+/// Waits a little for a server's task to end, saying if it failed.
+async fn joined<E: std::fmt::Display>(what: &str, task: JoinHandle<Result<(), E>>) {
+    match tokio::time::timeout(Duration::from_secs(2), task).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "{what} failed"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "{what}'s task failed"),
+        Ok(Ok(Ok(()))) | Err(_) => {}
+    }
+}
+
+/// The run's last line: how it ended, and what the process did.
+fn said(ended: &Ended, summary: &str) {
+    match ended {
+        Ended::Stopped => tracing::info!("stopped: {summary}"),
+        Ended::Forced => {
+            tracing::warn!(
+                "stopped by force: {summary}; leases not handed back move after the failover time"
+            );
+        }
+        Ended::Exited | Ended::Failed(_) => tracing::info!("ended: {summary}"),
     }
 }
 

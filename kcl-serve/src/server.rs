@@ -93,7 +93,7 @@ pub async fn serve(
             tracing::debug!(%peer, "every connection is busy: refused");
             continue;
         };
-        let service = answer(router.clone(), slot.handle(), limits.request_timeout);
+        let service = answer(router.clone(), slot.handle(), limits.request_timeout, peer);
         let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             tokio::select! {
@@ -114,18 +114,23 @@ pub async fn serve(
 }
 
 /// The service of one connection: `router`, with a deadline, in flight (not evictable) from
-/// the request's headers to the last byte of its answer.
+/// the request's headers to the last byte of its answer. Each request carries its `peer` as
+/// axum's `ConnectInfo<SocketAddr>` (`POST /drain` answers local peers only).
 fn answer(
     router: Router,
     slot: SlotRef,
     limit: Duration,
+    peer: SocketAddr,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
     Response = Response<Body>,
     Error = std::convert::Infallible,
     Future = impl Future<Output = Result<Response<Body>, std::convert::Infallible>> + Send,
 > + Clone {
-    hyper::service::service_fn(move |request: Request<Incoming>| {
+    hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         let router = router.clone();
         let in_flight = slot.begin();
         async move {
@@ -307,6 +312,10 @@ pub enum ServeError {
     /// The OTLP exporter could not be built (feature `otlp`).
     #[error("invalid setting `otlp_endpoint`: {0}")]
     Otlp(String),
+    /// The scaler's address cannot be bound (feature `scaler`).
+    #[cfg(feature = "scaler")]
+    #[error(transparent)]
+    Scaler(#[from] kcl_scaler::ScalerError),
 }
 
 #[cfg(test)]

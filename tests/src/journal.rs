@@ -10,8 +10,8 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct Event {
-    /// `started`, `init`, `record`, `checkpoint`, `checkpoint_failed`, `shard_end`,
-    /// `shutdown_checkpoint`, `lease_lost` or `stopped`.
+    /// `started`, `serving`, `init`, `record`, `checkpoint`, `checkpoint_failed`,
+    /// `shard_end`, `shutdown_checkpoint`, `lease_lost` or `stopped`.
     pub event: String,
     /// The worker that wrote it.
     pub worker: String,
@@ -37,6 +37,10 @@ pub struct Event {
     pub lease_lost: Option<bool>,
     /// The fencing token of a `singleton_start` or `singleton_stop` line.
     pub token: Option<u64>,
+    /// The HTTP server's address (`serving`, under `--http`).
+    pub http: Option<String>,
+    /// KEDA's external scaler's address (`serving`, under `--http`).
+    pub scaler: Option<String>,
 }
 
 impl Event {

@@ -169,30 +169,31 @@ impl Drop for WorkerProcess {
 /// their own binaries): next to the running test's directory (`target/<profile>/`), built
 /// there first if `cargo test` did not build it (`cargo test -p <that package>`).
 pub fn test_worker_bin() -> anyhow::Result<std::path::PathBuf> {
+    workspace_bin("kcl-integration-tests", "kcl-test-worker")
+}
+
+/// Binary `bin` of workspace package `package`, next to the running test's directory
+/// (`target/<profile>/`), built there first if it is missing (a test of another package
+/// only has its own package's binaries built).
+pub fn workspace_bin(package: &str, bin: &str) -> anyhow::Result<std::path::PathBuf> {
     let exe = std::env::current_exe()?;
     // target/<profile>/deps/<test> → target/<profile>
     let profile_dir = exe
         .parent()
         .and_then(std::path::Path::parent)
         .context("the test binary is not in target/<profile>/deps")?;
-    let bin = profile_dir.join("kcl-test-worker");
-    if !bin.exists() {
+    let path = profile_dir.join(bin);
+    if !path.exists() {
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "kcl-integration-tests",
-                "--bin",
-                "kcl-test-worker",
-            ])
+            .args(["build", "-p", package, "--bin", bin])
             .args(release.then_some("--release"))
             .current_dir(crate::repo_root())
             .status()
-            .context("running cargo build for kcl-test-worker")?;
-        anyhow::ensure!(status.success(), "building kcl-test-worker failed");
+            .with_context(|| format!("running cargo build for {bin}"))?;
+        anyhow::ensure!(status.success(), "building {bin} failed");
     }
-    anyhow::ensure!(bin.exists(), "no {} after building it", bin.display());
-    Ok(bin)
+    anyhow::ensure!(path.exists(), "no {} after building it", path.display());
+    Ok(path)
 }

@@ -223,7 +223,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 self.table.config.clone(),
                 consumer,
             )
-            .dead_letters(self.dead_letters.clone()),
+            .dead_letters(self.dead_letters.clone())
+            .drain_on(self.handle.release.clone()),
         );
         // What this worker renews anyway, which carries its roles (see `roles`).
         let carriers = Arc::default();

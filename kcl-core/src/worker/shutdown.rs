@@ -23,6 +23,8 @@ use crate::source::ShardSource;
 pub struct ShutdownHandle {
     pub(super) graceful: CancellationToken,
     pub(super) force: CancellationToken,
+    /// Cancelled by [`drain`](Self::drain): leases are released whatever `restart_grace` says.
+    pub(super) release: CancellationToken,
 }
 
 impl ShutdownHandle {
@@ -32,6 +34,20 @@ impl ShutdownHandle {
     /// this worker's return instead).
     pub fn shutdown(&self) {
         self.graceful.cancel();
+    }
+
+    /// Graceful shutdown for a worker that leaves the fleet for good (a scale-in): as
+    /// [`shutdown`](Self::shutdown), but every lease is released for others to take at once
+    /// even under [`WorkerConfig::restart_grace`](crate::WorkerConfig::restart_grace), whose
+    /// leases would otherwise wait for a return that will not come.
+    pub fn drain(&self) {
+        self.release.cancel();
+        self.graceful.cancel();
+    }
+
+    /// True once [`drain`](Self::drain) was asked for.
+    pub fn is_draining(&self) -> bool {
+        self.release.is_cancelled()
     }
 
     /// Stops what graceful shutdown has not finished yet (e.g. on a second signal): `run`

@@ -14,8 +14,8 @@ use kcl_serve::{LogFormat, SourceKind};
 
 use super::Backend;
 use super::parse::{
-    OffOr, Span, parse_balance_by, parse_capacity, parse_count, parse_duration, parse_listen,
-    parse_max_leases, parse_timestamp, parse_u32,
+    OffOr, Span, Unlimited, parse_balance_by, parse_capacity, parse_count, parse_duration,
+    parse_fraction, parse_listen, parse_max_leases, parse_port, parse_timestamp, parse_u32,
 };
 use crate::fault::Fault;
 
@@ -140,6 +140,47 @@ pub(crate) struct RunArgs {
     /// worker of capacity 2 (twice the CPU) is given twice the load under `--balance-by load`.
     #[arg(long, value_name = "N", default_value = "1", value_parser = parse_capacity)]
     pub(crate) capacity: f64,
+
+    /// Serve KEDA's external scaler (gRPC) on this port, on the host of --listen: it answers
+    /// with the fleet's desired_workers (docs/autoscaling.md). Off unless set; with it,
+    /// --publish-interval defaults to 15s, so that every worker can answer.
+    #[arg(long, value_name = "PORT", value_parser = parse_port)]
+    pub(crate) scaler_port: Option<u16>,
+
+    /// The workers the fleet asks for (desired_workers) read its backlog within this, on top
+    /// of what keeps arriving.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub(crate) catch_up: Span,
+
+    /// The share of each worker's capacity desired_workers plans to use (the headroom),
+    /// above 0 and at most 1.
+    #[arg(long, value_name = "FRACTION", default_value = "0.7", value_parser = parse_fraction)]
+    pub(crate) utilization: f64,
+
+    /// desired_workers is never below this (at least 1).
+    #[arg(long, value_name = "N", default_value = "1", value_parser = parse_u32)]
+    pub(crate) min_workers: u32,
+
+    /// desired_workers is never above this; `unlimited`: only the shards cap it (a shard is
+    /// read by one worker).
+    #[arg(long, value_name = "N|unlimited", default_value = "unlimited")]
+    pub(crate) max_workers: Unlimited,
+
+    /// A rise of desired_workers is followed once the figure has asked for more for this long
+    /// (0s: at once, as the HPA's default scale-up).
+    #[arg(long, value_name = "DURATION", default_value = "0s")]
+    pub(crate) scale_up_window: Span,
+
+    /// A fall of desired_workers goes only down to the highest figure of this window (the
+    /// HPA's default scale-down stabilization): scale-in is slower than scale-out.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub(crate) scale_down_window: Span,
+
+    /// How often the leader writes the fleet's figures to the lease table, from which every
+    /// other worker answers an autoscaler (one row; 15s is about 5,800 write units a day), or
+    /// `off` [default: 15s with --scaler-port, else off].
+    #[arg(long, value_name = "DURATION|off")]
+    pub(crate) publish_interval: Option<OffOr>,
 
     /// What proves a worker alive: `per-lease` (each held lease is renewed every third of
     /// the failover time, as KCL Java does) or `heartbeat` (one heartbeat row per worker,

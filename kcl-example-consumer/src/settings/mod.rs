@@ -18,6 +18,7 @@ use kcl_core::{Retrieval, WorkerConfig};
 use kcl_serve::source::is_table_name;
 
 mod args;
+mod autoscale;
 mod file;
 mod input;
 pub(crate) mod parse;
@@ -111,6 +112,9 @@ pub(crate) struct Settings {
     pub(crate) top_keys: usize,
     /// HTTP listen address.
     pub(crate) listen: SocketAddr,
+    /// Where KEDA's external scaler is served, if it is.
+    #[cfg_attr(not(feature = "scaler"), allow(dead_code))]
+    pub(crate) scaler: Option<SocketAddr>,
     /// Where the metrics are also pushed over OTLP, if anywhere.
     pub(crate) otlp: Option<kcl_serve::OtlpSettings>,
     /// Log format.
@@ -431,6 +435,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
     fits_dynamodb(v, &input, a.backend, &worker)?;
     let summary = summary(a, v)?;
     let dead_letters = dead_letters(a, v)?;
+    let scaler = autoscale::scaler(a, v, a.listen, &mut effective)?;
     Ok(Settings {
         input,
         application_name,
@@ -439,6 +444,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         window: a.window.0,
         top_keys: a.top_keys,
         listen: a.listen,
+        scaler,
         otlp,
         log_format: a.log_format,
         log_filter: a.log_filter.clone(),

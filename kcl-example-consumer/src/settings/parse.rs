@@ -53,6 +53,39 @@ pub(crate) fn parse_capacity(s: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("expected a number such as 1 or 2.5, got {s:?}"))
 }
 
+/// A finite number (its range is kcl-core's to check: `Autoscaling::utilization`).
+pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|c| c.is_finite())
+        .ok_or_else(|| format!("expected a number such as 0.7, got {s:?}"))
+}
+
+/// A TCP port (0: any free one).
+pub(crate) fn parse_port(s: &str) -> Result<u16, String> {
+    s.trim()
+        .parse::<u16>()
+        .map_err(|_| format!("expected a port number (0 to 65535), got {s:?}"))
+}
+
+/// A whole number, or `unlimited` (`None`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unlimited(pub(crate) Option<u32>);
+
+impl FromStr for Unlimited {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("unlimited") {
+            return Ok(Self(None));
+        }
+        parse_u32(s)
+            .map(|n| Self(Some(n)))
+            .map_err(|_| format!("expected a whole number or `unlimited`, got {s:?}"))
+    }
+}
+
 pub(crate) fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     s.trim()
         .parse::<SocketAddr>()

@@ -717,3 +717,87 @@ fn balancing_by_load_or_count_with_a_capacity() {
     assert_eq!(e.key, "capacity", "{e}");
     assert!(e.to_string().contains("kcl.toml"), "{e}");
 }
+
+#[test]
+fn autoscaling_settings_reach_the_worker_and_the_scaler_turns_publishing_on() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.worker.autoscaling, kcl_core::Autoscaling::default());
+    assert_eq!(s.scaler, None);
+    assert_eq!(s.effective["publish_interval"].0, "off");
+    let args = [
+        "--catch-up",
+        "2m",
+        "--utilization",
+        "0.5",
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "12",
+        "--scale-up-window",
+        "30s",
+        "--scale-down-window",
+        "10m",
+        "--scaler-port",
+        "9091",
+        "--listen",
+        "0.0.0.0:9090",
+    ];
+    let s = resolve_ok(&[REQUIRED, &args].concat(), None);
+    let want = kcl_core::Autoscaling::default()
+        .catch_up(Duration::from_secs(120))
+        .utilization(0.5)
+        .workers(2, 12)
+        .windows(Duration::from_secs(30), Duration::from_secs(600))
+        .publish_interval(Duration::from_secs(15));
+    assert_eq!(
+        s.worker.autoscaling, want,
+        "publishing defaults to 15s with a scaler"
+    );
+    assert_eq!(s.scaler, Some(SocketAddr::from(([0, 0, 0, 0], 9091))));
+    assert_eq!(s.effective["publish_interval"].0, "15s");
+    let off = [
+        REQUIRED,
+        &["--scaler-port", "9091", "--publish-interval", "off"],
+    ]
+    .concat();
+    assert_eq!(
+        resolve_ok(&off, None).worker.autoscaling.publish_interval,
+        None
+    );
+    let file = toml_file("publish-interval = \"1m\"\nmax-workers = \"unlimited\"\n");
+    let s = resolve_ok(REQUIRED, Some(&file));
+    let a = &s.worker.autoscaling;
+    assert_eq!(
+        (a.publish_interval, a.max_workers),
+        (Some(Duration::from_secs(60)), None)
+    );
+    assert_eq!(
+        resolve_ok(REQUIRED, Some(&file)).scaler,
+        None,
+        "no scaler: no port"
+    );
+}
+
+#[test]
+fn bad_autoscaling_settings_name_their_key() {
+    for (args, key) in [
+        (&["--catch-up", "0s"][..], "catch_up"),
+        (&["--utilization", "1.5"], "utilization"),
+        (&["--utilization", "most"], "utilization"),
+        (&["--min-workers", "0"], "min_workers"),
+        (&["--min-workers", "3", "--max-workers", "2"], "max_workers"),
+        (&["--max-workers", "lots"], "max_workers"),
+        (&["--publish-interval", "0s"], "publish_interval"),
+        (&["--scaler-port", "70000"], "scaler_port"),
+        (&["--scaler-port", "8080"], "scaler_port"),
+    ] {
+        let e = resolve_err(&[REQUIRED, args].concat(), None);
+        assert_eq!(e.key, key, "{args:?}: {e}");
+    }
+    let e = resolve_err(REQUIRED, Some(&toml_file("min-workers = 0\n")));
+    assert!(
+        e.to_string()
+            .starts_with("invalid setting `min-workers` (from kcl.toml)"),
+        "{e}"
+    );
+}

@@ -56,7 +56,8 @@ pub(super) fn worker_config(
         .shard_sync_interval(a.shard_sync_interval.0)
         .stalled_after(a.stalled_after.0)
         .failure(failure(a))
-        .balancing(Balancing::default().by(a.balance_by).capacity(a.capacity));
+        .balancing(Balancing::default().by(a.balance_by).capacity(a.capacity))
+        .autoscaling(super::autoscale::autoscaling(a));
     worker.validate().map_err(|e| {
         // kcl-core names its field; ours is the same name (renew_interval follows
         // failover_time, the consumer name the application name).
@@ -65,7 +66,7 @@ pub(super) fn worker_config(
             "retrieval.consumer_name" => "application_name",
             "failure.attempts" => "failure_attempts",
             "balancing.capacity" => "capacity",
-            key => key,
+            key => key.strip_prefix("autoscaling.").unwrap_or(key),
         };
         v.fail(key, e.reason)
     })?;

@@ -10,7 +10,9 @@
 //!
 //! SIGTERM or SIGINT shuts down gracefully (processors checkpoint in `shutdown_requested`,
 //! leases are released, or kept for a restart under `--restart-grace-ms`); a second signal
-//! forces the shutdown.
+//! forces the shutdown. With `--http` the process serves as a deployed one does (kcl-serve:
+//! probes, `/metrics`, `POST /drain`, KEDA's external scaler), and journals a `serving` line
+//! with both addresses.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -26,7 +28,7 @@ use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::parallel::ParallelProcessor;
 use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
-    BalanceBy, Balancing, BoxError, CheckpointError, Checkpointer, Coordination,
+    Autoscaling, BalanceBy, Balancing, BoxError, CheckpointError, Checkpointer, Coordination,
     ExtendedSequenceNumber, InitialPosition, InitializationInput, LeaseStore, Liveness, Parallel,
     ProcessRecordsInput, ProcessorFactory, RecordHandler, RecordProcessor, RetrievalMode, ShardId,
     ShardSource, Worker, WorkerConfig,
@@ -168,6 +170,34 @@ struct Args {
     /// What one record of a hot shard costs, in milliseconds.
     #[arg(long, default_value_t = 0)]
     hot_record_ms: u64,
+    /// Serve as a deployed process does (kcl-serve): `/healthz`, `/metrics`, `/status` and
+    /// `POST /drain` on a free local port, and KEDA's external scaler on another; a `serving`
+    /// line names both (`http`, `scaler`). Signals are then kcl-serve's.
+    #[arg(long)]
+    http: bool,
+    /// `Autoscaling::catch_up`, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    catch_up_ms: u64,
+    /// `Autoscaling::min_workers`.
+    #[arg(long, default_value_t = 1)]
+    min_workers: u32,
+    /// `Autoscaling::scale_down_window`, in milliseconds.
+    #[arg(long, default_value_t = 300_000)]
+    scale_down_window_ms: u64,
+    /// `Autoscaling::publish_interval`, in milliseconds; not published when not given.
+    #[arg(long)]
+    publish_ms: Option<u64>,
+}
+
+/// The autoscaling of `--catch-up-ms`, `--min-workers`, `--scale-down-window-ms` and
+/// `--publish-ms` (the rest as default).
+fn autoscaling(args: &Args) -> Autoscaling {
+    let ms = Duration::from_millis;
+    Autoscaling::default()
+        .catch_up(ms(args.catch_up_ms))
+        .workers(args.min_workers, None)
+        .windows(Duration::ZERO, ms(args.scale_down_window_ms))
+        .publish_interval(args.publish_ms.map(ms))
 }
 
 /// The balancing of `--balance-by`, `--capacity`, `--smoothing-ms`, `--move-window-ms` and
@@ -436,6 +466,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .ack_checkpoint_interval(Duration::from_millis(args.ack_checkpoint_ms))
         .restart_grace(args.restart_grace_ms.map(Duration::from_millis))
         .balancing(balancing(&args))
+        .autoscaling(autoscaling(&args))
         .initial_position(match args.initial_position.as_str() {
             "latest" => InitialPosition::Latest,
             "trim-horizon" => InitialPosition::TrimHorizon,
@@ -485,9 +516,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let serving = if args.http {
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let serving = kcl_serve::Serving::start(local, &config).await?;
+        Some(serving.with_scaler(local).await?)
+    } else {
+        None
+    };
     let extra = Extra {
         journal: journal.clone(),
         singleton,
+        serving,
     };
     if let Some(path) = args.streams_file {
         let tracker = FileTracker::new(path, sdk.clone());
@@ -527,6 +566,8 @@ async fn serve_messages(secret: &str) -> anyhow::Result<HttpMessenger> {
 struct Extra {
     journal: Journal,
     singleton: Option<Singleton<DynamoDbLeaseStore>>,
+    /// `--http`: kcl-serve runs the worker.
+    serving: Option<kcl_serve::Serving>,
 }
 
 /// Competes for the singleton until `stop`, journaling each run.
@@ -572,6 +613,26 @@ async fn drive<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     let singleton = extra
         .singleton
         .map(|s| tokio::spawn(compete(s, journal.clone(), singleton_stop.clone())));
+    if let Some(serving) = extra.serving {
+        let (http, scaler) = (serving.http_addr(), serving.scaler_addr());
+        journal.write("serving", json!({"http": http, "scaler": scaler}));
+        journal.write("started", json!({}));
+        let id = journal.worker.to_string();
+        let options = kcl_serve::Options {
+            on_signal: singleton_stop.clone(),
+            ..kcl_serve::Options::default()
+        };
+        let ended = serving.run(worker, id, options).await;
+        if let Some(singleton) = singleton {
+            let _ = singleton.await;
+        }
+        let ok = matches!(ended, kcl_serve::Ended::Stopped);
+        journal.write("stopped", json!({"ok": ok}));
+        return match ended {
+            kcl_serve::Ended::Failed(error) => Err(error.into()),
+            _ => Ok(()),
+        };
+    }
     let stop_singleton = singleton_stop.clone();
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -52,6 +52,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures_util::FutureExt;
 use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
@@ -77,6 +78,9 @@ pub(crate) struct ShardContext<S, F> {
     pub(crate) consumer: Option<ConsumerId>,
     /// Where the worker's dead letters go (see [`failure`](crate::failure)).
     pub(crate) dead_letters: Option<DeadLetters>,
+    /// Cancelled when the worker drains ([`ShutdownHandle::drain`](crate::ShutdownHandle::drain)):
+    /// leases are released, never kept for a restart.
+    pub(crate) drain: CancellationToken,
 }
 
 impl<S, F> ShardContext<S, F> {
@@ -96,7 +100,14 @@ impl<S, F> ShardContext<S, F> {
             reads: Arc::new(tokio::sync::Semaphore::new(reads)),
             consumer,
             dead_letters: None,
+            drain: CancellationToken::new(),
         }
+    }
+
+    /// Leases are released, whatever `restart_grace` says, once `drain` is cancelled.
+    pub(crate) fn drain_on(mut self, drain: CancellationToken) -> Self {
+        self.drain = drain;
+        self
     }
 
     /// The worker's dead letters go to `letters`.
@@ -206,7 +217,9 @@ async fn consume<S: ShardSource, F: ProcessorFactory>(
     control: &Control,
 ) -> Exit {
     let stop = attempts(ctx, tenure, control).await;
-    hand_back(stop, tenure, control, ctx.config.restart_grace).await
+    // Read at the handback: a drain asked for during the stop still releases.
+    let grace = (ctx.config.restart_grace).filter(|_| !ctx.drain.is_cancelled());
+    hand_back(stop, tenure, control, grace).await
 }
 
 /// Runs processors one after another, each from the last checkpoint, with a backoff after
