@@ -22,8 +22,8 @@ use std::time::Duration;
 use common::{Running, Seen, config, world};
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::{
-    Autoscaling, BoxError, Checkpointer, FleetSignals, ProcessRecordsInput, RecordProcessor,
-    SequenceNumber, ShardId, Worker, WorkerConfig,
+    Autoscaling, BoxError, Checkpointer, FleetSignals, Liveness, ProcessRecordsInput,
+    RecordProcessor, SequenceNumber, ShardId, Worker, WorkerConfig,
 };
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, sleep};
@@ -88,17 +88,26 @@ impl RecordProcessor for Costly {
     }
 }
 
-fn worker_config() -> WorkerConfig {
+fn worker_config(liveness: Liveness) -> WorkerConfig {
     config()
+        .liveness(liveness)
         .max_records(100)
         .autoscaling(Autoscaling::default().publish_interval(Duration::from_secs(5)))
 }
 
 fn start(id: &str, stream: &MemoryStream, store: &MemoryLeaseStore, seen: &Seen) -> Running {
+    start_with(id, Liveness::PerLease, (stream, store, seen))
+}
+
+fn start_with(
+    id: &str,
+    liveness: Liveness,
+    (stream, store, seen): (&MemoryStream, &MemoryLeaseStore, &Seen),
+) -> Running {
     let (worker, seen, core) = (id.to_owned(), seen.clone(), Arc::new(Semaphore::new(1)));
     let w = Worker::new(
         id,
-        worker_config(),
+        worker_config(liveness),
         stream.client(id),
         store.client(id),
         move |shard: &ShardId| Costly {
@@ -144,6 +153,7 @@ async fn produce(stream: MemoryStream, start: Instant) -> Vec<SequenceNumber> {
 /// answers it: the published figure); new workers start after [`START_DELAY`], the newest
 /// stop first, gracefully.
 struct Autoscaler {
+    liveness: Liveness,
     running: Vec<(String, Running)>,
     starting: Vec<Instant>,
     next_id: usize,
@@ -172,7 +182,7 @@ impl Autoscaler {
         for _ in ready {
             let id = format!("w{}", self.next_id);
             self.next_id += 1;
-            let running = start(&id, world.0, world.1, world.2);
+            let running = start_with(&id, self.liveness, world);
             self.running.push((id, running));
         }
         let Some(signals) = self.signals() else {
@@ -203,12 +213,25 @@ impl Autoscaler {
 
 #[tokio::test(start_paused = true)]
 async fn a_tripled_rate_scales_out_reads_the_backlog_and_scales_back_in() {
+    scenario(Liveness::PerLease).await;
+}
+
+/// The same under heartbeats, where the leader reads each worker's total from its heartbeat
+/// row (its lease rows move only with checkpoints).
+#[tokio::test(start_paused = true)]
+async fn under_heartbeats_too() {
+    scenario(Liveness::Heartbeat).await;
+}
+
+async fn scenario(liveness: Liveness) {
     let (stream, store, seen) = world(SHARDS);
     let start_at = Instant::now();
     let producer = tokio::spawn(produce(stream.clone(), start_at));
     sleep(FLEET_START).await;
+    let first = start_with("w0", liveness, (&stream, &store, &seen));
     let mut scaler = Autoscaler {
-        running: vec![("w0".to_owned(), start("w0", &stream, &store, &seen))],
+        liveness,
+        running: vec![("w0".to_owned(), first)],
         starting: Vec::new(),
         next_id: 1,
         replicas: vec![(FLEET_START, 1)],
@@ -305,4 +328,72 @@ async fn a_tripled_rate_scales_out_reads_the_backlog_and_scales_back_in() {
     for pair in turns.windows(2) {
         assert!(pair[1] - pair[0] >= down, "flapped: {timeline:?}");
     }
+}
+
+/// A leader that crashes while `desired_workers` is held up by the scale-down window: the
+/// next leader goes on from the figure it published, and the fleet is not scaled in early.
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_goes_on_from_the_published_figure() {
+    let (stream, store, seen) = world(SHARDS);
+    let start_at = Instant::now();
+    let producer = {
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            let mut i = 0_u64;
+            while start_at.elapsed() < Duration::from_secs(600) {
+                let per_tick = if start_at.elapsed() < Duration::from_secs(180) {
+                    30
+                } else {
+                    5
+                };
+                for _ in 0..per_tick {
+                    stream.put(&format!("key-{}", i % 101), "x");
+                    i += 1;
+                }
+                sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let mut fleet: Vec<(&str, Running)> = ["w0", "w1", "w2"]
+        .into_iter()
+        .map(|id| (id, start(id, &stream, &store, &seen)))
+        .collect();
+    sleep(Duration::from_secs(420)).await;
+    let leader = fleet
+        .iter()
+        .find_map(|(_, r)| r.status.borrow().leader.clone())
+        .unwrap();
+    let index = fleet
+        .iter()
+        .position(|(id, _)| *id == leader.as_str())
+        .unwrap();
+    let before = fleet[index].1.status.borrow().fleet.clone().unwrap();
+    assert!(
+        before.desired_workers > before.recommended,
+        "held up by the scale-down window when the leader crashes: {before:?}"
+    );
+    fleet.remove(index).1.task.abort();
+    // For the rest of the window, every figure the others show is at least what was said,
+    // and one of them leads and says it.
+    let until = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < until {
+        sleep(Duration::from_secs(1)).await;
+        for (_, r) in &fleet {
+            if let Some(s) = r.status.borrow().fleet.clone() {
+                assert!(
+                    s.desired_workers >= before.desired_workers,
+                    "{s:?} after {before:?}"
+                );
+            }
+        }
+    }
+    let next = fleet.iter().find(|(id, r)| {
+        r.status
+            .borrow()
+            .leader
+            .as_ref()
+            .is_some_and(|l| l.as_str() == *id)
+    });
+    assert!(next.is_some(), "a new leader within 40 s");
+    producer.abort();
 }

@@ -25,8 +25,9 @@ const SCALE_IN_HEADROOM: f64 = 0.8;
 /// where its heartbeat row carries its total) and the fleet's shape.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Fleet {
-    /// What each lease (or worker) reads, as last written.
-    pub(crate) flows: Vec<Flow>,
+    /// What each lease (or worker) reads, as last written, and how many shards each stands
+    /// for (a worker's total: the leases it holds; no more than one worker each can help).
+    pub(crate) flows: Vec<(Flow, u32)>,
     /// Workers seen active.
     pub(crate) workers: u32,
     /// Their mean capacity (1: a standard worker).
@@ -47,7 +48,7 @@ pub(crate) fn recommend(fleet: &Fleet, config: &Autoscaling) -> FleetSignals {
     let (mut arrival, mut drain, mut load, mut backlog) = (0.0, 0.0, 0.0, 0.0);
     let (mut cost_load, mut cost_reads) = (0.0, 0.0);
     let mut behind = Duration::ZERO;
-    for flow in &fleet.flows {
+    for (flow, _) in &fleet.flows {
         arrival += flow.arrival();
         drain += flow.read();
         load += flow.work();
@@ -66,13 +67,14 @@ pub(crate) fn recommend(fleet: &Fleet, config: &Autoscaling) -> FleetSignals {
     let needed: f64 = fleet
         .flows
         .iter()
-        .map(|flow| {
+        .map(|(flow, shards)| {
             let cost = if flow.read() > 0.0 && flow.work() > 0.0 {
                 flow.work() / flow.read()
             } else {
                 average_cost
             };
-            (cost * (flow.arrival() + flow.backlog() / catch_up)).min(per_worker)
+            let cap = per_worker * f64::from((*shards).max(1));
+            (cost * (flow.arrival() + flow.backlog() / catch_up)).min(cap)
         })
         .sum();
     let recommended = workers_for(needed / per_worker, fleet, config);
@@ -147,7 +149,7 @@ mod tests {
     fn fleet(flows: Vec<Flow>, workers: u32) -> Fleet {
         Fleet {
             open_shards: u32::try_from(flows.len()).unwrap_or(u32::MAX),
-            flows,
+            flows: flows.into_iter().map(|f| (f, 1)).collect(),
             workers,
             capacity: 1.0,
             max_leases: usize::MAX,
@@ -233,15 +235,25 @@ mod tests {
         assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 1);
         // 1.96 units: 2.8 workers. Said 3: 3. Said 4: a fall, but only to where 2.8 workers'
         // need takes 80 % of the target: 2.8 / 0.8 = 3.5, so 4 stays.
-        f.flows = vec![flow(100.0, 100.0, 0, 0.49); 4];
+        f.flows = vec![(flow(100.0, 100.0, 0, 0.49), 1); 4];
         f.open_shards = 4;
         f.current = Some(3);
         assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 3);
         f.current = Some(4);
         assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 4);
         // 1.4 units: 2 workers; said 4: down to 2 / 0.8 = 2.5, so 3.
-        f.flows = vec![flow(100.0, 100.0, 0, 0.35); 4];
+        f.flows = vec![(flow(100.0, 100.0, 0, 0.35), 1); 4];
         assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 3);
+    }
+
+    #[test]
+    fn a_workers_total_stands_for_each_of_its_shards() {
+        // Under heartbeats a worker's row carries its total: 4 shards far behind on one
+        // worker need a worker each, not one share for the lot.
+        let mut f = fleet(Vec::new(), 2);
+        f.flows = vec![(flow(1200.0, 667.0, 263, 1.0), 4)];
+        f.open_shards = 4;
+        assert_eq!(recommend(&f, &Autoscaling::default()).recommended, 4);
     }
 
     #[test]

@@ -20,8 +20,9 @@ pub struct Autoscaling {
     /// The share of each worker's capacity the recommendation plans to use: the headroom.
     /// Default 0.7 (the CPU target most HPA users pick).
     pub utilization: f64,
-    /// Never recommend fewer workers. Default 1: a fleet of none has nobody to read the
-    /// table or answer the autoscaler.
+    /// Never recommend fewer workers, even more than the shards can use (an explicit floor
+    /// wins over the one-worker-per-shard cap). Default 1: a fleet of none has nobody to read
+    /// the table or answer the autoscaler.
     pub min_workers: u32,
     /// Never recommend more workers; `None`: only the shards cap it (a shard is read by one
     /// worker). Default `None`.
@@ -131,11 +132,11 @@ impl Autoscaling {
         }
         if self
             .publish_interval
-            .is_some_and(|d| d.is_zero() || d > super::MAX_DURATION)
+            .is_some_and(|d| d < Duration::from_secs(1) || d > super::MAX_DURATION)
         {
             return err(
                 "autoscaling.publish_interval",
-                "must be above zero and at most 7 days, or off",
+                "must be at least 1 s (each write is billed) and at most 7 days, or off",
             );
         }
         Ok(())
@@ -169,6 +170,10 @@ mod tests {
         );
         assert_eq!(
             key(Autoscaling::default().publish_interval(zero)),
+            Some("autoscaling.publish_interval")
+        );
+        assert_eq!(
+            key(Autoscaling::default().publish_interval(Duration::from_millis(1))),
             Some("autoscaling.publish_interval")
         );
     }

@@ -26,6 +26,7 @@
 //! A lease taken over starts from the figure its row carries, so a moved lease does not look
 //! idle to the leader (which would move it back).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -223,12 +224,20 @@ struct State {
     /// Records read since the flow was last folded.
     arrived: u64,
     base: Instant,
+    /// Batches read and not delivered yet, oldest first: when each was read, and how far
+    /// behind the tip it was then. What the processor lags is measured where it is, not
+    /// where the read-ahead is: a record read `m` behind and delivered `d` later was `m + d`
+    /// behind when it was delivered, and the oldest one waiting lags more every moment (a
+    /// processor that never returns shows, instead of hiding behind its last figure).
+    /// Each with the arrival span of its records (newest less oldest: one clock's stamps).
+    waiting: VecDeque<Waiting>,
+    /// The batch being delivered: when it was read, and its records' arrival span.
+    delivering: Option<(Instant, Duration)>,
 }
 
 impl Meter {
     /// A meter starting from `from` (the figure the row carried when the lease was taken).
     pub(crate) fn new(from: Option<LeaseLoad>, smoothing: Duration, capacity_milli: u32) -> Self {
-        let flow = from.and_then(|f| f.flow);
         Self {
             state: Mutex::new(State {
                 smoothed: from.map_or(0.0, LeaseLoad::units),
@@ -237,20 +246,52 @@ impl Meter {
                 bytes: 0,
                 records: 0,
                 behind: None,
-                arrival: Smoothed::from(flow.map(|f| f.arrival())),
-                read: Smoothed::from(flow.map(|f| f.read())),
-                work: Smoothed::from(flow.map(|f| f.work())),
+                // Measured afresh (the first second is taken whole): a row's flow may be
+                // old (under heartbeats rows move only with checkpoints), and a stale rate
+                // would ask for workers nobody needs.
+                arrival: Smoothed::default(),
+                read: Smoothed::default(),
+                work: Smoothed::default(),
                 position: None,
                 folded_position: None,
                 arrived: 0,
                 base: Instant::now(),
+                waiting: VecDeque::new(),
+                delivering: None,
             }),
             smoothing,
             capacity_milli,
         }
     }
 
-    /// A batch was read and handed over: `records` records of `bytes` bytes.
+    /// A new reader starts (a processor restarted): what the old one read is gone.
+    pub(crate) fn reads_restart(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.waiting.clear();
+            s.delivering = None;
+        }
+    }
+
+    /// The reader passed a batch on, its newest record read `millis` behind the tip and its
+    /// oldest `span` before that (in delivery order).
+    pub(crate) fn fetched(&self, millis: Option<u64>, span: Duration) {
+        if let Ok(mut s) = self.state.lock() {
+            s.waiting.push_back(Waiting {
+                at: Instant::now(),
+                oldest: Duration::from_millis(millis.unwrap_or(0)).saturating_add(span),
+                span,
+            });
+        }
+    }
+
+    /// The oldest batch the reader passed on is being delivered.
+    pub(crate) fn delivering(&self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.delivering = s.waiting.pop_front().map(|w| (w.at, w.span));
+        }
+    }
+
+    /// A batch of `records` records of `bytes` bytes was processed.
     pub(crate) fn read(&self, records: usize, bytes: usize) {
         if let Ok(mut s) = self.state.lock() {
             s.records = s.records.saturating_add(records as u64);
@@ -265,15 +306,28 @@ impl Meter {
         }
     }
 
-    /// The last read (of `records` records) said the shard is `millis` behind the tip.
+    /// The last read (of `records` records) said the shard is `millis` behind the tip; the
+    /// records are delivered now (or it read nothing, at the tip).
     pub(crate) fn behind(&self, millis: u64, records: usize) {
         if let Ok(mut s) = self.state.lock() {
-            let behind = Duration::from_millis(millis);
-            s.behind = Some(behind);
+            let (waited, span) = s
+                .delivering
+                .take()
+                .map_or((Duration::ZERO, Duration::ZERO), |(at, span)| {
+                    (at.elapsed(), span)
+                });
+            // The newest record delivered marks the position in the stream's time; the
+            // oldest says how far behind the processor is.
+            let behind = Duration::from_millis(millis).saturating_add(waited);
+            s.behind = Some(behind.saturating_add(span));
             let at = Instant::now()
                 .saturating_duration_since(s.base)
                 .as_secs_f64();
-            s.position = Some(at - behind.as_secs_f64());
+            let position = at - behind.as_secs_f64();
+            s.position = Some(position);
+            // The first batch delivered covers its own span: its records over it are a rate.
+            s.folded_position
+                .get_or_insert(position - span.as_secs_f64());
             s.arrived = s.arrived.saturating_add(records as u64);
         }
     }
@@ -312,9 +366,25 @@ impl Meter {
             s.records = 0;
         }
         let [arrival, read, work] = [&s.arrival, &s.read, &s.work].map(Smoothed::get);
-        let flow = Flow::new(arrival, read, s.behind.unwrap_or_default(), work);
+        let oldest = s
+            .waiting
+            .front()
+            .map(|w| w.oldest.saturating_add(w.at.elapsed()));
+        let behind = s.behind.unwrap_or_default().max(oldest.unwrap_or_default());
+        let flow = Flow::new(arrival, read, behind, work);
         LeaseLoad::new(milli(s.smoothed), self.capacity_milli).with_flow(flow)
     }
+}
+
+/// A batch read and not delivered yet.
+#[derive(Debug)]
+struct Waiting {
+    /// When it was read.
+    at: Instant,
+    /// How far behind the tip its oldest record was then.
+    oldest: Duration,
+    /// Its newest record's arrival less its oldest's.
+    span: Duration,
 }
 
 /// An exponentially weighted average corrected for its start: until it has seen a whole
@@ -329,11 +399,6 @@ struct Smoothed {
 }
 
 impl Smoothed {
-    /// Starting from `known` (a figure the row carried) as if from a whole history.
-    fn from(known: Option<f64>) -> Self {
-        known.map_or_else(Self::default, |value| Self { value, mass: 1.0 })
-    }
-
     fn fold(&mut self, now: f64, weight: f64) {
         self.value += weight * (now - self.value);
         self.mass += weight * (1.0 - self.mass);

@@ -19,8 +19,14 @@ pub fn run(max_seeds: u64, run_seeds: fn(&[u64]) -> Vec<(u64, Outcome)>) -> bool
     for m in &simulated {
         mutation::set(Some(**m));
         let mut found = None;
-        // Two seeds at a time, one per core, until one reports a violation.
-        for pair in (0..max_seeds).collect::<Vec<_>>().chunks(2) {
+        // Two seeds at a time, one per core, until one reports a violation: the seed that
+        // caught it last first, then the others in order.
+        let first = hint(m).filter(|s| *s < max_seeds);
+        let order: Vec<u64> = first
+            .into_iter()
+            .chain((0..max_seeds).filter(|s| Some(*s) != first))
+            .collect();
+        for pair in order.chunks(2) {
             let results = run_seeds(pair);
             if let Some((seed, outcome)) = results.iter().find(|(_, o)| !o.violations.is_empty()) {
                 found = Some((*seed, outcome.violations[0].clone()));
@@ -46,6 +52,32 @@ pub fn run(max_seeds: u64, run_seeds: fn(&[u64]) -> Vec<(u64, Outcome)>) -> bool
         simulated.len()
     );
     caught == simulated.len()
+}
+
+/// The seed that caught `m` when the check last ran in CI (a schedule change may move it:
+/// the search then goes on from seed 0). Seeds below 8 are found as fast without a hint.
+#[cfg(feature = "mutation-testing")]
+fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
+    const HINTS: &[(&str, u64)] = &[
+        ("ReconcileAnyRow", 68),
+        ("VanishedShardRetried", 13),
+        ("LeaderIgnoresActivity", 21),
+        ("StandbyWatchesItsOwnRow", 41),
+        ("ReadyKeysNewestFirst", 44),
+        ("HeldCountsUnfinishedOnly", 22),
+        ("ValidityByTimerOnly", 92),
+        ("ResetFinished", 171),
+        ("StalledPastValidity", 62),
+        ("RefusalTakenForRequest", 89),
+        ("SinkRefusalIgnored", 21),
+        ("ParkedKeyRuns", 44),
+        ("NoStickiness", 15),
+    ];
+    let name = format!("{m:?}");
+    HINTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, seed)| *seed)
 }
 
 /// Without the deliberate bugs compiled in there is nothing to check.

@@ -42,11 +42,15 @@ impl Scaling {
         let now = Instant::now();
         let mut fleet = fleet(table, view, leases, now);
         if self.damper.is_fresh() {
-            // A new leader goes on from what was said last, or from the fleet as it runs.
-            let from = self
-                .latest
-                .as_ref()
-                .map_or(fleet.workers, |s| s.desired_workers);
+            // A new leader goes on from what was said last, or from the fleet as it runs:
+            // the workers its rows name, as it has not watched them long enough to see them
+            // all active yet.
+            let owners: BTreeSet<&WorkerId> =
+                leases.iter().filter_map(|l| l.owner.as_ref()).collect();
+            let running = u32::try_from(owners.len())
+                .unwrap_or(u32::MAX)
+                .max(fleet.workers);
+            let from = self.latest.as_ref().map_or(running, |s| s.desired_workers);
             self.damper = Damper::starting_at(from, now);
         }
         fleet.current = self.damper.current();
@@ -116,10 +120,12 @@ fn fleet<L>(table: &Table<L>, view: &View, leases: &[Lease], now: Instant) -> Fl
     let open: Vec<&Lease> = leases.iter().filter(|l| !l.is_finished()).collect();
     // Each worker's flows: its heartbeat row's total where it carries one (its lease rows
     // move only with checkpoints under heartbeats), else its leases'.
-    let mut by_owner: BTreeMap<Option<&WorkerId>, Vec<Flow>> = BTreeMap::new();
+    let mut by_owner: BTreeMap<Option<&WorkerId>, Vec<(Flow, u32)>> = BTreeMap::new();
     for (w, total) in &totals {
         if let (Some(flow), Some(w)) = (total.flow, workers.get(w)) {
-            by_owner.insert(Some(*w), vec![flow]);
+            let held = open.iter().filter(|l| l.is_owned_by(w)).count();
+            let held = u32::try_from(held).unwrap_or(u32::MAX);
+            by_owner.insert(Some(*w), vec![(flow, held)]);
         }
     }
     for lease in &open {
@@ -128,7 +134,7 @@ fn fleet<L>(table: &Table<L>, view: &View, leases: &[Lease], now: Instant) -> Fl
             continue;
         }
         if let Some(flow) = lease.load.and_then(|load| load.flow) {
-            by_owner.entry(owner).or_default().push(flow);
+            by_owner.entry(owner).or_default().push((flow, 1));
         }
     }
     let mut flows = Vec::new();
@@ -157,11 +163,11 @@ fn fleet<L>(table: &Table<L>, view: &View, leases: &[Lease], now: Instant) -> Fl
 /// A worker cannot do more work than its capacity: what its leases' hooks measure beyond it
 /// is time spent waiting (for a core, a shared pool), so their costs are scaled down to it.
 /// Without this a saturated worker would ask for one worker per shard.
-fn within_capacity(flows: &mut [Flow], capacity: f64) {
-    let work: f64 = flows.iter().map(Flow::work).sum();
+fn within_capacity(flows: &mut [(Flow, u32)], capacity: f64) {
+    let work: f64 = flows.iter().map(|(f, _)| f.work()).sum();
     if work > capacity && work > 0.0 {
         let scale = capacity / work;
-        for flow in flows.iter_mut() {
+        for (flow, _) in flows.iter_mut() {
             *flow = Flow::new(
                 flow.arrival(),
                 flow.read(),

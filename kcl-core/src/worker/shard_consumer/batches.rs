@@ -337,7 +337,7 @@ async fn deliver(
         metrics.behind_latest(millis);
     }
     if let Some(meter) = tenure.meter() {
-        meter.read(batch.records.len(), bytes);
+        meter.delivering();
         if let Some(millis) = batch.millis_behind_latest {
             meter.behind(millis, batch.records.len());
         }
@@ -383,6 +383,11 @@ async fn deliver(
         }
     };
     let took = started.elapsed();
+    // Counted once processed, beside the busy time it cost: a batch of thousands handed over
+    // at once is not a rate of thousands a second.
+    if let Some(meter) = tenure.meter() {
+        meter.read(count, bytes);
+    }
     tracing::info!(
         records = count,
         bytes,

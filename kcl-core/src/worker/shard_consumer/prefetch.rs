@@ -72,6 +72,9 @@ impl Prefetcher {
     ) -> Self {
         let config: &WorkerConfig = &ctx.config;
         let (tx, rx) = mpsc::channel(config.max_prefetch_batches);
+        if let Some(meter) = &meter {
+            meter.reads_restart();
+        }
         let fetch = FetchLoop {
             source: ctx.source.clone(),
             reads: ctx.reads.clone(),
@@ -274,6 +277,15 @@ impl<S: ShardSource> FetchLoop<S> {
         }
         let bytes: usize = batch.records.iter().map(|r| r.data.len()).sum();
         let want = u32::try_from(bytes.clamp(1, self.budget)).unwrap_or(u32::MAX);
+        if let Some(meter) = &self.meter {
+            let span = match (batch.records.first(), batch.records.last()) {
+                (Some(first), Some(last)) => (last.approximate_arrival - first.approximate_arrival)
+                    .to_std()
+                    .unwrap_or_default(),
+                _ => std::time::Duration::ZERO,
+            };
+            meter.fetched(batch.millis_behind_latest, span);
+        }
         let permit = self.bytes.clone().acquire_many_owned(want).await.ok();
         self.tx
             .send(Fetched::Batch {
