@@ -83,6 +83,14 @@ impl LeaseLoad {
         f64::from(self.milli) / 1000.0
     }
 
+    /// Sets the held lease's gauges (`kcl_lease_load`, `kcl_shard_backlog_records`).
+    pub(crate) fn export(self, shard: &crate::types::ShardId) {
+        let shard = shard.to_string();
+        let backlog = self.flow.map_or(0.0, |f| f.backlog());
+        ::metrics::gauge!(crate::metrics::SHARD_BACKLOG, "shard" => shard.clone()).set(backlog);
+        ::metrics::gauge!(crate::metrics::LEASE_LOAD, "shard" => shard).set(self.units());
+    }
+
     /// The holder's capacity in units (at least a thousandth).
     pub fn capacity(self) -> f64 {
         f64::from(self.capacity_milli.max(1)) / 1000.0

@@ -536,11 +536,7 @@ impl Tenure {
         if let (Write::Renew | Write::Checkpoint(_), Some(figure)) = (op, &self.figure) {
             let load = figure.report();
             if let Figure::Lease(_) = figure {
-                let shard = self.shard.to_string();
-                let backlog = load.flow.map_or(0.0, |f| f.backlog());
-                ::metrics::gauge!(crate::metrics::SHARD_BACKLOG, "shard" => shard.clone())
-                    .set(backlog);
-                ::metrics::gauge!(crate::metrics::LEASE_LOAD, "shard" => shard).set(load.units());
+                load.export(&self.shard);
             }
             lease.load = Some(load);
         }
