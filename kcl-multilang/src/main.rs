@@ -1,6 +1,7 @@
 //! `kcl-multilang`: KCL Java's MultiLangDaemon, on kcl. Reads the daemon's properties file and
 //! runs one child process per shard lease; see the crate docs for the protocol and `--help`.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,19 +144,14 @@ fn main() -> ExitCode {
     if let Err(e) = logging {
         return fail(&e, EXIT_USAGE);
     }
-    let listen: std::net::SocketAddr = match cli.listen.trim().parse() {
+    let listen: SocketAddr = match cli.listen.trim().parse() {
         Ok(addr) => addr,
         Err(e) => return fail(&format!("invalid setting `listen`: {e}"), EXIT_USAGE),
     };
     let mut config = config;
-    let scaler = cli.scaler_port.map(|port| {
-        let autoscaling = &mut config.worker.autoscaling;
-        // Every worker answers KEDA: the others from the row the leader publishes.
-        autoscaling.publish_interval = autoscaling
-            .publish_interval
-            .or(Some(Duration::from_secs(15)));
-        std::net::SocketAddr::new(listen.ip(), port)
-    });
+    let scaler = cli
+        .scaler_port
+        .map(|port| scaler(&mut config, listen, port));
     if let Some(file) = &cli.log_configuration {
         tracing::warn!(%file, "--log-configuration is ignored: use --log-filter and --log-format");
     }
@@ -258,10 +254,20 @@ fn dead_letters(config: &DaemonConfig, sdk: &aws_config::SdkConfig) -> Option<De
     Some(letters)
 }
 
+/// Where KEDA's external scaler is served: `port` on `listen`'s host. Every worker answers
+/// KEDA, the others from the row the leader publishes: every 15 s unless set otherwise.
+fn scaler(config: &mut DaemonConfig, listen: SocketAddr, port: u16) -> SocketAddr {
+    let autoscaling = &mut config.worker.autoscaling;
+    autoscaling.publish_interval = autoscaling
+        .publish_interval
+        .or(Some(Duration::from_secs(15)));
+    SocketAddr::new(listen.ip(), port)
+}
+
 /// Runs the daemon, serving HTTP on `listen` (and KEDA's scaler on `scaler`, if given).
 async fn run(
     config: DaemonConfig,
-    (listen, scaler): (std::net::SocketAddr, Option<std::net::SocketAddr>),
+    (listen, scaler): (SocketAddr, Option<SocketAddr>),
     exit_on_failure: bool,
 ) -> anyhow::Result<ExitCode> {
     let sdk = sdk_config(&config).await;
