@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Behaviour, Running, held, start, wait_until, world};
@@ -208,4 +209,72 @@ async fn a_leader_handing_its_carrier_over_names_another() {
         .collect();
     assert!(takes.is_empty(), "the leader row changed hands: {takes:?}");
     stop(workers).await;
+}
+
+/// Holds `shutdown_requested` until told: the worker's shutdown waits on it, after its roles
+/// were given back.
+struct HeldShutdown(Arc<tokio::sync::Notify>);
+
+impl kcl_core::RecordProcessor for HeldShutdown {
+    async fn process_records(
+        &mut self,
+        _: kcl_core::ProcessRecordsInput<'_>,
+        _: &mut kcl_core::Checkpointer,
+    ) -> Result<(), kcl_core::BoxError> {
+        Ok(())
+    }
+
+    async fn shutdown_requested(
+        &mut self,
+        cp: &mut kcl_core::Checkpointer,
+    ) -> Result<(), kcl_core::BoxError> {
+        self.0.notified().await;
+        cp.checkpoint().await?;
+        Ok(())
+    }
+}
+
+/// The leader hands the standby row on to a follower that, unknown to it, is shutting down
+/// (its last cycle is over): the follower gives the row back with its leases, instead of
+/// leaving it owned by a worker that is gone until the leader sees it stand still.
+#[tokio::test(start_paused = true)]
+async fn a_standby_row_handed_over_during_shutdown_is_given_back() {
+    let (stream, store, _) = world(1);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held_shutdown = release.clone();
+    let worker = kcl_core::Worker::new(
+        "x",
+        config(Liveness::PerLease),
+        stream.client("x"),
+        store.client("x"),
+        move |_: &kcl_core::ShardId| HeldShutdown(held_shutdown.clone()),
+    )
+    .unwrap();
+    let (shutdown, status) = (worker.shutdown_handle(), worker.status());
+    let task = tokio::spawn(worker.run());
+    let took = wait_until(Duration::from_secs(30), || status.borrow().held.len() == 1).await;
+    assert!(took.is_some(), "x took the shard");
+    shutdown.shutdown();
+    // Its roles go back while its shard waits in `shutdown_requested`.
+    let gone = wait_until(Duration::from_secs(10), || holder(&store, LEADER).is_none()).await;
+    assert!(gone.is_some(), "the leader row given back");
+    // Now the standby row is written naming x, as a leader handing it on does.
+    let key = kcl_core::ShardId::new(STANDBY);
+    let fresh = Lease::new(key.clone(), kcl_core::Checkpoint::TrimHorizon);
+    let _ = store.create(&fresh).await;
+    let current = store.get(&key).await.unwrap().unwrap();
+    store.take(&current, &WorkerId::new("x")).await.unwrap();
+    release.notify_one();
+    task.await.unwrap().unwrap();
+    assert_eq!(holder(&store, STANDBY), None, "the standby row given back");
+    assert_eq!(held_rows(&store, "x"), 0, "nothing left naming x");
+}
+
+/// Rows naming `worker`.
+fn held_rows(store: &MemoryLeaseStore, worker: &str) -> usize {
+    store
+        .leases()
+        .iter()
+        .filter(|l| l.owner.as_ref().is_some_and(|o| o.as_str() == worker))
+        .count()
 }

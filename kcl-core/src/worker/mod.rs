@@ -382,8 +382,10 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     }
 
     /// Releases leases that name this worker but that it does not hold: handed over to it by
-    /// another worker after its last cycle. Without this they would wait for expiry. Leases
-    /// its shard tasks kept for its restart (`restart_grace`) stay its own.
+    /// another worker after its last cycle (a shard's lease, or the standby row the leader
+    /// hands on). Without this they would wait for expiry. Leases its shard tasks kept for
+    /// its restart (`restart_grace`) stay its own, and so do singleton rows (their holders
+    /// stop on their own).
     async fn release_unheld(&self) {
         let limit = self.table.config.call_timeout;
         let Ok(leases) = bounded(limit, "list", self.table.store.list()).await else {
@@ -391,7 +393,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         };
         for lease in leases.iter().filter(|l| {
             l.is_owned_by(&self.table.me)
-                && !is_coordination_key(&l.key)
+                && (!is_coordination_key(&l.key) || roles::is_role_key(&l.key))
                 && l.restart_grace.is_none()
         }) {
             match bounded(limit, "release", self.table.store.release(lease)).await {

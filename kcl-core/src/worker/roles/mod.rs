@@ -98,6 +98,11 @@ fn role_key(name: &str) -> ShardId {
     ShardId::new(format!("{COORDINATION_PREFIX}{name}"))
 }
 
+/// Whether `key` is a role row's (the leader's, the standby's).
+pub(in crate::worker) fn is_role_key(key: &ShardId) -> bool {
+    RESERVED.iter().any(|name| role_key(name) == *key)
+}
+
 /// Sets its flag while a singleton task runs, and clears it however the task ends (returns,
 /// or is dropped at the lease's validity deadline).
 struct Flag(watch::Sender<bool>);
