@@ -128,9 +128,12 @@ fn fleet<L>(table: &Table<L>, view: &View, leases: &[Lease], now: Instant) -> Fl
             by_owner.insert(Some(*w), vec![(flow, held)]);
         }
     }
+    let by_total: BTreeSet<&WorkerId> = by_owner.keys().flatten().copied().collect();
     for lease in &open {
         let owner = lease.owner.as_ref();
-        if owner.is_some_and(|o| totals.get(o).is_some_and(|t| t.flow.is_some())) {
+        // Counted by its holder's total already (a holder not seen active has none counted:
+        // its leases count one by one).
+        if owner.is_some_and(|o| by_total.contains(o)) {
             continue;
         }
         if let Some(flow) = lease.load.and_then(|load| load.flow) {
