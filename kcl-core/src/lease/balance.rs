@@ -9,7 +9,7 @@
 //! the pair's higher level the most, highest worker first, and makes it if that is more than
 //! the band, up to the move budget. When no single move is worth it (a hot lease that fits
 //! only on a worker whose own leases must make room), a swap of two leases between two
-//! workers is, if it gains one and a half bands: it counts as two moves. A move must be worth the
+//! workers is, if it gains two bands: it counts as two moves. A move must be worth the
 //! band because the figures are noisy, and a move that fixes less may fix nothing and be
 //! undone by the next noise. So a lease carrying a band or less never moves for load, and
 //! each move lowers the fleet's spread (the sum of load² / capacity over workers) by at
@@ -20,13 +20,24 @@
 //! minute) moves nothing. It then goes on giving until it is down to half the band, so a
 //! fleet balanced once sits half a band below where noise would start anything again.
 //!
+//! Only figures that hold still are acted on. A figure still climbing after a change of
+//! load or in a burst, or decaying after one, is half a figure: a lease moved on it lands
+//! where it does not fit, and stickiness then keeps it there. So a lease moves for load only
+//! if its figure is *steady* (it did not move by half a band or more within the last move
+//! window, see `weigh::Anchors`); a worker gives none while its leases' figures fell by half
+//! a band or more in all within the window (it may be lower than it shows), and receives
+//! none while they climbed as much (it may be higher). A change of load is acted on once the smoothing has caught up with it; a
+//! burst, however long, moves nothing while it lasts.
+//!
 //! The small leases (under the band) are then spread by count, as
-//! [`BalanceBy::Count`](crate::BalanceBy::Count) does, but only onto workers at or below the
-//! mean (within a quarter of the band) and never lifting one above half the band, counting
-//! small leases only: an idle fleet, or one of many small leases, still gives leases to a new
-//! worker; a worker holding one hot lease is not given cold ones that would lift it over the
-//! band; a load move is not followed by count moves. The two passes move different leases,
-//! so they never undo each other.
+//! [`BalanceBy::Count`](crate::BalanceBy::Count) does, but only onto workers that have been
+//! half a band below the mean (or, in a quiet fleet, within a quarter of a band of idle) for
+//! a whole move window, and gave no lease for load within the stickiness window, never
+//! lifting one above half the band, counting small leases only: an idle fleet, or one of many
+//! small leases, still gives leases to a new worker; a worker holding one hot lease is not
+//! given cold ones that would lift it over the band; a load move is not followed by count
+//! moves; noise at the edge moves nothing. The two passes move different leases, so they never undo each
+//! other.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -46,6 +57,16 @@ pub(crate) struct Level {
     /// It has been above the band for a whole move window already, and not yet down to half
     /// of it (see the module docs); only such a worker gives leases for load.
     pub(crate) sustained: bool,
+    /// It has been low enough (see `low`) for a whole move window, and gave no lease for
+    /// load within the stickiness window: only such a worker receives small leases by count.
+    pub(crate) may_take: bool,
+    /// Its leases' figures may be climbing (they moved up by half a band or more in all
+    /// within the last move window, or one is new): its level may be higher than it shows,
+    /// so it receives no lease for load (see the module docs).
+    pub(crate) rising: bool,
+    /// Its leases' figures may be falling: its level may be lower than it shows, so it
+    /// gives no lease for load.
+    pub(crate) falling: bool,
 }
 
 impl Level {
@@ -66,6 +87,8 @@ pub(crate) struct Movable<'a> {
     pub(crate) settled: bool,
     /// Seen moving within the stickiness window: not spread by count either.
     pub(crate) recent: bool,
+    /// Its figure has not moved by half a band or more within the last move window.
+    pub(crate) steady: bool,
 }
 
 /// The bounds of one round.
@@ -126,20 +149,39 @@ pub(crate) fn plan<'a>(
     (moves, spread)
 }
 
-/// The workers above the band now, or still above half of it once they were above it
-/// (`was_above`): the leader notes since when, so that only a worker above it for a whole
+/// The workers above the band now, or, while they are giving leases for load (`giving`: one
+/// within the last move window), still above half of it: the leader notes since when, so that only a worker above it for a whole
 /// move window gives leases ([`Level::sustained`]), and goes on giving until it is down to
 /// half the band. Noise then has half a band to cross before it starts anything again.
 pub(crate) fn above<'a>(
     levels: &Levels<'a>,
     band: f64,
-    was_above: impl Fn(&WorkerId) -> bool,
+    giving: impl Fn(&WorkerId) -> bool,
 ) -> Vec<&'a WorkerId> {
     let mean = mean(levels);
     let limit = limit(mean, band);
     levels
         .iter()
-        .filter(|(w, l)| l.level() > limit || (was_above(w) && l.level() > mean + band / 2.0))
+        .filter(|(w, l)| l.level() > limit || (giving(w) && l.level() > mean + band / 2.0))
+        .map(|(w, _)| *w)
+        .collect()
+}
+
+/// Whether a worker at `level` is low enough to receive small leases by count: half a band
+/// below the mean, or (in a quiet fleet) within a quarter of a band of idle. Not merely at
+/// the mean: a worker that just gave a lease for load lands near it, and small leases
+/// following it would be moves that balance nothing.
+fn low(level: f64, mean: f64, band: f64) -> bool {
+    level <= (mean - band / 2.0).max(band / 4.0)
+}
+
+/// The workers low enough to receive small leases by count (see [`spread_counts`]): the
+/// leader notes since when ([`Level::may_take`]).
+pub(crate) fn takers<'a>(levels: &Levels<'a>, band: f64) -> Vec<&'a WorkerId> {
+    let mean = mean(levels);
+    levels
+        .iter()
+        .filter(|(_, l)| low(l.level(), mean, band))
         .map(|(w, _)| *w)
         .collect()
 }
@@ -216,52 +258,75 @@ fn best_step<'a>(
     swaps: bool,
 ) -> Option<Step<'a>> {
     let mean = mean(levels);
+    let flux_ignored = mutation::on(Mutation::FluxIgnored);
     let mut sources: Vec<(&WorkerId, &Level)> = levels
         .iter()
-        .filter(|(_, l)| l.sustained && l.level() > mean + band / 2.0)
+        .filter(|(_, l)| l.sustained && (!l.falling || flux_ignored))
+        .filter(|(_, l)| l.level() > mean + band / 2.0)
         .map(|(w, l)| (*w, l))
         .collect();
     sources.sort_by(|a, b| b.1.level().total_cmp(&a.1.level()).then(a.0.cmp(b.0)));
-    let free = |m: &Movable<'_>| m.settled || mutation::on(Mutation::NoStickiness);
-    for (from, source) in sources {
-        let worth = worth(source.level(), band);
-        let mut best: Option<Scored<'a>> = None;
-        for (i, lease) in movable.iter().enumerate() {
-            if lease.holder != from || !free(lease) {
+    sources
+        .into_iter()
+        .find_map(|(from, source)| {
+            let worth = worth(source.level(), band);
+            best_from(from, source, levels, movable, worth, room, swaps)
+        })
+        .map(|(.., step)| step)
+}
+
+/// The best step from `from` that lowers its level by more than `worth` (see [`keep`]), if
+/// any: a lease not moved lately whose figure is steady, to a worker with room whose figures
+/// are not climbing.
+fn best_from<'a>(
+    from: &WorkerId,
+    source: &Level,
+    levels: &Levels<'a>,
+    movable: &[Movable<'a>],
+    worth: f64,
+    room: &impl Fn(&WorkerId, usize) -> bool,
+    swaps: bool,
+) -> Option<Scored<'a>> {
+    let flux_ignored = mutation::on(Mutation::FluxIgnored);
+    let free = |m: &Movable<'_>| {
+        (m.settled || mutation::on(Mutation::NoStickiness)) && (m.steady || flux_ignored)
+    };
+    let mut best: Option<Scored<'a>> = None;
+    for (i, lease) in movable.iter().enumerate() {
+        if lease.holder != from || !free(lease) {
+            continue;
+        }
+        let targets = levels
+            .iter()
+            .filter(|(to, l)| **to != from && (!l.rising || flux_ignored));
+        for (to, target) in targets {
+            let left = |given: f64| (target.load + lease.load - given) / target.capacity;
+            let after = |given: f64| {
+                ((source.load - lease.load + given) / source.capacity).max(left(given))
+            };
+            let gain = source.level() - after(0.0);
+            if gain > worth && room(to, target.count) {
+                let tie = crate::types::stable_hash((to, lease.key));
+                keep(&mut best, (gain, left(0.0), tie, Step::Move(i, to)));
+            }
+            if !swaps {
                 continue;
             }
-            for (to, target) in levels.iter().filter(|(to, _)| **to != from) {
-                let left = |given: f64| (target.load + lease.load - given) / target.capacity;
-                let after = |given: f64| {
-                    ((source.load - lease.load + given) / source.capacity).max(left(given))
-                };
-                let gain = source.level() - after(0.0);
-                if gain > worth && room(to, target.count) {
-                    let tie = crate::types::stable_hash((to, lease.key));
-                    keep(&mut best, (gain, left(0.0), tie, Step::Move(i, to)));
-                }
-                if !swaps {
+            for (j, other) in movable.iter().enumerate() {
+                if other.holder != *to || !free(other) || other.load >= lease.load {
                     continue;
                 }
-                for (j, other) in movable.iter().enumerate() {
-                    if other.holder != *to || !free(other) || other.load >= lease.load {
-                        continue;
-                    }
-                    // Two leases move: worth half as much again as one.
-                    let gain = source.level() - after(other.load);
-                    if gain > worth * 1.5 {
-                        let tie = crate::types::stable_hash((lease.key, other.key));
-                        let step = Step::Swap(i, j);
-                        keep(&mut best, (gain / 2.0, left(other.load), tie, step));
-                    }
+                // Two leases move: each must be worth the band.
+                let gain = source.level() - after(other.load);
+                if gain > worth * 2.0 {
+                    let tie = crate::types::stable_hash((lease.key, other.key));
+                    let step = Step::Swap(i, j);
+                    keep(&mut best, (gain / 2.0, left(other.load), tie, step));
                 }
             }
         }
-        if let Some((.., step)) = best {
-            return Some(step);
-        }
     }
-    None
+    best
 }
 
 /// Makes the move of `movable[i]` to `to` in `levels`, and takes it out of `movable`.
@@ -285,7 +350,7 @@ fn apply<'a>(
 
 /// Spreads the small leases (under the band: no load move takes them) by count (see the
 /// module docs): from the worker holding most of them to the one holding fewest among those
-/// at or below the mean (within a quarter of the band), while they are two or more apart and
+/// low enough (see `low`) for a move window, while they are two or more apart and
 /// the lease leaves its target within half the band, each receiving at most `max_steal`. Only small leases are counted, so a load move
 /// (of a large lease) is never followed by count moves. A lease seen moving lately stays
 /// (a lease whose figure hovers at the band must not flip between the passes); one the
@@ -307,10 +372,11 @@ fn spread_counts<'a>(
     loop {
         let mean = mean(levels);
         let takes = |w: &WorkerId| {
-            levels
-                .get(w)
-                .is_some_and(|l| room(w, l.count) && l.level() <= mean + bounds.band / 4.0)
-                && received.get(w).copied().unwrap_or(0) < bounds.max_steal
+            levels.get(w).is_some_and(|l| {
+                room(w, l.count)
+                    && low(l.level(), mean, bounds.band)
+                    && (l.may_take || mutation::on(Mutation::FluxIgnored))
+            }) && received.get(w).copied().unwrap_or(0) < bounds.max_steal
         };
         let Some((to, low)) = held
             .iter()

@@ -58,6 +58,8 @@ pub(crate) struct Assignment {
     pub(crate) load_moves: usize,
     /// The workers above the band this round, by load (none when counts are balanced).
     pub(crate) above: Vec<WorkerId>,
+    /// The workers low enough this round to receive small leases by count.
+    pub(crate) takers: Vec<WorkerId>,
 }
 
 /// Plans one round for the fleet, as seen by the leader `me`; `active` tells which workers
@@ -158,10 +160,20 @@ pub(crate) fn assign_within(
         &refused,
         &mut assignment,
     );
-    let above = balance::above(&levels, weighing.bounds.band, weighing.was_above);
+    let (band, giving) = (weighing.bounds.band, weighing.giving);
+    let above = balance::above(&levels, band, giving);
     assignment.above = above.into_iter().cloned().collect();
+    assignment.takers = balance::takers(&levels, band)
+        .into_iter()
+        .cloned()
+        .collect();
+    let before = tracing::enabled!(tracing::Level::DEBUG).then(|| levels.clone());
+    tracing::trace!(?levels, ?movable, above = ?assignment.above, "weighed");
     let (moves, spread) =
         balance::plan(&mut levels, &mut movable, weighing.bounds, &room_to_balance);
+    if let Some(before) = before.filter(|_| !moves.is_empty()) {
+        tracing::debug!(?before, ?moves, "moves for load");
+    }
     assignment.load_moves = moves.len();
     assignment.request_handoff.extend(moves);
     assignment.request_handoff.extend(spread);
@@ -296,6 +308,9 @@ fn place<'a>(
                     capacity: 1.0,
                     count: 0,
                     sustained: false,
+                    may_take: false,
+                    rising: false,
+                    falling: false,
                 });
                 level.load += weighing.load_of(&c.key, 0.0);
                 level.count += 1;

@@ -16,13 +16,14 @@
 //! of the load) to 27 min; silent to 33 min; then a drain.
 //!
 //! The invariants (`load-*`):
-//! - `converge`: at 6 min (from the start) and from 3 min after the change until 16 min, the
+//! - `converge`: at 6 min (from the start) and from 4 min after the change (the stickiness
+//!   window and six move windows: see `CONVERGE`) until 16 min, the
 //!   highest worker level is at most 1.25 × the mean, or within two bands of the mean (at a
 //!   mean under 8 bands, 0.8 units by default: a move must gain a band to be made, see
 //!   `lease/balance.rs`), or within one and a half bands of what a greedy placement of the
 //!   whole fleet reaches (largest lease first, each where it ends lowest): the balancer moves
 //!   one lease (or swaps two) at a time from where the leases are, never reshuffles them all;
-//! - `moves`: from 3 min after the change to 16 min, from 3 min into the quiet phase (its
+//! - `moves`: from 4 min after the change to 16 min, from 4 min into the quiet phase (its
 //!   start is a change of load) and from 1 min into the silent phase to their ends, at most
 //!   one lease move per worker per quarter hour (a worker-hour at the default timing);
 //! - `sticky`: after the start-up, no lease carrying load moves twice within the stickiness
@@ -65,8 +66,14 @@ pub fn is_load_seed(seed: u64) -> bool {
 const MIN: Duration = Duration::from_secs(60);
 /// A worker-hour at the default timing: the sim's balancing runs four times faster.
 const HOUR: Duration = Duration::from_secs(15 * 60);
-/// How long after a change of load the fleet has to converge: 12 move windows.
-const CONVERGE: Duration = Duration::from_secs(3 * 60);
+/// The sim's balancing settings (see the module docs).
+const WINDOW: Duration = Duration::from_secs(15);
+const STICKINESS: Duration = Duration::from_secs(150);
+/// How long after a change of load the fleet has to converge: the stickiness window and six
+/// move windows. The smoothing takes two or three windows to show a change and the first
+/// moves follow; a lease they moved that must move again to finish the job (a swap that
+/// needs it) can only once the stickiness window is over.
+const CONVERGE: Duration = STICKINESS.saturating_add(WINDOW.saturating_mul(6));
 const CHANGE: Duration = Duration::from_secs(6 * 60);
 const STEADY_END: Duration = Duration::from_secs(16 * 60);
 const ROTATE_END: Duration = Duration::from_secs(19 * 60);
@@ -219,8 +226,8 @@ fn start(setup: &Setup, id: &str, capacity: f64, stop: &CancellationToken) -> Jo
     let balancing = Balancing::by_load()
         .capacity(capacity)
         .smoothing(Duration::from_secs(15))
-        .move_budget(setup.budget, Duration::from_secs(15))
-        .stickiness(Duration::from_secs(150));
+        .move_budget(setup.budget, WINDOW)
+        .stickiness(STICKINESS);
     let liveness = if setup.heartbeat {
         Liveness::Heartbeat
     } else {
@@ -521,7 +528,7 @@ fn judge(
         for pair in times.windows(2) {
             // From the end of the start-up (the first placement of every lease) on.
             let balancing = pair[0] >= MIN;
-            if balancing && pair[1] - pair[0] < Duration::from_secs(150) && loaded(pair[1], key) {
+            if balancing && pair[1] - pair[0] < STICKINESS && loaded(pair[1], key) {
                 violations.push(format!(
                     "load-sticky: {key} moved at {:?} and again at {:?}, within the stickiness window",
                     pair[0], pair[1]

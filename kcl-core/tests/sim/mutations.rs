@@ -72,6 +72,8 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("SinkRefusalIgnored", 21),
         ("ParkedKeyRuns", 44),
         ("NoStickiness", 15),
+        ("RelativeBand", 47),
+        ("NoMoveBudget", 47),
     ];
     let name = format!("{m:?}");
     HINTS

@@ -14,6 +14,8 @@ struct Fleet {
     leases: Vec<(ShardId, WorkerId, f64, bool)>,
     /// No worker has been above the band for a whole window yet.
     fleeting: bool,
+    /// Leases whose figures moved within the last move window, by how much.
+    moving: Vec<(ShardId, f64)>,
 }
 
 impl Fleet {
@@ -22,6 +24,7 @@ impl Fleet {
             workers: workers.iter().map(|(id, c)| (w(id), *c)).collect(),
             leases: Vec::new(),
             fleeting: false,
+            moving: Vec::new(),
         }
     }
 
@@ -45,11 +48,18 @@ impl Fleet {
             .iter()
             .map(|(id, capacity)| {
                 let held = self.leases.iter().filter(|l| &l.1 == id);
+                let drift: f64 = (self.moving.iter())
+                    .filter(|(key, _)| held.clone().any(|l| &l.0 == key))
+                    .map(|(_, by)| by)
+                    .sum();
                 let level = Level {
                     load: held.clone().map(|l| l.2).sum(),
                     capacity: *capacity,
                     count: held.count(),
                     sustained: !self.fleeting,
+                    may_take: true,
+                    rising: drift >= BOUNDS.band / 2.0,
+                    falling: drift <= -BOUNDS.band / 2.0,
                 };
                 (id, level)
             })
@@ -63,6 +73,7 @@ impl Fleet {
                 load: *load,
                 settled: *settled,
                 recent: !*settled,
+                steady: !self.moving.iter().any(|(k, _)| k == key),
             })
             .collect();
         plan(&mut levels, &mut movable, bounds, &|_, _| true)
@@ -285,4 +296,30 @@ fn a_hot_lease_that_fits_only_where_others_must_make_room_is_swapped() {
     // `b` is still above half the band; with budget left, its smaller lease goes on to `c`.
     let (more, _) = fleet.plan(two);
     assert_eq!(more, vec![(k("b2"), w("c"))]);
+}
+
+#[test]
+fn figures_still_moving_are_not_acted_on() {
+    crate::mutation::set_from_env();
+    // `a` is far above the mean, but the figures that say so are still climbing after a
+    // change of load: moved now, the leases would land by half-figures.
+    let mut fleet = Fleet::new(&[("a", 1.0), ("b", 1.0), ("c", 1.0)])
+        .lease("x", "a", 0.5)
+        .lease("y", "a", 0.4);
+    fleet.moving = vec![(k("x"), 0.3), (k("y"), 0.25)];
+    assert_eq!(fleet.plan(BOUNDS).0, Vec::new(), "climbing leases stay");
+    // Once they hold still, one goes.
+    fleet.moving.clear();
+    assert_eq!(fleet.plan(BOUNDS).0.len(), 1);
+    // A steady lease does not go to a worker whose own figures are climbing.
+    let mut fleet = Fleet::new(&[("a", 1.0), ("b", 1.0)])
+        .lease("x", "a", 0.5)
+        .lease("y", "a", 0.4)
+        .lease("z", "b", 0.1);
+    fleet.moving = vec![(k("z"), 0.09)];
+    assert_eq!(
+        fleet.plan(BOUNDS).0,
+        Vec::new(),
+        "nor onto a climbing worker"
+    );
 }

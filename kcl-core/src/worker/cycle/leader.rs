@@ -19,8 +19,8 @@ use crate::error::{Error, ErrorKind};
 use crate::lease::balance::Bounds;
 use crate::lease::leader::{self, Assignment, Moves};
 use crate::lease::taker::{Candidate, Holder};
-use crate::lease::weigh::Weighing;
-use crate::lease::{Lease, LeaseStore};
+use crate::lease::weigh::{Anchors, Composition, Weighing};
+use crate::lease::{Lease, LeaseLoad, LeaseStore};
 use crate::metrics;
 use crate::mutation::{self, Mutation};
 use crate::processor::ProcessorFactory;
@@ -44,6 +44,18 @@ pub(super) struct Leading {
     /// Workers above the band by load, and since when (only those above it for a whole
     /// move window give leases: a burst moves nothing).
     above: BTreeMap<WorkerId, Instant>,
+    /// When each worker last gave a lease for load: within a move window of that it goes on
+    /// giving down to half the band; within the stickiness window it receives no small
+    /// leases by count (they would follow the load move, balancing nothing).
+    gave: BTreeMap<WorkerId, Instant>,
+    /// Workers low enough to receive small leases by count, and since when (only those so
+    /// for a whole move window receive them: noise at the edge moves nothing).
+    takers: BTreeMap<WorkerId, Instant>,
+    /// Since when each lease's figure has held still (only steady figures are acted on).
+    anchors: Anchors,
+    /// When each worker's leases last changed (heartbeat totals older than that are not
+    /// of its leases).
+    composition: Composition,
 }
 
 impl Leading {
@@ -121,24 +133,27 @@ impl Leading {
         }
         let balancing = &table.config.balancing;
         let window = balancing.move_window;
-        self.load_moves
-            .retain(|at| now.saturating_duration_since(*at) < window);
-        self.orphans
-            .retain(|_, at| now.saturating_duration_since(*at) < balancing.stickiness);
+        self.remember(leases, balancing, now);
         let limits = table.limits(view.is_drained(&table.me));
         let (view, moves, orphans) = (&*view, &self.moves, &self.orphans);
+        let anchors = &self.anchors;
+        let trend = |key: &ShardId| anchors.trend(key, now, window);
+        let written: std::collections::BTreeSet<&ShardId> = leases
+            .iter()
+            .filter(|l| self.composition.written_by_owner(l))
+            .map(|l| &l.key)
+            .collect();
         let settled = |key: &ShardId| {
             orphans.contains_key(key) || view.observer.settled(key, now, balancing.stickiness)
         };
         let recent = |key: &ShardId| {
             !orphans.contains_key(key) && view.observer.moved_within(key, now, balancing.stickiness)
         };
-        let above = &self.above;
-        let sustained = |w: &WorkerId| {
-            above
-                .get(w)
-                .is_some_and(|since| now.saturating_duration_since(*since) >= window)
-        };
+        let (above, takers, gave) = (&self.above, &self.takers, &self.gave);
+        let long = |since: &Instant| now.saturating_duration_since(*since) >= window;
+        let sustained = |w: &WorkerId| above.get(w).is_some_and(long);
+        let giving = |w: &WorkerId| gave.get(w).is_some_and(|at| !long(at));
+        let may_take = |w: &WorkerId| takers.get(w).is_some_and(long) && !gave.contains_key(w);
         let weighing = Weighing {
             by_load: balancing.by == BalanceBy::Load,
             bounds: Bounds {
@@ -152,10 +167,13 @@ impl Leading {
                 .collect(),
             settled: &settled,
             recent: &recent,
+            trend: &trend,
+            written: &|key| written.contains(key),
             capacity: balancing.capacity,
-            totals: view.heartbeats.totals(),
+            totals: self.totals(view, now),
             sustained: &sustained,
-            was_above: &|w| above.contains_key(w),
+            giving: &giving,
+            may_take: &may_take,
         };
         let plan = leader::assign_within(
             &table.me,
@@ -175,6 +193,31 @@ impl Leading {
         plan
     }
 
+    /// Forgets what is older than its window, and takes in the figures and owners of
+    /// `leases`.
+    fn remember(&mut self, leases: &[Lease], balancing: &crate::Balancing, now: Instant) {
+        let (window, stickiness) = (balancing.move_window, balancing.stickiness);
+        let within = |at: &Instant, d| now.saturating_duration_since(*at) < d;
+        self.load_moves.retain(|at| within(at, window));
+        self.orphans.retain(|_, at| within(at, stickiness));
+        self.gave.retain(|_, at| within(at, stickiness));
+        self.anchors.observe(leases, balancing.band, window, now);
+        self.composition.observe(leases, now);
+    }
+
+    /// The heartbeat rows' totals that are of the leases their workers hold now (see
+    /// [`Composition`]).
+    fn totals(&self, view: &View, now: Instant) -> BTreeMap<WorkerId, LeaseLoad> {
+        let mut totals = view.heartbeats.totals();
+        totals.retain(|w, _| {
+            let written = view.heartbeats.live(w).map_or(now, |row| {
+                now.checked_sub(view.observer.idle(row, now)).unwrap_or(now)
+            });
+            self.composition.current(w, written) || mutation::on(Mutation::StaleTotals)
+        });
+        totals
+    }
+
     /// Notes the load moves of `plan` against the budget, and the orphans `me` takes itself.
     fn note(&mut self, me: &WorkerId, plan: &Assignment, candidates: &[Candidate], now: Instant) {
         self.load_moves
@@ -186,6 +229,21 @@ impl Leading {
         self.above.retain(|w, _| plan.above.contains(w));
         for w in &plan.above {
             self.above.entry(w.clone()).or_insert(now);
+        }
+        for (key, _) in plan.request_handoff.iter().take(plan.load_moves) {
+            let from = candidates.iter().find(|c| &c.key == key).map(|c| &c.holder);
+            let from = match from {
+                Some(Holder::Me) => Some(me),
+                Some(Holder::Other(w)) => Some(w),
+                _ => None,
+            };
+            if let Some(from) = from {
+                self.gave.insert(from.clone(), now);
+            }
+        }
+        self.takers.retain(|w, _| plan.takers.contains(w));
+        for w in &plan.takers {
+            self.takers.entry(w.clone()).or_insert(now);
         }
         for (key, _) in plan.take.iter().filter(|(_, to)| to == me) {
             let orphan = candidates.iter().any(|c| {
