@@ -417,8 +417,18 @@ async fn park(ctx: Context) -> anyhow::Result<()> {
         .unwrap();
     assert!(after.parked_keys.is_empty());
     assert_eq!(after.owner, lease.owner);
-    // The holder sees it at its next renewal (2 s), then runs the key's new records.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The holder sees it in the answer to its next renewal (every 2 s), then runs the key's
+    // new records: a record put before that renewal lands would be parked with the key.
+    wait_until(
+        "a renewal after the unpark",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let row = ctx.store().get(&ShardId::new("shardId-000000000000")).await?;
+            Ok(row.is_some_and(|r| r.counter > after.counter))
+        },
+    )
+    .await?;
     ctx.put(&[("k20".to_owned(), "after".to_owned())]).await?;
     wait_until(
         "the unparked key's record handled",
