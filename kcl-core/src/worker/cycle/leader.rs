@@ -138,9 +138,10 @@ impl Leading {
         let (view, moves, orphans) = (&*view, &self.moves, &self.orphans);
         let anchors = &self.anchors;
         let trend = |key: &ShardId| anchors.trend(key, now, window);
+        let by_load = balancing.by == BalanceBy::Load;
         let written: std::collections::BTreeSet<&ShardId> = leases
             .iter()
-            .filter(|l| self.composition.written_by_owner(l))
+            .filter(|l| by_load && self.composition.written_by_owner(l))
             .map(|l| &l.key)
             .collect();
         let settled = |key: &ShardId| {
@@ -155,7 +156,7 @@ impl Leading {
         let giving = |w: &WorkerId| gave.get(w).is_some_and(|at| !long(at));
         let may_take = |w: &WorkerId| takers.get(w).is_some_and(long) && !gave.contains_key(w);
         let weighing = Weighing {
-            by_load: balancing.by == BalanceBy::Load,
+            by_load,
             bounds: Bounds {
                 band: balancing.band,
                 budget: balancing.move_budget.saturating_sub(self.load_moves.len()),
@@ -201,8 +202,11 @@ impl Leading {
         self.load_moves.retain(|at| within(at, window));
         self.orphans.retain(|_, at| within(at, stickiness));
         self.gave.retain(|_, at| within(at, stickiness));
-        self.anchors.observe(leases, balancing.band, window, now);
-        self.composition.observe(leases, now);
+        // Only balancing by load reads them: counts cost no work a cycle.
+        if balancing.by == BalanceBy::Load {
+            self.anchors.observe(leases, balancing.band, window, now);
+            self.composition.observe(leases, now);
+        }
     }
 
     /// The heartbeat rows' totals that are of the leases their workers hold now (see
