@@ -424,7 +424,10 @@ async fn park(ctx: Context) -> anyhow::Result<()> {
         Duration::from_secs(30),
         Duration::from_millis(100),
         async || {
-            let row = ctx.store().get(&ShardId::new("shardId-000000000000")).await?;
+            let row = ctx
+                .store()
+                .get(&ShardId::new("shardId-000000000000"))
+                .await?;
             Ok(row.is_some_and(|r| r.counter > after.counter))
         },
     )
