@@ -268,25 +268,22 @@ fn best_step<'a>(
     sources.sort_by(|a, b| b.1.level().total_cmp(&a.1.level()).then(a.0.cmp(b.0)));
     sources
         .into_iter()
-        .find_map(|(from, source)| {
-            let worth = worth(source.level(), band);
-            best_from(from, source, levels, movable, worth, room, swaps)
-        })
+        .find_map(|(from, source)| best_from(from, source, levels, movable, band, room, swaps))
         .map(|(.., step)| step)
 }
 
-/// The best step from `from` that lowers its level by more than `worth` (see [`keep`]), if
-/// any: a lease not moved lately whose figure is steady, to a worker with room whose figures
-/// are not climbing.
+/// The best step from `from` worth making (see [`keep`]), if any: a lease not moved lately
+/// whose figure is steady, to a worker with room whose figures are not climbing.
 fn best_from<'a>(
     from: &WorkerId,
     source: &Level,
     levels: &Levels<'a>,
     movable: &[Movable<'a>],
-    worth: f64,
+    band: f64,
     room: &impl Fn(&WorkerId, usize) -> bool,
     swaps: bool,
 ) -> Option<Scored<'a>> {
+    let worth = worth(source.level(), band);
     let flux_ignored = mutation::on(Mutation::FluxIgnored);
     let free = |m: &Movable<'_>| {
         (m.settled || mutation::on(Mutation::NoStickiness)) && (m.steady || flux_ignored)
