@@ -241,7 +241,26 @@ async fn the_aws_kcl_readme_consumer_resumes_after_a_kill_and_follows_a_split() 
         .await
         .with_context(|| logs(&daemons))?;
 
-        let before_term = journal(&journal_path)?.len();
+        // Each open shard with a child that can be asked: a lease the leader is moving between
+        // the daemons has none while it is handed over, and neither has one to ask then.
+        let open: BTreeSet<&str> = second
+            .iter()
+            .filter(|(_, c)| *c != Checkpoint::SHARD_END)
+            .map(|(shard, _)| shard.as_str())
+            .collect();
+        let mut before_term = 0;
+        wait_until(
+            "a child serving each open shard",
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            async || {
+                let entries = journal(&journal_path)?;
+                before_term = entries.len();
+                Ok(serving(&entries).is_superset(&open))
+            },
+        )
+        .await
+        .with_context(|| logs(&daemons))?;
         // SIGTERM: both daemons hand their leases back and exit 0.
         for daemon in &daemons {
             daemon.signal("-TERM")?;
@@ -262,13 +281,8 @@ async fn the_aws_kcl_readme_consumer_resumes_after_a_kill_and_follows_a_split() 
         );
 
         let entries = journal(&journal_path)?;
-        // Each child alive at SIGTERM, one per open shard, was asked to checkpoint (before,
-        // handoffs between the two daemons ask too).
-        let open: BTreeSet<&str> = second
-            .iter()
-            .filter(|(_, c)| *c != Checkpoint::SHARD_END)
-            .map(|(shard, _)| shard.as_str())
-            .collect();
+        // Each child alive at SIGTERM, one per open shard, was asked to checkpoint (as is one
+        // handed over to the other daemon since).
         let asked: BTreeSet<&str> = entries[before_term..]
             .iter()
             .filter(|e| e.call == "shutdownRequested")
@@ -278,6 +292,29 @@ async fn the_aws_kcl_readme_consumer_resumes_after_a_kill_and_follows_a_split() 
         check_journal(&ctx, &entries, before_kill, &parent).await
     })
     .await
+}
+
+/// The shards with a child that initialized and was not told to stop since.
+fn serving(entries: &[Entry]) -> BTreeSet<&str> {
+    let mut by_child: BTreeMap<u32, (&str, bool)> = BTreeMap::new();
+    for entry in entries {
+        let Some(shard) = entry.shard_id.as_deref() else {
+            continue;
+        };
+        match entry.call.as_str() {
+            "initialize" => {
+                by_child.insert(entry.pid, (shard, true));
+            }
+            "shutdownRequested" | "leaseLost" | "shardEnded" => {
+                by_child.insert(entry.pid, (shard, false));
+            }
+            _ => {}
+        }
+    }
+    by_child
+        .into_values()
+        .filter_map(|(shard, alive)| alive.then_some(shard))
+        .collect()
 }
 
 /// Every record delivered, none checkpointed before the kill (`entries[..before_kill]`)
