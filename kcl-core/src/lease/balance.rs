@@ -7,11 +7,13 @@
 //! (absolute: a quiet fleet, whose levels are all near zero, never moves), the leader picks,
 //! among its leases not moved lately and every worker with room, the single move that lowers
 //! the pair's higher level the most, highest worker first, and makes it if that is more than
-//! the band, up to the move budget. When no single move is worth it (a hot lease that fits
-//! only on a worker whose own leases must make room), a swap of two leases between two
-//! workers is, if it gains two bands: it counts as two moves. A move must be worth the
-//! band because the figures are noisy, and a move that fixes less may fix nothing and be
-//! undone by the next noise. So a lease carrying a band or less never moves for load, and
+//! the band, up to the move budget; between moves that lower it alike (a lease the giver can
+//! hand to several workers), the one after which, with the best next move, the highest
+//! level is lowest, so that a lease does not take the room a hotter one needs. When no
+//! single move is worth it (a hot lease that fits only on a worker whose own leases must make
+//! room), a swap of two leases between two workers is, if it gains two bands: it counts as
+//! two moves. A move must be worth the band because the figures are noisy, and a move that
+//! fixes less may fix nothing and be undone by the next noise. So a lease carrying a band or less never moves for load, and
 //! each move lowers the fleet's spread (the sum of load² / capacity over workers) by at
 //! least the moved load × the band: at steady load moves cannot go round in circles.
 //!
@@ -129,21 +131,10 @@ pub(crate) fn plan<'a>(
     };
     while moves.len() < budget {
         let swaps = budget - moves.len() >= 2;
-        match best_step(levels, movable, bounds.band, room, swaps) {
-            Some(Step::Move(i, to)) => moves.push(apply(levels, movable, i, to)),
-            Some(Step::Swap(i, j)) => {
-                let (a, b) = (movable[i].holder, movable[j].holder);
-                // The later index first: `apply` swap-removes.
-                let (first, second) = if i > j {
-                    ((i, b), (j, a))
-                } else {
-                    ((j, a), (i, b))
-                };
-                moves.push(apply(levels, movable, first.0, first.1));
-                moves.push(apply(levels, movable, second.0, second.1));
-            }
-            None => break,
-        }
+        let Some((.., step)) = best_step(levels, movable, bounds.band, room, swaps, true) else {
+            break;
+        };
+        moves.extend(make(levels, movable, step));
     }
     let spread = spread_counts(levels, movable, bounds, room);
     (moves, spread)
@@ -229,36 +220,41 @@ enum Step<'a> {
 /// the target at, and a tie-break.
 type Scored<'a> = (f64, f64, u64, Step<'a>);
 
-/// Keeps the better of `best` and `candidate`: the larger gain (to a thousandth), then the
-/// target left lower (between two moves that fix the source alike, the one that leaves more
-/// room), then the tie-break.
+/// Which of two steps is better: the larger gain (to a thousandth), then the target left
+/// lower (between two moves that fix the source alike, the one that leaves more room), then
+/// the tie-break.
+fn order(a: &Scored<'_>, b: &Scored<'_>) -> std::cmp::Ordering {
+    let ((ga, la, ta, _), (gb, lb, tb, _)) = (a, b);
+    if (ga - gb).abs() > 1e-3 {
+        gb.total_cmp(ga)
+    } else if (la - lb).abs() > 1e-9 {
+        la.total_cmp(lb)
+    } else {
+        ta.cmp(tb)
+    }
+}
+
+/// Keeps the better of `best` and `candidate` (see [`order`]).
 fn keep<'a>(best: &mut Option<Scored<'a>>, candidate: Scored<'a>) {
-    let better = best.is_none_or(|(gain, left, tie, _)| {
-        let (g, l, t) = (candidate.0, candidate.1, candidate.2);
-        if (g - gain).abs() > 1e-3 {
-            g > gain
-        } else if (l - left).abs() > 1e-9 {
-            l < left
-        } else {
-            t < tie
-        }
-    });
-    if better {
+    if best.is_none_or(|b| order(&candidate, &b).is_lt()) {
         *best = Some(candidate);
     }
 }
 
 /// The step that lowers the highest level most per lease moved: from the highest worker above
-/// the band that has one worth making (see the module docs); swaps only if `swaps`.
+/// the band that has one worth making (see the module docs); swaps only if `swaps`; between
+/// steps that lower it alike, the one [`ahead`] prefers if `look_ahead`.
 fn best_step<'a>(
     levels: &Levels<'a>,
     movable: &[Movable<'a>],
     band: f64,
     room: &impl Fn(&WorkerId, usize) -> bool,
     swaps: bool,
-) -> Option<Step<'a>> {
+    look_ahead: bool,
+) -> Option<Scored<'a>> {
     let mean = mean(levels);
-    let flux_ignored = mutation::on(Mutation::FluxIgnored);
+    // The next step [`ahead`] weighs is on the figures as they are.
+    let flux_ignored = mutation::on(Mutation::FluxIgnored) || !look_ahead;
     let mut sources: Vec<(&WorkerId, &Level)> = levels
         .iter()
         .filter(|(_, l)| l.sustained && (!l.falling || flux_ignored))
@@ -266,14 +262,70 @@ fn best_step<'a>(
         .map(|(w, l)| (*w, l))
         .collect();
     sources.sort_by(|a, b| b.1.level().total_cmp(&a.1.level()).then(a.0.cmp(b.0)));
-    sources
-        .into_iter()
-        .find_map(|(from, source)| best_from(from, source, levels, movable, band, room, swaps))
-        .map(|(.., step)| step)
+    sources.into_iter().find_map(|(from, source)| {
+        let found = best_from(
+            from,
+            source,
+            levels,
+            movable,
+            band,
+            room,
+            (swaps, flux_ignored),
+        );
+        if !look_ahead || found.len() < 2 || mutation::on(Mutation::NoLookAhead) {
+            return found.into_iter().next();
+        }
+        ahead(levels, movable, band, room, found)
+    })
 }
 
-/// The best step from `from` worth making (see [`keep`]), if any: a lease not moved lately
-/// whose figure is steady, to a worker with room whose figures are not climbing.
+/// Of steps that lower the source alike (`found`, the best first), the one after which, with
+/// the best next step, the highest level is lowest. A lease put where it fits alike may take
+/// the room the next one needs: a big worker filled with what a small one had room for. The
+/// next step is weighed on the figures as they are, moving or not: what it weighs is where
+/// the room will be.
+fn ahead<'a>(
+    levels: &Levels<'a>,
+    movable: &[Movable<'a>],
+    band: f64,
+    room: &impl Fn(&WorkerId, usize) -> bool,
+    found: Vec<Scored<'a>>,
+) -> Option<Scored<'a>> {
+    let gain = found.first()?.0;
+    let mut best: Option<Scored<'a>> = None;
+    for (_, left, tie, step) in found {
+        let (mut levels, mut movable) = (levels.clone(), movable.to_vec());
+        make(&mut levels, &mut movable, step);
+        if let Some((.., next)) = best_step(&levels, &movable, band, room, false, false) {
+            make(&mut levels, &mut movable, next);
+        }
+        let highest = levels.values().map(Level::level).fold(0.0, f64::max);
+        keep(&mut best, (-highest, left, tie, step));
+    }
+    best.map(|(_, left, tie, step)| (gain, left, tie, step))
+}
+
+/// Makes `step` in `levels` and `movable`: the moves it is.
+fn make<'a>(levels: &mut Levels<'a>, movable: &mut Vec<Movable<'a>>, step: Step<'a>) -> Vec<Move> {
+    match step {
+        Step::Move(i, to) => vec![apply(levels, movable, i, to)],
+        Step::Swap(i, j) => {
+            let (a, b) = (movable[i].holder, movable[j].holder);
+            // The later index first: `apply` swap-removes.
+            let (first, second) = if i > j {
+                ((i, b), (j, a))
+            } else {
+                ((j, a), (i, b))
+            };
+            let one = apply(levels, movable, first.0, first.1);
+            vec![one, apply(levels, movable, second.0, second.1)]
+        }
+    }
+}
+
+/// The best steps from `from` worth making, the best first (see [`order`]): those within a
+/// thousandth of the largest gain, of a lease not moved lately whose figure is steady, to a
+/// worker with room whose figures are not climbing.
 fn best_from<'a>(
     from: &WorkerId,
     source: &Level,
@@ -281,14 +333,13 @@ fn best_from<'a>(
     movable: &[Movable<'a>],
     band: f64,
     room: &impl Fn(&WorkerId, usize) -> bool,
-    swaps: bool,
-) -> Option<Scored<'a>> {
+    (swaps, flux_ignored): (bool, bool),
+) -> Vec<Scored<'a>> {
     let worth = worth(source.level(), band);
-    let flux_ignored = mutation::on(Mutation::FluxIgnored);
     let free = |m: &Movable<'_>| {
         (m.settled || mutation::on(Mutation::NoStickiness)) && (m.steady || flux_ignored)
     };
-    let mut best: Option<Scored<'a>> = None;
+    let mut found: Vec<Scored<'a>> = Vec::new();
     for (i, lease) in movable.iter().enumerate() {
         if lease.holder != from || !free(lease) {
             continue;
@@ -304,7 +355,7 @@ fn best_from<'a>(
             let gain = source.level() - after(0.0);
             if gain > worth && room(to, target.count) {
                 let tie = crate::types::stable_hash((to, lease.key));
-                keep(&mut best, (gain, left(0.0), tie, Step::Move(i, to)));
+                found.push((gain, left(0.0), tie, Step::Move(i, to)));
             }
             if !swaps {
                 continue;
@@ -318,12 +369,24 @@ fn best_from<'a>(
                 if gain > worth * 2.0 {
                     let tie = crate::types::stable_hash((lease.key, other.key));
                     let step = Step::Swap(i, j);
-                    keep(&mut best, (gain / 2.0, left(other.load), tie, step));
+                    found.push((gain / 2.0, left(other.load), tie, step));
                 }
             }
         }
     }
-    best
+    let top = found.iter().map(|f| f.0).fold(f64::MIN, f64::max);
+    found.retain(|f| top - f.0 <= 1e-3);
+    // The best first (no sort: the orders to a thousandth are not total).
+    let mut first = 0;
+    for i in 1..found.len() {
+        if order(&found[i], &found[first]).is_lt() {
+            first = i;
+        }
+    }
+    if !found.is_empty() {
+        found.swap(0, first);
+    }
+    found
 }
 
 /// Makes the move of `movable[i]` to `to` in `levels`, and takes it out of `movable`.

@@ -323,3 +323,34 @@ fn figures_still_moving_are_not_acted_on() {
         "nor onto a climbing worker"
     );
 }
+
+#[test]
+fn a_move_that_fits_alike_goes_where_it_leaves_room_for_the_next() {
+    crate::mutation::set_from_env();
+    // `a` (twice the capacity) holds a steady lease and two whose figures still climb. The
+    // steady one fits alike on `b` (twice the capacity) and on `c`; on `b` it would take
+    // the room that one of the climbing two needs once it holds still.
+    let mut fleet = Fleet::new(&[("a", 2.0), ("b", 2.0), ("c", 1.0), ("d", 1.0)])
+        .lease("m", "a", 0.25)
+        .lease("h1", "a", 0.41)
+        .lease("h2", "a", 0.44)
+        .lease("b1", "b", 0.07)
+        .lease("c1", "c", 0.03)
+        .lease("d1", "d", 0.05);
+    fleet.moving = vec![(k("h1"), 0.02), (k("h2"), 0.02)];
+    let (first, _) = fleet.plan(BOUNDS);
+    assert_eq!(first, vec![(k("m"), w("c"))], "the small worker with room");
+    // The figures hold still: a climbing lease goes where there is room left for it.
+    let mut fleet = fleet.after(&first).sticky("m");
+    fleet.moving.clear();
+    let (second, _) = fleet.plan(BOUNDS);
+    let fleet = fleet.after(&second);
+    let mean = 1.25 / 6.0;
+    for worker in ["a", "b", "c", "d"] {
+        let level = fleet.level(worker);
+        assert!(
+            level <= mean + BOUNDS.band,
+            "{worker} at {level:.3} (mean {mean:.3}) after {first:?} then {second:?}"
+        );
+    }
+}
