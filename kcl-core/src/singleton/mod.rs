@@ -72,6 +72,7 @@ pub(crate) use self::take::Sighting;
 use crate::error::{ConfigError, Error};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore, TableFeatures};
+use crate::mutation::{self, Mutation};
 use crate::types::{ShardId, WorkerId};
 
 pub use crate::lease::keys::{COORDINATION_PREFIX, is_coordination_key};
@@ -153,6 +154,9 @@ pub struct Singleton<L> {
     carriers: Option<Arc<Carriers>>,
     /// Wakes a sleeping candidate to poll at once (it was handed the row).
     poked: tokio::sync::Notify,
+    /// The next poll reads the row itself: the poke came from a read newer than any
+    /// sighting (see [`poke`](Self::poke)).
+    read_next: std::sync::atomic::AtomicBool,
     /// The row's tenure while this candidate holds it.
     holding: std::sync::Mutex<Option<Arc<Tenure>>>,
 }
@@ -228,6 +232,7 @@ impl<L: LeaseStore> Singleton<L> {
             sighting: None,
             carriers: None,
             poked: tokio::sync::Notify::new(),
+            read_next: std::sync::atomic::AtomicBool::new(false),
             holding: std::sync::Mutex::new(None),
         })
     }
@@ -239,8 +244,14 @@ impl<L: LeaseStore> Singleton<L> {
     }
 
     /// Polls at once (or as soon as it next waits): the row was handed to this candidate, or
-    /// seen free.
+    /// seen free. That poll reads the row itself: what said so is newer than a sighting may
+    /// be (a follower's sighting of its role row is from its last read of the whole table,
+    /// which may be many seconds old, and would show the row's old holder until it aged out).
     pub(crate) fn poke(&self) {
+        if !mutation::on(Mutation::PokeTrustsSighting) {
+            self.read_next
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.poked.notify_one();
     }
 

@@ -11,7 +11,9 @@
 //! every taker interval) is handed those reads as a [`Sighting`] and polls without a read of
 //! its own while one is fresh: the standby's leader candidate would otherwise read the leader
 //! row every second, 60 read units a minute for every fleet. A sighting is never newer than
-//! the row: expiry judged on it can only come later, and the take stays conditional.
+//! the row: expiry judged on it can only come later, and the take stays conditional. A poll
+//! after a poke reads the row all the same: what poked it (an index query showing the row
+//! handed to this worker) is newer than the sighting may be.
 //!
 //! A worker's role rows are carried (see `carried`): their candidates read the row and its
 //! carrier cheaply (eventually consistent), judge the pair, and read the carrier consistently
@@ -44,7 +46,12 @@ impl<L: LeaseStore> Singleton<L> {
         // not a phase. (At most two failover times: a candidate that seldom polls, or only
         // when poked, takes sightings of a recent read only.)
         let within = self.poll_interval().min(self.config.failover_time) * 2;
-        let sighted = self.sighting.as_ref().and_then(|s| s.fresh(within));
+        let read = self
+            .read_next
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let sighted = (self.sighting.as_ref())
+            .filter(|_| !read)
+            .and_then(|s| s.fresh(within));
         let (row, carrier, seen) = match sighted {
             Some(Seen { row, carrier, at }) => (Some(row), carrier, at),
             None => tokio::select! {

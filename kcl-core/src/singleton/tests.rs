@@ -202,6 +202,71 @@ fn the_workers_own_names_are_reserved() {
     assert!(Singleton::new("nightly-report", "me", store, config()).is_ok());
 }
 
+/// A candidate handed its row (a follower the leader made the standby) is poked by the read
+/// that showed it so, and that poll reads the row itself: its sighting, from an older read of
+/// the whole table, shows the old holder (a surge deploy's new standby took 15 s to take
+/// over, and the fleet was without a leader meanwhile).
+#[tokio::test(start_paused = true)]
+async fn a_candidate_poked_reads_the_row_not_its_sighting() {
+    // The mutation check runs this test with the mutation it catches (`Mutation::unit_test`).
+    crate::mutation::set_from_env();
+    let store = MemoryLeaseStore::new();
+    let runs: Runs = Arc::default();
+    let (holder, holder_stop) = candidate("a", &store, &runs);
+    sleep(Duration::from_secs(1)).await;
+    let row = || {
+        store
+            .leases()
+            .into_iter()
+            .find(|l| l.key.as_str().ends_with("compactor"))
+            .unwrap_or_else(|| unreachable!("the row exists"))
+    };
+    // "b" saw the row held by "a", and polls seldom, as a follower's role candidate does.
+    let sighting = Arc::new(take::Sighting::default());
+    sighting.saw(row(), None, Instant::now());
+    let seldom = config().poll_interval(Duration::from_secs(60));
+    let b = Singleton::new("compactor", "b", store.client("b"), seldom)
+        .unwrap_or_else(|e| unreachable!("{e}"))
+        .with_sighting(sighting);
+    let b = Arc::new(b);
+    let (b_runs, b_stop, running) = (runs.clone(), CancellationToken::new(), b.clone());
+    let stop = b_stop.clone();
+    let b_task = tokio::spawn(async move {
+        running
+            .run(stop, |lost| {
+                let runs = b_runs.clone();
+                async move {
+                    runs.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(("b".to_owned(), Instant::now(), None));
+                    lost.cancelled().await;
+                }
+            })
+            .await
+    });
+    sleep(Duration::from_millis(500)).await;
+    // "a" gives the row up and it is handed to "b" (a take on its behalf), which is told.
+    holder_stop.cancel();
+    let _ = holder.await;
+    let handed = store.take(&row(), &WorkerId::new("b")).await;
+    assert!(handed.is_ok(), "{handed:?}");
+    let at = Instant::now();
+    b.poke();
+    sleep(Duration::from_secs(1)).await;
+    let taken = runs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(who, ..)| who == "b")
+        .map(|(_, started, _)| *started - at);
+    assert!(
+        taken.is_some_and(|t| t <= Duration::from_millis(100)),
+        "b took the row handed to it after {taken:?}"
+    );
+    b_stop.cancel();
+    let _ = b_task.await;
+}
+
 /// A candidate handed sightings of its row (a worker's standby, which follows the table)
 /// that stopped coming (the standby was demoted) reads the row itself again: when the
 /// holder dies it takes over within the failover time and a few polls, not never.
