@@ -202,6 +202,42 @@ fn the_workers_own_names_are_reserved() {
     assert!(Singleton::new("nightly-report", "me", store, config()).is_ok());
 }
 
+/// Runs `singleton` as candidate `name`, noting in `runs` when each run of its task starts.
+fn recorded(
+    name: &str,
+    singleton: Arc<Singleton<MemoryLeaseStore>>,
+    runs: &Runs,
+) -> (
+    tokio::task::JoinHandle<Result<(), Error>>,
+    CancellationToken,
+) {
+    let (runs, stop, name) = (runs.clone(), CancellationToken::new(), name.to_owned());
+    let stopped = stop.clone();
+    let task = tokio::spawn(async move {
+        singleton
+            .run(stopped, |lost| {
+                let (runs, name) = (runs.clone(), name.clone());
+                async move {
+                    runs.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push((name, Instant::now(), None));
+                    lost.cancelled().await;
+                }
+            })
+            .await
+    });
+    (task, stop)
+}
+
+/// When `name`'s task first started.
+fn first_run(runs: &Runs, name: &str) -> Option<Instant> {
+    runs.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(who, ..)| who == name)
+        .map(|(_, at, _)| *at)
+}
+
 /// A candidate handed its row (a follower the leader made the standby) is poked by the read
 /// that showed it so, and that poll reads the row itself: its sighting, from an older read of
 /// the whole table, shows the old holder (a surge deploy's new standby took 15 s to take
@@ -229,21 +265,7 @@ async fn a_candidate_poked_reads_the_row_not_its_sighting() {
         .unwrap_or_else(|e| unreachable!("{e}"))
         .with_sighting(sighting);
     let b = Arc::new(b);
-    let (b_runs, b_stop, running) = (runs.clone(), CancellationToken::new(), b.clone());
-    let stop = b_stop.clone();
-    let b_task = tokio::spawn(async move {
-        running
-            .run(stop, |lost| {
-                let runs = b_runs.clone();
-                async move {
-                    runs.lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .push(("b".to_owned(), Instant::now(), None));
-                    lost.cancelled().await;
-                }
-            })
-            .await
-    });
+    let (b_task, b_stop) = recorded("b", b.clone(), &runs);
     sleep(Duration::from_millis(500)).await;
     // "a" gives the row up and it is handed to "b" (a take on its behalf), which is told.
     holder_stop.cancel();
@@ -253,12 +275,7 @@ async fn a_candidate_poked_reads_the_row_not_its_sighting() {
     let at = Instant::now();
     b.poke();
     sleep(Duration::from_secs(1)).await;
-    let taken = runs
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .find(|(who, ..)| who == "b")
-        .map(|(_, started, _)| *started - at);
+    let taken = first_run(&runs, "b").map(|started| started - at);
     assert!(
         taken.is_some_and(|t| t <= Duration::from_millis(100)),
         "b took the row handed to it after {taken:?}"
@@ -291,21 +308,7 @@ async fn a_candidate_whose_sightings_stopped_reads_the_row_itself() {
     let b = Singleton::new("compactor", "b", store.client("b"), config())
         .unwrap_or_else(|e| unreachable!("{e}"))
         .with_sighting(sighting);
-    let b_runs = runs.clone();
-    let b_stop = CancellationToken::new();
-    let stop = b_stop.clone();
-    let b_task = tokio::spawn(async move {
-        b.run(stop, |lost| {
-            let runs = b_runs.clone();
-            async move {
-                runs.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .push(("b".to_owned(), Instant::now(), None));
-                lost.cancelled().await;
-            }
-        })
-        .await
-    });
+    let (b_task, b_stop) = recorded("b", Arc::new(b), &runs);
     sleep(Duration::from_secs(30)).await;
 
     // "a" dies (its task aborted: no release), and "b" must notice.
@@ -313,12 +316,7 @@ async fn a_candidate_whose_sightings_stopped_reads_the_row_itself() {
     drop(holder_stop);
     let died = Instant::now();
     sleep(Duration::from_secs(10)).await;
-    let taken = runs
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .find(|(who, ..)| who == "b")
-        .map(|(_, at, _)| *at);
+    let taken = first_run(&runs, "b");
     assert!(taken.is_some(), "b never took over from a dead holder");
     let taken = taken.unwrap_or(died);
     assert!(
