@@ -13,9 +13,10 @@
 //! single move is worth it (a hot lease that fits only on a worker whose own leases must make
 //! room), a swap of two leases between two workers is, if it gains two bands: it counts as
 //! two moves. A move must be worth the band because the figures are noisy, and a move that
-//! fixes less may fix nothing and be undone by the next noise. So a lease carrying a band or less never moves for load, and
-//! each move lowers the fleet's spread (the sum of load² / capacity over workers) by at
-//! least the moved load × the band: at steady load moves cannot go round in circles.
+//! fixes less may fix nothing and be undone by the next noise. So a lease carrying a band or
+//! less never moves for load, and each move lowers the fleet's spread (the sum of
+//! load² / capacity over workers) by at least the moved load × the band: at steady load
+//! moves cannot go round in circles.
 //!
 //! A worker gives leases for load only once it has been above the band for a whole move
 //! window: a burst shorter than that (a minute at the defaults, on top of the smoothing's
@@ -28,8 +29,8 @@
 //! if its figure is *steady* (it did not move by half a band or more within the last move
 //! window, see `weigh::Anchors`); a worker gives none while its leases' figures fell by half
 //! a band or more in all within the window (it may be lower than it shows), and receives
-//! none while they climbed as much (it may be higher). A change of load is acted on once the smoothing has caught up with it; a
-//! burst, however long, moves nothing while it lasts.
+//! none while they climbed as much (it may be higher). A change of load is acted on once the
+//! smoothing has caught up with it; a burst, however long, moves nothing while it lasts.
 //!
 //! The small leases (under the band) are then spread by count, as
 //! [`BalanceBy::Count`](crate::BalanceBy::Count) does, but only onto workers that have been
@@ -38,8 +39,8 @@
 //! lifting one above half the band, counting small leases only: an idle fleet, or one of many
 //! small leases, still gives leases to a new worker; a worker holding one hot lease is not
 //! given cold ones that would lift it over the band; a load move is not followed by count
-//! moves; noise at the edge moves nothing. The two passes move different leases, so they never undo each
-//! other.
+//! moves; noise at the edge moves nothing. The two passes move different leases, so they
+//! never undo each other.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -141,9 +142,9 @@ pub(crate) fn plan<'a>(
 }
 
 /// The workers above the band now, or, while they are giving leases for load (`giving`: one
-/// within the last move window), still above half of it: the leader notes since when, so that only a worker above it for a whole
-/// move window gives leases ([`Level::sustained`]), and goes on giving until it is down to
-/// half the band. Noise then has half a band to cross before it starts anything again.
+/// within the last move window), still above half of it: the leader notes since when, so
+/// that only a worker above it for a whole move window gives leases ([`Level::sustained`]),
+/// and goes on giving until it is down to half the band. Noise then has half a band to cross before it starts anything again.
 pub(crate) fn above<'a>(
     levels: &Levels<'a>,
     band: f64,
@@ -377,13 +378,7 @@ fn best_from<'a>(
     let top = found.iter().map(|f| f.0).fold(f64::MIN, f64::max);
     found.retain(|f| top - f.0 <= 1e-3);
     // The best first (no sort: the orders to a thousandth are not total).
-    let mut first = 0;
-    for i in 1..found.len() {
-        if order(&found[i], &found[first]).is_lt() {
-            first = i;
-        }
-    }
-    if !found.is_empty() {
+    if let Some(first) = (0..found.len()).min_by(|&a, &b| order(&found[a], &found[b])) {
         found.swap(0, first);
     }
     found

@@ -3,7 +3,6 @@
 //! triggers); see [`balance`](super::balance) for what it does with them.
 
 use std::collections::BTreeMap;
-
 use std::time::Duration;
 
 use tokio::time::Instant;

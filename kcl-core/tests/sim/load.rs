@@ -17,12 +17,12 @@
 //!
 //! The invariants (`load-*`):
 //! - `converge`: at 6 min (from the start) and from 4 min after the change (the stickiness
-//!   window and six move windows: see `CONVERGE`) until 16 min, the
-//!   highest worker level is at most 1.25 × the mean, or within two bands of the mean (at a
-//!   mean under 8 bands, 0.8 units by default: a move must gain a band to be made, see
-//!   `lease/balance.rs`), or within one and a half bands of what a greedy placement of the
-//!   whole fleet reaches (largest lease first, each where it ends lowest): the balancer moves
-//!   one lease (or swaps two) at a time from where the leases are, never reshuffles them all;
+//!   window and six move windows: see `CONVERGE`) until 16 min, the highest worker level is
+//!   at most 1.25 × the mean, or within two bands of the mean (at a mean under 8 bands, 0.8
+//!   units by default: a move must gain a band to be made, see `lease/balance.rs`), or within
+//!   one and a half bands of what a greedy placement of the whole fleet reaches (largest
+//!   lease first, each where it ends lowest): the balancer moves one lease (or swaps two) at a
+//!   time from where the leases are, never reshuffles them all;
 //! - `moves`: from 4 min after the change to 16 min, from 4 min into the quiet phase (its
 //!   start is a change of load) and from 1 min into the silent phase to their ends, at most
 //!   one lease move per worker per quarter hour (a worker-hour at the default timing);

@@ -8,7 +8,7 @@
 //! moves it made ([`Moves`]) and plans as if they had landed, until the table shows them or
 //! they are over.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use tokio::time::Instant;
 
@@ -139,11 +139,7 @@ impl Leading {
         let anchors = &self.anchors;
         let trend = |key: &ShardId| anchors.trend(key, now, window);
         let by_load = balancing.by == BalanceBy::Load;
-        let written: std::collections::BTreeSet<&ShardId> = leases
-            .iter()
-            .filter(|l| by_load && self.composition.written_by_owner(l))
-            .map(|l| &l.key)
-            .collect();
+        let written = self.written(leases, by_load);
         let settled = |key: &ShardId| {
             orphans.contains_key(key) || view.observer.settled(key, now, balancing.stickiness)
         };
@@ -207,6 +203,19 @@ impl Leading {
             self.anchors.observe(leases, balancing.band, window, now);
             self.composition.observe(leases, now);
         }
+    }
+
+    /// The leases whose rows their holders wrote since they arrived there (see
+    /// [`Composition`]); none when balancing by count, which does not read them.
+    fn written<'a>(&self, leases: &'a [Lease], by_load: bool) -> BTreeSet<&'a ShardId> {
+        if !by_load {
+            return BTreeSet::new();
+        }
+        leases
+            .iter()
+            .filter(|l| self.composition.written_by_owner(l))
+            .map(|l| &l.key)
+            .collect()
     }
 
     /// The heartbeat rows' totals that are of the leases their workers hold now (see
