@@ -138,6 +138,9 @@ pub enum Mutation {
     /// A carrier's write proves its role even when answered after the role's validity ran
     /// out (a lapsed role comes back).
     CarrierProvesAfterLapse,
+    /// An adoption (a take that names the owner again) clears the handoff request written on
+    /// the row while the lease was on its way to the adopter (as before stop 48).
+    AdoptionDropsHandoff,
 }
 
 impl Mutation {
@@ -198,6 +201,7 @@ impl Mutation {
         Self::PokeTrustsSighting,
         Self::RoleCarrierIgnored,
         Self::CarrierProvesAfterLapse,
+        Self::AdoptionDropsHandoff,
     ];
 }
 
@@ -254,6 +258,11 @@ impl Mutation {
             // Churn, not loss: a heartbeat worker's move lands on a misjudged worker.
             Self::StaleTotals => Some(
                 "lease::weigh::tests::a_moved_rows_capacity_is_its_new_holders_only_once_it_wrote_it",
+            ),
+            // Churn, not loss: a lease the leader moves on before its target adopted it stays
+            // on the target until the leader asks again (seed 403 of 1,000).
+            Self::AdoptionDropsHandoff => Some(
+                "memory::store::lease_store::tests::an_adoption_keeps_a_handoff_request_a_take_clears_it",
             ),
             _ => None,
         }

@@ -465,11 +465,13 @@ impl LeaseStore for DynamoDbLeaseStore {
             AttributeValue::S(new_owner.as_str().to_owned()),
         )
         .set(LEASE_COUNTER, schema::number(observed.counter + 1))
-        .remove(HANDOFF_TO)
         .remove(CHECKPOINT_OWNER)
         .remove(schema::RESTART_GRACE);
+        // An adoption (the row names the taker already) keeps a handoff request: the leader
+        // may have asked for the lease to move on before its target took it.
         if observed.owner.as_ref() != Some(new_owner) {
-            e.increment(OWNER_SWITCHES_SINCE_CHECKPOINT);
+            e.increment(OWNER_SWITCHES_SINCE_CHECKPOINT)
+                .remove(HANDOFF_TO);
         }
         self.update(Operation::Take, &observed.key, e).await
     }

@@ -333,7 +333,9 @@ pub trait LeaseStore: LeaseStoreExtras {
     fn renew(&self, held: &Lease) -> impl Future<Output = Result<Lease, BackendError>> + Send;
 
     /// Makes `new_owner` the owner. Condition: owner and counter as in `observed`. Bumps the
-    /// counter, counts an owner switch if the owner changes, clears any handoff request.
+    /// counter. If the owner changes, counts an owner switch and clears any handoff request;
+    /// an adoption (the row names `new_owner` already) keeps it, since the leader may have
+    /// asked for the lease to move on before its target took it.
     fn take(
         &self,
         observed: &Lease,

@@ -149,12 +149,15 @@ impl LeaseStore for MemoryLeaseStore {
                 held_by(observed),
                 move |row| {
                     row.map(|mut r| {
-                        if r.owner.as_ref() != Some(&new_owner) {
+                        let adoption = r.owner.as_ref() == Some(&new_owner);
+                        if !adoption {
                             r.owner_switches_since_checkpoint += 1;
+                        }
+                        if !adoption || mutation::on(Mutation::AdoptionDropsHandoff) {
+                            r.handoff_to = None;
                         }
                         r.owner = Some(new_owner);
                         r.counter += 1;
-                        r.handoff_to = None;
                         r.restart_grace = None;
                         r
                     })
@@ -336,5 +339,47 @@ impl LeaseStoreExtras for MemoryLeaseStore {
         let rows = t.unreadable.iter();
         rows.map(|(key, why)| crate::lease::UnreadableRow::new(Some(key.to_string()), why.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::types::Checkpoint;
+
+    /// The leader writes a lease to `b` and, before `b` adopted it, asks `b` to hand it on to
+    /// `c` (a balancing move). `b`'s adoption is a take that names `b` again: it keeps the
+    /// request, so `b` hands the lease on at once. A take by anyone else clears it.
+    #[tokio::test]
+    async fn an_adoption_keeps_a_handoff_request_a_take_clears_it() {
+        crate::mutation::set_from_env();
+        let store = MemoryLeaseStore::new();
+        store.ensure_table(TableFeatures::NONE).await.unwrap();
+        let (a, b, c) = (WorkerId::new("a"), WorkerId::new("b"), WorkerId::new("c"));
+        let mut lease = Lease::new(ShardId::new("shard-1"), Checkpoint::TrimHorizon);
+        lease.owner = Some(a.clone());
+        assert!(store.create(&lease).await.unwrap());
+        let assigned = store.take(&lease, &b).await.unwrap();
+        store.request_handoff(&assigned, Some(&c)).await.unwrap();
+        let asked = store.get(&lease.key).await.unwrap().unwrap();
+
+        let adopted = store.take(&asked, &b).await.unwrap();
+        assert_eq!(
+            adopted.handoff_to,
+            Some(c.clone()),
+            "the adoption kept the request"
+        );
+        assert_eq!(
+            adopted.owner_switches_since_checkpoint, 1,
+            "an adoption is no switch"
+        );
+
+        let taken = store.take(&adopted, &a).await.unwrap();
+        assert_eq!(
+            taken.handoff_to, None,
+            "a take by another worker clears the request"
+        );
     }
 }

@@ -170,6 +170,10 @@ async fn adopt<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
             continue;
         }
         taking.take(w, &row).await;
+        // The leader may have moved the lease on before this worker adopted it (the take
+        // kept the request): handing it over now makes room for the next ones, which wait
+        // for it rather than being refused.
+        taking.shards.hand_over_requested(&table.me);
     }
 }
 
