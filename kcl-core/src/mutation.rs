@@ -141,6 +141,9 @@ pub enum Mutation {
     /// An adoption (a take that names the owner again) clears the handoff request written on
     /// the row while the lease was on its way to the adopter (as before stop 48).
     AdoptionDropsHandoff,
+    /// A worker that gave a lease for load is spread small leases by count once the
+    /// stickiness window is over, however hot the fleet still is.
+    CountsFollowLoadMoves,
 }
 
 impl Mutation {
@@ -202,6 +205,7 @@ impl Mutation {
         Self::RoleCarrierIgnored,
         Self::CarrierProvesAfterLapse,
         Self::AdoptionDropsHandoff,
+        Self::CountsFollowLoadMoves,
     ];
 }
 
@@ -263,6 +267,11 @@ impl Mutation {
             // on the target until the leader asks again (seed 403 of 1,000).
             Self::AdoptionDropsHandoff => Some(
                 "memory::store::lease_store::tests::an_adoption_keeps_a_handoff_request_a_take_clears_it",
+            ),
+            // Churn, not loss, and only after a move for load at steady load (seed 975 of the
+            // 1,000 load seeds).
+            Self::CountsFollowLoadMoves => Some(
+                "worker::cycle::leader::tests::a_giver_gets_no_small_leases_while_leases_are_hot",
             ),
             _ => None,
         }

@@ -35,11 +35,12 @@
 //! The small leases (under the band) are then spread by count, as
 //! [`BalanceBy::Count`](crate::BalanceBy::Count) does, but only onto workers that have been
 //! half a band below the mean (or, in a quiet fleet, within a quarter of a band of idle) for
-//! a whole move window, and gave no lease for load within the stickiness window, never
-//! lifting one above half the band, counting small leases only: an idle fleet, or one of many
-//! small leases, still gives leases to a new worker; a worker holding one hot lease is not
-//! given cold ones that would lift it over the band; a load move is not followed by count
-//! moves; noise at the edge moves nothing. The two passes move different leases, so they
+//! a whole move window, and gave no lease for load within the stickiness window (nor since,
+//! while any lease carries more than the band), never lifting one above half the band,
+//! counting small leases only: an idle fleet, or one of many small leases, still gives
+//! leases to a new worker; a worker holding one hot lease is not given cold ones that would
+//! lift it over the band; a load move is not followed by count moves; noise at the edge
+//! moves nothing. The two passes move different leases, so they
 //! never undo each other.
 
 use std::cmp::Reverse;
@@ -61,7 +62,8 @@ pub(crate) struct Level {
     /// of it (see the module docs); only such a worker gives leases for load.
     pub(crate) sustained: bool,
     /// It has been low enough (see `low`) for a whole move window, and gave no lease for
-    /// load within the stickiness window: only such a worker receives small leases by count.
+    /// load within the stickiness window (nor since, while any lease carries more than the
+    /// band): only such a worker receives small leases by count.
     pub(crate) may_take: bool,
     /// Its leases' figures may be climbing (they moved up by half a band or more in all
     /// within the last move window, or one is new): its level may be higher than it shows,

@@ -43,7 +43,7 @@ pub(crate) struct Weighing<'a> {
     /// giving down to half the band.
     pub(crate) giving: &'a dyn Fn(&WorkerId) -> bool,
     /// Whether a worker has been low enough to receive small leases by count for a whole
-    /// move window, and gave no lease for load within the stickiness window.
+    /// move window, and gave no lease for load lately (see `Level::may_take`).
     pub(crate) may_take: &'a dyn Fn(&WorkerId) -> bool,
 }
 

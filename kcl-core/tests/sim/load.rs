@@ -659,8 +659,12 @@ fn debug(
             .values()
             .map(|l| format!("{l:.2}"))
             .collect();
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for owner in owners.values() {
+            *counts.entry(owner.as_str()).or_default() += 1;
+        }
         eprintln!(
-            "{:>5}s mean {mean:.3} greedy {greedy:.3} levels {}",
+            "{:>5}s mean {mean:.3} greedy {greedy:.3} levels {} leases {counts:?}",
             t.as_secs(),
             levels.join(" ")
         );
