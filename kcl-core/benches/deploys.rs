@@ -12,6 +12,12 @@
 //! 2. **Rolling replace with surge** (a Deployment with `maxSurge: 1, maxUnavailable: 0`): a
 //!    new worker with a new id starts; once it completed its first cycle (ready), the worker
 //!    it replaces stops gracefully; four times.
+//! 3. **Scale-out**: a fifth worker starts and stays, until the five hold their share; against
+//!    a leader that balances onto a worker the moment it arrives
+//!    (`Mutation::ArrivalsBalancedOnto`), which the surge pays for.
+//!
+//! `DEPLOY_RUNS=N` (5), `DEPLOY_ONLY=surge` (the surge and scale-out rows only),
+//! `DEPLOY_DEBUG=1` (each move: when, which lease, from and to, written by whom).
 //!
 //! "Today" is the behaviour before issue 38: no grace, and the leader takes released leases
 //! itself before balancing them on. It is kept as a deliberate bug of the mutation check
@@ -119,13 +125,16 @@ impl Fleet {
             .collect()
     }
 
-    /// Waits until the live workers hold 8 each (at most 5 minutes).
-    async fn balanced(&self) {
-        let even = SHARDS as usize / WORKERS;
+    /// Waits until `workers` live workers hold their share each (at most 5 minutes).
+    async fn balanced(&self, workers: usize) {
+        let (lo, hi) = (
+            SHARDS as usize / workers,
+            (SHARDS as usize).div_ceil(workers),
+        );
         let deadline = Instant::now() + Duration::from_secs(300);
         while Instant::now() < deadline {
             let held = self.held();
-            if held.len() == WORKERS && held.iter().all(|h| *h == even) {
+            if held.len() == workers && held.iter().all(|h| (lo..=hi).contains(h)) {
                 return;
             }
             sleep(SAMPLE).await;
@@ -188,6 +197,12 @@ fn moves(store: &MemoryLeaseStore, from: usize) -> usize {
         };
         if last.get(&e.lease.key).is_some_and(|before| *before != o) {
             moves += 1;
+            if std::env::var_os("DEPLOY_DEBUG").is_some() {
+                println!(
+                    "move {:?} {} {} -> {o} by {} ({})",
+                    e.at, e.lease.key, last[&e.lease.key], e.client, e.operation
+                );
+            }
         }
         last.insert(e.lease.key.clone(), o);
     }
@@ -215,6 +230,8 @@ enum Deploy {
     Restart(Duration),
     /// A new worker starts, then the one it replaces stops.
     Surge,
+    /// A fifth worker starts, and stays.
+    ScaleOut,
 }
 
 fn run(deploy: Deploy, config: WorkerConfig, today: bool) -> Cost {
@@ -223,7 +240,11 @@ fn run(deploy: Deploy, config: WorkerConfig, today: bool) -> Cost {
         .start_paused(true)
         .build()
         .unwrap();
-    mutation::set(today.then_some(Mutation::ReleasedViaLeader));
+    let before = match deploy {
+        Deploy::ScaleOut => Mutation::ArrivalsBalancedOnto,
+        Deploy::Restart(_) | Deploy::Surge => Mutation::ReleasedViaLeader,
+    };
+    mutation::set(today.then_some(before));
     let cost = rt.block_on(deploy_once(deploy, config));
     mutation::set(None);
     cost
@@ -240,7 +261,7 @@ async fn deploy_once(deploy: Deploy, config: WorkerConfig) -> Cost {
     for i in 0..WORKERS {
         fleet.start(&format!("w{i}"));
     }
-    fleet.balanced().await;
+    fleet.balanced(WORKERS).await;
     let producing = tokio::spawn(produce(fleet.stream.clone()));
     sleep(Duration::from_secs(5)).await;
     let stop = Arc::new(Mutex::new(false));
@@ -271,8 +292,13 @@ async fn deploy_once(deploy: Deploy, config: WorkerConfig) -> Cost {
                 }
                 fleet.stop(&old).await;
             }
+            Deploy::ScaleOut => {
+                fleet.start(&format!("n{i}"));
+                fleet.balanced(WORKERS + 1).await;
+                break;
+            }
         }
-        fleet.balanced().await;
+        fleet.balanced(WORKERS).await;
     }
     let took = began.elapsed();
     *stop.lock().unwrap() = true;
@@ -357,7 +383,9 @@ fn main() {
         "| deploy | behaviour | lease moves (fewest–most of the runs) | moves per lease | longest gap, s | median shard's longest gap, s | table requests | write units | simulated s |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for down in [Duration::from_secs(2), Duration::from_secs(15)] {
+    let surge_only = std::env::var("DEPLOY_ONLY").is_ok_and(|v| v == "surge");
+    let downs = [Duration::from_secs(2), Duration::from_secs(15)];
+    for down in downs.into_iter().filter(|_| !surge_only) {
         let deploy = Deploy::Restart(down);
         let name = format!("rolling restart, stable ids, {} s down", down.as_secs());
         let today = median(runs, || run(deploy, config.clone(), true));
@@ -369,10 +397,21 @@ fn main() {
         row(&name, "restart_grace 60 s", kept);
     }
     let name = "rolling replace, surge (new ids)";
-    let today = median(runs, || run(Deploy::Surge, config.clone(), true));
-    row(name, "today", today);
+    if !surge_only {
+        let today = median(runs, || run(Deploy::Surge, config.clone(), true));
+        row(name, "today", today);
+    }
     let placed = median(runs, || run(Deploy::Surge, config.clone(), false));
     row(name, "released leases placed directly", placed);
+    let name = "scale-out: a fifth worker";
+    let at_once = median(runs, || run(Deploy::ScaleOut, config.clone(), true));
+    row(name, "balanced onto at once (before stop 48)", at_once);
+    let waits = median(runs, || run(Deploy::ScaleOut, config.clone(), false));
+    row(
+        name,
+        "balanced onto a failover time after it arrived",
+        waits,
+    );
     println!(
         "(4 workers × 32 shards, coordination leader, per-lease renewals, failover 10 s, taker 1 s; medians of {runs} runs in simulated time)"
     );

@@ -144,6 +144,9 @@ pub enum Mutation {
     /// A worker that gave a lease for load is spread small leases by count once the
     /// stickiness window is over, however hot the fleet still is.
     CountsFollowLoadMoves,
+    /// A worker that just arrived is balanced onto at once (a surge pod takes leases from
+    /// the others before the worker it replaces releases its own).
+    ArrivalsBalancedOnto,
 }
 
 impl Mutation {
@@ -206,6 +209,7 @@ impl Mutation {
         Self::CarrierProvesAfterLapse,
         Self::AdoptionDropsHandoff,
         Self::CountsFollowLoadMoves,
+        Self::ArrivalsBalancedOnto,
     ];
 }
 
@@ -272,6 +276,10 @@ impl Mutation {
             // 1,000 load seeds).
             Self::CountsFollowLoadMoves => Some(
                 "worker::cycle::leader::tests::a_giver_gets_no_small_leases_while_leases_are_hot",
+            ),
+            // Churn, not loss: a surge pod balanced onto before its predecessor leaves.
+            Self::ArrivalsBalancedOnto => Some(
+                "lease::leader::tests::a_worker_that_just_arrived_is_placed_leases_but_not_balanced_onto",
             ),
             _ => None,
         }

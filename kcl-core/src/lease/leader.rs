@@ -11,14 +11,17 @@
 //! two leases more than another, the most loaded is asked to hand one to the least loaded (a
 //! handoff request, which the owner sees in its next renewal and grants); each worker receives
 //! at most `max_steal` new requests a round, so the fleet moves gradually, as with the
-//! per-worker taker.
+//! per-worker taker. A worker the leader first saw less than a failover time ago is placed
+//! leases nobody holds but not balanced onto: in a rolling replace it is the surge pod, and
+//! the worker it replaces is about to release its leases to it; what balancing took from
+//! the others for it, those would refill (two moves where one does).
 //!
 //! Workers are known as in [`taker::workers`]: owners of live leases and targets of pending
 //! handoffs. Only workers seen *active* lately (their own rows moved, or they asked for a
 //! lease) are given leases or asked for handoffs: a lease written to a worker that has died
 //! would look alive for another failover time, and a dead owner cannot hand anything over. A
-//! worker that owns an expired lease gets nothing new either. Loads count pending handoffs at their target, so a request is not repeated while
-//! it is under way. A lease the leader misjudges costs a failed conditional write, never a
+//! worker that owns an expired lease gets nothing new either. Loads count pending handoffs at
+//! their target, so a request is not repeated while it is under way. A lease the leader misjudges costs a failed conditional write, never a
 //! second owner: leadership decides who should do the work, not who may.
 //!
 //! The leader cannot read other workers' `max_leases`. A worker given a lease it has no room
@@ -123,9 +126,16 @@ pub(crate) fn assign_within(
             active(w) && !suspects.contains(&w)
         }
     };
-    let room_to_balance = |w: &WorkerId, n: usize| {
+    let fits = |w: &WorkerId, n: usize| {
         let capped = cap(w).is_some_and(|cap| n >= cap);
         room(w, n) && (!capped || mutation::on(Mutation::LeaderBalancesOntoRefusers))
+    };
+    // A worker that just arrived is placed what nobody holds but not balanced onto: in a
+    // rolling replace it is the surge pod, and the leases of the worker it replaces, released
+    // in a moment, go straight to it. Balanced onto at once, it would take leases from the
+    // others, which the released ones would then refill: two moves where one does.
+    let room_to_balance = |w: &WorkerId, n: usize| {
+        fits(w, n) && (!(weighing.arriving)(w) || mutation::on(Mutation::ArrivalsBalancedOnto))
     };
     if !weighing.by_load() {
         place(
@@ -149,7 +159,7 @@ pub(crate) fn assign_within(
     let (mut levels, mut movable) = weigh(me, leases, &load, movable, weighing);
     // By load, a worker the leader learned is full (see `Moves::cap`) comes last: its level
     // says nothing of its room, and it would only give the lease back.
-    let fits: &dyn Fn(&WorkerId, usize) -> bool = &room_to_balance;
+    let fits: &dyn Fn(&WorkerId, usize) -> bool = &fits;
     let by_load = Some((&mut levels, weighing, fits));
     place(
         me,
@@ -824,6 +834,52 @@ mod tests {
             plan.request_handoff.is_empty(),
             "balanced by placement: {plan:?}"
         );
+    }
+
+    /// A rolling replace with surge: the new worker arrives holding nothing. Balanced onto at
+    /// once, it would take leases from the others, and the leases of the worker it replaces,
+    /// released a few seconds later, would refill them: two moves where one does. While it is
+    /// arriving it is placed what nobody holds, and nothing is asked of the others for it.
+    #[test]
+    fn a_worker_that_just_arrived_is_placed_leases_but_not_balanced_onto() {
+        crate::mutation::set_from_env();
+        let (me, a, new) = (w("leader"), w("a"), w("new"));
+        let mut leases = Vec::new();
+        for i in 0..4 {
+            leases.push(lease(&format!("m{i}"), Holder::Me));
+            leases.push(lease(&format!("a{i}"), Holder::Other(a.clone())));
+        }
+        let mut asked = lease("a4", Holder::Other(a));
+        asked.handoff_to = Some(new.clone());
+        leases.push(asked);
+        let arriving = |w: &WorkerId| *w == new;
+        let weighing = Weighing {
+            arriving: &arriving,
+            ..Weighing::counts(2)
+        };
+        let limits = Limits {
+            max_leases: usize::MAX,
+            max_steal: 2,
+        };
+        let plan = |leases: &[Candidate]| {
+            assign_within(
+                &me,
+                leases,
+                limits,
+                |_| true,
+                |_, _| false,
+                |_| None,
+                &weighing,
+            )
+        };
+        let waiting = plan(&leases);
+        assert!(waiting.request_handoff.is_empty(), "{waiting:?}");
+        // Its predecessor's leases, released, go straight to it.
+        leases.push(lease("r0", Holder::Released));
+        leases.push(lease("r1", Holder::Released));
+        let placed = plan(&leases);
+        assert_eq!(count(&placed, "new"), 2, "{placed:?}");
+        assert!(placed.request_handoff.is_empty(), "{placed:?}");
     }
 
     #[test]

@@ -36,6 +36,12 @@ pub(crate) struct Observer {
     leaving: BTreeMap<WorkerId, Instant>,
     /// Handoff requests this worker wrote on others' behalf: not a sign of their life.
     requested: BTreeMap<ShardId, WorkerId>,
+    /// When this observer first read the table.
+    watching_since: Option<Instant>,
+    /// When each worker was first and last seen active (see
+    /// [`arrived_within`](Self::arrived_within)); unlike `active`, kept through the moments
+    /// a worker is not active (a release, a lapse) until it is forgotten.
+    arrived: BTreeMap<WorkerId, (Instant, Instant)>,
 }
 
 #[derive(Debug)]
@@ -55,6 +61,7 @@ struct Seen {
 impl Observer {
     /// Records the counters in `leases`, observed at `now`, and forgets leases no longer listed.
     pub(crate) fn update(&mut self, leases: &[Lease], now: Instant) {
+        self.watching_since.get_or_insert(now);
         let mut next = BTreeMap::new();
         let mut released = Vec::new();
         for lease in leases {
@@ -118,6 +125,9 @@ impl Observer {
         }
         self.seen = next;
         self.requested.clear();
+        for worker in self.active.keys() {
+            self.arrived.entry(worker.clone()).or_insert((now, now)).1 = now;
+        }
         if mutation::on(Mutation::ReleaseOutweighedByRenewals) {
             return;
         }
@@ -165,10 +175,23 @@ impl Observer {
                 .is_some_and(|at| now.saturating_duration_since(*at) < within)
     }
 
+    /// Whether `worker` was first seen active within `within` of `now`, this observer having
+    /// watched the table for `within` before (a worker already there when it began watching
+    /// has not just arrived). In a rolling replace, such a worker is the surge pod whose
+    /// predecessor is about to leave.
+    pub(crate) fn arrived_within(&self, worker: &WorkerId, now: Instant, within: Duration) -> bool {
+        let (Some(since), Some((at, _))) = (self.watching_since, self.arrived.get(worker)) else {
+            return false;
+        };
+        at.saturating_duration_since(since) >= within && now.saturating_duration_since(*at) < within
+    }
+
     /// Forgets workers not seen active for `after` (workers that left).
     pub(crate) fn forget_inactive(&mut self, now: Instant, after: Duration) {
         self.active
             .retain(|_, at| now.saturating_duration_since(*at) < after);
+        self.arrived
+            .retain(|_, (_, last)| now.saturating_duration_since(*last) < after);
         self.leaving
             .retain(|_, at| now.saturating_duration_since(*at) < after);
     }

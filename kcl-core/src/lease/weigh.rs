@@ -45,6 +45,9 @@ pub(crate) struct Weighing<'a> {
     /// Whether a worker has been low enough to receive small leases by count for a whole
     /// move window, and gave no lease for load lately (see `Level::may_take`).
     pub(crate) may_take: &'a dyn Fn(&WorkerId) -> bool,
+    /// Whether a worker arrived lately (within a failover time): it is placed leases nobody
+    /// holds, but not balanced onto yet (see `leader::assign_within`).
+    pub(crate) arriving: &'a dyn Fn(&WorkerId) -> bool,
 }
 
 impl Weighing<'_> {
@@ -68,6 +71,7 @@ impl Weighing<'_> {
             sustained: &|_| false,
             giving: &|_| false,
             may_take: &|_| true,
+            arriving: &|_| false,
         }
     }
 

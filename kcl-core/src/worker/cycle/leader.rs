@@ -152,6 +152,7 @@ impl Leading {
         let sustained = |w: &WorkerId| above.get(w).is_some_and(long);
         let giving = |w: &WorkerId| gave.get(w).is_some_and(|at| !long(at));
         let may_take = |w: &WorkerId| takers.get(w).is_some_and(long) && !gave.contains_key(w);
+        let arriving = |w: &WorkerId| view.observer.arrived_within(w, now, failover);
         let weighing = Weighing {
             by_load,
             bounds: Bounds {
@@ -172,6 +173,7 @@ impl Leading {
             sustained: &sustained,
             giving: &giving,
             may_take: &may_take,
+            arriving: &arriving,
         };
         let plan = leader::assign_within(
             &table.me,
