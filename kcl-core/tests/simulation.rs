@@ -328,7 +328,7 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .map(|(_, o)| o.violations.len())
         .sum();
     println!(
-        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations; retrieval: polling {} seeds {} violations, fan-out {} seeds {fan_out_violations} violations; lease keys: single-stream {} seeds {} violations, multi-stream {} seeds {multi_violations} violations), {violations} violations of [{}], {records} records",
+        "simulation: {} seeds ({} LATEST, {} AT_TIMESTAMP, {} planned; coordination: every-worker {} seeds {} violations, leader {} seeds ({} without a change feed, {} balancing by load) {led_violations} violations; liveness: per-lease {} seeds {} violations, heartbeat {} seeds ({} mixed with per-lease workers) {heartbeat_violations} violations; retrieval: polling {} seeds {} violations, fan-out {} seeds {fan_out_violations} violations; lease keys: single-stream {} seeds {} violations, multi-stream {} seeds {multi_violations} violations), {violations} violations of [{}], {records} records",
         results.len(),
         stats.latest,
         stats.at_timestamp,
@@ -337,6 +337,7 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         violations - led_violations,
         stats.led,
         stats.without_feed,
+        stats.by_load,
         results.len() - stats.heartbeat,
         violations - heartbeat_violations,
         stats.heartbeat,

@@ -11,8 +11,8 @@ use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{COORDINATION_PREFIX, is_coordination_key};
 use kcl_core::{
-    Balancing, Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record, Retrieval,
-    Shard, ShardId, WorkerConfig,
+    BalanceBy, Balancing, Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record,
+    Retrieval, Shard, ShardId, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -105,6 +105,8 @@ pub struct Stats {
     pub led: usize,
     /// Of those, seeds whose table had no change feed (observers read the table whole).
     pub without_feed: usize,
+    /// Of those, seeds balancing by load (`BalanceBy::Load`).
+    pub by_load: usize,
     /// Seeds with workers under `Liveness::Heartbeat`.
     pub heartbeat: usize,
     /// Of those, seeds where every other worker renewed per lease.
@@ -209,6 +211,7 @@ impl std::ops::AddAssign for Stats {
     fn add_assign(&mut self, o: Self) {
         self.led += o.led;
         self.without_feed += o.without_feed;
+        self.by_load += o.by_load;
         self.heartbeat += o.heartbeat;
         self.mixed += o.mixed;
         self.fan_out += o.fan_out;
@@ -406,6 +409,16 @@ pub async fn simulate(seed: u64) -> Outcome {
         .random_ratio(1, 3)
         .then_some(RESTART_GRACE);
     stats.grace = usize::from(grace.is_some());
+    // A quarter of the leader seeds balance by load (drawn apart), through the same crashes,
+    // partitions, restarts and reshards as the others: `sim/load.rs` proves what balancing
+    // by load achieves, these that it loses nothing and settles.
+    let by_load = led && StdRng::seed_from_u64(seed ^ 0x10ad_10ad).random_ratio(1, 4);
+    stats.by_load = usize::from(by_load);
+    let balancing = if by_load {
+        config().balancing.by(BalanceBy::Load)
+    } else {
+        config().balancing
+    };
     // A quarter of the seeds cap `max_leases` (drawn apart: see `problems::cap`).
     let cap = super::problems::cap(seed);
     stats.capped = usize::from(cap.is_some());
@@ -418,7 +431,8 @@ pub async fn simulate(seed: u64) -> Outcome {
             .liveness(liveness)
             .retrieval(retrieval)
             .max_unacknowledged(max_unacknowledged)
-            .restart_grace(grace),
+            .restart_grace(grace)
+            .balancing(balancing),
         stream: stream.clone(),
         store,
         faults: faults.clone(),
@@ -845,11 +859,15 @@ fn openings(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Sta
 }
 
 /// Balance: every live worker holds floor(S/W) or ceil(S/W), for two taker cycles running.
+/// Balancing by load, where counts may rightly differ: every ready lease held by a live
+/// worker, and no lease changing hands, for two taker cycles running.
 /// Returns the cycles it took and, if it never held, why.
 async fn balance(fleet: &Fleet) -> (u32, Vec<String>) {
     let (mut cycles, mut since_change, mut streak) = (0, 0, 0);
     let mut last = Vec::new();
     let mut ready = BTreeSet::new();
+    let by_load = fleet.config.balancing.by == BalanceBy::Load;
+    let mut holdings = BTreeMap::new();
     while streak < 2 {
         if since_change == BALANCE_CYCLES || cycles == BALANCE_CYCLES * 6 {
             let mut v = vec![format!(
@@ -862,7 +880,11 @@ async fn balance(fleet: &Fleet) -> (u32, Vec<String>) {
         cycles += 1;
         since_change += 1;
         let now_ready;
-        (now_ready, last) = unbalanced(fleet).await;
+        (now_ready, last) = if by_load {
+            unplaced(fleet, &mut holdings).await
+        } else {
+            unbalanced(fleet).await
+        };
         if now_ready != ready {
             // A shard ended and its children became ready: progress, not imbalance. Each
             // level of a lineage costs a leader the feed's lag, an assignment and the
@@ -873,6 +895,43 @@ async fn balance(fleet: &Fleet) -> (u32, Vec<String>) {
         streak = if last.is_empty() { streak + 1 } else { 0 };
     }
     (cycles, Vec::new())
+}
+
+/// Under balancing by load: the ready leases, and those no live worker holds, or a change
+/// of hands since `holdings` (updated to what the live workers hold now).
+async fn unplaced(
+    fleet: &Fleet,
+    holdings: &mut BTreeMap<ShardId, String>,
+) -> (BTreeSet<ShardId>, Vec<String>) {
+    let leases = fleet.store.list().await.unwrap_or_default();
+    let lineage = Lineage::new(&leases);
+    let ready: BTreeSet<ShardId> = leases
+        .iter()
+        .filter(|l| !is_coordination_key(&l.key) && lineage.is_ready(l))
+        .map(|l| l.key.clone())
+        .collect();
+    let now: BTreeMap<ShardId, String> = fleet
+        .live
+        .iter()
+        .flat_map(|(id, m)| {
+            let held = m.status.borrow().held.clone();
+            held.into_iter().map(move |k| (k, id.clone()))
+        })
+        .collect();
+    let mut violations = Vec::new();
+    let missing: Vec<&ShardId> = ready.iter().filter(|k| !now.contains_key(*k)).collect();
+    if !missing.is_empty() {
+        violations.push(format!(
+            "balance (by load): ready leases held by no live worker: {missing:?}"
+        ));
+    }
+    if now != *holdings {
+        violations.push(format!(
+            "balance (by load): leases still changing hands: {now:?}"
+        ));
+    }
+    *holdings = now;
+    (ready, violations)
 }
 
 /// What is unbalanced now (empty if balanced).
