@@ -6,11 +6,11 @@
 //! **Series stay fresh while they mean something.** A running worker refreshes every counter
 //! and gauge it owns every `taker_interval` (counters at zero from the start, so `rate()` has
 //! something to work on), and each shard task refreshes its shard's series as often while it
-//! holds the lease. When a shard leaves the worker, its series stop being refreshed, so an
-//! exporter's idle timeout (metrics-exporter-prometheus: `idle_timeout(MetricKindMask::COUNTER
-//! | MetricKindMask::GAUGE, …)`, a few taker cycles) removes exactly them, rather than leaving
-//! a `kcl_behind_latest_seconds` for a shard processed elsewhere. `Status::held` says which
-//! shards are this worker's at any moment.
+//! holds the lease. When a shard leaves the worker, its gauges go to 0 and its series stop
+//! being refreshed, so an exporter's idle timeout (metrics-exporter-prometheus:
+//! `idle_timeout(MetricKindMask::COUNTER | MetricKindMask::GAUGE, …)`, a few taker cycles)
+//! removes exactly them, rather than leaving a `kcl_behind_latest_seconds` for a shard
+//! processed elsewhere. `Status::held` says which shards are this worker's at any moment.
 
 /// Records delivered to processors (counter, `shard`).
 pub const RECORDS: &str = "kcl_records_processed_total";
@@ -473,6 +473,27 @@ pub(crate) fn refresh_worker_series() {
         ::metrics::counter!(THROTTLED, "operation" => operation).increment(0);
     }
     // The lease table's request counters: `lease::usage::refresh_series`.
+}
+
+/// Zeroes the gauges of a shard this worker no longer holds. They also stop being refreshed,
+/// and an exporter's idle timeout drops them (see the module docs); until it does, or where
+/// a scraper saw them only once since, they read 0 rather than the last value, so that a sum
+/// over workers does not count a shard twice and an alert on the largest value over shards
+/// does not stay on a shard that moved.
+pub(crate) fn shard_gone(shard: &crate::ShardId) {
+    let shard = shard.to_string();
+    for name in [
+        BEHIND_LATEST,
+        IN_FLIGHT,
+        WATERMARK_LAG_RECORDS,
+        WATERMARK_LAG,
+        PARKED_KEYS,
+        CHECKPOINT_AGE,
+        LEASE_LOAD,
+        SHARD_BACKLOG,
+    ] {
+        ::metrics::gauge!(name, "shard" => shard.clone()).set(0.0);
+    }
 }
 
 /// The per-shard series of one shard while this worker processes it.

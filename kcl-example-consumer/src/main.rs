@@ -213,6 +213,17 @@ where
         application = %settings.application_name,
         "starting"
     );
+    let generated = settings
+        .effective
+        .get("worker_id")
+        .is_some_and(|(_, origin)| *origin == settings::Origin::Default)
+        && std::env::var_os("POD_NAME").is_none();
+    if generated && settings.worker.restart_grace.is_some() {
+        tracing::warn!(
+            worker_id = %settings.worker_id,
+            "restart_grace is set, but this worker's id is made of the host name and process              id, which the next start will not have: its leases will wait the failover time +              the grace for a worker that never comes; give a stable --worker-id (a              StatefulSet's POD_NAME), or turn restart_grace off"
+        );
+    }
     let ended = serving
         .run(worker, settings.worker_id.clone(), options)
         .await;

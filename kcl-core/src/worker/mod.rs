@@ -301,9 +301,15 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     async fn stop(&self, mut state: Coordinator, mode: Mode, beat: &mut Interval) {
         self.handle.graceful.cancel();
         self.report.phase(Phase::ShuttingDown);
+        let kept = self.table.config.restart_grace.is_some() && !self.handle.is_draining();
         tracing::info!(
             leases = state.shards.len(),
-            "shutting down: handing leases back"
+            "{}",
+            if kept {
+                "shutting down: keeping leases for this worker's restart (restart_grace)"
+            } else {
+                "shutting down: handing leases back"
+            }
         );
         let deadline = Instant::now() + self.table.config.shutdown_timeout;
         // The coordination rows go back while the shards stop, so that a successor leads

@@ -168,6 +168,7 @@ impl Shards {
         if let Some(held) = self.held.remove(&key) {
             held.tenure.mark_lost();
         }
+        crate::metrics::shard_gone(&key);
         Some((key, exit))
     }
 

@@ -38,9 +38,18 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             liveness = ?config.liveness,
             retrieval = ?config.retrieval,
             failover_time = ?config.failover_time,
+            balancing = ?config.balancing.by,
+            restart_grace = ?config.restart_grace,
             table.features = %table,
             "worker started"
         );
+        if config.balancing.by == crate::BalanceBy::Load
+            && config.coordination != crate::Coordination::Leader
+        {
+            tracing::warn!(
+                "balancing by load needs a leader (coordination leader): with every worker                  coordinating for itself, this worker balances lease counts"
+            );
+        }
         let wanted = config.coordination.table_features();
         if wanted.owner_index && !table.owner_index {
             tracing::warn!(
