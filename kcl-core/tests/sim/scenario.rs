@@ -11,8 +11,8 @@ use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{COORDINATION_PREFIX, is_coordination_key};
 use kcl_core::{
-    BalanceBy, Balancing, Checkpoint, Coordination, InitialPosition, LeaseStore, Liveness, Record,
-    Retrieval, Shard, ShardId, WorkerConfig,
+    BalanceBy, Balancing, Checkpoint, Coordination, InitialPosition, Lease, LeaseStore, Liveness,
+    Record, Retrieval, Shard, ShardId, WorkerConfig,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -897,19 +897,25 @@ async fn balance(fleet: &Fleet) -> (u32, Vec<String>) {
     (cycles, Vec::new())
 }
 
+/// The lease table, and the keys of its ready shard leases.
+async fn ready(fleet: &Fleet) -> (Vec<Lease>, BTreeSet<ShardId>) {
+    let leases = fleet.store.list().await.unwrap_or_default();
+    let lineage = Lineage::new(&leases);
+    let ready = leases
+        .iter()
+        .filter(|l| !is_coordination_key(&l.key) && lineage.is_ready(l))
+        .map(|l| l.key.clone())
+        .collect();
+    (leases, ready)
+}
+
 /// Under balancing by load: the ready leases, and those no live worker holds, or a change
 /// of hands since `holdings` (updated to what the live workers hold now).
 async fn unplaced(
     fleet: &Fleet,
     holdings: &mut BTreeMap<ShardId, String>,
 ) -> (BTreeSet<ShardId>, Vec<String>) {
-    let leases = fleet.store.list().await.unwrap_or_default();
-    let lineage = Lineage::new(&leases);
-    let ready: BTreeSet<ShardId> = leases
-        .iter()
-        .filter(|l| !is_coordination_key(&l.key) && lineage.is_ready(l))
-        .map(|l| l.key.clone())
-        .collect();
+    let (_, ready) = ready(fleet).await;
     let now: BTreeMap<ShardId, String> = fleet
         .live
         .iter()
@@ -938,13 +944,7 @@ async fn unplaced(
 /// The ready leases, and how the live workers' holdings miss floor(S/W)..=ceil(S/W).
 async fn unbalanced(fleet: &Fleet) -> (BTreeSet<ShardId>, Vec<String>) {
     let mut violations = Vec::new();
-    let leases = fleet.store.list().await.unwrap_or_default();
-    let lineage = Lineage::new(&leases);
-    let ready_keys: BTreeSet<ShardId> = leases
-        .iter()
-        .filter(|l| !is_coordination_key(&l.key) && lineage.is_ready(l))
-        .map(|l| l.key.clone())
-        .collect();
+    let (leases, ready_keys) = ready(fleet).await;
     let ready = ready_keys.len();
     let workers = fleet.live.len();
     let (lo, hi) = (ready / workers, ready.div_ceil(workers));
