@@ -715,3 +715,73 @@ async fn children_of_a_shard_a_follower_ends_start_within_cycles_not_a_sync_inte
         w.task.await.unwrap().unwrap();
     }
 }
+
+/// A `MakeWriter` into a shared buffer, to read what a test logged.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl Logs {
+    fn contains(&self, text: &str) -> bool {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).contains(text)
+    }
+}
+
+/// Two processes given one worker id (stop 48's adversarial run): each writes the other's
+/// leases as its own, and they take them from each other all the time. Nothing is lost, but
+/// every loss read as an ordinary one; now the worker says another process runs as it.
+#[tokio::test(start_paused = true)]
+async fn two_workers_under_one_id_are_told_apart_in_the_log() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (stream, store, seen) = world(4);
+    let b = Behaviour {
+        every_batch: true,
+        ..Behaviour::default()
+    };
+    let one = start("twin", config(), &stream, &store, &seen, &b);
+    assert!(
+        wait_until(Duration::from_secs(10), || held(&one) == 4)
+            .await
+            .is_some()
+    );
+    let two = start("twin", config(), &stream, &store, &seen, &b);
+    fill(&stream, 200);
+    let told = wait_until(Duration::from_secs(60), || {
+        logs.contains("another process runs as this worker")
+    })
+    .await;
+    assert!(told.is_some(), "no warning in 60 s");
+    assert!(
+        wait_until(Duration::from_secs(60), || delivered_by(&seen).len() == 200)
+            .await
+            .is_some(),
+        "none lost"
+    );
+    for w in [one, two] {
+        w.shutdown.shutdown();
+        let _ = w.task.await;
+    }
+}

@@ -18,6 +18,7 @@ pub(crate) mod sync;
 pub(crate) mod taker;
 pub(crate) mod tenure;
 pub mod usage;
+mod validity;
 pub(crate) mod weigh;
 
 pub use self::extras::LeaseStoreExtras;

@@ -38,6 +38,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::load::{Figure, Meter};
+use super::validity::Validity;
 use super::{CheckpointUpdate, Lease, LeaseStore};
 use crate::error::{BackendError, ErrorKind};
 use crate::mutation::{self, Mutation};
@@ -116,51 +117,6 @@ enum Write<'a> {
     Release,
     /// The last write before a restart: the row as it is, marked kept for `grace`.
     Keep(Duration),
-}
-
-/// Until when a holder may act as one: the start of its last successful write, plus a span.
-#[derive(Debug)]
-pub(crate) struct Validity {
-    until: SyncMutex<Instant>,
-    span: Duration,
-}
-
-impl Validity {
-    fn new(until: Instant, span: Duration) -> Self {
-        Self {
-            until: SyncMutex::new(until),
-            span,
-        }
-    }
-
-    /// Until when the holder may act.
-    pub(crate) fn until(&self) -> Instant {
-        *self
-            .until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A write of the holder's own row that started at `started` succeeded.
-    fn wrote(&self, started: Instant) {
-        let mut until = self
-            .until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *until = (*until).max(started + self.span);
-    }
-
-    /// A write of a carrier that started at `started` was answered at `answered`: it proves
-    /// the holder alive only if the validity had not run out by then (see the module docs).
-    fn proved(&self, started: Instant, answered: Instant) {
-        let mut until = self
-            .until
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if answered < *until || mutation::on(Mutation::CarrierProvesAfterLapse) {
-            *until = (*until).max(started + self.span);
-        }
-    }
 }
 
 /// A role carried by a tenure, until this is dropped (see [`Tenure::carry`]).
@@ -519,6 +475,7 @@ impl Tenure {
                 Err(e) if e.kind() == ErrorKind::Conflict => {
                     held.uncertain = false;
                     self.mark_lost();
+                    self.name_a_twin().await;
                     return Err(TenureError::Lost);
                 }
                 Err(e) => {
@@ -556,6 +513,27 @@ impl Tenure {
                 update.restart_grace = Some(grace);
                 bounded(limit, "checkpoint", store.checkpoint(&lease, &update)).await
             }
+        }
+    }
+
+    /// After a conflict: a row that still names this worker was written by another process
+    /// running under its id (or given back to it by the leader after its renewals stalled
+    /// past the failover time). Two processes with one id take each other's leases all the
+    /// time, and each loss would otherwise read as an ordinary one; said at WARN, at the cost
+    /// of one read per lease lost.
+    async fn name_a_twin(&self) {
+        let read = bounded(self.call_timeout, "get", self.store.get(&self.shard)).await;
+        if let Ok(Some(row)) = read
+            && row.is_owned_by(&self.worker)
+        {
+            tracing::warn!(
+                shard = %self.shard,
+                worker = %self.worker,
+                "lease lost to a write naming this worker's own id: another process runs as \
+                 this worker (two processes given one id, or an old one still running after a \
+                 restart replaced it), or the leader gave the lease back after this worker's \
+                 renewals stalled; give each process its own id"
+            );
         }
     }
 
