@@ -21,8 +21,9 @@
 //! lease) are given leases or asked for handoffs: a lease written to a worker that has died
 //! would look alive for another failover time, and a dead owner cannot hand anything over. A
 //! worker that owns an expired lease gets nothing new either. Loads count pending handoffs at
-//! their target, so a request is not repeated while it is under way. A lease the leader misjudges costs a failed conditional write, never a
-//! second owner: leadership decides who should do the work, not who may.
+//! their target, so a request is not repeated while it is under way. A lease the leader
+//! misjudges costs a failed conditional write, never a second owner: leadership decides who
+//! should do the work, not who may.
 //!
 //! The leader cannot read other workers' `max_leases`. A worker given a lease it has no room
 //! for gives it back with its own name in the row's `handoffTo` (a refusal): the leader then
