@@ -475,7 +475,7 @@ impl Tenure {
                 Err(e) if e.kind() == ErrorKind::Conflict => {
                     held.uncertain = false;
                     self.mark_lost();
-                    self.name_a_twin().await;
+                    self.name_a_twin();
                     return Err(TenureError::Lost);
                 }
                 Err(e) => {
@@ -520,21 +520,25 @@ impl Tenure {
     /// running under its id (or given back to it by the leader after its renewals stalled
     /// past the failover time). Two processes with one id take each other's leases all the
     /// time, and each loss would otherwise read as an ordinary one; said at WARN, at the cost
-    /// of one read per lease lost.
-    async fn name_a_twin(&self) {
-        let read = bounded(self.call_timeout, "get", self.store.get(&self.shard)).await;
-        if let Ok(Some(row)) = read
-            && row.is_owned_by(&self.worker)
-        {
-            tracing::warn!(
-                shard = %self.shard,
-                worker = %self.worker,
-                "lease lost to a write naming this worker's own id: another process runs as \
-                 this worker (two processes given one id, or an old one still running after a \
-                 restart replaced it), or the leader gave the lease back after this worker's \
-                 renewals stalled; give each process its own id"
-            );
-        }
+    /// of one read per lease lost, made apart so that the caller learns of the loss at once.
+    fn name_a_twin(&self) {
+        let (store, shard, worker) = (self.store.clone(), self.shard.clone(), self.worker.clone());
+        let limit = self.call_timeout;
+        tokio::spawn(async move {
+            let read = bounded(limit, "get", store.get(&shard)).await;
+            if let Ok(Some(row)) = read
+                && row.is_owned_by(&worker)
+            {
+                tracing::warn!(
+                    %shard,
+                    %worker,
+                    "lease lost to a write naming this worker's own id: another process runs \
+                     as this worker (two processes given one id, or an old one still running \
+                     after a restart replaced it), or the leader gave the lease back after \
+                     this worker's renewals stalled; give each process its own id"
+                );
+            }
+        });
     }
 
     /// After a conflict that followed an uncertain write: finds out whether that write
