@@ -221,7 +221,10 @@ where
     if generated && settings.worker.restart_grace.is_some() {
         tracing::warn!(
             worker_id = %settings.worker_id,
-            "restart_grace is set, but this worker's id is made of the host name and process              id, which the next start will not have: its leases will wait the failover time +              the grace for a worker that never comes; give a stable --worker-id (a              StatefulSet's POD_NAME), or turn restart_grace off"
+            "restart_grace is set, but this worker's id is made of the host name and process \
+             id, which the next start will not have: its leases will wait the failover time + \
+             the grace for a worker that never comes; give a stable --worker-id (a \
+             StatefulSet's POD_NAME), or turn restart_grace off"
         );
     }
     let ended = serving

@@ -47,7 +47,8 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
             && config.coordination != crate::Coordination::Leader
         {
             tracing::warn!(
-                "balancing by load needs a leader (coordination leader): with every worker                  coordinating for itself, this worker balances lease counts"
+                "balancing by load needs a leader (coordination leader): with every worker \
+                 coordinating for itself, this worker balances lease counts"
             );
         }
         let wanted = config.coordination.table_features();
