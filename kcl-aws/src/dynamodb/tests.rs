@@ -279,7 +279,7 @@ async fn a_reset_is_one_conditional_update_of_owner_and_checkpoint() {
                 && values.get(":checkpoint") == Some(&AttributeValue::S("LATEST".into()))
                 && values.get(":leaseCounter") == Some(&AttributeValue::N("8".into()))
                 && expr.contains("#ownerSwitchesSinceCheckpoint = :ownerSwitchesSinceCheckpoint")
-                && expr.contains("#handoffTo")
+                && expr.contains("REMOVE #handoffTo")
                 && expr.contains("#pendingCheckpoint")
         })
         .then_output(|| {
