@@ -14,12 +14,20 @@
 //! read or answer within `timeoutInSeconds`) fails the hook: kcl restarts the shard from its
 //! last checkpoint with a backoff, in a new child, and the daemon's other shards carry on. The
 //! Java daemon exits the whole process instead; [`FailurePolicy::exit`] keeps that behaviour.
+//! Under a failure policy that handles failures in place, the worker delivers the batch again
+//! (or parts of it) to the same processor instead, which starts a new child for it,
+//! initialized as the first was ([`CHILD_RESTARTS`]); and so for the shard's last hook when
+//! the last child is gone: `shardEnded`, or `shutdownRequested` on a stop or a handoff while
+//! the batch waits for its next try (a clean stop: the child hears it and may checkpoint, at
+//! most up to the record before the one that waits).
 //!
 //! A batch the child answered fails too when, while it processed the batch, the child's client
 //! library reported on stderr that the record processor raised (amazon_kclpy catches the
 //! exception, writes `Caught exception from action dispatch: …` and a traceback, and answers
 //! anyway): [`ChildCommand::errors_fail_batch`], `childErrorsFailBatch`. How the report is
-//! told to be the batch's, and no other's: the `stderr` module.
+//! told to be the batch's, and no other's: the `stderr` module. Such a child is well: under a
+//! policy that handles failures in place it is kept for the next delivery
+//! ([`FailurePolicy::in_place`]), so a poison record costs no restart.
 //!
 //! Each child leads its own process group, and goes as a group: once the child has exited,
 //! what is left of its group (a grandchild still holding its pipes) is killed, and the group
@@ -111,6 +119,14 @@ pub struct FailurePolicy {
     /// ([`errors_fail_batch`](ChildCommand::errors_fail_batch)) is not a failed child: the
     /// Java daemon, which counts such a batch as processed, does not exit for it either.
     pub exit: Option<CancellationToken>,
+    /// Whether the worker delivers a failed batch again, whole or in parts, to the same
+    /// processor: its failure policy handles failures in place (`failureExhausted` is
+    /// `dead-letter` or `skip`). A child whose record processor raised, and which answered
+    /// the batch, is then kept for the next delivery: a poison record costs no restart. A
+    /// child that exited, broke the protocol or timed out is replaced all the same. Without
+    /// (`block`), the shard restarts in a new processor and child, and the child is closed
+    /// at once.
+    pub in_place: bool,
 }
 
 /// Why an exchange with a child failed.
@@ -234,7 +250,8 @@ pub struct ChildProcessor {
     policy: FailurePolicy,
     session: Option<Session>,
     /// What `initialize` told the child, to start a new child after one failed a batch (the
-    /// worker's failure policy then delivers the batch again, or a part of it).
+    /// worker's failure policy then delivers the batch again, or a part of it, or stops the
+    /// shard while the batch waits for its next try).
     initialized: Option<ToChild>,
 }
 
@@ -368,7 +385,7 @@ impl ChildProcessor {
             }
         };
         match tokio::time::timeout(grace, exited).await {
-            Ok(Ok(status)) => tracing::info!(status = %counted(status), "child exited"),
+            Ok(Ok(status)) => tracing::info!(status = %describe(status), "child exited"),
             Ok(Err(error)) => tracing::warn!(%error, "waiting for the child failed"),
             Err(_) => tracing::warn!(?grace, "the child did not exit: killing its process group"),
         }
@@ -386,6 +403,29 @@ impl ChildProcessor {
                 "the child's pipes are still open after its process group was killed (held by a process that left the group)"
             );
         }
+    }
+
+    /// A new child in place of one that failed a batch, initialized as the first was, unless
+    /// a child runs (or none was ever initialized); counted in [`CHILD_RESTARTS`]. One that
+    /// cannot be started or initialized is closed, the failure reported.
+    async fn revive(&mut self, bound: Option<Bound>, why: &'static str) -> Result<(), ChildError> {
+        let Some(initialize) = self.initialized.clone() else {
+            return Ok(());
+        };
+        if self.session.is_some() {
+            return Ok(());
+        }
+        tracing::info!("starting a new child after the last one failed a batch, {why}");
+        ::metrics::counter!(CHILD_RESTARTS).increment(1);
+        if let Err(error) = self.spawn() {
+            self.failed(&error);
+            return Err(error);
+        }
+        let initialized = self.exchange(&initialize, None, bound).await;
+        if initialized.is_err() {
+            self.close(bound).await;
+        }
+        initialized
     }
 
     /// The last exchange of a child: `message`, then its stdin closed, all within `bound`.
@@ -409,14 +449,23 @@ impl ChildProcessor {
 /// Children that exited with a status other than 0, or were killed (counter).
 pub const CHILDREN_FAILED: &str = "kcl_multilang_children_failed_total";
 
-/// A child's exit, counted in [`CHILDREN_FAILED`] unless it succeeded, and described.
-fn counted(status: ExitStatus) -> String {
-    if !status.success() {
-        ::metrics::counter!(CHILDREN_FAILED).increment(1);
+/// Children started in place of one that failed a batch, for the batch's next delivery (or
+/// a part of it) under a failure policy, or for the shard's last hook (counter). A child whose
+/// processor raised, still answering, is kept ([`FailurePolicy::in_place`]), and not counted.
+/// A shard that restarts from its checkpoint (no policy: `block`) starts a new processor, and
+/// its child, without counting here: `kcl_processor_failures_total` counts those.
+pub const CHILD_RESTARTS: &str = "kcl_multilang_child_restarts_total";
+
+/// Registers the daemon's own counters ([`CHILDREN_FAILED`], [`CHILD_RESTARTS`]) at zero and
+/// keeps them fresh, as kcl-core does its own: an exporter's idle timeout drops a counter not
+/// touched for a while, and its count with it. Call every taker interval.
+pub fn refresh_series() {
+    for name in [CHILDREN_FAILED, CHILD_RESTARTS] {
+        ::metrics::counter!(name).increment(0);
     }
-    describe(status)
 }
 
+/// A child's exit, described (`exit status: 3`, `killed by signal 9`).
 fn describe(status: ExitStatus) -> String {
     #[cfg(unix)]
     {
@@ -450,25 +499,18 @@ impl RecordProcessor for ChildProcessor {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let bound = Bound::hook(self.command.timeout);
-        if self.session.is_none()
-            && let Some(initialize) = self.initialized.clone()
-        {
-            // The last child failed a batch: a new one, initialized as the first was.
-            tracing::info!("starting a new child after the last one failed a batch");
-            if let Err(error) = self.spawn() {
-                self.failed(&error);
-                return Err(error.into());
-            }
-            self.exchange(&initialize, None, bound).await?;
-        }
+        self.revive(bound, "for the next delivery").await?;
         let message = ToChild::ProcessRecords {
             records: input.records().iter().map(JsonRecord::from).collect(),
             millis_behind_latest: input.millis_behind_latest(),
         };
         let result = self.exchange(&message, Some(checkpointer), bound).await;
-        if result.is_err() {
+        match &result {
+            Ok(()) => {}
+            // Its processor raised, and it answered: it is well, and takes the next delivery.
+            Err(ChildError::Raised { .. }) if self.policy.in_place => {}
             // Whatever state it is in, it is not used again.
-            self.close(bound).await;
+            Err(_) => self.close(bound).await,
         }
         Ok(result?)
     }
@@ -480,6 +522,8 @@ impl RecordProcessor for ChildProcessor {
 
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
         let bound = Bound::hook(self.command.timeout);
+        // The last child failed a batch the policy then gave up on: a child checkpoints the end.
+        self.revive(bound, "to checkpoint the shard's end").await?;
         Ok(self
             .last(&ToChild::ShardEnded, Some(checkpointer), bound)
             .await?)
@@ -490,6 +534,9 @@ impl RecordProcessor for ChildProcessor {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let bound = Bound::hook(self.command.timeout);
+        // A stop while a batch waits for its next try, its last child gone: a new child hears
+        // it (its checkpoint is at most the record before the one that waits).
+        self.revive(bound, "to hear shutdownRequested").await?;
         let asked = self
             .exchange(&ToChild::ShutdownRequested, Some(checkpointer), bound)
             .await;

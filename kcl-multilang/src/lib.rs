@@ -73,8 +73,9 @@
 //! - A `processRecords` during which the child reports on stderr that its processor raised
 //!   (amazon_kclpy's `Caught exception from action dispatch: …`, written before it answers the
 //!   batch anyway) fails, as a crash would: the shard restarts, or a failure policy
-//!   (`failureExhausted`, `deadLetterSink`) bisects the batch and dead-letters the record. The
-//!   Java daemon counts such a batch as processed; `childErrorsFailBatch = false` does too.
+//!   (`failureExhausted`, `deadLetterSink`) bisects the batch and dead-letters the record, in
+//!   the same child (it still answers: no restart). The Java daemon counts such a batch as
+//!   processed; `childErrorsFailBatch = false` does too.
 //! - `executableName`'s program is looked up at start (`PATH` for a name without a `/`, as
 //!   `execvp` does); one that cannot be executed is an error naming the key, exit status 2.
 //! - A file that is valid UTF-8 is read as UTF-8 (Java reads ISO-8859-1).
@@ -86,7 +87,9 @@ mod config;
 mod properties;
 mod protocol;
 
-pub use child::{CHILDREN_FAILED, ChildCommand, ChildProcessor, FailurePolicy};
+pub use child::{
+    CHILD_RESTARTS, CHILDREN_FAILED, ChildCommand, ChildProcessor, FailurePolicy, refresh_series,
+};
 pub use config::{ClientSettings, Credentials, DaemonConfig, DeadLetterSettings, KeyError};
 pub use properties::Properties;
 pub use protocol::{CheckpointFailure, JsonRecord, ToChild};

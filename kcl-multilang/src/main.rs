@@ -9,12 +9,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
-use kcl_core::failure::DeadLetters;
+use kcl_core::failure::{DeadLetters, Exhausted};
 use kcl_core::{ShardId, Worker};
 use kcl_multilang::{ChildProcessor, FailurePolicy, Properties};
 use kcl_multilang::{ClientSettings, Credentials, DaemonConfig, KeyError};
 use kcl_serve::{Ended, LogFormat};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Exit status for a bad command line or properties file (the Java daemon's is 1; 2 is what
 /// clap and kcl's other binaries use for usage errors).
@@ -299,11 +300,13 @@ async fn run(
     let exit = CancellationToken::new();
     let policy = FailurePolicy {
         exit: exit_on_failure.then(|| exit.clone()),
+        in_place: config.worker.failure.exhausted != Exhausted::Block,
     };
     let command = Arc::new(config.command.clone());
     let factory = move |_: &ShardId| ChildProcessor::new(command.clone(), policy.clone());
 
     let mut serving = kcl_serve::Serving::start(listen, &config.worker).await?;
+    let _fresh = keep_fresh(config.worker.taker_interval);
     if let Some(scaler) = scaler {
         serving = serving.with_scaler(scaler).await?;
     }
@@ -326,11 +329,7 @@ async fn run(
     );
     let options = kcl_serve::Options {
         exit,
-        summary: vec![(
-            kcl_multilang::CHILDREN_FAILED,
-            "child exited non-zero",
-            "children exited non-zero",
-        )],
+        summary: SUMMARY.to_vec(),
         ..kcl_serve::Options::default()
     };
     match serving.run(worker, config.worker_id.clone(), options).await {
@@ -339,4 +338,31 @@ async fn run(
         Ended::Exited => Ok(ExitCode::from(1)),
         Ended::Failed(e) => Err(anyhow::Error::new(e)).context("the worker failed"),
     }
+}
+
+/// The daemon's own counts in the line logged at the end of a run: each a metric, and what one
+/// and several count.
+const SUMMARY: [(&str, &str, &str); 2] = [
+    (
+        kcl_multilang::CHILDREN_FAILED,
+        "child exited non-zero",
+        "children exited non-zero",
+    ),
+    (
+        kcl_multilang::CHILD_RESTARTS,
+        "child restarted",
+        "children restarted",
+    ),
+];
+
+/// The daemon's own counters, at zero from the start and kept fresh every `every` (the taker
+/// interval, as kcl-core's), until dropped.
+fn keep_fresh(every: Duration) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            kcl_multilang::refresh_series();
+        }
+    }))
 }

@@ -4,7 +4,7 @@ use std::process::ExitStatus;
 
 use process_wrap::tokio::ChildWrapper;
 
-use super::AFTER_KILL;
+use super::{AFTER_KILL, CHILDREN_FAILED};
 
 /// A child and its process group, killed and reaped as one: when dropped unreaped, killed
 /// and reaped in the background.
@@ -39,7 +39,9 @@ impl Group {
     }
 
     /// Waits for the child itself to exit; then kills what is left of its group at once, while
-    /// a grandchild still in it keeps its id from being given out again.
+    /// a grandchild still in it keeps its id from being given out again. The first time, a
+    /// status other than success is counted in [`CHILDREN_FAILED`] (once a child, however
+    /// often its exit is asked for).
     pub(super) async fn exited(&mut self) -> std::io::Result<ExitStatus> {
         let Some(child) = self.child.as_mut() else {
             return Err(std::io::Error::other("already reaped"));
@@ -50,6 +52,9 @@ impl Group {
         if !self.exited {
             let _ = child.start_kill();
             self.exited = true;
+            if !status.success() {
+                ::metrics::counter!(CHILDREN_FAILED).increment(1);
+            }
         }
         Ok(status)
     }

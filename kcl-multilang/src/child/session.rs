@@ -15,7 +15,7 @@ use super::checkpoint::checkpoint;
 use super::group::Group;
 use super::lines::{ChildLines, Line, shown};
 use super::stderr::Stderr;
-use super::{ChildError, counted};
+use super::{ChildError, describe};
 use crate::protocol::{FromChild, ToChild};
 
 /// A running child and its pipes.
@@ -190,7 +190,7 @@ impl Session {
     async fn exit_status(&mut self) -> String {
         let waited = tokio::time::timeout(Duration::from_secs(1), self.group.exited()).await;
         match waited {
-            Ok(Ok(status)) => counted(status),
+            Ok(Ok(status)) => describe(status),
             Ok(Err(error)) => format!("unknown: {error}"),
             Err(_) => "still running, its stdout closed".to_owned(),
         }

@@ -1,13 +1,15 @@
 """A record processor on amazon_kclpy, the library unchanged (its v3 API), for the daemon's
 poison-record tests: it raises on a record whose data is `poison` (amazon_kclpy catches that,
-reports it on stderr and answers the batch anyway); it appends the data of every other record
-it processes to $KCL_OUT, one a line, and checkpoints at the end of each batch."""
+reports it on stderr and answers the batch anyway), or with $KCL_POISON = `exit`, exits there
+(status 3, a crash); it appends the data of every other record it processes to $KCL_OUT, one a
+line, and checkpoints at the end of each batch."""
 import os
 
 from amazon_kclpy import kcl
 from amazon_kclpy.v3 import processor
 
 OUT = os.environ["KCL_OUT"]
+EXIT = os.environ.get("KCL_POISON") == "exit"
 
 
 class PoisonProcessor(processor.RecordProcessorBase):
@@ -18,6 +20,8 @@ class PoisonProcessor(processor.RecordProcessorBase):
         for record in process_records_input.records:
             data = record.binary_data
             if data == b"poison":
+                if EXIT:
+                    os._exit(3)
                 raise ValueError("poison record at %s" % record.sequence_number)
             with open(OUT, "a") as out:
                 out.write(data.decode() + "\n")

@@ -8,8 +8,10 @@
 //!   exit status of 2 naming the key;
 //! - `poison`: a processor on amazon_kclpy (unchanged) that raises on one record: kclpy reports
 //!   it on stderr and answers anyway, and the daemon fails the batch all the same, so the
-//!   failure policy bisects it and dead-letters the record (`childErrorsFailBatch`); with the
-//!   key false, the batch counts as processed, as under the Java daemon.
+//!   failure policy bisects it and dead-letters the record (`childErrorsFailBatch`), in the
+//!   same child (ten such records, no restart); with the key false, the batch counts as
+//!   processed, as under the Java daemon; a SIGTERM while the record waits for its next try,
+//!   the child having raised or crashed on it, is a clean stop.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 mod clients;
