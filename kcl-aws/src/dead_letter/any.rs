@@ -44,6 +44,15 @@ impl DeadLetterSink for AnySink {
             Self::File(sink) => sink.put(letter).await,
         }
     }
+
+    async fn check(&self) -> Result<Vec<String>, BackendError> {
+        match self {
+            Self::Sqs(sink) => sink.check().await,
+            Self::S3(sink) => sink.check().await,
+            Self::Kinesis(sink) => sink.check().await,
+            Self::File(sink) => sink.check().await,
+        }
+    }
 }
 
 impl Location {

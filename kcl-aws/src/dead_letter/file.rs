@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
+use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 
 use kcl_core::failure::{DeadLetter, DeadLetterSink};
@@ -19,6 +19,10 @@ use super::stored::{At, Listing, ReadError, Stored, Unreadable};
 /// Writers and `kcl-admin dead-letters redrive` (which rewrites the file without the letters
 /// it redrove) take turns through a lock on a file beside it, `PATH.lock`, so that no letter
 /// appended during a rewrite is lost. A letter put twice is two lines with the same id.
+///
+/// A letter always starts a line: after a torn append (a process killed while writing,
+/// leaving part of a line without its newline), the next letter starts on a new line, and
+/// readers report the torn part as unreadable and read every whole letter.
 #[derive(Debug, Clone)]
 pub struct FileSink {
     path: PathBuf,
@@ -58,6 +62,46 @@ impl DeadLetterSink for FileSink {
             Err(e) => Err(failed(&e)),
         }
     }
+
+    /// The file's folder exists and a file may be created there (the lock beside the file),
+    /// and the file, if there, may be appended to.
+    async fn check(&self) -> Result<Vec<String>, BackendError> {
+        let path = self.path.clone();
+        let checked = tokio::task::spawn_blocking(move || check(&path)).await;
+        let message = match checked {
+            Ok(Ok(())) => return Ok(Vec::new()),
+            Ok(Err(message)) => message,
+            Err(e) => format!("{}: {e}", self.path.display()),
+        };
+        Err(BackendError::new(ErrorKind::Fatal, "check", message))
+    }
+}
+
+/// [`FileSink::check`]: what is wrong with appending to `path`, said with what to fix.
+fn check(path: &Path) -> Result<(), String> {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let fix = "create it, or fix the dead-letter sink's file";
+    match fs::metadata(folder) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("{} is not a folder: {fix}", folder.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(format!(
+                "the folder {} of the dead-letter file does not exist: {fix}",
+                folder.display()
+            ));
+        }
+        Err(e) => return Err(format!("{}: {e}", folder.display())),
+    }
+    let cannot =
+        |e: io::Error| format!("cannot write the dead-letter file {}: {e}", path.display());
+    drop(lock(path).map_err(cannot)?);
+    if path.exists() {
+        OpenOptions::new().append(true).open(path).map_err(cannot)?;
+    }
+    Ok(())
 }
 
 /// The lock beside `path` that writers and rewriters take.
@@ -73,12 +117,20 @@ fn lock(path: &Path) -> io::Result<File> {
     Ok(lock)
 }
 
-/// Appends `line` and a newline to `path`, synced to disk, under the lock.
+/// Appends `line` and a newline to `path`, synced to disk, under the lock; on a line of its
+/// own, after a newline if the file does not end in one (a torn append).
 fn append(path: &Path, line: &str) -> io::Result<()> {
     let _lock = lock(path)?;
     let existed = path.exists();
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
-    let mut bytes = Vec::with_capacity(line.len() + 1);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)?;
+    let mut bytes = Vec::with_capacity(line.len() + 2);
+    if !ends_a_line(&mut file)? {
+        bytes.push(b'\n');
+    }
     bytes.extend_from_slice(line.as_bytes());
     bytes.push(b'\n');
     file.write_all(&bytes)?;
@@ -87,6 +139,35 @@ fn append(path: &Path, line: &str) -> io::Result<()> {
         sync_folder(path)?;
     }
     Ok(())
+}
+
+/// Whether `file` is empty or ends in a newline.
+fn ends_a_line(file: &mut File) -> io::Result<bool> {
+    if file.metadata()?.len() == 0 {
+        return Ok(true);
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8];
+    file.read_exact(&mut last)?;
+    Ok(last[0] == b'\n')
+}
+
+/// The parts of a line that may each be a letter: the line, or, where a letter was appended
+/// to a torn one (before appends began on a line of their own), the torn part and the
+/// letter. A letter's JSON starts `{"version":`, which cannot appear inside it (a string
+/// escapes its quotes).
+fn pieces(line: &str) -> Vec<&str> {
+    const START: &str = "{\"version\":";
+    let mut starts: Vec<usize> = line.match_indices(START).map(|(i, _)| i).collect();
+    if starts.first() != Some(&0) {
+        starts.insert(0, 0);
+    }
+    starts.push(line.len());
+    starts
+        .windows(2)
+        .map(|w| &line[w[0]..w[1]])
+        .filter(|p| !p.trim().is_empty())
+        .collect()
 }
 
 /// Syncs the folder of `path`, so that a file created or renamed in it stays (Unix).
@@ -120,20 +201,19 @@ pub(crate) fn list(path: &Path) -> Result<Listing, ReadError> {
     };
     let mut listing = Listing::default();
     for (index, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let at = At::File {
-            path: path.to_owned(),
-            line: index + 1,
-        };
-        match from_json(line.as_bytes()) {
-            Ok(letter) => listing.letters.push(Stored::new(letter, at)),
-            Err(e) => listing.unreadable.push(Unreadable {
-                place: at.to_string(),
-                error: e.to_string(),
-                at: None,
-            }),
+        for piece in pieces(line) {
+            let at = At::File {
+                path: path.to_owned(),
+                line: index + 1,
+            };
+            match from_json(piece.as_bytes()) {
+                Ok(letter) => listing.letters.push(Stored::new(letter, at)),
+                Err(e) => listing.unreadable.push(Unreadable {
+                    place: at.to_string(),
+                    error: e.to_string(),
+                    at: None,
+                }),
+            }
         }
     }
     Ok(listing)
@@ -147,12 +227,12 @@ pub(crate) fn remove(path: &Path, ids: &HashSet<LetterId>) -> Result<usize, Read
     let text = fs::read_to_string(path).map_err(io_error(path))?;
     let mut kept = String::with_capacity(text.len());
     let mut removed = 0;
-    for line in text.lines() {
-        let redriven = from_json(line.as_bytes()).is_ok_and(|l| ids.contains(&LetterId::of(&l)));
+    for piece in text.lines().flat_map(pieces) {
+        let redriven = from_json(piece.as_bytes()).is_ok_and(|l| ids.contains(&LetterId::of(&l)));
         if redriven {
             removed += 1;
-        } else if !line.trim().is_empty() {
-            kept.push_str(line);
+        } else {
+            kept.push_str(piece);
             kept.push('\n');
         }
     }
@@ -210,6 +290,78 @@ mod tests {
         assert_eq!(after.letters.len(), 1);
         assert_eq!(after.letters[0].letter, b);
         assert_eq!(after.unreadable.len(), 1, "lines that are not letters stay");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn folder(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kcl-file-sink-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A process killed mid-append leaves part of a line: the next letter still starts a
+    /// line of its own, and readers name the torn part and read every whole letter.
+    #[tokio::test]
+    async fn a_torn_append_hides_no_letter() {
+        let dir = folder("torn");
+        let path = dir.join("letters.jsonl");
+        let sink = FileSink::new(&path);
+        let (a, mut b, mut c) = (
+            sample(Reason::Attempts),
+            sample(Reason::Permanent),
+            sample(Reason::Age),
+        );
+        b.record = b.record.clone().with_sub_sequence_number(1);
+        c.record = c.record.clone().with_sub_sequence_number(2);
+        sink.put(&a).await.unwrap();
+        let torn = &to_json(&b)[..40];
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(torn.as_bytes()).unwrap();
+        drop(file);
+        sink.put(&c).await.unwrap();
+        let listing = list(&path).unwrap();
+        let letters: Vec<_> = listing.letters.iter().map(|s| &s.letter).collect();
+        assert_eq!(letters, [&a, &c]);
+        assert_eq!(listing.unreadable.len(), 1, "{:?}", listing.unreadable);
+        assert_eq!(
+            listing.unreadable[0].place,
+            format!("line 2 of {}", path.display())
+        );
+
+        // A file torn before appends began on a line of their own: the letter glued to the
+        // torn part is read, and removing it leaves the torn part alone.
+        let glued = dir.join("glued.jsonl");
+        fs::write(&glued, format!("{}\n{torn}{}\n", to_json(&a), to_json(&c))).unwrap();
+        let listing = list(&glued).unwrap();
+        let letters: Vec<_> = listing.letters.iter().map(|s| &s.letter).collect();
+        assert_eq!(letters, [&a, &c]);
+        assert_eq!(listing.unreadable.len(), 1);
+        assert_eq!(
+            remove(&glued, &HashSet::from([LetterId::of(&c)])).unwrap(),
+            1
+        );
+        let after = list(&glued).unwrap();
+        assert_eq!(after.letters.len(), 1);
+        assert_eq!(after.unreadable.len(), 1, "the torn part stays");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_check_names_a_missing_folder() {
+        let dir = folder("check");
+        let ok = FileSink::new(dir.join("letters.jsonl"));
+        assert_eq!(ok.check().await.unwrap(), Vec::<String>::new());
+        let missing = FileSink::new(dir.join("nowhere").join("letters.jsonl"));
+        let e = missing.check().await.unwrap_err().to_string();
+        assert!(
+            e.contains("nowhere of the dead-letter file does not exist"),
+            "{e}"
+        );
+        assert!(
+            !dir.join("letters.jsonl").exists(),
+            "the check creates no file"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

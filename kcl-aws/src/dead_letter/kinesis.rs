@@ -4,10 +4,12 @@
 use aws_config::SdkConfig;
 use aws_sdk_kinesis::Client;
 use aws_sdk_kinesis::primitives::Blob;
-use kcl_core::failure::{DeadLetter, DeadLetterSink};
+use aws_sdk_kinesis::types::StreamStatus;
+use kcl_core::failure::{DeadLetter, DeadLetterSink, RETENTION_FLOOR};
 use kcl_core::{BackendError, ErrorKind, ShardSource as _, StartingPosition};
 
 use super::S3Sink;
+use super::check::{days, refused};
 use super::format::{LetterId, pointer_json, to_json};
 use super::s3;
 use super::stored::{At, Listing, Stored, Unreadable};
@@ -61,6 +63,57 @@ impl KinesisSink {
         self.overflow = Some(s3);
         self
     }
+
+    /// [`DeadLetterSink::check`]: the stream exists and is `ACTIVE` or `UPDATING`
+    /// (`DescribeStreamSummary`) and keeps records at least [`RETENTION_FLOOR`]; the overflow
+    /// bucket is reachable.
+    async fn check_stream(&self) -> Result<Vec<String>, BackendError> {
+        let what = format!("the Kinesis {}", self.stream);
+        let request = self.client.describe_stream_summary();
+        let request = match &self.stream {
+            StreamRef::Name(name) => request.stream_name(name),
+            StreamRef::Arn(arn) => request.stream_arn(arn),
+        };
+        let out = request.send().await.map_err(|e| {
+            refused(
+                &backend_error("describe_stream_summary", &what, e),
+                &what,
+                "create it, or fix the dead-letter sink's stream",
+                "kinesis:DescribeStreamSummary",
+            )
+        })?;
+        let mut warnings = Vec::new();
+        if let Some(summary) = out.stream_description_summary {
+            let status = &summary.stream_status;
+            if !matches!(status, StreamStatus::Active | StreamStatus::Updating) {
+                let message = format!(
+                    "{what} is {}, not ACTIVE: the dead-letter sink cannot put letters \
+                     into it; wait until it is ACTIVE, or fix the dead-letter sink's stream",
+                    status.as_str()
+                );
+                return Err(BackendError::new(
+                    ErrorKind::Retryable,
+                    "describe_stream_summary",
+                    message,
+                ));
+            }
+            let hours = u64::try_from(summary.retention_period_hours).unwrap_or(0);
+            if hours * 3600 < RETENTION_FLOOR.as_secs() {
+                warnings.push(format!(
+                    "{what} keeps records {} (retention period {hours} hours), less than the \
+                     {} dead letters should be kept (RETENTION_FLOOR): a letter counted \
+                     finished can expire before anyone redrives it; raise it with \
+                     IncreaseStreamRetentionPeriod (up to 8760 hours)",
+                    days(hours * 3600),
+                    days(RETENTION_FLOOR.as_secs()),
+                ));
+            }
+        }
+        if let Some(s3) = &self.overflow {
+            warnings.extend(s3.check().await?);
+        }
+        Ok(warnings)
+    }
 }
 
 impl DeadLetterSink for KinesisSink {
@@ -85,6 +138,10 @@ impl DeadLetterSink for KinesisSink {
         };
         put(&self.client, &self.stream, &key, None, data.into_bytes()).await?;
         Ok(())
+    }
+
+    async fn check(&self) -> Result<Vec<String>, BackendError> {
+        self.check_stream().await
     }
 }
 

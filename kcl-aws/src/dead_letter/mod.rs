@@ -11,7 +11,7 @@
 //!
 //! | sink | one letter is | a letter put twice | too large |
 //! | --- | --- | --- | --- |
-//! | [`SqsSink`] | a message: the JSON as body, attributes `kcl.shard`, `kcl.sequence_number`, `kcl.sub_sequence_number`, `kcl.partition_key`, `kcl.reason`, `kcl.body` | FIFO queue (`.fifo`): deduplicated within 5 minutes (group = shard, deduplication id = the letter's id); standard queue: two messages | over 256 KiB ([`with_message_limit`](SqsSink::with_message_limit)): the letter in S3, a pointer in the queue ([`with_overflow`](SqsSink::with_overflow)) |
+//! | [`SqsSink`] | a message: the JSON as body, attributes `kcl.shard`, `kcl.sequence_number`, `kcl.sub_sequence_number`, `kcl.partition_key`, `kcl.reason`, `kcl.body` | FIFO queue (`.fifo`): deduplicated within 5 minutes (deduplication id = the letter's id; each letter a message group of its own); standard queue: two messages | over 256 KiB ([`with_message_limit`](SqsSink::with_message_limit)): the letter in S3, a pointer in the queue ([`with_overflow`](SqsSink::with_overflow)) |
 //! | [`S3Sink`] | an object at `{prefix}{stream}/{shard}/{sequence}-{subsequence}.json` | the same key, replaced | never |
 //! | [`KinesisSink`] | a record of another stream, partition key = the record's | two records | over a record's 1 MiB: in S3 with a pointer record ([`with_overflow`](KinesisSink::with_overflow)), or refused |
 //! | [`FileSink`] | a line of a local file, synced before `Ok` (development) | two lines | never |
@@ -19,6 +19,12 @@
 //! A program whose settings name the sink builds it from a [`Location`] (`sqs:QUEUE-URL`,
 //! `s3://BUCKET/PREFIX`, `kinesis:STREAM`, `file:PATH`) with [`Location::sink`], an
 //! [`AnySink`].
+//!
+//! Each checks at start ([`check`](kcl_core::failure::DeadLetterSink::check)) that it can
+//! work: the queue, bucket or stream exists (`GetQueueAttributes`, `HeadBucket`,
+//! `DescribeStreamSummary`; an overflow bucket too), or the file's folder does and a file may
+//! be created there; it warns when a queue or stream keeps letters less than
+//! [`RETENTION_FLOOR`](kcl_core::failure::RETENTION_FLOOR).
 //!
 //! A letter too large for its queue or stream with no overflow sink is refused with an
 //! [`ErrorKind::Fatal`](kcl_core::ErrorKind::Fatal) error that says its size; the worker
@@ -98,11 +104,13 @@
 //! (`docs/dead-letters.md`).
 
 mod any;
+mod check;
 mod file;
 mod format;
 mod kinesis;
 mod s3;
 mod sqs;
+mod sqs_read;
 mod store;
 mod stored;
 

@@ -6,6 +6,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use kcl_core::failure::{DeadLetter, DeadLetterSink};
 use kcl_core::{BackendError, ErrorKind};
 
+use super::check::refused;
 use super::format::{Message, decode_message, from_json, to_json};
 use super::stored::{At, Listing, Stored, Unreadable};
 use crate::error::backend_error;
@@ -93,11 +94,44 @@ impl S3Sink {
     fn place(&self, key: &str) -> String {
         format!("s3://{}/{key}", self.bucket)
     }
+
+    /// [`DeadLetterSink::check`]: the bucket exists and may be reached (`HeadBucket`, allowed
+    /// by `s3:ListBucket`). How long its objects stay is the bucket's lifecycle rules' to say,
+    /// which this does not read (`docs/dead-letters.md`).
+    async fn check_bucket(&self) -> Result<Vec<String>, BackendError> {
+        let what = format!(
+            "the S3 bucket {} (dead letters under `{}`)",
+            self.bucket, self.prefix
+        );
+        let head = self.client.head_bucket().bucket(&self.bucket).send().await;
+        let Err(e) = head else {
+            return Ok(Vec::new());
+        };
+        // A HEAD answer has no body: a missing bucket is the modelled `NotFound`, a 404.
+        let missing = e.as_service_error().is_some_and(|s| s.is_not_found())
+            || e.raw_response().is_some_and(|r| r.status().as_u16() == 404);
+        let error = backend_error("head_bucket", &what, e);
+        let error = if missing {
+            BackendError::new(ErrorKind::NotFound, "head_bucket", error.to_string())
+        } else {
+            error
+        };
+        Err(refused(
+            &error,
+            &what,
+            "create it, or fix the dead-letter sink's bucket",
+            "s3:ListBucket",
+        ))
+    }
 }
 
 impl DeadLetterSink for S3Sink {
     async fn put(&self, letter: &DeadLetter) -> Result<(), BackendError> {
         self.store(letter, to_json(letter)).await.map(drop)
+    }
+
+    async fn check(&self) -> Result<Vec<String>, BackendError> {
+        self.check_bucket().await
     }
 }
 

@@ -1,20 +1,21 @@
-//! [`SqsSink`]: one message per letter, S3 for letters over the message limit; and reading a
-//! queue's letters back without deleting them.
+//! [`SqsSink`]: one message per letter, S3 for letters over the message limit (reading a
+//! queue's letters back is in `sqs_read`).
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use aws_config::SdkConfig;
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::types::MessageAttributeValue;
-use kcl_core::failure::{DeadLetter, DeadLetterSink};
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
+use kcl_core::failure::{DeadLetter, DeadLetterSink, RETENTION_FLOOR};
 use kcl_core::{BackendError, ErrorKind};
 use md5::{Digest as _, Md5};
 
 use super::S3Sink;
+use super::check::{days, refused};
 use super::format::{LetterId, pointer_json, reason_kind, to_json};
-use super::s3;
-use super::stored::{At, Listing, Stored, Unreadable};
 use crate::error::backend_error;
 
 /// The classic SQS message limit, 256 KiB (queues may now allow up to 1 MiB).
@@ -35,10 +36,18 @@ const MAX_DEDUPLICATION_ID: usize = 128;
 /// an overflow sink such a letter is refused with a [`ErrorKind::Fatal`] error, which the
 /// worker retries for ever: give queues an overflow sink unless records are small.
 ///
-/// On a FIFO queue (its URL ends in `.fifo`) each message's group is the shard and its
-/// deduplication id the letter's id (`shard/sequence/subsequence`, hashed if over 128
-/// characters), so a letter put twice within SQS's five-minute window is kept once. On a
-/// standard queue a letter put twice is two messages with the same id: readers see both.
+/// An attribute value with characters SQS refuses in text (control characters but tab, line
+/// feed and carriage return; U+FFFE, U+FFFF) is sent as a `Binary.utf8` attribute holding its
+/// UTF-8 bytes, so that every partition key is carried (readers read the body, which JSON
+/// escapes).
+///
+/// On a FIFO queue (its URL ends in `.fifo`) each message's deduplication id is the letter's
+/// id (`shard/sequence/subsequence`, hashed if over 128 characters), so a letter put twice
+/// within SQS's five-minute window is kept once (with the queue's default deduplication
+/// scope), and each message has a group of its own (`kcl-letter-…`): SQS hides a group's
+/// later messages while one of it is received and not deleted, so letters sharing a group
+/// could not all be held by a reader at once. On a standard queue a letter put twice is two
+/// messages with the same id: readers see both.
 #[derive(Debug, Clone)]
 pub struct SqsSink {
     client: Client,
@@ -99,7 +108,7 @@ impl SqsSink {
             .set_message_attributes(Some(attributes));
         if self.fifo {
             request = request
-                .message_group_id(letter.shard.as_str())
+                .message_group_id(own_group(&id))
                 .message_deduplication_id(deduplication_id(&id));
         }
         request
@@ -133,6 +142,53 @@ impl DeadLetterSink for SqsSink {
         self.send(letter, pointer, attributes(letter, "pointer")?)
             .await
     }
+
+    async fn check(&self) -> Result<Vec<String>, BackendError> {
+        self.check_queue().await
+    }
+}
+
+impl SqsSink {
+    /// [`DeadLetterSink::check`]: the queue exists (`GetQueueAttributes`) and keeps messages
+    /// at least [`RETENTION_FLOOR`]; the overflow bucket is reachable.
+    async fn check_queue(&self) -> Result<Vec<String>, BackendError> {
+        let url = &self.queue_url;
+        let what = format!("the SQS queue {url}");
+        let out = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::MessageRetentionPeriod)
+            .send()
+            .await
+            .map_err(|e| {
+                refused(
+                    &backend_error("get_queue_attributes", &what, e),
+                    &what,
+                    "create it, or fix the dead-letter sink's queue URL",
+                    "sqs:GetQueueAttributes",
+                )
+            })?;
+        let mut warnings = Vec::new();
+        let retention = out
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::MessageRetentionPeriod))
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(seconds) = retention.filter(|s| *s < RETENTION_FLOOR.as_secs()) {
+            warnings.push(format!(
+                "{what} keeps messages {} (MessageRetentionPeriod {seconds} s), less than the \
+                 {} dead letters should be kept (RETENTION_FLOOR): a letter counted finished \
+                 can expire before anyone redrives it; raise MessageRetentionPeriod (at most \
+                 14 days, 1209600 s)",
+                days(seconds),
+                days(RETENTION_FLOOR.as_secs()),
+            ));
+        }
+        if let Some(s3) = &self.overflow {
+            warnings.extend(s3.check().await?);
+        }
+        Ok(warnings)
+    }
 }
 
 /// An SQS client on `sdk`'s settings, with kcl-aws's timeouts where `sdk` sets none.
@@ -141,6 +197,31 @@ pub(crate) fn client(sdk: &SdkConfig) -> Client {
         .timeout_config(crate::timeouts::with_defaults(sdk, crate::timeouts::SQS))
         .build();
     Client::from_conf(conf)
+}
+
+/// The group of a message of a FIFO queue: one of its own, `kcl-letter-` and an MD5 in hex
+/// of `seed` (the letter's id, or the message it is a copy of), this process and the time.
+pub(crate) fn own_group(seed: &str) -> String {
+    static PUTS: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let unique = format!(
+        "{seed}/{}/{nanos}/{}",
+        std::process::id(),
+        PUTS.fetch_add(1, Ordering::Relaxed)
+    );
+    format!("{OWN_GROUP}{}", hex_md5(&unique))
+}
+
+/// How the groups of [`own_group`] start: a message in such a group is alone in it.
+pub(crate) const OWN_GROUP: &str = "kcl-letter-";
+
+fn hex_md5(text: &str) -> String {
+    Md5::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// `json` with the two characters SQS refuses in a body and JSON allows unescaped (U+FFFE,
@@ -159,10 +240,7 @@ fn deduplication_id(id: &str) -> String {
     if id.len() <= MAX_DEDUPLICATION_ID {
         return id.to_owned();
     }
-    Md5::digest(id.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex_md5(id)
 }
 
 /// The message attributes of `letter`'s message (`body`: `letter` or `pointer`).
@@ -186,14 +264,34 @@ fn attributes(
     let mut attributes = HashMap::new();
     // SQS refuses an empty attribute value.
     for (name, value) in pairs.into_iter().filter(|(_, v)| !v.is_empty()) {
-        let value = MessageAttributeValue::builder()
-            .data_type("String")
-            .string_value(sqs_safe(value))
-            .build()
-            .map_err(|e| BackendError::new(ErrorKind::Fatal, "send_message", e.to_string()))?;
-        attributes.insert(name.to_owned(), value);
+        attributes.insert(name.to_owned(), attribute(value)?);
     }
     Ok(attributes)
+}
+
+/// `value` as a `String` attribute, or, if it has characters SQS refuses in text, as a
+/// `Binary.utf8` one holding its UTF-8 bytes.
+fn attribute(value: String) -> Result<MessageAttributeValue, BackendError> {
+    let builder = MessageAttributeValue::builder();
+    let builder = if value.chars().all(sqs_allows) {
+        builder.data_type("String").string_value(value)
+    } else {
+        builder
+            .data_type(BINARY_UTF8)
+            .binary_value(Blob::new(value.into_bytes()))
+    };
+    builder
+        .build()
+        .map_err(|e| BackendError::new(ErrorKind::Fatal, "send_message", e.to_string()))
+}
+
+/// The data type of an attribute whose text SQS refuses: its UTF-8 bytes.
+pub(crate) const BINARY_UTF8: &str = "Binary.utf8";
+
+/// Whether SQS takes `c` in a message's text: `#x9 | #xA | #xD | #x20-#xD7FF |
+/// #xE000-#xFFFD | #x10000-#x10FFFF` (surrogates cannot be in a Rust string).
+fn sqs_allows(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{fffd}' | '\u{10000}'..)
 }
 
 /// What message attributes count towards a message's size: names, types and values.
@@ -201,118 +299,10 @@ fn size_of(attributes: &HashMap<String, MessageAttributeValue>) -> usize {
     attributes
         .iter()
         .map(|(name, value)| {
-            name.len() + value.data_type().len() + value.string_value().map_or(0, str::len)
+            let bytes = value.binary_value().map_or(0, |b| b.as_ref().len());
+            name.len() + value.data_type().len() + value.string_value().map_or(0, str::len) + bytes
         })
         .sum()
-}
-
-/// Receives every message of `queue_url` (each hidden from other readers for `visibility`
-/// once received, and never deleted), following pointers into S3.
-pub(crate) async fn list(
-    sqs: &Client,
-    s3: &aws_sdk_s3::Client,
-    queue_url: &str,
-    visibility: Duration,
-    wait: Duration,
-) -> Result<Listing, BackendError> {
-    let seconds = |d: Duration| i32::try_from(d.as_secs()).unwrap_or(i32::MAX);
-    // By message id: a message received again (its visibility ran out) keeps its newest
-    // receipt handle, which deletes it.
-    let mut received: HashMap<String, (String, String)> = HashMap::new();
-    loop {
-        let out = sqs
-            .receive_message()
-            .queue_url(queue_url)
-            .max_number_of_messages(10)
-            .visibility_timeout(seconds(visibility).max(1))
-            .wait_time_seconds(seconds(wait).min(20))
-            .send()
-            .await
-            .map_err(|e| backend_error("receive_message", format!("queue {queue_url}"), e))?;
-        let mut new = 0;
-        for message in out.messages() {
-            let (Some(id), Some(receipt)) = (message.message_id(), message.receipt_handle()) else {
-                continue;
-            };
-            let body = message.body().unwrap_or_default().to_owned();
-            if received
-                .insert(id.to_owned(), (receipt.to_owned(), body))
-                .is_none()
-            {
-                new += 1;
-            }
-        }
-        if new == 0 {
-            break;
-        }
-    }
-    let mut listing = Listing::default();
-    for (message_id, (receipt_handle, body)) in received {
-        match s3::letter_of(s3, body.as_bytes()).await {
-            Ok((letter, object)) => {
-                let at = At::Sqs {
-                    message_id,
-                    receipt_handle,
-                    object,
-                };
-                listing.letters.push(Stored::new(letter, at));
-            }
-            Err(error) => listing.unreadable.push(Unreadable {
-                place: format!("sqs message {message_id}"),
-                error,
-                at: Some(At::Sqs {
-                    message_id,
-                    receipt_handle,
-                    object: None,
-                }),
-            }),
-        }
-    }
-    Ok(listing)
-}
-
-/// Deletes a message received by [`list`], then the object it points to, if any.
-pub(crate) async fn delete(
-    sqs: &Client,
-    s3: &aws_sdk_s3::Client,
-    queue_url: &str,
-    at: &At,
-) -> Result<(), BackendError> {
-    let At::Sqs {
-        receipt_handle,
-        object,
-        ..
-    } = at
-    else {
-        return Ok(());
-    };
-    sqs.delete_message()
-        .queue_url(queue_url)
-        .receipt_handle(receipt_handle)
-        .send()
-        .await
-        .map_err(|e| backend_error("delete_message", format!("queue {queue_url}"), e))?;
-    // The object after the message: a failure here leaves an object nothing points to,
-    // never a pointer to nothing.
-    if let Some((bucket, key)) = object {
-        s3::delete(s3, bucket, key).await?;
-    }
-    Ok(())
-}
-
-/// Makes a message received by [`list`] visible to other readers again, at once.
-pub(crate) async fn release(sqs: &Client, queue_url: &str, at: &At) -> Result<(), BackendError> {
-    let At::Sqs { receipt_handle, .. } = at else {
-        return Ok(());
-    };
-    sqs.change_message_visibility()
-        .queue_url(queue_url)
-        .receipt_handle(receipt_handle)
-        .visibility_timeout(0)
-        .send()
-        .await
-        .map_err(|e| backend_error("change_message_visibility", format!("queue {queue_url}"), e))?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -327,5 +317,36 @@ mod tests {
         let long = format!("{}/1/0", "s".repeat(200));
         assert_eq!(deduplication_id(&long).len(), 32);
         assert_eq!(sqs_safe("a\u{ffff}".into()), "a\\uffff");
+        assert!(own_group("x").starts_with(OWN_GROUP) && own_group("x").len() <= 128);
+        assert_ne!(own_group("x"), own_group("x"));
+    }
+
+    /// Every partition key is carried: a key SQS refuses as text goes as its UTF-8 bytes,
+    /// and no `String` value has a character SQS refuses.
+    #[test]
+    fn attributes_carry_keys_with_control_characters() {
+        let mut letter = super::super::format::tests::sample(kcl_core::failure::Reason::Attempts);
+        for key in [
+            "a\u{1}b\u{1f}",
+            "\u{0}",
+            "x\u{b}\u{c}\u{e}",
+            "z\u{fffe}\u{ffff}",
+        ] {
+            key.clone_into(&mut letter.record.partition_key);
+            let all = attributes(&letter, "letter").unwrap_or_default();
+            for value in all.values() {
+                let text = value.string_value().unwrap_or_default();
+                assert!(text.chars().all(sqs_allows), "{key:?}: {value:?}");
+            }
+            let carried = &all["kcl.partition_key"];
+            assert_eq!(carried.data_type(), BINARY_UTF8);
+            assert_eq!(
+                carried.binary_value().map(|b| b.as_ref()),
+                Some(key.as_bytes())
+            );
+        }
+        "tab\there é".clone_into(&mut letter.record.partition_key);
+        let all = attributes(&letter, "letter").unwrap_or_default();
+        assert_eq!(all["kcl.partition_key"].string_value(), Some("tab\there é"));
     }
 }

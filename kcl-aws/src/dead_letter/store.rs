@@ -11,7 +11,7 @@ use aws_config::SdkConfig;
 
 use super::format::LetterId;
 use super::stored::{At, Listing, ReadError, Stored};
-use super::{file, kinesis, s3, sqs};
+use super::{file, kinesis, s3, sqs, sqs_read};
 use crate::kinesis::StreamRef;
 
 /// Where dead letters are kept, written as `kcl-admin dead-letters --from` takes it:
@@ -101,7 +101,10 @@ impl fmt::Display for Location {
 ///   for the [visibility timeout](Self::with_visibility_timeout) (30 s by default) and never
 ///   deleted but by [`remove`](Self::remove) ([`release`](Self::release) shows them again at
 ///   once); pointers are followed into S3. Messages another reader holds at the time are not
-///   seen, and a listing longer than the timeout may end before the queue's end.
+///   seen, and a listing longer than the timeout may end before the queue's end. On a FIFO
+///   queue a message in a group shared with others (SQS hides the rest of a group while one
+///   of its messages is held) is first moved into a group of its own: sent again, body and
+///   attributes, then deleted; so every letter is listed, at any count.
 /// - S3: `ListObjectsV2` under the prefix, then `GetObject` of each `.json` object.
 /// - Kinesis: every shard from `TRIM_HORIZON` to its end. Records cannot be deleted:
 ///   [`remove`](Self::remove) removes nothing, and a redrive's record file says what went.
@@ -182,7 +185,7 @@ impl LetterStore {
     pub async fn list(&self) -> Result<Listing, ReadError> {
         let listing = match (&self.backend, &self.location) {
             (Backend::Sqs(client, s3), Location::Sqs { queue_url }) => {
-                sqs::list(client, s3, queue_url, self.visibility, self.wait).await?
+                sqs_read::list(client, s3, queue_url, self.visibility, self.wait).await?
             }
             (Backend::S3(client), Location::S3 { bucket, prefix }) => {
                 s3::list(client, bucket, prefix).await?
@@ -208,7 +211,7 @@ impl LetterStore {
         match (&self.backend, &self.location) {
             (Backend::Sqs(client, s3), Location::Sqs { queue_url }) => {
                 for stored in letters {
-                    sqs::delete(client, s3, queue_url, &stored.at).await?;
+                    sqs_read::delete(client, s3, queue_url, &stored.at).await?;
                 }
                 Ok(letters.len())
             }
@@ -252,7 +255,7 @@ impl LetterStore {
             .chain(listing.unreadable.iter().filter_map(|u| u.at.as_ref()));
         let mut released = 0;
         for at in places {
-            sqs::release(client, queue_url, at).await?;
+            sqs_read::release(client, queue_url, at).await?;
             released += 1;
         }
         Ok(released)
