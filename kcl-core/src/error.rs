@@ -174,6 +174,10 @@ pub enum Error {
     /// The shard source failed in a way retrying cannot fix.
     #[error("shard source failed fatally")]
     Source(#[source] BackendError),
+    /// The dead-letter sink cannot work (its queue, bucket, stream or directory is missing
+    /// or may not be written; [`DeadLetterSink::check`](crate::failure::DeadLetterSink::check)).
+    #[error("the dead-letter sink cannot work")]
+    DeadLetters(#[source] BackendError),
 }
 
 /// `error` and its sources, each once, joined by `: ` (a source whose text the previous

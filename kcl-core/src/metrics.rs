@@ -46,6 +46,9 @@ pub const BISECTS: &str = "kcl_batch_bisects_total";
 pub const PARKED_KEYS: &str = "kcl_parked_keys";
 /// Dead letters the sink refused (each retried until accepted; counter, `shard`).
 pub const SINK_FAILURES: &str = "kcl_dead_letter_sink_failures_total";
+/// Outages a failure policy saw begin: `outage_after` records given up in a row, after which
+/// the shard blocks (counter, `shard`; `FailurePolicy::outage_after`).
+pub const OUTAGES: &str = "kcl_failure_outages_total";
 /// Leases held by this worker (gauge).
 pub const LEASES_HELD: &str = "kcl_leases_held";
 /// Leases taken (counter, `from`: `unowned`, `expired`, `handoff` or `restart`: resumed
@@ -137,7 +140,7 @@ pub const FLEET_NEEDED_LOAD: &str = "kcl_fleet_needed_load";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 46] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 47] = [
     (
         LEASE_LOAD,
         Kind::Gauge,
@@ -185,6 +188,12 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 46] = [
         Kind::Counter,
         Some(Unit::Count),
         "Dead letters the sink refused (retried until accepted)",
+    ),
+    (
+        OUTAGES,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Outages seen by a failure policy (records given up in a row; the shard then blocks)",
     ),
     (
         RECORDS,
@@ -518,7 +527,14 @@ impl ShardMetrics {
     pub(crate) fn refresh(&self) {
         ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(0);
         ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(0);
-        for name in [RETRIES, DEAD_LETTERED, SKIPPED, BISECTS, SINK_FAILURES] {
+        for name in [
+            RETRIES,
+            DEAD_LETTERED,
+            SKIPPED,
+            BISECTS,
+            SINK_FAILURES,
+            OUTAGES,
+        ] {
             ::metrics::counter!(name, "shard" => self.shard.clone()).increment(0);
         }
         if let Some(behind) = self.behind {

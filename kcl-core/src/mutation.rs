@@ -106,6 +106,18 @@ pub enum Mutation {
     SinkRefusalIgnored,
     /// Under `Parallel::park_keys`, a parked key's later records run.
     ParkedKeyRuns,
+    /// A bisect delivers again the record standing at the processor's checkpoint (an
+    /// off-by-one in what counts as checkpointed).
+    BisectRedeliversCheckpointed,
+    /// A parked key's entry is written with a checkpoint that stops short of the record that
+    /// parked it.
+    ParkingBeforeItsRecord,
+    /// A parked key parks any record of the key, the one that parked it and earlier ones
+    /// included (no comparison of positions).
+    ParkedMatchIgnoresPosition,
+    /// A failure policy gives up on records during an outage (every record failing) as it
+    /// does on a lone poison record.
+    OutageGivenUp,
     /// The load balancer's band is relative (10 % of the mean, as KCL Java's), not absolute.
     RelativeBand,
     /// The load balancer moves without a budget.
@@ -195,6 +207,10 @@ impl Mutation {
         Self::BisectRedeliversSucceeded,
         Self::SinkRefusalIgnored,
         Self::ParkedKeyRuns,
+        Self::BisectRedeliversCheckpointed,
+        Self::ParkingBeforeItsRecord,
+        Self::ParkedMatchIgnoresPosition,
+        Self::OutageGivenUp,
         Self::RelativeBand,
         Self::NoMoveBudget,
         Self::NoStickiness,
@@ -280,6 +296,14 @@ impl Mutation {
             // Churn, not loss: a surge pod balanced onto before its predecessor leaves.
             Self::ArrivalsBalancedOnto => Some(
                 "lease::leader::tests::a_worker_that_just_arrived_is_placed_leases_but_not_balanced_onto",
+            ),
+            // A crash between a parking and the checkpoint that passes it, and a parked
+            // key's record replayed: unit tests state the rules exactly.
+            Self::ParkingBeforeItsRecord => Some(
+                "checkpoint::tests::a_parked_key_is_written_only_with_a_checkpoint_that_passes_its_record",
+            ),
+            Self::ParkedMatchIgnoresPosition => Some(
+                "parallel::dispatch::tests::only_records_after_the_one_that_parked_a_key_are_parked_behind_it",
             ),
             _ => None,
         }

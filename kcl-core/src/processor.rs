@@ -277,6 +277,13 @@ pub trait ProcessorFactory: Send + Sync + 'static {
     fn needs_dead_letters(&self) -> bool {
         false
     }
+
+    /// Checks the factory's own settings when the worker is built
+    /// ([`Parallel`](crate::Parallel)'s); the error names the setting.
+    #[doc(hidden)]
+    fn check(&self) -> Result<(), crate::ConfigError> {
+        Ok(())
+    }
 }
 
 impl<F, P> ProcessorFactory for F

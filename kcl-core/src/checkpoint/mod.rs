@@ -279,8 +279,11 @@ impl Checkpointer {
     }
 
     async fn write(&mut self, update: &CheckpointUpdate) -> Result<(), CheckpointError> {
-        // Read after the position was chosen (see `Watermark::parking`).
-        let parking = self.watermark.parking();
+        // Read after the position was chosen (see `Watermark::parking`). An entry goes only
+        // with a checkpoint that passes its record: written with one that stops short, a
+        // crash would leave the key parked in the row while the record (and the good ones
+        // before it) are delivered again.
+        let parking = passed_by(self.watermark.parking(), &update.checkpoint);
         let parked;
         let update = if parking.is_empty() {
             update
@@ -314,6 +317,24 @@ impl Checkpointer {
             shard: self.shard_id().clone(),
         }
     }
+}
+
+/// The parked-key entries of `parking` whose record `checkpoint` passes (all of them at the
+/// shard's end; a malformed one never, logged).
+fn passed_by(parking: Vec<String>, checkpoint: &Checkpoint) -> Vec<String> {
+    if mutation::on(Mutation::ParkingBeforeItsRecord) {
+        return parking;
+    }
+    let passes = |entry: &String| match (checkpoint, crate::failure::parse_park_entry(entry)) {
+        (Checkpoint::ShardEnd, _) => true,
+        (Checkpoint::Sequence(at), Some((_, behind))) => behind <= *at,
+        (_, None) => {
+            tracing::warn!(entry, "a malformed parked-key entry is not written");
+            false
+        }
+        _ => false,
+    };
+    parking.into_iter().filter(passes).collect()
 }
 
 #[cfg(test)]

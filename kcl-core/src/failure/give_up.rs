@@ -1,6 +1,7 @@
 //! Giving a record up, as the policy says: to the dead-letter sink, or skipped.
 
 use super::{DeadLetter, Exhausted, FailurePolicy, Origin, Reason, Tries};
+
 use crate::error::BoxError;
 use crate::mutation::{self, Mutation};
 use crate::types::Record;
@@ -44,6 +45,41 @@ impl Handling {
             retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
             "a record failed; trying it again"
         );
+    }
+
+    /// Whether a record whose tries are spent may be given up: not while the shard is in an
+    /// outage ([`FailurePolicy::outage_after`] records given up in a row, none succeeding),
+    /// when it blocks instead. Counts it otherwise.
+    pub(crate) fn may_give_up(&self) -> bool {
+        let Some(limit) = self.policy.outage_after else {
+            return true;
+        };
+        if mutation::on(Mutation::OutageGivenUp) {
+            return true;
+        }
+        let (may, began) = self.origin.tally.reserve_give_up(limit);
+        if began {
+            ::metrics::counter!(crate::metrics::OUTAGES, "shard" => self.shard.clone())
+                .increment(1);
+            tracing::error!(
+                given_up_in_a_row = limit,
+                "the failure policy gave up on {limit} records of this shard in a row with none \
+                 succeeding between them: taken as an outage (a dependency down, a bad deploy), \
+                 not as poison records. The shard gives up no more records: it blocks, \
+                 restarting from its checkpoint, until a record succeeds (readiness fails \
+                 meanwhile; FailurePolicy::outage_after)"
+            );
+        }
+        may
+    }
+
+    /// A record (or a part of a batch) succeeded: a run of records given up ends.
+    pub(crate) fn succeeded(&self) {
+        if self.origin.tally.succeeded() {
+            tracing::info!(
+                "a record succeeded: the outage is over, the failure policy applies again"
+            );
+        }
     }
 
     /// A bisect split a failing batch.
@@ -101,5 +137,49 @@ impl Handling {
             }
             Exhausted::Block => Err(letter.last_error.clone().into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::types::{ShardId, WorkerId};
+
+    fn handling(outage_after: Option<u32>) -> Handling {
+        let origin = Origin {
+            letters: None,
+            worker: WorkerId::new("w"),
+            shard: ShardId::new("shardId-1"),
+            stream: None,
+            tally: Arc::default(),
+            call_timeout: Duration::from_secs(15),
+        };
+        let policy = FailurePolicy::skip(1).outage_after(outage_after);
+        Handling::new(policy, origin)
+    }
+
+    #[test]
+    fn an_outage_gives_up_no_more_than_its_run_until_a_record_succeeds() {
+        crate::mutation::set_from_env();
+        let h = handling(Some(3));
+        // A lone poison record among good ones never adds up.
+        for _ in 0..10 {
+            assert!(h.may_give_up());
+            h.succeeded();
+        }
+        // Every record failing: three given up, then none, and the shard says so.
+        let given: Vec<bool> = (0..6).map(|_| h.may_give_up()).collect();
+        assert_eq!(given, [true, true, true, false, false, false]);
+        assert!(h.origin.tally.snapshot().outage);
+        // A record succeeds: the outage is over.
+        h.succeeded();
+        assert!(!h.origin.tally.snapshot().outage);
+        assert!(h.may_give_up());
+        // Never, when turned off.
+        let off = handling(None);
+        assert!((0..100).all(|_| off.may_give_up()));
     }
 }

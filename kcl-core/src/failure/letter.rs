@@ -111,16 +111,36 @@ impl DeadLetter {
 pub trait DeadLetterSink: Send + Sync + 'static {
     /// Stores `letter` durably.
     fn put(&self, letter: &DeadLetter) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Checks, when the worker starts, that the sink can work at all: the queue, bucket,
+    /// stream or directory exists and may be written. `Err` stops the worker from starting
+    /// (the error says what to fix); each returned warning is logged at WARN (for instance a
+    /// retention shorter than [`RETENTION_FLOOR`], after which a letter counted finished
+    /// expires unseen). Default: nothing to check.
+    fn check(&self) -> impl Future<Output = Result<Vec<String>, BackendError>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
 }
+
+/// The shortest retention a sink should keep letters for before [`DeadLetterSink::check`]
+/// warns: 7 days, a week of holidays. SQS keeps messages 4 days by default (at most 14), a
+/// Kinesis stream 24 hours by default: a letter counted finished can expire before anyone
+/// looks.
+pub const RETENTION_FLOOR: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// A sink without its type, as the worker keeps it.
 pub(crate) trait AnySink: Send + Sync {
     fn put<'a>(&'a self, letter: &'a DeadLetter) -> BoxFuture<'a, Result<(), BackendError>>;
+    fn check(&self) -> BoxFuture<'_, Result<Vec<String>, BackendError>>;
 }
 
 impl<T: DeadLetterSink> AnySink for T {
     fn put<'a>(&'a self, letter: &'a DeadLetter) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(DeadLetterSink::put(self, letter))
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<Vec<String>, BackendError>> {
+        Box::pin(DeadLetterSink::check(self))
     }
 }
 
@@ -184,6 +204,9 @@ pub(crate) struct Origin {
     pub(crate) letters: Option<DeadLetters>,
     pub(crate) worker: WorkerId,
     pub(crate) shard: ShardId,
+    /// The shard's stream when the lease key names it (multi-stream: `account:stream:epoch:
+    /// shard`), whatever [`DeadLetters::stream`] says.
+    pub(crate) stream: Option<String>,
     /// What the policy did on the shard, for `Status`.
     pub(crate) tally: Arc<Tally>,
     /// How long one put may take ([`WorkerConfig::call_timeout`](crate::WorkerConfig)).
@@ -202,13 +225,16 @@ impl PartialEq for Origin {
 impl Eq for Origin {}
 
 impl Origin {
-    /// The letter for `record`, given up on for `reason` after `tries`.
+    /// The letter for `record`, given up on for `reason` after `tries`. Its stream is the
+    /// shard's ([`Origin::stream`], under multi-stream), else [`DeadLetters::stream`]: a
+    /// redrive puts it back where it came from.
     pub(crate) fn letter(&self, record: Record, tries: &Tries, reason: Reason) -> DeadLetter {
         let now = Utc::now();
         let letters = self.letters.as_ref();
+        let stream = self.stream.clone();
         DeadLetter {
             application: letters.and_then(|l| l.application.clone()),
-            stream: letters.and_then(|l| l.stream.clone()),
+            stream: stream.or_else(|| letters.and_then(|l| l.stream.clone())),
             worker: self.worker.clone(),
             shard: self.shard.clone(),
             record,
@@ -296,6 +322,25 @@ pub(crate) fn parse_park_entry(entry: &str) -> Option<(u64, ExtendedSequenceNumb
 mod tests {
     use super::*;
     use crate::types::SequenceNumber;
+
+    #[test]
+    fn a_letter_names_the_shards_stream_before_the_workers() {
+        let origin = |shard: &str| Origin {
+            letters: Some(DeadLetters::new(crate::memory::MemorySink::new()).stream("set")),
+            worker: WorkerId::new("w"),
+            stream: shard.starts_with("123").then(|| "clicks".to_owned()),
+            shard: ShardId::new(shard),
+            tally: Arc::default(),
+            call_timeout: Duration::from_secs(1),
+        };
+        let record = Record::new(SequenceNumber::from(1u128), "k", "v");
+        let tries = Tries::default();
+        let multi = origin("123456789012:clicks:1700000000:shardId-000000000001");
+        let letter = multi.letter(record.clone(), &tries, Reason::Attempts);
+        assert_eq!(letter.stream.as_deref(), Some("clicks"));
+        let single = origin("shardId-000000000001").letter(record, &tries, Reason::Attempts);
+        assert_eq!(single.stream.as_deref(), Some("set"));
+    }
 
     #[test]
     fn a_park_entry_reads_back() {

@@ -37,7 +37,7 @@ pub(crate) use bisect::{Bisect, Then};
 pub(crate) use errors::failed_at;
 pub use errors::{BatchFailed, Permanent, is_retryable};
 pub(crate) use give_up::Handling;
-pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, Reason};
+pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, RETENTION_FLOOR, Reason};
 pub(crate) use letter::{Origin, park_entry, parse_park_entry};
 pub use tally::RecordFailures;
 pub(crate) use tally::Tally;
@@ -86,6 +86,15 @@ pub struct FailurePolicy {
     pub max_record_age: Option<Duration>,
     /// What happens when the tries or the age are spent. Default [`Exhausted::Block`].
     pub exhausted: Exhausted,
+    /// An outage is not a poison record: once a shard gave up this many records in a row,
+    /// none succeeding between them, it gives up no more (a database down or a bad deploy
+    /// fails every record, and would dead-letter the stream). It blocks instead, as
+    /// [`Exhausted::Block`] does (restarting from its checkpoint), until a record succeeds,
+    /// reports the shard `failing` (`Status::problems`; readiness fails) and says why in the
+    /// log. A lone poison record among good ones resets nothing and is given up as usual.
+    /// Counted per shard while this worker holds it (a new holder counts anew). Default 10;
+    /// `None`: never (every record past its tries is given up, outage or not).
+    pub outage_after: Option<u32>,
 }
 
 impl Default for FailurePolicy {
@@ -96,6 +105,7 @@ impl Default for FailurePolicy {
             max_backoff: Duration::from_secs(30),
             max_record_age: None,
             exhausted: Exhausted::Block,
+            outage_after: Some(10),
         }
     }
 }
@@ -141,6 +151,15 @@ impl FailurePolicy {
         self
     }
 
+    /// Gives up at most `run` records of a shard in a row, none succeeding between them,
+    /// then blocks until one does (see the field); `None` gives up every record past its
+    /// tries, outage or not.
+    #[must_use]
+    pub fn outage_after(mut self, run: Option<u32>) -> Self {
+        self.outage_after = run;
+        self
+    }
+
     /// Whether a failure is handled in place (anything but [`Exhausted::Block`]).
     pub(crate) fn in_place(&self) -> bool {
         self.exhausted != Exhausted::Block
@@ -160,6 +179,14 @@ impl FailurePolicy {
             return Err(crate::ConfigError {
                 key: field,
                 reason: "attempts must be at least 1 (the first try counts)".to_owned(),
+            });
+        }
+        if self.outage_after == Some(0) {
+            return Err(crate::ConfigError {
+                key: field,
+                reason: "outage_after must be at least 1 (or none, to give up every record \
+                         whatever the run)"
+                    .to_owned(),
             });
         }
         Ok(())

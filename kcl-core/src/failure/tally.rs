@@ -1,6 +1,6 @@
 //! What the failure policy did on one shard, for `Status`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// What the failure policy did on one shard while this worker held it
 /// ([`ShardStatus::failures`](crate::ShardStatus)).
@@ -17,6 +17,10 @@ pub struct RecordFailures {
     pub parked_keys: u64,
     /// Whether the sink refuses now: a dead letter waits for it, and the checkpoint with it.
     pub sink_refusing: bool,
+    /// Whether the shard is taken to be in an outage: it gave up
+    /// [`outage_after`](super::FailurePolicy::outage_after) records in a row with none
+    /// succeeding, and blocks until one does.
+    pub outage: bool,
 }
 
 /// The counts behind [`RecordFailures`], shared by the shard task and its processor's tasks.
@@ -27,6 +31,9 @@ pub(crate) struct Tally {
     skipped: AtomicU64,
     parked_keys: AtomicU64,
     sink_refusing: AtomicBool,
+    /// Records given up in a row (or being given up), none succeeding since.
+    given_up_in_row: AtomicU32,
+    outage: AtomicBool,
 }
 
 impl Tally {
@@ -50,6 +57,32 @@ impl Tally {
         self.sink_refusing.store(refusing, Ordering::Relaxed);
     }
 
+    /// Counts a record about to be given up, unless `limit` are already given up in a row:
+    /// `false` then (the shard is in an outage; see
+    /// [`FailurePolicy::outage_after`](super::FailurePolicy::outage_after)), and the first
+    /// `false` of an outage also says `true` in the second place.
+    pub(crate) fn reserve_give_up(&self, limit: u32) -> (bool, bool) {
+        let counted = self
+            .given_up_in_row
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        if counted {
+            return (true, false);
+        }
+        (false, !self.outage.swap(true, Ordering::AcqRel))
+    }
+
+    /// A record succeeded: the run of records given up ends, and any outage with it
+    /// (`true` if there was one).
+    pub(crate) fn succeeded(&self) -> bool {
+        if self.given_up_in_row.load(Ordering::Acquire) != 0 {
+            self.given_up_in_row.store(0, Ordering::Release);
+        }
+        self.outage.load(Ordering::Acquire) && self.outage.swap(false, Ordering::AcqRel)
+    }
+
     pub(crate) fn snapshot(&self) -> RecordFailures {
         RecordFailures {
             retries: self.retries.load(Ordering::Relaxed),
@@ -57,6 +90,7 @@ impl Tally {
             skipped: self.skipped.load(Ordering::Relaxed),
             parked_keys: self.parked_keys.load(Ordering::Relaxed),
             sink_refusing: self.sink_refusing.load(Ordering::Relaxed),
+            outage: self.outage.load(Ordering::Relaxed),
         }
     }
 }

@@ -23,7 +23,7 @@ use tracing::Instrument as _;
 use super::{KeyFn, RecordHandler};
 use crate::ack::Ack;
 use crate::error::BoxError;
-use crate::failure::{Handling, Next, Reason, Tries, park_entry, parse_park_entry};
+use crate::failure::{Handling, Next, Permanent, Reason, Tries, park_entry, parse_park_entry};
 use crate::mutation::{self, Mutation};
 use crate::types::{ExtendedSequenceNumber, Record};
 
@@ -34,12 +34,21 @@ struct Job {
     record: Record,
     ack: Ack,
     tries: Tries,
+    /// Why its ordering key could not be worked out (`key_by` panicked): it cannot run in
+    /// order, so it fails at once, as a permanent failure, and parks nothing.
+    unkeyed: Option<String>,
 }
+
+/// The key records whose `key_by` panicked wait under (in their order, one at a time; a
+/// real key that hashes to it only shares their queue).
+const UNKEYED: u64 = u64::MAX;
 
 /// How a run of a record ended.
 enum Ran {
     /// Finished: its `Ack` is done.
     Done,
+    /// Given up on (dead-lettered or skipped): its `Ack` is done.
+    GivenUp,
     /// The handler failed; the record comes back for the policy to decide.
     Failed(Box<Job>, BoxError),
     /// Its `Ack` failed (or the lease's validity ran out): the shard restarts.
@@ -81,15 +90,21 @@ impl Failing {
         failing
     }
 
-    /// The record that parked `key`, if it is parked, as far as the lease row `ack`'s record
-    /// came under says: a key whose entry left the row (`admin::unpark`) runs again.
-    fn parked_behind(&mut self, key: u64, ack: &Ack) -> Option<ExtendedSequenceNumber> {
+    /// The record that parked `key`, if `job`'s record comes after it and the key is parked,
+    /// as far as the lease row `job`'s record came under says: a key whose entry left the row
+    /// (`admin::unpark`) runs again. The parking record itself, and a record before it
+    /// (replayed after a crash that came before the checkpoint passed them), are not parked
+    /// behind it: they run.
+    fn parked_behind(&mut self, key: u64, job: &Job) -> Option<ExtendedSequenceNumber> {
         if mutation::on(Mutation::ParkedKeyRuns) {
             return None;
         }
         let (behind, handed) = self.parked.get(&key)?;
+        if !comes_after(&job.record.position(), behind) {
+            return None;
+        }
         let prefix = format!("{key:016x}/");
-        if *handed && ack.parks(&prefix) == Some(false) {
+        if *handed && job.ack.parks(&prefix) == Some(false) {
             tracing::info!(key = %prefix.trim_end_matches('/'), "a parked key was unparked");
             self.parked.remove(&key);
             self.gauge();
@@ -105,6 +120,12 @@ impl Failing {
         ::metrics::gauge!(crate::metrics::PARKED_KEYS, "shard" => shard).set(parked);
         self.handling.parked_keys(self.parked.len());
     }
+}
+
+/// Whether the record at `position` comes after `behind`, the record that parked its key:
+/// only such a record is parked behind it.
+fn comes_after(position: &ExtendedSequenceNumber, behind: &ExtendedSequenceNumber) -> bool {
+    position > behind || mutation::on(Mutation::ParkedMatchIgnoresPosition)
 }
 
 /// Runs records as they come until the processor drops its sender; see the module docs.
@@ -140,7 +161,7 @@ pub(super) async fn run<H: RecordHandler>(
                 }
             }
             received = rx.recv() => match received {
-                Some((record, ack)) => d.keys.push(key(&record), record, ack),
+                Some((record, ack)) => d.keys.push(&key, record, ack),
                 None => return,
             },
         }
@@ -168,16 +189,19 @@ impl<H: RecordHandler> Dispatcher<H> {
             let Some((key, job)) = self.keys.next() else {
                 break;
             };
-            let parked = self
-                .failing
-                .as_mut()
-                .and_then(|f| Some((f.parked_behind(key, &job.ack)?, f.handling.clone())));
-            let work = match parked {
-                Some((behind, handling)) => {
+            let parked = self.failing.as_mut().filter(|_| job.unkeyed.is_none());
+            let parked =
+                parked.and_then(|f| Some((f.parked_behind(key, &job)?, f.handling.clone())));
+            let work = match (parked, job.unkeyed.clone()) {
+                (Some((behind, handling)), _) => {
                     let reason = Reason::Parked { behind };
                     give_up(handling, job, reason, Some(key)).boxed()
                 }
-                None => attempt(self.handler.clone(), job).boxed(),
+                (None, Some(why)) => {
+                    let error = Permanent::new(format!("key_by panicked: {why}"));
+                    std::future::ready(Ran::Failed(Box::new(job), error.into())).boxed()
+                }
+                (None, None) => attempt(self.handler.clone(), job).boxed(),
             };
             let work = work.map(move |ran| (key, ran));
             crate::task::spawn_in(&mut self.running, work.in_current_span());
@@ -187,7 +211,13 @@ impl<H: RecordHandler> Dispatcher<H> {
     /// A run of `key`'s record ended as `ran`.
     fn ran(&mut self, key: u64, ran: Ran) {
         match ran {
-            Ran::Done => self.keys.finished(key),
+            Ran::Done => {
+                if let Some(failing) = &self.failing {
+                    failing.handling.succeeded();
+                }
+                self.keys.finished(key);
+            }
+            Ran::GivenUp => self.keys.finished(key),
             Ran::Parked => {
                 if let Some((_, handed)) =
                     self.failing.as_mut().and_then(|f| f.parked.get_mut(&key))
@@ -248,15 +278,18 @@ fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: Box
             failing.handling.retrying(&job.record, &job.tries, wait);
             Decided::Rest(wait, job)
         }
+        Next::GiveUp(_) if !failing.handling.may_give_up() => {
+            // An outage: the record blocks (the shard restarts from the watermark).
+            job.ack.fail(error);
+            Decided::Stop
+        }
         Next::GiveUp(reason) => {
-            if failing.park {
+            let park = failing.park && job.unkeyed.is_none();
+            if park {
                 failing.parked.insert(key, (job.record.position(), false));
                 failing.gauge();
             }
-            Decided::GiveUp(
-                Box::new((failing.handling.clone(), *job, reason)),
-                failing.park,
-            )
+            Decided::GiveUp(Box::new((failing.handling.clone(), *job, reason)), park)
         }
         Next::Block => {
             job.ack.fail(error);
@@ -265,12 +298,22 @@ fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: Box
     }
 }
 
-/// One run of the handler on a record.
+/// One run of the handler on a record. A panic fails the record like an error, whether it
+/// comes while the handler builds its future (work before its `async` block) or while the
+/// future runs.
 async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
-    let handle = AssertUnwindSafe(handler.handle(job.record.clone())).catch_unwind();
-    // Fencing in time, as for hooks: dropped at the lease's validity.
-    let Some(outcome) = job.ack.while_valid(handle).await else {
-        return Ran::Stopped;
+    let record = job.record.clone();
+    let built = std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(record)));
+    let outcome = match built {
+        Ok(handle) => {
+            let handle = AssertUnwindSafe(handle).catch_unwind();
+            // Fencing in time, as for hooks: dropped at the lease's validity.
+            let Some(outcome) = job.ack.while_valid(handle).await else {
+                return Ran::Stopped;
+            };
+            outcome
+        }
+        Err(panic) => Err(panic),
     };
     match outcome {
         Ok(Ok(())) => {
@@ -310,7 +353,7 @@ async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64
             }
             None => {
                 job.ack.done();
-                Ran::Done
+                Ran::GivenUp
             }
         },
         Some(Err(error)) => {
@@ -332,7 +375,12 @@ struct Keys {
 }
 
 impl Keys {
-    fn push(&mut self, key: u64, record: Record, ack: Ack) {
+    /// Queues `record` under its key; a `key` that panics queues it as unkeyed.
+    fn push(&mut self, key: &KeyFn, record: Record, ack: Ack) {
+        let (key, unkeyed) = match std::panic::catch_unwind(AssertUnwindSafe(|| key(&record))) {
+            Ok(key) => (key, None),
+            Err(panic) => (UNKEYED, Some(crate::task::panic_message(&*panic))),
+        };
         let order = self.delivered;
         self.delivered += 1;
         let queue = self.waiting.entry(key).or_default();
@@ -344,6 +392,7 @@ impl Keys {
             record,
             ack,
             tries: Tries::default(),
+            unkeyed,
         });
     }
 
@@ -385,5 +434,30 @@ impl Keys {
         self.running.remove(&key);
         self.ready.insert(job.order, key);
         self.waiting.entry(key).or_default().push_front(job);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::SequenceNumber;
+
+    fn at(sequence: u128, sub_sequence: u64) -> ExtendedSequenceNumber {
+        ExtendedSequenceNumber {
+            sequence: SequenceNumber::from(sequence),
+            sub_sequence,
+        }
+    }
+
+    #[test]
+    fn only_records_after_the_one_that_parked_a_key_are_parked_behind_it() {
+        crate::mutation::set_from_env();
+        let behind = at(50, 1);
+        assert!(comes_after(&at(51, 0), &behind));
+        assert!(comes_after(&at(50, 2), &behind));
+        // The parking record itself, and one before it replayed after a crash, run.
+        assert!(!comes_after(&at(50, 1), &behind));
+        assert!(!comes_after(&at(50, 0), &behind));
+        assert!(!comes_after(&at(49, 7), &behind));
     }
 }

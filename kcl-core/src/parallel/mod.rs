@@ -47,7 +47,7 @@ use crate::failure::{Exhausted, FailurePolicy, Handling, Origin};
 use crate::processor::{
     InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor,
 };
-use crate::types::{Record, ShardId, stable_hash};
+use crate::types::{Record, ShardId, key_hash, stable_hash};
 
 /// Handles one record; the per-record work of [`Parallel`].
 ///
@@ -111,7 +111,7 @@ impl<H: RecordHandler> Parallel<H> {
         Self {
             handler: Arc::new(handler),
             max_in_flight: 10,
-            key: Arc::new(|record: &Record| stable_hash(&record.partition_key)),
+            key: Arc::new(|record: &Record| key_hash(&record.partition_key)),
             failure: FailurePolicy::block(),
             park_keys: false,
         }
@@ -129,7 +129,9 @@ impl<H: RecordHandler> Parallel<H> {
 
     /// Parks a key behind a record given up on: the key's later records are given up too,
     /// unrun (dead-lettered with [`Reason::Parked`](crate::failure::Reason::Parked)), so that
-    /// no record of the key runs out of order. Default off: the key goes on.
+    /// no record of the key runs out of order. Default off: the key goes on. Only with a
+    /// policy that dead-letters: with [`FailurePolicy::skip`] the worker refuses to build
+    /// (the key's later records would be dropped unseen).
     #[must_use]
     pub fn park_keys(mut self, park: bool) -> Self {
         self.park_keys = park;
@@ -146,7 +148,15 @@ impl<H: RecordHandler> Parallel<H> {
 
     /// Orders records by `key` instead of the partition key: records with equal keys run one
     /// at a time, in sequence order. (Keys are hashed to 64 bits; two keys that collide are
-    /// ordered together, which costs parallelism, never order.)
+    /// ordered together, which costs parallelism, never order.) A `key` that panics on a
+    /// record fails that record as a [`Permanent`](crate::failure::Permanent) failure: it is
+    /// given up as the policy says (without parking anything), or restarts the shard under
+    /// [`FailurePolicy::block`].
+    ///
+    /// Parked keys (`park_keys`) are stored in the lease row by this hash (SipHash-1-3, keys
+    /// 0, over `K`'s [`Hash`]): a `String` or `&str` key hashes as the partition key does
+    /// (`docs/lease-table.md`), the same in every build; a type of your own keeps its parked
+    /// keys across rebuilds only while its `Hash` impl stays the same.
     #[must_use]
     pub fn key_by<K: Hash>(mut self, key: impl Fn(&Record) -> K + Send + Sync + 'static) -> Self {
         self.key = Arc::new(move |record: &Record| stable_hash(key(record)));
@@ -175,6 +185,20 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
 
     fn needs_dead_letters(&self) -> bool {
         self.failure.exhausted == Exhausted::DeadLetter
+    }
+
+    fn check(&self) -> Result<(), crate::ConfigError> {
+        self.failure.check("Parallel::on_failure")?;
+        if self.park_keys && self.failure.exhausted == Exhausted::Skip {
+            return Err(crate::ConfigError {
+                key: "Parallel::park_keys",
+                reason: "with Parallel::on_failure skipping (FailurePolicy::skip), every later \
+                         record of a parked key would be dropped unseen, with nothing to redrive: \
+                         park keys with FailurePolicy::dead_letter, or skip without parking"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 }
 

@@ -116,6 +116,7 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
                 reason: "must not be empty".into(),
             });
         }
+        factory.check()?;
         if self.dead_letters.is_none() {
             let needs = [
                 (

@@ -213,6 +213,9 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         let Some(consumer) = self.ensure_consumer(&mut beat).await? else {
             return Ok(());
         };
+        if self.ensure_sink(&mut beat).await?.is_none() {
+            return Ok(());
+        }
         self.report.phase(Phase::Running);
         self.log_start(table);
         self.undrain().await;

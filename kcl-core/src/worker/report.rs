@@ -194,6 +194,11 @@ fn progress(
         }
         if let Some(why) = held.control.failing() {
             failing.insert(shard.clone(), why);
+        } else if held.control.failures.snapshot().outage {
+            // The same text while it lasts: a change would be logged as a new problem.
+            let why = "an outage: the failure policy gave up on outage_after records in a row \
+                       with none succeeding, and blocks until a record succeeds (see the log)";
+            failing.insert(shard.clone(), why.to_owned());
         }
         if let Some(limit) = stalled_after.filter(|limit| age >= *limit) {
             // The same text while it lasts: a change would be logged as a new problem.

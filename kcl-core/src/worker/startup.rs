@@ -89,6 +89,27 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
         Ok(consumer.map(Some))
     }
 
+    /// Checks that the dead-letter sink, if there is one, can work
+    /// ([`DeadLetterSink::check`](crate::failure::DeadLetterSink::check)): a sink that
+    /// cannot is found now, not at the first poison record. Transient failures are retried;
+    /// warnings logged. `Ok(None)` if shut down meanwhile.
+    pub(super) async fn ensure_sink(&self, beat: &mut Interval) -> Result<Option<()>, Error> {
+        let Some(letters) = &self.dead_letters else {
+            return Ok(Some(()));
+        };
+        let limit = self.table.config.call_timeout;
+        let ready = self.until_ready(beat, "the dead-letter sink is not usable yet", || {
+            Box::pin(bounded(limit, "check_dead_letters", letters.sink.check()))
+        });
+        let Some(warnings) = ready.await.map_err(Error::DeadLetters)? else {
+            return Ok(None);
+        };
+        for warning in warnings {
+            tracing::warn!("dead-letter sink: {warning}");
+        }
+        Ok(Some(()))
+    }
+
     /// Calls `op` until it succeeds or fails for good, with backoff between transient
     /// failures (kept in [`Status::problem`] meanwhile). `Ok(None)` if shut down meanwhile.
     async fn until_ready<'a, T>(

@@ -13,7 +13,7 @@ use kcl_core::{
 use tokio::time::sleep;
 
 use super::hands_off::HandsOff;
-use super::poison::Poison;
+use super::poison::{Kind, Poison};
 use super::processor::{Delivery, INJECTED_PANIC, Log, SimProcessor};
 
 /// One run of the handler on one record.
@@ -55,7 +55,21 @@ impl SimHandler {
 }
 
 impl RecordHandler for SimHandler {
-    async fn handle(&self, record: Record) -> Result<(), BoxError> {
+    fn handle(&self, record: Record) -> impl Future<Output = Result<(), BoxError>> + Send {
+        // A parse before the handler's `async` block: its panic is outside the future.
+        if let Some(poison) = &self.poison
+            && poison.panics_early
+            && !poison.outage_on()
+            && poison.kind(&self.shard, &record.position()) == Kind::Poison
+        {
+            panic!("{INJECTED_PANIC}");
+        }
+        self.run(record)
+    }
+}
+
+impl SimHandler {
+    async fn run(&self, record: Record) -> Result<(), BoxError> {
         let position = record.position();
         let index = {
             let mut log = self.log.lock();
@@ -127,11 +141,22 @@ pub fn parallel(
     shard: &ShardId,
     poison: Option<&Poison>,
 ) -> AnyProcessor {
+    let key_panics = handler.poison.clone().filter(|p| p.key_panics);
     let mut factory = Parallel::new(handler).max_in_flight(max_in_flight);
     if let Some(poison) = poison {
         factory = factory
             .on_failure(poison.policy.clone())
             .park_keys(poison.park);
+    }
+    if let Some(poison) = key_panics {
+        // A `key_by` that cannot read a malformed record's key.
+        let shard = shard.clone();
+        factory = factory.key_by(move |record: &Record| {
+            if poison.kind(&shard, &record.position()) == Kind::Permanent {
+                panic!("{INJECTED_PANIC}");
+            }
+            record.partition_key.clone()
+        });
     }
     AnyProcessor::Parallel(Box::new(factory.create(shard)))
 }

@@ -71,6 +71,7 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("RefusalTakenForRequest", 89),
         ("SinkRefusalIgnored", 21),
         ("ParkedKeyRuns", 44),
+        ("OutageGivenUp", 18),
         ("NoStickiness", 15),
         ("RelativeBand", 47),
         ("NoMoveBudget", 47),

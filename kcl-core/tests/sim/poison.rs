@@ -22,6 +22,10 @@ use super::processor::Log;
 /// Tries of a record before it is given up.
 pub const ATTEMPTS: u32 = 3;
 
+/// Records a shard gives up in a row before it takes it for an outage and blocks
+/// (`FailurePolicy::outage_after`, its default).
+pub const OUTAGE_AFTER: u32 = 10;
+
 /// What a record does when processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -46,6 +50,14 @@ pub struct Poison {
     pub sink: SimSink,
     /// The sink refuses now and then.
     pub faulty_sink: bool,
+    /// `Parallel`'s handler panics on poison records before its future (while it builds it).
+    pub panics_early: bool,
+    /// `Parallel`'s `key_by` panics on permanent records.
+    pub key_panics: bool,
+    /// A dependency outage: every try of every record fails, from this long after the start
+    /// for this long.
+    pub outage: Option<(Duration, Duration)>,
+    outage_on: Arc<AtomicBool>,
 }
 
 impl Poison {
@@ -57,7 +69,17 @@ impl Poison {
             return None;
         }
         let policy = FailurePolicy::dead_letter(ATTEMPTS)
-            .backoff(Duration::from_millis(100), Duration::from_millis(800));
+            .backoff(Duration::from_millis(100), Duration::from_millis(800))
+            .outage_after(Some(OUTAGE_AFTER));
+        // Drawn apart too, so that the draws above stay as they were.
+        let mut more = StdRng::seed_from_u64(seed ^ 0x07a6_e5e5);
+        let outage = more.random_ratio(1, 3).then(|| {
+            let begin = Duration::from_millis(more.random_range(10_000..40_000));
+            (
+                begin,
+                Duration::from_millis(more.random_range(5_000..30_000)),
+            )
+        });
         Some(Arc::new(Self {
             seed,
             policy,
@@ -68,7 +90,37 @@ impl Poison {
                 refusing: Arc::default(),
             },
             faulty_sink: rng.random_bool(0.5),
+            panics_early: more.random_bool(0.5),
+            key_panics: more.random_bool(0.5),
+            outage,
+            outage_on: Arc::default(),
         }))
+    }
+
+    /// Whether the outage is on now.
+    pub fn outage_on(&self) -> bool {
+        self.outage_on.load(Ordering::Relaxed)
+    }
+
+    /// Turns the outage on and off when the seed says (a second after `stop` at the latest).
+    pub async fn run_outage(self: Arc<Self>, log: Log, stop: CancellationToken) {
+        let Some((begin, length)) = self.outage else {
+            return;
+        };
+        tokio::select! {
+            () = sleep(begin) => {}
+            () = stop.cancelled() => return,
+        }
+        self.outage_on.store(true, Ordering::Relaxed);
+        log.lock().outage = Some((next_event_seq(), None));
+        tokio::select! {
+            () = sleep(length) => {}
+            () = stop.cancelled() => {}
+        }
+        self.outage_on.store(false, Ordering::Relaxed);
+        if let Some((_, end)) = &mut log.lock().outage {
+            *end = Some(next_event_seq());
+        }
     }
 
     /// What the record at `position` of `shard` does: the same for every worker.
@@ -86,6 +138,12 @@ impl Poison {
     /// counted in the journal).
     pub fn attempt(&self, log: &Log, shard: &ShardId, record: &Record) -> Option<BoxError> {
         let position = record.position();
+        if self.outage_on() {
+            log.lock()
+                .outage_failed
+                .insert(format!("{shard}/{position}"));
+            return Some("dependency down".into());
+        }
         match self.kind(shard, &position) {
             Kind::Fine => None,
             Kind::Poison => Some("poison record".into()),

@@ -58,6 +58,8 @@ pub struct Attempt {
 #[derive(Debug, Clone)]
 pub struct Instance {
     pub created_seq: u64,
+    pub worker: String,
+    pub shard: ShardId,
 }
 
 /// One run of the fleet's singleton task: who, from when, and when it last executed
@@ -146,6 +148,10 @@ pub struct Journal {
     pub flaky_tries: BTreeMap<String, u32>,
     /// Deliveries a batch processor saw beyond what a bisect may cost (`bisect-bound`).
     pub over_delivered: Vec<String>,
+    /// Records (`shard/position`) that failed a try because the seed's outage was on.
+    pub outage_failed: std::collections::BTreeSet<String>,
+    /// When the seed's outage began and ended (event sequence numbers).
+    pub outage: Option<(u64, Option<u64>)>,
 }
 
 /// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.
@@ -241,6 +247,8 @@ impl Factory {
             instance,
             Instance {
                 created_seq: next_event_seq(),
+                worker: self.worker.clone(),
+                shard: shard.clone(),
             },
         );
         if let Some(n) = self.parallel {
@@ -416,6 +424,18 @@ impl SimProcessor {
             if poison.names {
                 self.processed(&records[..i]);
                 self.succeeded(&records[..i]);
+            } else if i > 0 && self.rng.random_ratio(1, 2) {
+                // Processes and checkpoints the records before the failing one in the
+                // failing hook: a bisect must deliver none of them again (the one standing
+                // at the checkpoint included). If the checkpoint fails, it names the record
+                // instead, so that they are not delivered again either.
+                self.processed(&records[..i]);
+                self.succeeded(&records[..i]);
+                let at = Some(records[i - 1].position());
+                if self.checkpoint(checkpointer, false, at).await.is_err() {
+                    return Err(kcl_core::failure::BatchFailed::at(&records[i], error).into());
+                }
+                return Err(error);
             }
             return Err(poison.batch_error(&records, i, error));
         }

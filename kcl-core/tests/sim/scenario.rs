@@ -471,6 +471,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     let sink_faults = poison
         .clone()
         .map(|p| tokio::spawn(p.disturb_sink(producing.clone())));
+    let outage = poison
+        .clone()
+        .map(|p| tokio::spawn(p.run_outage(fleet.log.clone(), producing.clone())));
     let sender = tokio::spawn(send_messages(
         network,
         fleet.store.clone(),
@@ -498,6 +501,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     let _ = producer.await;
     if let Some(faults) = sink_faults {
         let _ = faults.await;
+    }
+    if let Some(outage) = outage {
+        let _ = outage.await;
     }
     let _ = sender.await;
     if let Some(cap) = cap {

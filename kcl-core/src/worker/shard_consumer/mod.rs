@@ -123,6 +123,7 @@ impl<S, F> ShardContext<S, F> {
             letters: self.dead_letters.clone(),
             worker: tenure.worker().clone(),
             shard: tenure.shard().clone(),
+            stream: crate::multi_stream::StreamId::split_key(tenure.shard()).map(|(id, _)| id.name),
             tally: control.failures.clone(),
             call_timeout: self.config.call_timeout,
         }

@@ -18,6 +18,7 @@ use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
 use crate::failure::{Bisect, Handling, Reason, Then, failed_at};
 use crate::lease::tenure::Tenure;
+use crate::mutation::{self, Mutation};
 use crate::processor::{ProcessRecordsInput, RecordProcessor};
 use crate::types::{Checkpoint, ExtendedSequenceNumber, Record};
 
@@ -66,6 +67,7 @@ pub(super) async fn deliver(
             Ok(Hook::Done) => {
                 if own {
                     walk.batch.finish(part);
+                    handling.succeeded();
                 }
                 continue;
             }
@@ -144,6 +146,8 @@ impl Walk<'_> {
                 };
                 wait_for(self.tenure, self.control, rest).await
             }
+            // An outage: the record blocks (the shard restarts from its checkpoint).
+            Then::GiveUp(..) if !self.handling.may_give_up() => Waited::Done(Err(error)),
             Then::GiveUp(index, reason) => {
                 let waited = self.give_up(index, reason).await;
                 if matches!(waited, Waited::Done(Ok(()))) {
@@ -233,9 +237,13 @@ async fn wait_for(
 /// them in its hook).
 async fn checkpointed(tenure: &Tenure, records: &[Record]) -> usize {
     let committed = tenure.snapshot().await.checkpoint;
-    records.partition_point(|r| {
+    let covered = records.partition_point(|r| {
         committed
             .progress_cmp(&Checkpoint::Sequence(r.position()))
             .is_some_and(std::cmp::Ordering::is_ge)
-    })
+    });
+    if mutation::on(Mutation::BisectRedeliversCheckpointed) {
+        return covered.saturating_sub(1);
+    }
+    covered
 }

@@ -51,6 +51,7 @@ pub const INVARIANTS: &[&str] = &[
     "dead-letter-early",
     "parked-key-order",
     "bisect-bound",
+    "outage-bound",
     "restart-kept",
 ];
 
@@ -161,6 +162,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     if let Some(poison) = e.poison {
         poison::dead_letter_early(e, poison, &mut v);
         poison::parked_key_order(e, &mut v);
+        poison::outage_bound(e, poison, &mut v);
         v.extend(e.journal.over_delivered.iter().cloned());
     }
     restarts::kept(e, &mut v);

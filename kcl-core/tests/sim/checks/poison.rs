@@ -3,25 +3,35 @@
 //! or dead-lettered, once the sink accepted it, is `no-loss`; that a bisect delivers no record
 //! beyond its bound, nor one that succeeded, the processors log as `bisect-bound`.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 
-use kcl_core::ExtendedSequenceNumber;
 use kcl_core::failure::Reason;
+use kcl_core::{ExtendedSequenceNumber, ShardId};
 
 use super::Evidence;
-use crate::sim::poison::{ATTEMPTS, Kind, Poison};
+use crate::sim::poison::{ATTEMPTS, Kind, OUTAGE_AFTER, Poison};
 
 /// dead-letter-early: a record is dead-lettered only once it is out of tries: a poison record
-/// after `ATTEMPTS` tries, a permanent one as permanent, any other only parked behind a
-/// record that parked its key. A flaky record (failing fewer times than it has tries) never is.
+/// (or any record that failed while the seed's outage was on) after `ATTEMPTS` tries, a
+/// permanent one as permanent, any other only parked behind an earlier record that parked its
+/// key (never behind itself or a later one). A flaky record (failing fewer times than it has
+/// tries) never is, outside an outage.
 pub(super) fn dead_letter_early(e: &Evidence<'_>, poison: &Poison, v: &mut Vec<String>) {
     for (_, letter) in &e.journal.letters {
         let position = letter.record.position();
         let kind = poison.kind(&letter.shard, &position);
+        let in_outage = || {
+            let id = format!("{}/{position}", letter.shard);
+            e.journal.outage_failed.contains(&id)
+        };
         let early = match (&letter.reason, kind) {
             (Reason::Attempts, Kind::Poison) => letter.attempts < ATTEMPTS,
+            (Reason::Attempts, _) if in_outage() => letter.attempts < ATTEMPTS,
             (Reason::Permanent, Kind::Permanent) => letter.attempts < 1,
-            (Reason::Parked { behind }, _) => !parks(e, letter.parked_key.as_deref(), behind),
+            (Reason::Parked { behind }, _) => {
+                position <= *behind || !parks(e, letter.parked_key.as_deref(), behind)
+            }
             _ => true,
         };
         if early {
@@ -44,25 +54,104 @@ fn parks(e: &Evidence<'_>, key: Option<&str>, behind: &ExtendedSequenceNumber) -
 }
 
 /// parked-key-order: under parked keys, no record of a key runs after the record that
-/// parked it (in any shard: the key's later records are in its children).
+/// parked it was given up (in any shard: the key's later records are in its children), once
+/// the parking is durable: written into a lease row with a checkpoint that passes its record.
+/// (Before that a crash or a restart delivers the record again; if it then succeeds, its key
+/// runs on and its letter is a duplicate of a processed record.)
 pub(super) fn parked_key_order(e: &Evidence<'_>, v: &mut Vec<String>) {
-    // Per partition key, the earliest record that parked it.
-    let mut parked: BTreeMap<&str, ExtendedSequenceNumber> = BTreeMap::new();
-    for (_, letter) in &e.journal.letters {
-        if letter.parked_key.is_some() && !matches!(letter.reason, Reason::Parked { .. }) {
-            let at = parked
-                .entry(letter.record.partition_key.as_str())
-                .or_insert_with(|| letter.record.position());
-            *at = (*at).clone().min(letter.record.position());
+    // Per ordering key (as the rows store it), the earliest record that parked it durably.
+    let mut parked: BTreeMap<u64, ExtendedSequenceNumber> = BTreeMap::new();
+    for event in e.store {
+        for entry in &event.lease.parked_keys {
+            let Some((key, behind)) = parse_entry(entry) else {
+                v.push(format!(
+                    "parked-key-order: a malformed entry {entry} in {}",
+                    event.lease.key
+                ));
+                continue;
+            };
+            let at = parked.entry(key).or_insert_with(|| behind.clone());
+            *at = (*at).clone().min(behind);
         }
     }
+    // And when that record was given up (its letter first accepted).
+    let given_up = |key: u64, behind: &ExtendedSequenceNumber| {
+        let hex = format!("{key:016x}");
+        e.journal
+            .letters
+            .iter()
+            .filter(|(_, l)| !matches!(l.reason, Reason::Parked { .. }))
+            .filter(|(_, l)| l.parked_key.as_deref() == Some(hex.as_str()))
+            .filter(|(_, l)| l.record.position() == *behind)
+            .map(|(seq, _)| *seq)
+            .min()
+    };
     for run in &e.journal.runs {
-        if let Some(behind) = parked.get(run.key.as_str())
-            && run.position > *behind
-        {
+        let mut h = DefaultHasher::new();
+        run.key.hash(&mut h);
+        let key = h.finish();
+        let Some(behind) = parked.get(&key).filter(|behind| run.position > **behind) else {
+            continue;
+        };
+        if given_up(key, behind).is_some_and(|since| run.start_seq > since) {
             v.push(format!(
                 "parked-key-order: {} of parked key {} ran on {} by {} (parked behind {behind})",
                 run.position, run.key, run.shard, run.worker
+            ));
+        }
+    }
+}
+
+/// A parked-key entry, `{key:016x}/{sequence}/{sub-sequence}` (docs/lease-table.md).
+fn parse_entry(entry: &str) -> Option<(u64, ExtendedSequenceNumber)> {
+    let mut parts = entry.split('/');
+    let key = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let sequence = kcl_core::SequenceNumber::parse(parts.next()?)?;
+    let sub_sequence = parts.next()?.parse().ok()?;
+    let position = ExtendedSequenceNumber {
+        sequence,
+        sub_sequence,
+    };
+    parts.next().is_none().then_some((key, position))
+}
+
+/// outage-bound: an outage (every record failing) is not a run of poison records: a shard
+/// gives up at most `OUTAGE_AFTER` records in a row, then blocks until one succeeds. The run is
+/// counted per shard and holder (a new tenure counts anew), so over the outage a shard gives
+/// up at most `OUTAGE_AFTER` records that failed only for it per processor instance started
+/// during the outage or running when it began (at most one per worker then). Every record is
+/// processed after it (`no-loss`).
+pub(super) fn outage_bound(e: &Evidence<'_>, poison: &Poison, v: &mut Vec<String>) {
+    let Some((began, ended)) = e.journal.outage else {
+        return;
+    };
+    let ended = ended.unwrap_or(u64::MAX);
+    let mut given_up: BTreeMap<&ShardId, u32> = BTreeMap::new();
+    for (_, letter) in &e.journal.letters {
+        let position = letter.record.position();
+        let fine = matches!(
+            poison.kind(&letter.shard, &position),
+            Kind::Fine | Kind::Flaky(_)
+        );
+        let id = format!("{}/{position}", letter.shard);
+        if fine && letter.reason == Reason::Attempts && e.journal.outage_failed.contains(&id) {
+            *given_up.entry(&letter.shard).or_default() += 1;
+        }
+    }
+    for (shard, count) in given_up {
+        let of_shard = e.journal.instances.values().filter(|i| &i.shard == shard);
+        let started_in = of_shard
+            .clone()
+            .filter(|i| i.created_seq >= began && i.created_seq <= ended);
+        let before: BTreeSet<&str> = of_shard
+            .filter(|i| i.created_seq < began)
+            .map(|i| i.worker.as_str())
+            .collect();
+        let tenures = u32::try_from(started_in.count() + before.len()).unwrap_or(u32::MAX);
+        if count > OUTAGE_AFTER.saturating_mul(tenures) {
+            v.push(format!(
+                "outage-bound: {shard} gave up {count} records that failed only for the outage, \
+                 more than {OUTAGE_AFTER} for each of at most {tenures} holders"
             ));
         }
     }
