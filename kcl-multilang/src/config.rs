@@ -445,6 +445,7 @@ pub(crate) const FIELDS: &[(&str, &str)] = &[
     ("liveness", "liveness"),
     ("failureAttempts", "failure.attempts"),
     ("failureExhausted", "failure.exhausted"),
+    ("failureOutageAfter", "failure.outage_after"),
     ("workerCapacity", "balancing.capacity"),
 ];
 

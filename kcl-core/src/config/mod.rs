@@ -484,7 +484,8 @@ impl WorkerConfig {
         if self.ack_checkpoint_every == 0 {
             return err("ack_checkpoint_every", "must be at least 1");
         }
-        self.failure.check("failure.attempts")?;
+        self.failure
+            .check(["failure.attempts", "failure.outage_after"])?;
         self.balancing.check()?;
         self.autoscaling.check()
     }

@@ -173,17 +173,21 @@ impl FailurePolicy {
             .min(self.max_backoff.max(self.backoff))
     }
 
-    /// Checks the policy; the error names the field.
-    pub(crate) fn check(&self, field: &'static str) -> Result<(), crate::ConfigError> {
+    /// Checks the policy; the error names the field (`attempts` and `outage_after` are given
+    /// as the keys of the two settings checked).
+    pub(crate) fn check(
+        &self,
+        [attempts, outage_after]: [&'static str; 2],
+    ) -> Result<(), crate::ConfigError> {
         if self.attempts == 0 {
             return Err(crate::ConfigError {
-                key: field,
+                key: attempts,
                 reason: "attempts must be at least 1 (the first try counts)".to_owned(),
             });
         }
         if self.outage_after == Some(0) {
             return Err(crate::ConfigError {
-                key: field,
+                key: outage_after,
                 reason: "outage_after must be at least 1 (or none, to give up every record \
                          whatever the run)"
                     .to_owned(),
@@ -210,7 +214,12 @@ mod tests {
     fn zero_attempts_are_refused_by_name() {
         let mut policy = FailurePolicy::skip(1);
         policy.attempts = 0;
-        let error = policy.check("failure.attempts").unwrap_err().to_string();
+        let keys = ["failure.attempts", "failure.outage_after"];
+        let error = policy.check(keys).unwrap_err().to_string();
         assert!(error.contains("failure.attempts"), "{error}");
+        policy.attempts = 1;
+        policy.outage_after = Some(0);
+        let error = policy.check(keys).unwrap_err().to_string();
+        assert!(error.contains("failure.outage_after"), "{error}");
     }
 }

@@ -188,7 +188,8 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
     }
 
     fn check(&self) -> Result<(), crate::ConfigError> {
-        self.failure.check("Parallel::on_failure")?;
+        self.failure
+            .check(["Parallel::on_failure", "Parallel::on_failure"])?;
         if self.park_keys && self.failure.exhausted == Exhausted::Skip {
             return Err(crate::ConfigError {
                 key: "Parallel::park_keys",

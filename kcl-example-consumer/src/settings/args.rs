@@ -250,6 +250,12 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N", default_value = "3", value_parser = parse_u32)]
     pub(crate) failure_attempts: u32,
 
+    /// Records of a shard given up in a row (none succeeding) after which the shard is taken
+    /// to be in an outage, not to meet poison records: it gives up no more, blocks until a
+    /// record succeeds, and fails readiness. 0: never.
+    #[arg(long, value_name = "N", default_value = "10", value_parser = parse_u32)]
+    pub(crate) failure_outage_after: u32,
+
     /// Where dead letters go: `sqs:QUEUE-URL`, `s3://BUCKET/PREFIX`, `kinesis:STREAM` or
     /// `file:PATH` (kcl-admin dead-letters reads them back). Needed by `--on-failure
     /// dead-letter`.

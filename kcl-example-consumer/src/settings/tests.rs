@@ -656,6 +656,9 @@ fn a_failure_policy_that_dead_letters_needs_a_sink_it_can_read() {
         None,
     );
     assert_eq!(s.worker.failure.attempts, 5);
+    assert_eq!(s.worker.failure.outage_after, Some(10), "the default");
+    let never = resolve_ok(&[REQUIRED, &["--failure-outage-after", "0"]].concat(), None);
+    assert_eq!(never.worker.failure.outage_after, None, "0: never");
     assert_eq!(
         s.worker.failure.exhausted,
         kcl_core::failure::Exhausted::DeadLetter

@@ -30,6 +30,7 @@ fn failure(a: &RunArgs) -> FailurePolicy {
     let mut policy = FailurePolicy::default();
     policy.exhausted = a.on_failure;
     policy.attempts = a.failure_attempts;
+    policy.outage_after = (a.failure_outage_after > 0).then_some(a.failure_outage_after);
     policy
 }
 
@@ -65,6 +66,7 @@ pub(super) fn worker_config(
             "renew_interval" => "failover_time",
             "retrieval.consumer_name" => "application_name",
             "failure.attempts" => "failure_attempts",
+            "failure.outage_after" => "failure_outage_after",
             "balancing.capacity" => "capacity",
             key => key.strip_prefix("autoscaling.").unwrap_or(key),
         };

@@ -40,6 +40,10 @@ pub(super) fn failure(r: &Reader<'_>, policy: &mut FailurePolicy) {
     if let Some(seconds) = r.optional(r.number::<u64>("failureMaxRecordAgeSeconds")) {
         policy.max_record_age = Some(Duration::from_secs(seconds));
     }
+    if let Some(run) = r.optional(r.number::<u32>("failureOutageAfter")) {
+        // 0: never taken for an outage.
+        policy.outage_after = (run > 0).then_some(run);
+    }
 }
 
 /// Where dead letters go, if anywhere, and the dead-letter keys given to no effect (errors

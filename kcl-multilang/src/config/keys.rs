@@ -288,6 +288,14 @@ pub(crate) const KEYS: &[(&str, Use)] = &[
         Use::Mapped("kcl: no more tries once a record is older than this (default: none)"),
     ),
     (
+        "failureOutageAfter",
+        Use::Mapped(
+            "kcl: records of a shard given up in a row, none succeeding, after which the \
+             shard is taken to be in an outage: it gives up no more, blocks until a record \
+             succeeds and fails readiness (default 10; 0: never)",
+        ),
+    ),
+    (
         "deadLetterSink",
         Use::Mapped(
             "kcl: where records go once failureExhausted = dead-letter gives them up: \

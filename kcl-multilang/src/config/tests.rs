@@ -532,7 +532,7 @@ fn failure_keys_and_the_dead_letter_sink() {
     let text = format!(
         "{MINIMAL}failureExhausted = dead-letter\nfailureAttempts = 2\n\
          failureBackoffMillis = 50\nfailureMaxBackoffMillis = 10\n\
-         failureMaxRecordAgeSeconds = 60\n\
+         failureMaxRecordAgeSeconds = 60\nfailureOutageAfter = 4\n\
          deadLetterSink = sqs:https://sqs.eu-west-1.amazonaws.com/123456789012/dlq\n\
          deadLetterOverflowS3 = s3://big-letters/orders/\nchildErrorsFailBatch = false\n"
     );
@@ -547,6 +547,9 @@ fn failure_keys_and_the_dead_letter_sink() {
         "never below the backoff"
     );
     assert_eq!(policy.max_record_age, Some(Duration::from_secs(60)));
+    assert_eq!(policy.outage_after, Some(4));
+    let never = config(&format!("{MINIMAL}failureOutageAfter = 0\n")).unwrap();
+    assert_eq!(never.worker.failure.outage_after, None, "0: never");
     let letters = c.dead_letters.unwrap();
     assert_eq!(
         letters.sink,
