@@ -32,7 +32,7 @@
 //!   ends), and writes `SHARD_END` only once every record of the shard finished;
 //! - reading pauses while [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged)
 //!   records are held behind the watermark, finished or not: a record that never finishes
-//!   holds at most that many behind it, so memory (and what a crash replays) stays bounded
+//!   holds at most that many behind it, and one batch (read before the pause), so memory (and what a crash replays) stays bounded
 //!   however slow the acknowledgements are (in records: at 1 MiB a record, the default
 //!   1,000 is a GiB a shard). The shard is then reported stalled once its checkpoint has not
 //!   moved for [`stalled_after`](crate::WorkerConfig::stalled_after);

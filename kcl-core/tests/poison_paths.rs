@@ -467,3 +467,45 @@ async fn under_multi_stream_a_letter_names_the_records_stream() {
     shutdown.shutdown();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_that_keeps_refusing_reports_the_shard_failing_until_it_accepts() {
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
+    let records = fill(&stream, 20, 4, 7);
+    sink.refuse(true);
+    let handler = |record: Record| async move {
+        if data(&record) == "poison" {
+            return Err::<(), BoxError>("boom".into());
+        }
+        Ok(())
+    };
+    let policy =
+        FailurePolicy::dead_letter(1).backoff(Duration::from_millis(200), Duration::from_secs(2));
+    let factory = Parallel::new(handler).on_failure(policy);
+    let (task, shutdown, status) = run(&stream, &store, &sink, factory);
+    let failing = || {
+        status.borrow().problems.iter().any(|p| {
+            p.kind == ProblemKind::Failing
+                && p.key == SHARD
+                && p.detail.contains("dead-letter sink")
+        })
+    };
+    let seen = wait_until(Duration::from_secs(60), failing).await;
+    assert!(seen.is_some(), "reported failing while the sink refuses");
+    assert!(sink.refused() >= 5, "{}", sink.refused());
+    sink.refuse(false);
+    until_passed(&store, records.last().unwrap()).await;
+    assert!(
+        wait_until(Duration::from_secs(10), || !failing())
+            .await
+            .is_some(),
+        "failing no more"
+    );
+    assert_eq!(sink.letters().len(), 1);
+    shutdown.shutdown();
+    task.await.unwrap().unwrap();
+}

@@ -39,8 +39,8 @@ pub use errors::{BatchFailed, Permanent, is_retryable};
 pub(crate) use give_up::Handling;
 pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, RETENTION_FLOOR, Reason};
 pub(crate) use letter::{Origin, park_entry, parse_park_entry};
-pub use tally::RecordFailures;
 pub(crate) use tally::Tally;
+pub use tally::{RecordFailures, SINK_FAILING_AFTER};
 pub(crate) use tries::{Next, Tries};
 
 use std::time::Duration;

@@ -17,11 +17,19 @@ pub struct RecordFailures {
     pub parked_keys: u64,
     /// Whether the sink refuses now: a dead letter waits for it, and the checkpoint with it.
     pub sink_refusing: bool,
+    /// Puts of one letter the sink refused in a row (0 once one is accepted): from
+    /// [`SINK_FAILING_AFTER`] on, the shard is reported `failing`.
+    pub sink_refusals: u32,
     /// Whether the shard is taken to be in an outage: it gave up
     /// [`outage_after`](super::FailurePolicy::outage_after) records in a row with none
     /// succeeding, and blocks until one does.
     pub outage: bool,
 }
+
+/// Refused puts of one letter in a row after which the shard is reported `failing` (and a
+/// readiness probe fails): five, as for attempts that keep failing; with the policy's default
+/// backoff, about half a minute of refusals.
+pub const SINK_FAILING_AFTER: u32 = 5;
 
 /// The counts behind [`RecordFailures`], shared by the shard task and its processor's tasks.
 #[derive(Debug, Default)]
@@ -31,6 +39,7 @@ pub(crate) struct Tally {
     skipped: AtomicU64,
     parked_keys: AtomicU64,
     sink_refusing: AtomicBool,
+    sink_refusals: AtomicU32,
     /// Records given up in a row (or being given up), none succeeding since.
     given_up_in_row: AtomicU32,
     outage: AtomicBool,
@@ -55,6 +64,11 @@ impl Tally {
 
     pub(crate) fn sink_refusing(&self, refusing: bool) {
         self.sink_refusing.store(refusing, Ordering::Relaxed);
+        if refusing {
+            self.sink_refusals.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.sink_refusals.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Counts a record about to be given up, unless `limit` are already given up in a row:
@@ -90,6 +104,7 @@ impl Tally {
             skipped: self.skipped.load(Ordering::Relaxed),
             parked_keys: self.parked_keys.load(Ordering::Relaxed),
             sink_refusing: self.sink_refusing.load(Ordering::Relaxed),
+            sink_refusals: self.sink_refusals.load(Ordering::Relaxed),
             outage: self.outage.load(Ordering::Relaxed),
         }
     }

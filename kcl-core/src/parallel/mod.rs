@@ -12,7 +12,8 @@
 //! acknowledged when its handler returns `Ok`, so checkpoints stop at the watermark (never
 //! past a record still running or waiting for its key), the worker checkpoints as records
 //! finish, reading pauses at [`max_unacknowledged`](crate::WorkerConfig::max_unacknowledged)
-//! waiting records, and a graceful stop or handoff waits for what runs before it checkpoints.
+//! held records (a record that never finishes holds at most that many and one batch behind
+//! it), and a graceful stop or handoff waits for what runs before it checkpoints.
 //!
 //! **Failures.** By default a handler that returns an error or panics fails its record:
 //! nothing more starts, the shard restarts from the watermark after the usual backoff, and

@@ -192,12 +192,18 @@ fn progress(
         if !held.tenure.is_valid() && !mutation::on(Mutation::StalledPastValidity) {
             continue;
         }
+        let failures = held.control.failures.snapshot();
         if let Some(why) = held.control.failing() {
             failing.insert(shard.clone(), why);
-        } else if held.control.failures.snapshot().outage {
+        } else if failures.outage {
             // The same text while it lasts: a change would be logged as a new problem.
             let why = "an outage: the failure policy gave up on outage_after records in a row \
                        with none succeeding, and blocks until a record succeeds (see the log)";
+            failing.insert(shard.clone(), why.to_owned());
+        } else if failures.sink_refusals >= crate::failure::SINK_FAILING_AFTER {
+            let why = "the dead-letter sink keeps refusing a letter: the record waits for it, \
+                       and the checkpoint with it (see the log and \
+                       kcl_dead_letter_sink_failures_total)";
             failing.insert(shard.clone(), why.to_owned());
         }
         if let Some(limit) = stalled_after.filter(|limit| age >= *limit) {
