@@ -268,7 +268,8 @@ async fn flag_heartbeat<L: LeaseStore>(
 /// Unparks the ordering key `parked_key` (`Parallel::park_keys`; a dead letter's
 /// `parked_key`, 16 hex digits) in every lease row that parks it (the shard it was parked in
 /// and the children that inherited it), for a redrive: whoever holds each shard sees it in its
-/// next renewal and runs the key's records again. Put the records back only after that (a
+/// next renewal (under heartbeats, at its next read of the row: every renewal interval
+/// while it parks keys) and runs the key's records again. Put the records back only after that (a
 /// renewal interval, a third of the failover time by default), or the holder parks them
 /// again. Returns the rows changed.
 pub async fn unpark<L: LeaseStore + crate::LeaseStoreExtras>(

@@ -509,3 +509,58 @@ async fn a_sink_that_keeps_refusing_reports_the_shard_failing_until_it_accepts()
     shutdown.shutdown();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_heartbeats_an_unparked_key_runs_again_on_the_holder() {
+    let (stream, store, sink) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        MemorySink::new(),
+    );
+    let records = fill(&stream, 12, 6, 3);
+    let handled = Handled::default();
+    let seen = handled.clone();
+    let handler = move |record: Record| {
+        let seen = seen.clone();
+        async move {
+            let text = data(&record);
+            if text == "poison" {
+                return Err::<(), BoxError>(kcl_core::failure::Permanent::new("bad").into());
+            }
+            seen.lock().unwrap().push(text);
+            Ok(())
+        }
+    };
+    let factory = Parallel::new(handler)
+        .on_failure(FailurePolicy::dead_letter(3))
+        .park_keys(true);
+    let (worker, _) = {
+        let letters = DeadLetters::new(sink.clone());
+        let worker = Worker::builder(stream.client("a"), store.client("a"))
+            .id("a")
+            .config(config().liveness(kcl_core::Liveness::Heartbeat))
+            .dead_letters(letters.clone())
+            .build_with(factory)
+            .unwrap();
+        (worker, letters)
+    };
+    let shutdown = worker.shutdown_handle();
+    let task = tokio::spawn(worker.run());
+    until_passed(&store, records.last().unwrap()).await;
+    let parked = sink.letters()[0].parked_key.clone().unwrap();
+    let changed = kcl_core::admin::unpark(&store, &parked).await.unwrap();
+    assert_eq!(changed.len(), 1);
+    // The holder reads its row back within a renewal interval (half the failover time under
+    // heartbeats): a record of the key put after that runs.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let again = stream.put("key-3", "again-3");
+    until_passed(&store, &again).await;
+    let handled = handled.lock().unwrap().clone();
+    assert!(
+        handled.contains(&"again-3".to_owned()),
+        "the unparked key ran: {handled:?}"
+    );
+    assert_eq!(sink.letters().len(), 2, "nothing more was parked");
+    shutdown.shutdown();
+    task.await.unwrap().unwrap();
+}

@@ -51,3 +51,25 @@ pub(crate) async fn run(tenure: Arc<Tenure>, interval: Duration) {
         }
     }
 }
+
+/// Under heartbeats (a derived tenure: no renewal writes its row, and so none reads it back),
+/// reads the row every `interval` while it parks keys, so that an operator's unpark
+/// (`admin::unpark`) is seen as soon as under per-lease renewals. One read a renewal interval
+/// per shard with parked keys; nothing otherwise.
+pub(crate) async fn watch_parked(tenure: Arc<Tenure>, interval: Duration, limit: Duration) {
+    loop {
+        tokio::select! {
+            biased;
+            () = tenure.lost_token().cancelled() => return,
+            () = sleep(interval) => {}
+        }
+        if tenure.parked_now().is_none_or(|parked| parked.is_empty()) {
+            continue;
+        }
+        match tokio::time::timeout(limit, tenure.refresh_parked()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(%error, "reading the row's parked keys failed"),
+            Err(_) => tracing::debug!("reading the row's parked keys timed out"),
+        }
+    }
+}

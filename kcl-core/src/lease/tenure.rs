@@ -387,6 +387,20 @@ impl Tenure {
         Some(self.held.try_lock().ok()?.lease.parked_keys.clone())
     }
 
+    /// Reads the row again for its parked-key entries, which an operator's unpark changes
+    /// without a write of ours (under heartbeats no renewal reads the row): adopted while the
+    /// row is still this tenure's (same owner and counter).
+    pub(crate) async fn refresh_parked(&self) -> Result<(), BackendError> {
+        let row = self.store.get(self.shard()).await?;
+        let mut held = self.held.lock().await;
+        if let Some(row) =
+            row.filter(|r| r.owner == held.lease.owner && r.counter == held.lease.counter)
+        {
+            held.lease.parked_keys = row.parked_keys;
+        }
+        Ok(())
+    }
+
     /// Who asked, in the row as last written, for this lease to be handed over; `None` also
     /// while a write is under way (it is looked at again next cycle).
     pub(crate) fn handoff_requested(&self) -> Option<WorkerId> {

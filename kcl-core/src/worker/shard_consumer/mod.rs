@@ -201,11 +201,17 @@ pub(crate) async fn run<S: ShardSource, F: ProcessorFactory>(
     tenure: Arc<Tenure>,
     control: Arc<Control>,
 ) -> Exit {
-    // A derived tenure lives on the worker's heartbeat: nothing to renew here.
-    let _renewer = (!tenure.is_derived()).then(|| {
-        let renewer = renewer::run(tenure.clone(), ctx.config.renew_interval).in_current_span();
+    // A derived tenure lives on the worker's heartbeat: nothing to renew here, but its row's
+    // parked keys are read back as a renewal would.
+    let interval = ctx.config.renew_interval;
+    let _renewer = if tenure.is_derived() {
+        let limit = ctx.config.call_timeout;
+        let watch = renewer::watch_parked(tenure.clone(), interval, limit).in_current_span();
+        AbortOnDropHandle::new(crate::task::spawn(watch))
+    } else {
+        let renewer = renewer::run(tenure.clone(), interval).in_current_span();
         AbortOnDropHandle::new(crate::task::spawn(renewer))
-    });
+    };
     let exit = consume(&ctx, &tenure, &control).await;
     tenure.mark_lost(); // ends the tenure: no write may follow the task
     exit
