@@ -16,6 +16,7 @@
 
 mod clients;
 mod failures;
+mod fleet;
 mod poison;
 
 use std::collections::{BTreeMap, BTreeSet};
