@@ -21,6 +21,9 @@ const OUTAGE: Duration = Duration::from_secs(25);
 /// the shard blocks instead (the default).
 const OUTAGE_AFTER: u32 = 10;
 
+/// Records put (and processed) before the outage.
+const BEFORE: usize = 120;
+
 /// Puts `record-<i>` for each `i` of `range` (partition key `pk-<i>`).
 async fn put(ctx: &Context, range: std::ops::Range<usize>) -> anyhow::Result<()> {
     let records: Vec<(String, String)> = range
@@ -37,13 +40,13 @@ fn ready(addrs: &[SocketAddr]) -> bool {
 }
 
 /// The outage: the flag created, 40 records at once and 10 more every 5 s, then the flag
-/// removed after [`OUTAGE`]. Returns when it began and ended.
-async fn outage(fleet: &Fleet) -> anyhow::Result<(Instant, Instant)> {
+/// removed after [`OUTAGE`]. Returns when it began and ended, and the next record's number.
+async fn outage(fleet: &Fleet) -> anyhow::Result<(Instant, Instant, usize)> {
     std::fs::write(fleet.flag(), "down")?;
     let began = Instant::now();
     eprintln!("outage: begins");
-    put(&fleet.ctx, 100..140).await?;
-    let mut next = 140;
+    put(&fleet.ctx, BEFORE..BEFORE + 40).await?;
+    let mut next = BEFORE + 40;
     while began.elapsed() + Duration::from_secs(5) <= OUTAGE {
         tokio::time::sleep(Duration::from_secs(5)).await;
         put(&fleet.ctx, next..next + 10).await?;
@@ -54,9 +57,9 @@ async fn outage(fleet: &Fleet) -> anyhow::Result<(Instant, Instant)> {
     eprintln!(
         "outage: ends after {:?}, {} records put in it",
         began.elapsed(),
-        next - 100
+        next - BEFORE
     );
-    Ok((began, Instant::now()))
+    Ok((began, Instant::now(), next))
 }
 
 /// For each daemon, when `/readyz` failed from the outage on, and for how long: its first
@@ -92,7 +95,10 @@ fn check_letters(fleet: &Fleet, owners_moved: bool) -> anyhow::Result<BTreeMap<S
     for letter in letters.iter().filter(|l| data(l) != "poison-after") {
         let d = data(letter);
         let i: usize = d.trim_start_matches("record-").parse()?;
-        assert!(i >= 100, "{d}, processed before the outage, dead-lettered");
+        assert!(
+            i >= BEFORE,
+            "{d}, processed before the outage, dead-lettered"
+        );
         let holder = (letter.shard.to_string(), letter.worker.to_string());
         *by_holder.entry(holder).or_default() += 1;
         *by_shard.entry(letter.shard.to_string()).or_default() += 1;
@@ -122,10 +128,20 @@ fn check_letters(fleet: &Fleet, owners_moved: bool) -> anyhow::Result<BTreeMap<S
     Ok(by_shard)
 }
 
-/// Every record put either processed or dead-lettered in the outage.
+/// Every record put either processed or dead-lettered in the outage, not both: a record
+/// given up counts as processed, and the checkpoint passes it (the holder's checkpoint stands
+/// right before it), so the shard's restarts do not deliver it again.
 fn check_processed(fleet: &Fleet, put: &BTreeSet<String>) -> anyhow::Result<usize> {
     let processed = fleet.processed()?;
     let lettered: BTreeSet<String> = fleet.letters()?.iter().map(data).collect();
+    let both: Vec<&String> = lettered
+        .iter()
+        .filter(|d| processed.contains_key(*d))
+        .collect();
+    assert!(
+        both.is_empty(),
+        "records dead-lettered, then delivered again and processed: {both:?}"
+    );
     let lost: Vec<&String> = put
         .iter()
         .filter(|d| !processed.contains_key(*d) && !lettered.contains(*d))
@@ -137,21 +153,26 @@ fn check_processed(fleet: &Fleet, put: &BTreeSet<String>) -> anyhow::Result<usiz
     Ok(put.iter().filter(|d| processed.contains_key(*d)).count())
 }
 
-/// Two daemons, 100 records processed, each daemon holding a shard; their `/readyz`.
+/// Two daemons, each holding a shard and having processed records of it since it took it:
+/// 100 records until they share the shards, then 20 more. (A record given up at the head of
+/// a holder's first batch is not checkpointed past today: kcl-core's `Walk::pass` finds no
+/// record delivered before it, so the shard's restarts deliver it again.) Their `/readyz`.
 async fn steady(fleet: &mut Fleet) -> anyhow::Result<Vec<SocketAddr>> {
     fleet.ctx.create_stream(2).await?;
     fleet.start("w-1")?;
     fleet.start("w-2")?;
-    put(&fleet.ctx, 0..100).await?;
-    let last = last_by_shard(&fleet.ctx).await?;
-    wait_until(
-        "100 records processed, each daemon holding a shard",
-        Duration::from_secs(60),
-        Duration::from_millis(250),
-        async || Ok(checkpointed(&fleet.ctx, &last).await? && balanced(&fleet.ctx, 2).await?),
-    )
-    .await
-    .with_context(|| fleet.tails())?;
+    for range in [0..100, 100..BEFORE] {
+        put(&fleet.ctx, range).await?;
+        let last = last_by_shard(&fleet.ctx).await?;
+        wait_until(
+            "the records processed, each daemon holding a shard",
+            Duration::from_secs(60),
+            Duration::from_millis(250),
+            async || Ok(checkpointed(&fleet.ctx, &last).await? && balanced(&fleet.ctx, 2).await?),
+        )
+        .await
+        .with_context(|| fleet.tails())?;
+    }
     let addrs = vec![
         addr(fleet.daemon("w-1")?).await?,
         addr(fleet.daemon("w-2")?).await?,
@@ -166,9 +187,10 @@ async fn steady(fleet: &mut Fleet) -> anyhow::Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
-/// After the outage: 20 more records, one poison; all of them done and both daemons ready.
-async fn recover(fleet: &Fleet, addrs: &[SocketAddr]) -> anyhow::Result<Duration> {
-    put(&fleet.ctx, 200..219).await?;
+/// After the outage: 20 more records from `next` on, one poison; all of them done and both
+/// daemons ready.
+async fn recover(fleet: &Fleet, addrs: &[SocketAddr], next: usize) -> anyhow::Result<Duration> {
+    put(&fleet.ctx, next..next + 19).await?;
     fleet
         .ctx
         .put(&[("pk-after".to_owned(), "poison-after".to_owned())])
@@ -196,8 +218,8 @@ async fn a_fleet_in_an_outage_gives_up_no_more_than_the_threshold_fails_readines
         let addrs = steady(&mut fleet).await?;
         let owners = ctx.owners().await?;
         let probe = Probe::start(addrs.clone());
-        let (began, ended) = outage(&fleet).await?;
-        let took = recover(&fleet, &addrs).await?;
+        let (began, ended, next) = outage(&fleet).await?;
+        let took = recover(&fleet, &addrs, next).await?;
         // The probe's next round sees them ready too.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let samples = probe.stop();
