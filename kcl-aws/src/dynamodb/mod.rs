@@ -26,6 +26,7 @@
 //! The schema (names, conditions, conversions) is in `schema`; table creation in `table`.
 
 mod expr;
+mod extras;
 mod feed;
 mod index;
 mod schema;
@@ -42,11 +43,9 @@ use aws_sdk_dynamodb::error::SdkError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
 };
-use kcl_core::lease::feed::{FeedPosition, FeedRead};
 use kcl_core::lease::usage::{Operation, Usage};
 use kcl_core::{
-    BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, LeaseStoreExtras, ShardId,
-    TableFeatures, WorkerId,
+    BackendError, CheckpointUpdate, ErrorKind, Lease, LeaseStore, ShardId, TableFeatures, WorkerId,
 };
 
 use self::expr::Expr;
@@ -547,49 +546,6 @@ impl LeaseStore for DynamoDbLeaseStore {
         result
             .map_err(|e| backend_error("delete", self.what(&lease.key), e))
             .map(drop)
-    }
-}
-
-impl LeaseStoreExtras for DynamoDbLeaseStore {
-    /// `DELETE parkedKeys :entries`, on the row if it exists: the counter is left alone, so
-    /// the holder's fenced writes go on; it sees the change in its next renewal.
-    async fn unpark(&self, key: &ShardId, entries: &[String]) -> Result<(), BackendError> {
-        if entries.is_empty() {
-            return Ok(());
-        }
-        let (k, v) = self.key(key);
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(k, v)
-            .update_expression("DELETE #parked :entries")
-            .condition_expression("attribute_exists(#key)")
-            .expression_attribute_names("#parked", schema::PARKED_KEYS)
-            .expression_attribute_names("#key", schema::LEASE_KEY)
-            .expression_attribute_values(":entries", AttributeValue::Ss(entries.to_vec()))
-            .return_consumed_capacity(ReturnConsumedCapacity::Total)
-            .send()
-            .await;
-        self.count(Operation::Unpark, &result, |o| (o.consumed_capacity(), 0));
-        result
-            .map_err(|e| backend_error("unpark", self.what(key), e))
-            .map(drop)
-    }
-
-    async fn changes(&self, from: Option<&FeedPosition>) -> Result<FeedRead, BackendError> {
-        match &self.feed {
-            Some(feed) => feed.read(from, &self.usage).await,
-            None => Ok(FeedRead::Unavailable),
-        }
-    }
-
-    fn usage(&self) -> Option<Usage> {
-        Some(self.usage.clone())
-    }
-
-    fn unreadable(&self) -> Vec<kcl_core::lease::UnreadableRow> {
-        self.unreadable.rows()
     }
 }
 

@@ -586,3 +586,48 @@ async fn a_busy_update_table_is_asked_again_after_a_wait_and_given_up_at_the_dea
         update.num_calls()
     );
 }
+
+/// A redrive's request is `ADD` to the parked keys, on the condition that the row still
+/// parks the key, touching nothing else (no counter, no owner); a failed condition is `false`;
+/// both are counted as `request_redrive`.
+#[tokio::test]
+async fn a_redrive_request_is_added_only_to_a_row_that_still_parks_the_key() {
+    use kcl_core::lease::usage::Operation;
+
+    let park = "00000000deadbeef/4959/0";
+    let request = "00000000deadbeef/redrive/3/shardId-000000000001";
+    let added = mock!(Client::update_item)
+        .match_requests(move |req| {
+            let values = req.expression_attribute_values().unwrap();
+            let names = req.expression_attribute_names().unwrap();
+            req.update_expression() == Some("ADD #parked :request")
+                && req.condition_expression() == Some("contains(#parked, :parked)")
+                && names.get("#parked").map(String::as_str) == Some("parkedKeys")
+                && names.len() == 1
+                && values.get(":request") == Some(&AttributeValue::Ss(vec![request.to_owned()]))
+                && values.get(":parked") == Some(&AttributeValue::S(park.to_owned()))
+                && values.len() == 2
+        })
+        .then_output(|| UpdateItemOutput::builder().build());
+    let refused = mock!(Client::update_item)
+        .then_http_response(|| aws_error(400, "ConditionalCheckFailedException"));
+    let key = ShardId::new("shardId-000000000001");
+
+    let asked = store(&[&added]);
+    assert!(asked.request_redrive(&key, park, request).await.unwrap());
+    assert_eq!(added.num_calls(), 1, "the request's shape");
+    let unparked = store(&[&refused]);
+    assert!(!unparked.request_redrive(&key, park, request).await.unwrap());
+    let usage = unparked.usage().unwrap().of(Operation::RequestRedrive);
+    assert_eq!(usage.requests, 1);
+
+    let throttled =
+        mock!(Client::update_item).then_http_response(|| aws_error(400, "ThrottlingException"));
+    let store = self::store(&[&throttled]);
+    let err = store
+        .request_redrive(&key, park, request)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Throttled);
+    assert_eq!(err.operation(), "request_redrive");
+}
