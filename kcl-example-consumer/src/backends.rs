@@ -122,16 +122,24 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
 /// (backend memory), a file only (the settings refuse the others).
 #[cfg(feature = "aws")]
 fn letters(settings: &Settings, sdk: Option<&aws_config::SdkConfig>) -> Option<DeadLetters> {
-    use kcl_aws::dead_letter::{AnySink, FileSink, Location};
+    use kcl_aws::dead_letter::{AnySink, FileSink, Location, SinkReader};
     let location: Location = settings.dead_letters.as_deref()?.parse().ok()?;
-    let sink = match (&location, sdk) {
-        (_, Some(sdk)) => location.sink(sdk),
-        (Location::File(path), None) => AnySink::File(FileSink::new(path.clone())),
+    // The reader replays a parked key's letters when `kcl-admin dead-letters redrive` asks
+    // (every sink but a Kinesis stream).
+    let (sink, reader) = match (&location, sdk) {
+        (_, Some(sdk)) => (location.sink(sdk), location.reader(sdk)),
+        (Location::File(path), None) => (
+            AnySink::File(FileSink::new(path.clone())),
+            Some(SinkReader::file(path.clone())),
+        ),
         _ => return None,
     };
-    let letters = DeadLetters::new(sink)
+    let mut letters = DeadLetters::new(sink)
         .application(settings.application_name.clone())
         .stream(settings.input.to_string());
+    if let Some(reader) = reader {
+        letters = letters.reader(reader);
+    }
     Some(letters)
 }
 

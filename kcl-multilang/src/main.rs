@@ -249,9 +249,14 @@ fn dead_letters(config: &DaemonConfig, sdk: &aws_config::SdkConfig) -> Option<De
         sink = sink.with_overflow(S3Sink::new(sdk, bucket.clone(), prefix.clone()));
     }
     tracing::info!(sink = %settings.sink, "dead letters go to deadLetterSink");
-    let letters = DeadLetters::new(sink)
+    let mut letters = DeadLetters::new(sink)
         .application(config.application_name.clone())
         .stream(config.stream.clone());
+    // Replays a parked key's letters when `kcl-admin dead-letters redrive` asks (every sink
+    // but a Kinesis stream).
+    if let Some(reader) = settings.sink.reader(sdk) {
+        letters = letters.reader(reader);
+    }
     Some(letters)
 }
 

@@ -102,14 +102,21 @@
 //! [`Redriver`] puts a letter's record back into a stream, with its partition key and
 //! explicit hash key. `kcl-admin dead-letters list|show|redrive` is built on them
 //! (`docs/dead-letters.md`).
+//!
+//! A worker reads a parked key's letters back itself when `kcl-admin dead-letters redrive`
+//! asks its shard's holder to replay them: give its
+//! [`DeadLetters`](kcl_core::failure::DeadLetters) a [`SinkReader`] ([`Location::reader`]; SQS,
+//! S3 or a file).
 
 mod any;
 mod check;
 mod file;
 mod format;
 mod kinesis;
+mod reader;
 mod s3;
 mod sqs;
+mod sqs_hold;
 mod sqs_read;
 mod store;
 mod stored;
@@ -120,6 +127,7 @@ pub use format::{
     DecodeError, LetterId, Message, Pointer, VERSION, decode_message, from_json, to_json,
 };
 pub use kinesis::{KinesisSink, MAX_RECORD, Redriven, Redriver};
+pub use reader::SinkReader;
 pub use s3::S3Sink;
 pub use sqs::{DEFAULT_MESSAGE_LIMIT, SqsSink};
 pub use store::{LetterStore, Location, LocationError};
