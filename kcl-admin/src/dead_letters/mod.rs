@@ -6,6 +6,8 @@
 //! its messages (hiding each from other readers for the visibility timeout) and makes them
 //! visible again at the end, but those a redrive deleted.
 
+mod holder;
+mod record;
 mod redrive;
 mod show;
 
