@@ -77,6 +77,20 @@ impl Ack {
             && watermark.valid()
         {
             watermark.finish(self.index..self.index + 1, None);
+            if let Some(tally) = watermark.successes.get() {
+                tally.succeeded();
+            }
+        }
+    }
+
+    /// The record is finished, given up on (dead-lettered or skipped): as
+    /// [`done`](Self::done), but it is no success.
+    pub(crate) fn given_up(mut self) {
+        self.settled = true;
+        if let Some(watermark) = self.watermark.upgrade()
+            && watermark.valid()
+        {
+            watermark.finish(self.index..self.index + 1, None);
         }
     }
 
@@ -256,6 +270,9 @@ pub(crate) struct Watermark {
     progress: Notify,
     /// The tenure the records were delivered under: work on them ends with its validity.
     tenure: Option<Arc<Tenure>>,
+    /// Told when a record succeeds (an `Ack` done, not given up): a failure policy's run of
+    /// records given up ends ([`FailurePolicy::outage_after`](crate::failure::FailurePolicy)).
+    successes: std::sync::OnceLock<Arc<crate::failure::Tally>>,
 }
 
 #[derive(Debug, Default)]
@@ -296,6 +313,11 @@ impl Watermark {
             tenure: Some(tenure),
             ..Self::default()
         }
+    }
+
+    /// Tells `tally` of every record that succeeds from now on.
+    pub(crate) fn count_successes(&self, tally: Arc<crate::failure::Tally>) {
+        let _ = self.successes.set(tally);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

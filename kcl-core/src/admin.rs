@@ -41,6 +41,9 @@ use crate::singleton::{
 };
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
+mod redrive;
+pub use redrive::{RedrivePlan, plan_redrive, redrive_done, request_redrive};
+
 /// How many failover times after a reset its shard's old holder may still deliver records.
 pub const RESET_SETTLES_AFTER: u32 = 1;
 

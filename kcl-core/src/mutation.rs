@@ -118,6 +118,9 @@ pub enum Mutation {
     /// A failure policy gives up on records during an outage (every record failing) as it
     /// does on a lone poison record.
     OutageGivenUp,
+    /// The outage run is counted per processor (each restart within a tenure anew), not per
+    /// tenure.
+    OutageRunPerProcessor,
     /// The load balancer's band is relative (10 % of the mean, as KCL Java's), not absolute.
     RelativeBand,
     /// The load balancer moves without a budget.
@@ -211,6 +214,7 @@ impl Mutation {
         Self::ParkingBeforeItsRecord,
         Self::ParkedMatchIgnoresPosition,
         Self::OutageGivenUp,
+        Self::OutageRunPerProcessor,
         Self::RelativeBand,
         Self::NoMoveBudget,
         Self::NoStickiness,

@@ -24,6 +24,11 @@ impl Handling {
         }
     }
 
+    /// Where the shard's letters come from and go.
+    pub(crate) fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
     /// The parked keys now.
     pub(crate) fn parked_keys(&self, n: usize) {
         self.origin.tally.parked_keys(n as u64);
@@ -71,6 +76,12 @@ impl Handling {
             );
         }
         may
+    }
+
+    /// Whether the shard is in an outage now (see [`may_give_up`](Self::may_give_up)): a
+    /// parked key's records wait then too.
+    pub(crate) fn in_outage(&self) -> bool {
+        self.origin.tally.snapshot().outage
     }
 
     /// A record (or a part of a batch) succeeded: a run of records given up ends.
@@ -154,6 +165,8 @@ mod tests {
             worker: WorkerId::new("w"),
             shard: ShardId::new("shardId-1"),
             stream: None,
+            row: None,
+            poll: Duration::from_secs(1),
             tally: Arc::default(),
             call_timeout: Duration::from_secs(15),
         };
@@ -161,8 +174,8 @@ mod tests {
         Handling::new(policy, origin)
     }
 
-    #[test]
-    fn an_outage_gives_up_no_more_than_its_run_until_a_record_succeeds() {
+    #[tokio::test(start_paused = true)]
+    async fn an_outage_gives_up_no_more_than_its_run_until_a_record_succeeds() {
         crate::mutation::set_from_env();
         let h = handling(Some(3));
         // A lone poison record among good ones never adds up.
@@ -174,6 +187,10 @@ mod tests {
         let given: Vec<bool> = (0..6).map(|_| h.may_give_up()).collect();
         assert_eq!(given, [true, true, true, false, false, false]);
         assert!(h.origin.tally.snapshot().outage);
+        // One record a probe interval is given up (a poison record met as it ends).
+        tokio::time::advance(crate::failure::OUTAGE_PROBE).await;
+        let given: Vec<bool> = (0..3).map(|_| h.may_give_up()).collect();
+        assert_eq!(given, [true, false, false]);
         // A record succeeds: the outage is over.
         h.succeeded();
         assert!(!h.origin.tally.snapshot().outage);

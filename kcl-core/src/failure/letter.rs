@@ -149,6 +149,8 @@ impl<T: DeadLetterSink> AnySink for T {
 #[derive(Clone)]
 pub struct DeadLetters {
     pub(crate) sink: Arc<dyn AnySink>,
+    /// Reads the sink's letters back, for a redrive through the holder.
+    pub(crate) reader: Option<super::replay::Reader>,
     application: Option<String>,
     stream: Option<String>,
 }
@@ -177,9 +179,20 @@ impl DeadLetters {
     pub fn new(sink: impl DeadLetterSink) -> Self {
         Self {
             sink: Arc::new(sink),
+            reader: None,
             application: None,
             stream: None,
         }
+    }
+
+    /// Reads the sink's letters back: a redrive of a parked key (`kcl-admin dead-letters
+    /// redrive`) then goes through the shard's holder, which replays the key's letters
+    /// before any later record of it ([`replay`](super::replay)). Without one, such a request
+    /// is refused by the holder (logged), and the key stays parked.
+    #[must_use]
+    pub fn reader(mut self, reader: impl super::LetterReader) -> Self {
+        self.reader = Some(Arc::new(reader));
+        self
     }
 
     /// The application name each letter carries (e.g. the lease table's name).
@@ -187,6 +200,11 @@ impl DeadLetters {
     pub fn application(mut self, name: impl Into<String>) -> Self {
         self.application = Some(name.into());
         self
+    }
+
+    /// The application its letters name, if set.
+    pub(crate) fn application_name(&self) -> Option<&str> {
+        self.application.as_deref()
     }
 
     /// The stream each letter carries (its name or ARN), for a redrive into it.
@@ -209,6 +227,11 @@ pub(crate) struct Origin {
     pub(crate) stream: Option<String>,
     /// What the policy did on the shard, for `Status`.
     pub(crate) tally: Arc<Tally>,
+    /// The shard's lease row, for a redrive's request (`None` for a batch processor's).
+    pub(crate) row: Option<Arc<dyn super::Row>>,
+    /// How often the row is looked at for a redrive's request while keys are parked (the
+    /// renewal interval).
+    pub(crate) poll: Duration,
     /// How long one put may take ([`WorkerConfig::call_timeout`](crate::WorkerConfig)).
     pub(crate) call_timeout: Duration,
 }
@@ -278,11 +301,15 @@ impl Origin {
                 )),
             }
         };
+        // Refusals of this letter in a row: the shard is failing after a few (not after a few
+        // letters' first refusals together, under `Parallel`).
+        let refused = std::sync::atomic::AtomicU32::new(0);
         let _ = put
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .notify(|error: &BackendError, wait| {
-                self.tally.sink_refusing(true);
+                let n = refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                self.tally.sink_refused(n);
                 ::metrics::counter!(crate::metrics::SINK_FAILURES, "shard" => shard.clone())
                     .increment(1);
                 tracing::warn!(
@@ -293,7 +320,7 @@ impl Origin {
                 );
             })
             .await;
-        self.tally.sink_refusing(false);
+        self.tally.sink_accepted();
     }
 }
 
@@ -303,19 +330,13 @@ pub(crate) fn park_entry(key: u64, behind: &ExtendedSequenceNumber) -> String {
     format!("{key:016x}/{}/{}", behind.sequence, behind.sub_sequence)
 }
 
-/// The key and position of a parked-key entry; `None` (logged by the caller) if malformed.
+/// The key and position of a parked-key entry; `None` (logged by the caller) if malformed,
+/// or if it is a redrive request ([`replay`](super::replay)).
 pub(crate) fn parse_park_entry(entry: &str) -> Option<(u64, ExtendedSequenceNumber)> {
-    let mut parts = entry.split('/');
-    let key = u64::from_str_radix(parts.next()?, 16).ok()?;
-    let sequence = crate::types::SequenceNumber::parse(parts.next()?)?;
-    let sub_sequence = parts.next()?.parse().ok()?;
-    parts.next().is_none().then_some((
-        key,
-        ExtendedSequenceNumber {
-            sequence,
-            sub_sequence,
-        },
-    ))
+    match super::replay::parse_entry(entry)? {
+        super::replay::Entry::Park(key, behind) => Some((key, behind)),
+        super::replay::Entry::Redrive { .. } => None,
+    }
 }
 
 #[cfg(test)]
@@ -330,6 +351,8 @@ mod tests {
             worker: WorkerId::new("w"),
             stream: shard.starts_with("123").then(|| "clicks".to_owned()),
             shard: ShardId::new(shard),
+            row: None,
+            poll: Duration::from_secs(1),
             tally: Arc::default(),
             call_timeout: Duration::from_secs(1),
         };

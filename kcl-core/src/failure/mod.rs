@@ -30,6 +30,7 @@ mod bisect;
 mod errors;
 mod give_up;
 mod letter;
+mod replay;
 mod tally;
 mod tries;
 
@@ -39,8 +40,10 @@ pub use errors::{BatchFailed, Permanent, is_retryable};
 pub(crate) use give_up::Handling;
 pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, RETENTION_FLOOR, Reason};
 pub(crate) use letter::{Origin, park_entry, parse_park_entry};
+pub(crate) use replay::{AnyReader, Entry, Reader, Row, parse_entry};
+pub use replay::{Kept, LetterReader, redrive_entry};
 pub(crate) use tally::Tally;
-pub use tally::{RecordFailures, SINK_FAILING_AFTER};
+pub use tally::{OUTAGE_PROBE, RecordFailures, SINK_FAILING_AFTER};
 pub(crate) use tries::{Next, Tries};
 
 use std::time::Duration;

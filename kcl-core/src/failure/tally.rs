@@ -1,6 +1,15 @@
 //! What the failure policy did on one shard, for `Status`.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// While a shard is in an outage, one record is given up this often: a record that can never
+/// succeed, met first when the outage ends, would otherwise keep the shard blocked for good
+/// (nothing before it can succeed to end the outage).
+pub const OUTAGE_PROBE: Duration = Duration::from_secs(60);
 
 /// What the failure policy did on one shard while this worker held it
 /// ([`ShardStatus::failures`](crate::ShardStatus)).
@@ -43,6 +52,8 @@ pub(crate) struct Tally {
     /// Records given up in a row (or being given up), none succeeding since.
     given_up_in_row: AtomicU32,
     outage: AtomicBool,
+    /// When the outage began, or a record was last given up in it.
+    probed: Mutex<Option<Instant>>,
 }
 
 impl Tally {
@@ -62,13 +73,16 @@ impl Tally {
         self.parked_keys.store(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn sink_refusing(&self, refusing: bool) {
-        self.sink_refusing.store(refusing, Ordering::Relaxed);
-        if refusing {
-            self.sink_refusals.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.sink_refusals.store(0, Ordering::Relaxed);
-        }
+    /// The sink refused one letter's `n`-th put in a row.
+    pub(crate) fn sink_refused(&self, n: u32) {
+        self.sink_refusing.store(true, Ordering::Relaxed);
+        self.sink_refusals.fetch_max(n, Ordering::Relaxed);
+    }
+
+    /// The sink accepted a letter (another still refused counts again at its next refusal).
+    pub(crate) fn sink_accepted(&self) {
+        self.sink_refusing.store(false, Ordering::Relaxed);
+        self.sink_refusals.store(0, Ordering::Relaxed);
     }
 
     /// Counts a record about to be given up, unless `limit` are already given up in a row:
@@ -85,7 +99,20 @@ impl Tally {
         if counted {
             return (true, false);
         }
-        (false, !self.outage.swap(true, Ordering::AcqRel))
+        let began = !self.outage.swap(true, Ordering::AcqRel);
+        let mut probed = self.probed.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        match *probed {
+            Some(at) if !began && now.duration_since(at) >= OUTAGE_PROBE => {
+                *probed = Some(now);
+                (true, false)
+            }
+            Some(_) if !began => (false, false),
+            _ => {
+                *probed = Some(now);
+                (false, began)
+            }
+        }
     }
 
     /// A record succeeded: the run of records given up ends, and any outage with it

@@ -76,6 +76,25 @@ pub trait LeaseStoreExtras: Send + Sync + 'static {
             format!("this lease store cannot unpark keys (row {key})"),
         )))
     }
+
+    /// Adds the entry `request` to the row `key`'s [`parked_keys`](super::Lease::parked_keys)
+    /// if the row still holds the entry `parked`, whoever holds it, touching nothing else: a
+    /// redrive's request that the holder replay a parked key's letters
+    /// ([`replay`](crate::failure::redrive_entry)). `false` if the row no longer parks it. By
+    /// default an error: a store that keeps no parked keys.
+    fn request_redrive(
+        &self,
+        key: &ShardId,
+        parked: &str,
+        request: &str,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        let _ = (parked, request);
+        std::future::ready(Err(BackendError::new(
+            ErrorKind::Fatal,
+            "request_redrive",
+            format!("this lease store keeps no parked keys (row {key})"),
+        )))
+    }
 }
 
 /// A shared store has the extras of the store it shares.

@@ -9,6 +9,7 @@
 pub(crate) mod balance;
 mod extras;
 pub mod feed;
+mod held;
 pub(crate) mod keys;
 pub(crate) mod leader;
 pub mod load;

@@ -28,7 +28,6 @@
 //! lapsed, whatever the carrier does later; see `singleton/carried.rs` for why that is needed).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as SyncMutex, Weak};
 use std::time::Duration;
@@ -39,57 +38,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::load::{Figure, Meter};
 use super::validity::Validity;
-use super::{CheckpointUpdate, Lease, LeaseStore};
+use super::{CheckpointUpdate, Lease};
 use crate::error::{BackendError, ErrorKind};
 use crate::mutation::{self, Mutation};
 use crate::task::bounded;
 use crate::types::{Checkpoint, ShardId, WorkerId};
 
-type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// The writes of a held lease, object-safe so that [`Checkpointer`](crate::Checkpointer) need
-/// not be generic over the store.
-pub(crate) trait HeldLeaseStore: Send + Sync {
-    fn renew<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<Lease, BackendError>>;
-    fn checkpoint<'a>(
-        &'a self,
-        held: &'a Lease,
-        update: &'a CheckpointUpdate,
-    ) -> BoxFuture<'a, Result<Lease, BackendError>>;
-    fn take<'a>(
-        &'a self,
-        held: &'a Lease,
-        to: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<Lease, BackendError>>;
-    fn release<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<(), BackendError>>;
-    fn get<'a>(&'a self, key: &'a ShardId) -> BoxFuture<'a, Result<Option<Lease>, BackendError>>;
-}
-
-impl<L: LeaseStore> HeldLeaseStore for L {
-    fn renew<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<Lease, BackendError>> {
-        Box::pin(LeaseStore::renew(self, held))
-    }
-    fn checkpoint<'a>(
-        &'a self,
-        held: &'a Lease,
-        update: &'a CheckpointUpdate,
-    ) -> BoxFuture<'a, Result<Lease, BackendError>> {
-        Box::pin(LeaseStore::checkpoint(self, held, update))
-    }
-    fn take<'a>(
-        &'a self,
-        held: &'a Lease,
-        to: &'a WorkerId,
-    ) -> BoxFuture<'a, Result<Lease, BackendError>> {
-        Box::pin(LeaseStore::take(self, held, to))
-    }
-    fn release<'a>(&'a self, held: &'a Lease) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(LeaseStore::release(self, held))
-    }
-    fn get<'a>(&'a self, key: &'a ShardId) -> BoxFuture<'a, Result<Option<Lease>, BackendError>> {
-        Box::pin(LeaseStore::get(self, key))
-    }
-}
+pub(crate) use super::held::HeldLeaseStore;
 
 /// Why a write through a tenure failed.
 #[derive(Debug)]
@@ -399,6 +354,32 @@ impl Tenure {
             held.lease.parked_keys = row.parked_keys;
         }
         Ok(())
+    }
+
+    /// Removes `entries` from the row's parked keys (a redrive done: the key's letters were
+    /// replayed), without a fenced write: the counter stays, and so do the holder's writes.
+    pub(crate) async fn unpark(&self, entries: &[String]) -> Result<(), BackendError> {
+        self.store.unpark(self.shard(), entries).await?;
+        self.held
+            .lock()
+            .await
+            .lease
+            .parked_keys
+            .retain(|e| !entries.contains(e));
+        Ok(())
+    }
+
+    /// Replaces the entry `old` by `new` in the row's parked keys (a redrive's request, its
+    /// count of letters lowered as they are replayed): `new` added while `old` is there, then
+    /// `old` removed; a crash between leaves both, and the lower count is the one that holds.
+    pub(crate) async fn replace_entry(&self, old: &str, new: &str) -> Result<(), BackendError> {
+        if self.store.request_redrive(self.shard(), old, new).await? {
+            let parked = &mut self.held.lock().await.lease.parked_keys;
+            if !parked.iter().any(|e| e == new) {
+                parked.push(new.to_owned());
+            }
+        }
+        self.unpark(&[old.to_owned()]).await
     }
 
     /// Who asked, in the row as last written, for this lease to be handed over; `None` also

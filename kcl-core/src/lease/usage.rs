@@ -52,13 +52,16 @@ pub enum Operation {
     Reset,
     /// Deleting a lease.
     Delete,
-    /// Removing parked-key entries (`kcl-admin dead-letters redrive`).
+    /// Removing parked-key entries (`kcl-admin dead-letters redrive`, or the holder after a
+    /// redrive).
     Unpark,
+    /// Asking a parked key's holder to replay its letters (`kcl-admin dead-letters redrive`).
+    RequestRedrive,
 }
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::EnsureTable,
         Self::List,
         Self::Snapshot,
@@ -75,6 +78,7 @@ impl Operation {
         Self::Reset,
         Self::Delete,
         Self::Unpark,
+        Self::RequestRedrive,
     ];
 
     /// The name used in metric labels and errors.
@@ -96,6 +100,7 @@ impl Operation {
             Self::Reset => "reset",
             Self::Delete => "delete",
             Self::Unpark => "unpark",
+            Self::RequestRedrive => "request_redrive",
         }
     }
 

@@ -20,6 +20,8 @@ pub struct MemorySink(Arc<Mutex<State>>);
 #[derive(Debug, Default)]
 struct State {
     accepted: Vec<DeadLetter>,
+    /// The letters still kept (not removed by a redrive), each with its handle.
+    kept: Vec<(u64, DeadLetter)>,
     refusing: bool,
     refused: usize,
 }
@@ -44,6 +46,12 @@ impl MemorySink {
         self.lock().accepted.clone()
     }
 
+    /// The letters kept now: those accepted that no redrive removed
+    /// ([`LetterReader`](crate::failure::LetterReader)).
+    pub fn kept(&self) -> Vec<DeadLetter> {
+        self.lock().kept.iter().map(|(_, l)| l.clone()).collect()
+    }
+
     /// How many puts were refused.
     pub fn refused(&self) -> usize {
         self.lock().refused
@@ -62,6 +70,26 @@ impl DeadLetterSink for MemorySink {
             ));
         }
         state.accepted.push(letter.clone());
+        let handle = state.accepted.len() as u64;
+        state.kept.push((handle, letter.clone()));
+        Ok(())
+    }
+}
+
+impl crate::failure::LetterReader for MemorySink {
+    async fn parked(&self, key: &str) -> Result<Vec<crate::failure::Kept>, BackendError> {
+        let state = self.lock();
+        let kept = state.kept.iter();
+        let of_key = kept.filter(|(_, l)| l.parked_key.as_deref() == Some(key));
+        Ok(of_key
+            .map(|(h, l)| crate::failure::Kept::new(l.clone(), h.to_string()))
+            .collect())
+    }
+
+    async fn remove(&self, kept: &crate::failure::Kept) -> Result<(), BackendError> {
+        self.lock()
+            .kept
+            .retain(|(h, _)| h.to_string() != kept.handle);
         Ok(())
     }
 }

@@ -14,16 +14,18 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::FutureExt as _;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
+use super::replay::{Replay, Replayed, Request};
 use super::{KeyFn, RecordHandler};
 use crate::ack::Ack;
 use crate::error::BoxError;
-use crate::failure::{Handling, Next, Permanent, Reason, Tries, park_entry, parse_park_entry};
+use crate::failure::{Entry, Handling, Next, Permanent, Reason, Tries, park_entry, parse_entry};
 use crate::mutation::{self, Mutation};
 use crate::types::{ExtendedSequenceNumber, Record};
 
@@ -55,6 +57,8 @@ enum Ran {
     Stopped,
     /// Given up on, parking its key: the entry is the watermark's to write.
     Parked,
+    /// The key's letters were replayed (a redrive), or the replay stopped.
+    Replayed(Replayed),
 }
 
 /// The failure handling of one shard's dispatcher, and its parked keys.
@@ -66,6 +70,10 @@ pub(super) struct Failing {
     /// watermark (or read from the row): from then on, an entry neither waiting to be written
     /// nor in the row was unparked by a redrive.
     parked: HashMap<u64, (ExtendedSequenceNumber, bool)>,
+    /// Keys whose redrive runs or waits for the key's running record to end.
+    replaying: HashSet<u64>,
+    /// Redrives waiting for their key's running record to end.
+    pending: HashMap<u64, Request>,
 }
 
 impl Failing {
@@ -73,18 +81,22 @@ impl Failing {
     pub(super) fn new(handling: Handling, park: bool, parked: &[String]) -> Self {
         let parked = parked
             .iter()
-            .filter_map(|entry| {
-                let parsed = parse_park_entry(entry);
-                if parsed.is_none() {
+            .filter_map(|entry| match parse_entry(entry) {
+                Some(Entry::Park(key, behind)) => Some((key, (behind, true))),
+                // A redrive's request: looked at while the dispatcher runs.
+                Some(Entry::Redrive { .. }) => None,
+                None => {
                     tracing::warn!(entry, "ignoring a malformed parked-key entry of the lease");
+                    None
                 }
-                parsed.map(|(key, behind)| (key, (behind, true)))
             })
             .collect();
         let failing = Self {
             handling,
             park,
             parked,
+            replaying: HashSet::new(),
+            pending: HashMap::new(),
         };
         failing.gauge();
         failing
@@ -113,6 +125,34 @@ impl Failing {
         Some(behind.clone())
     }
 
+    /// The redrives the row asks for now, one per key (the lowest count if a crash left two),
+    /// that are not under way yet.
+    fn requests(&self) -> Vec<(u64, Request)> {
+        let row = self.handling.origin().row.as_ref();
+        let Some(entries) = row.and_then(|row| row.entries()) else {
+            return Vec::new();
+        };
+        let mut requests: BTreeMap<u64, Request> = BTreeMap::new();
+        for entry in entries {
+            if let Some(Entry::Redrive {
+                key,
+                letters,
+                shards,
+            }) = parse_entry(&entry)
+                && !self.replaying.contains(&key)
+                && requests.get(&key).is_none_or(|r| letters < r.letters)
+            {
+                let request = Request {
+                    entry,
+                    letters,
+                    shards,
+                };
+                requests.insert(key, request);
+            }
+        }
+        requests.into_iter().collect()
+    }
+
     fn gauge(&self) {
         #[allow(clippy::cast_precision_loss)]
         let parked = self.parked.len() as f64;
@@ -136,6 +176,10 @@ pub(super) async fn run<H: RecordHandler>(
     key: KeyFn,
     failing: Option<Failing>,
 ) {
+    // How often the row is looked at for a redrive's request, while keys are parked.
+    let poll = failing.as_ref().map(|f| f.handling.origin().poll);
+    let mut look = tokio::time::interval(poll.unwrap_or(Duration::from_secs(3600)));
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut d = Dispatcher {
         handler,
         max_in_flight,
@@ -147,6 +191,7 @@ pub(super) async fn run<H: RecordHandler>(
     };
     loop {
         d.start_ready();
+        let watching = d.failing.as_ref().is_some_and(|f| !f.parked.is_empty());
         // Biased (finished runs first, at most max_in_flight of them): the same schedule
         // makes the same choices, which a simulated seed's replay relies on.
         tokio::select! {
@@ -160,6 +205,9 @@ pub(super) async fn run<H: RecordHandler>(
                     d.keys.again(key, job);
                 }
             }
+            // Before new records: a new dispatcher (a restart, an outage's) looks at once,
+            // and holds a key to replay before any record of it starts.
+            _ = look.tick(), if watching => d.look_for_requests(),
             received = rx.recv() => match received {
                 Some((record, ack)) => d.keys.push(&key, record, ack),
                 None => return,
@@ -193,6 +241,14 @@ impl<H: RecordHandler> Dispatcher<H> {
             let parked =
                 parked.and_then(|f| Some((f.parked_behind(key, &job)?, f.handling.clone())));
             let work = match (parked, job.unkeyed.clone()) {
+                // In an outage a parked key's record waits with the rest (the shard restarts
+                // from the watermark): parking goes on once a record succeeds. (It does not
+                // count toward the run: a parked key's traffic alone is no outage.)
+                (Some((_, handling)), _) if handling.in_outage() => {
+                    job.ack
+                        .fail("an outage: a parked key's record waits with the rest");
+                    std::future::ready(Ran::Stopped).boxed()
+                }
                 (Some((behind, handling)), _) => {
                     let reason = Reason::Parked { behind };
                     give_up(handling, job, reason, Some(key)).boxed()
@@ -208,23 +264,87 @@ impl<H: RecordHandler> Dispatcher<H> {
         }
     }
 
+    /// Starts the redrives the row asks for: each at once if its key is idle, else once the
+    /// key's running record ends (its later records wait meanwhile).
+    fn look_for_requests(&mut self) {
+        let Some(requests) = self.failing.as_ref().map(Failing::requests) else {
+            return;
+        };
+        for (key, request) in requests {
+            let Some(failing) = self.failing.as_mut() else {
+                return;
+            };
+            failing.replaying.insert(key);
+            if self.keys.hold(key) {
+                self.start_replay(key, request);
+            } else {
+                failing.pending.insert(key, request);
+            }
+        }
+    }
+
+    /// Replays `key`'s letters, the key held meanwhile.
+    fn start_replay(&mut self, key: u64, request: Request) {
+        let Some(failing) = &self.failing else {
+            return;
+        };
+        let origin = failing.handling.origin();
+        let Some(row) = origin.row.clone() else {
+            return;
+        };
+        let replay = Replay {
+            handler: self.handler.clone(),
+            handling: failing.handling.clone(),
+            reader: origin.letters.as_ref().and_then(|l| l.reader.clone()),
+            row,
+            poll: origin.poll,
+        };
+        let work = replay
+            .run(key, request)
+            .map(move |r| (key, Ran::Replayed(r)));
+        crate::task::spawn_in(&mut self.running, work.in_current_span());
+    }
+
+    /// `key`'s running record (or replay) ended: a redrive waiting for it starts, else the
+    /// key's next record is ready.
+    fn finish(&mut self, key: u64) {
+        let pending = self.failing.as_mut().and_then(|f| f.pending.remove(&key));
+        match pending {
+            Some(request) if !self.failed => self.start_replay(key, request),
+            _ => self.keys.finished(key),
+        }
+    }
+
     /// A run of `key`'s record ended as `ran`.
     fn ran(&mut self, key: u64, ran: Ran) {
         match ran {
+            Ran::Replayed(replayed) => {
+                if let Some(failing) = self.failing.as_mut() {
+                    failing.replaying.remove(&key);
+                    if replayed == Replayed::Unparked {
+                        failing.parked.remove(&key);
+                        failing.gauge();
+                    }
+                }
+                if replayed == Replayed::Lost {
+                    self.failed = true;
+                }
+                self.finish(key);
+            }
             Ran::Done => {
                 if let Some(failing) = &self.failing {
                     failing.handling.succeeded();
                 }
-                self.keys.finished(key);
+                self.finish(key);
             }
-            Ran::GivenUp => self.keys.finished(key),
+            Ran::GivenUp => self.finish(key),
             Ran::Parked => {
                 if let Some((_, handed)) =
                     self.failing.as_mut().and_then(|f| f.parked.get_mut(&key))
                 {
                     *handed = true;
                 }
-                self.keys.finished(key);
+                self.finish(key);
             }
             Ran::Failed(job, error) => match decide(self.failing.as_mut(), key, job, error) {
                 Decided::Rest(wait, job) => {
@@ -244,12 +364,12 @@ impl<H: RecordHandler> Dispatcher<H> {
                     // Nothing more starts: the shard restarts from the watermark, and no
                     // later record of the key may finish before it.
                     self.failed = true;
-                    self.keys.finished(key);
+                    self.finish(key);
                 }
             },
             Ran::Stopped => {
                 self.failed = true;
-                self.keys.finished(key);
+                self.finish(key);
             }
         }
     }
@@ -352,7 +472,7 @@ async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64
                 Ran::Parked
             }
             None => {
-                job.ack.done();
+                job.ack.given_up();
                 Ran::GivenUp
             }
         },
@@ -417,6 +537,19 @@ impl Keys {
             self.waiting.remove(&key);
         }
         Some((key, job))
+    }
+
+    /// Holds `key` for a replay if it is idle (nothing of it runs): `true` then, its waiting
+    /// records kept waiting.
+    fn hold(&mut self, key: u64) -> bool {
+        if self.running.contains(&key) {
+            return false;
+        }
+        if let Some(first) = self.waiting.get(&key).and_then(VecDeque::front) {
+            self.ready.remove(&first.order);
+        }
+        self.running.insert(key);
+        true
     }
 
     /// `key`'s running record finished: its next one, if any, is ready.

@@ -32,6 +32,7 @@
 //! the speed-up is bounded by those keys (`docs/benchmarks.md` measures it).
 
 mod dispatch;
+mod replay;
 
 use std::future::Future;
 use std::hash::Hash;
@@ -259,6 +260,9 @@ impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
         self.origin.clone_from(&input.origin);
         self.parked_keys.clone_from(&input.parked_keys);
+        // Also for a factory the worker could not check when it was built (a closure around
+        // `Parallel::create`, `StreamFactories`): refused loudly rather than losing records.
+        ProcessorFactory::check(&self.settings)?;
         if self.settings.failure.exhausted == Exhausted::DeadLetter
             && self.origin.as_ref().is_none_or(|o| o.letters.is_none())
         {

@@ -193,13 +193,14 @@ fn progress(
             continue;
         }
         let failures = held.control.failures.snapshot();
-        if let Some(why) = held.control.failing() {
-            failing.insert(shard.clone(), why);
-        } else if failures.outage {
-            // The same text while it lasts: a change would be logged as a new problem.
+        if failures.outage {
+            // Before the attempts' own count (the blocked restarts add up to it too), and the
+            // same text while it lasts: a change would be logged as a new problem.
             let why = "an outage: the failure policy gave up on outage_after records in a row \
                        with none succeeding, and blocks until a record succeeds (see the log)";
             failing.insert(shard.clone(), why.to_owned());
+        } else if let Some(why) = held.control.failing() {
+            failing.insert(shard.clone(), why);
         } else if failures.sink_refusals >= crate::failure::SINK_FAILING_AFTER {
             let why = "the dead-letter sink keeps refusing a letter: the record waits for it, \
                        and the checkpoint with it (see the log and \

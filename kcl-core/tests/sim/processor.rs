@@ -58,8 +58,6 @@ pub struct Attempt {
 #[derive(Debug, Clone)]
 pub struct Instance {
     pub created_seq: u64,
-    pub worker: String,
-    pub shard: ShardId,
 }
 
 /// One run of the fleet's singleton task: who, from when, and when it last executed
@@ -247,8 +245,6 @@ impl Factory {
             instance,
             Instance {
                 created_seq: next_event_seq(),
-                worker: self.worker.clone(),
-                shard: shard.clone(),
             },
         );
         if let Some(n) = self.parallel {
@@ -398,9 +394,14 @@ impl SimProcessor {
             // A bisect delivers a record at most once per level, and a failing one its tries
             // more (with named failures, a record is delivered again after each failure
             // before it: only the first rule holds).
+            // A fine record that failed in the seed's outage had its tries as a failing one.
+            let outage = || {
+                let id = format!("{}/{}", self.shard, r.position());
+                self.log.lock().outage_failed.contains(&id)
+            };
             let bound = match poison.kind(&self.shard, &r.position()) {
                 _ if poison.names => u32::MAX,
-                super::poison::Kind::Fine => 1 + BISECT_LEVELS,
+                super::poison::Kind::Fine if !outage() => 1 + BISECT_LEVELS,
                 _ => 1 + BISECT_LEVELS + super::poison::ATTEMPTS,
             };
             let (count, ok) = self.seen.entry(r.position()).or_default();

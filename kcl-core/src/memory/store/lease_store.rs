@@ -296,6 +296,35 @@ impl LeaseStore for MemoryLeaseStore {
 }
 
 impl LeaseStoreExtras for MemoryLeaseStore {
+    async fn request_redrive(
+        &self,
+        key: &ShardId,
+        parked: &str,
+        request: &str,
+    ) -> Result<bool, BackendError> {
+        let (parked, request) = (parked.to_owned(), request.to_owned());
+        let written = self
+            .write(
+                Operation::RequestRedrive,
+                key,
+                move |row| row.is_some_and(|r| r.parked_keys.contains(&parked)),
+                move |row| {
+                    row.map(|mut r| {
+                        if !r.parked_keys.contains(&request) {
+                            r.parked_keys.push(request);
+                        }
+                        r
+                    })
+                },
+            )
+            .await;
+        match written {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == crate::ErrorKind::Conflict => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn unpark(&self, key: &ShardId, entries: &[String]) -> Result<(), BackendError> {
         let entries = entries.to_vec();
         self.write(

@@ -50,6 +50,9 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     };
     // 4. Batches, until the shard ends or something stops them.
     let mut checkpointer = Checkpointer::new(tenure.clone());
+    checkpointer
+        .watermark()
+        .count_successes(control.failures.clone());
     let mut acks = Acks::new(&ctx.config, &checkpointer);
     let meter = tenure.shared_meter();
     let range = lease.hash_key_range;
@@ -79,7 +82,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
 /// start, or why the attempt stops before it processes anything.
 async fn initialize<S: ShardSource>(
     ctx: &ShardContext<S, impl Sized>,
-    (tenure, control): (&Tenure, &Control),
+    (tenure, control): (&Arc<Tenure>, &Control),
     processor: &mut impl RecordProcessor,
 ) -> Result<Result<(Lease, Start), Stop>, Failure> {
     let lease = tenure.snapshot().await;
@@ -92,7 +95,10 @@ async fn initialize<S: ShardSource>(
         shard_id: lease.key.clone(),
         checkpoint: lease.checkpoint.clone(),
         pending_checkpoint: lease.pending_checkpoint.clone(),
-        origin: Some(ctx.origin(tenure, control)),
+        origin: Some(crate::failure::Origin {
+            row: Some(Arc::new(super::TenureRow(Arc::downgrade(tenure)))),
+            ..ctx.origin(tenure, control)
+        }),
         parked_keys: lease.parked_keys.clone(),
     };
     if let Hook::Expired = hook(tenure, "initialize", processor.initialize(&input)).await? {
@@ -195,7 +201,14 @@ async fn wait_for_parents<S>(
             match read.await {
                 Ok(None) => break,
                 Ok(Some(p)) if p.is_finished() => {
-                    parked.extend(p.parked_keys);
+                    // The parks, not a redrive's request (the admin asks each open row).
+                    let parks = p.parked_keys.into_iter().filter(|e| {
+                        !matches!(
+                            crate::failure::parse_entry(e),
+                            Some(crate::failure::Entry::Redrive { .. })
+                        )
+                    });
+                    parked.extend(parks);
                     break;
                 }
                 Ok(Some(_)) => {}

@@ -119,6 +119,10 @@ impl<S, F> ShardContext<S, F> {
     /// Where the dead letters of `tenure`'s shard come from and go; what happens is told
     /// to `control`.
     pub(crate) fn origin(&self, tenure: &Tenure, control: &Control) -> Origin {
+        if crate::mutation::on(crate::mutation::Mutation::OutageRunPerProcessor) {
+            // The bug: each processor (a restart within the tenure) counts the run anew.
+            control.failures.succeeded();
+        }
         Origin {
             letters: self.dead_letters.clone(),
             worker: tenure.worker().clone(),
@@ -126,6 +130,8 @@ impl<S, F> ShardContext<S, F> {
             stream: crate::multi_stream::StreamId::split_key(tenure.shard()).map(|(id, _)| id.name),
             tally: control.failures.clone(),
             call_timeout: self.config.call_timeout,
+            row: None,
+            poll: self.config.renew_interval,
         }
     }
 }
@@ -353,4 +359,60 @@ fn hook<'a>(
 /// The span every shard task runs in.
 pub(crate) fn span(shard: &ShardId, owner: &WorkerId) -> tracing::Span {
     tracing::info_span!("shard", shard.id = %shard, lease.owner = %owner)
+}
+
+/// A shard's lease row as a redrive's replay sees it ([`Row`](crate::failure::Row)): the
+/// tenure, while it lasts.
+#[derive(Debug)]
+pub(crate) struct TenureRow(pub(crate) std::sync::Weak<Tenure>);
+
+impl crate::failure::Row for TenureRow {
+    fn entries(&self) -> Option<Vec<String>> {
+        self.0.upgrade()?.parked_now()
+    }
+
+    fn unpark<'a>(
+        &'a self,
+        entries: &'a [String],
+    ) -> futures_util::future::BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            match self.0.upgrade() {
+                Some(tenure) => tenure.unpark(entries).await,
+                None => Err(BackendError::new(
+                    crate::ErrorKind::Conflict,
+                    "unpark",
+                    "the shard's tenure is over",
+                )),
+            }
+        })
+    }
+
+    fn replace<'a>(
+        &'a self,
+        old: &'a str,
+        new: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            match self.0.upgrade() {
+                Some(tenure) => tenure.replace_entry(old, new).await,
+                None => Err(BackendError::new(
+                    crate::ErrorKind::Conflict,
+                    "request_redrive",
+                    "the shard's tenure is over",
+                )),
+            }
+        })
+    }
+
+    fn while_valid<'a>(
+        &'a self,
+        work: futures_util::future::BoxFuture<'a, ()>,
+    ) -> futures_util::future::BoxFuture<'a, bool> {
+        Box::pin(async move {
+            match self.0.upgrade() {
+                Some(tenure) => tenure.while_valid(work).await.is_some(),
+                None => false,
+            }
+        })
+    }
 }

@@ -69,6 +69,7 @@ pub(super) async fn deliver(
                     walk.batch.finish(part);
                     handling.succeeded();
                 }
+                // Taken to acknowledge later: each success counts as its `Ack` is done.
                 continue;
             }
             Ok(other) => return Ok(other),
@@ -131,6 +132,10 @@ impl Walk<'_> {
             .failed(policy, records, part, checkpointed, at, &error);
         // Where the failing record is: everything before it finished.
         let failing = failed.processed.end;
+        if !failed.processed.is_empty() {
+            // Named (or checkpointed) records before it succeeded: a run of give-ups ends.
+            self.handling.succeeded();
+        }
         self.batch.finish(failed.processed);
         let waited = match failed.then {
             Then::Split => {
@@ -184,7 +189,14 @@ impl Walk<'_> {
             i => self.records.get(i - 1).map(Record::position),
         };
         let committed = self.tenure.snapshot().await.checkpoint;
-        if before.is_some_and(|b| committed == Checkpoint::Sequence(b)) {
+        let at = Checkpoint::Sequence(self.records[index].position());
+        let stands_before = match before {
+            Some(b) => committed == Checkpoint::Sequence(b),
+            // Nothing delivered yet since the shard opened at the checkpoint (a new holder, a
+            // restart): the batch's first record comes right after it.
+            None => index == 0 && committed.progress_cmp(&at) == Some(std::cmp::Ordering::Less),
+        };
+        if stands_before {
             let at = self.records[index].position();
             if let Err(error) = checkpointer.checkpoint_at(at).await {
                 tracing::debug!(%error, "checkpointing past a record given up failed");

@@ -3,7 +3,7 @@
 //! or dead-lettered, once the sink accepted it, is `no-loss`; that a bisect delivers no record
 //! beyond its bound, nor one that succeeded, the processors log as `bisect-bound`.)
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use kcl_core::failure::Reason;
@@ -116,42 +116,39 @@ fn parse_entry(entry: &str) -> Option<(u64, ExtendedSequenceNumber)> {
 }
 
 /// outage-bound: an outage (every record failing) is not a run of poison records: a shard
-/// gives up at most `OUTAGE_AFTER` records in a row, then blocks until one succeeds. The run is
-/// counted per shard and holder (a new tenure counts anew), so over the outage a shard gives
-/// up at most `OUTAGE_AFTER` records that failed only for it per processor instance started
-/// during the outage or running when it began (at most one per worker then). Every record is
+/// gives up at most `OUTAGE_AFTER` failing records in a row, then
+/// blocks until one succeeds. The run is counted per shard and holder (a new tenure counts
+/// anew), so over the outage a shard gives up at most `OUTAGE_AFTER` records for it per
+/// tenure: the one holding it when it began, and each take during it. Every record is
 /// processed after it (`no-loss`).
 pub(super) fn outage_bound(e: &Evidence<'_>, poison: &Poison, v: &mut Vec<String>) {
     let Some((began, ended)) = e.journal.outage else {
         return;
     };
     let ended = ended.unwrap_or(u64::MAX);
+    // Records given up for the outage: those that failed only for it (a parked key's records
+    // given up behind it are not failures, and do not count).
     let mut given_up: BTreeMap<&ShardId, u32> = BTreeMap::new();
     for (_, letter) in &e.journal.letters {
         let position = letter.record.position();
-        let fine = matches!(
-            poison.kind(&letter.shard, &position),
-            Kind::Fine | Kind::Flaky(_)
-        );
+        let kind = poison.kind(&letter.shard, &position);
+        let fine = matches!(kind, Kind::Fine | Kind::Flaky(_));
         let id = format!("{}/{position}", letter.shard);
-        if fine && letter.reason == Reason::Attempts && e.journal.outage_failed.contains(&id) {
+        let victim =
+            fine && letter.reason == Reason::Attempts && e.journal.outage_failed.contains(&id);
+        if victim {
             *given_up.entry(&letter.shard).or_default() += 1;
         }
     }
     for (shard, count) in given_up {
-        let of_shard = e.journal.instances.values().filter(|i| &i.shard == shard);
-        let started_in = of_shard
-            .clone()
-            .filter(|i| i.created_seq >= began && i.created_seq <= ended);
-        let before: BTreeSet<&str> = of_shard
-            .filter(|i| i.created_seq < began)
-            .map(|i| i.worker.as_str())
-            .collect();
-        let tenures = u32::try_from(started_in.count() + before.len()).unwrap_or(u32::MAX);
+        let takes = e.store.iter().filter(|ev| {
+            ev.operation == "take" && ev.lease.key == *shard && (began..=ended).contains(&ev.seq)
+        });
+        let tenures = u32::try_from(takes.count() + 1).unwrap_or(u32::MAX);
         if count > OUTAGE_AFTER.saturating_mul(tenures) {
             v.push(format!(
-                "outage-bound: {shard} gave up {count} records that failed only for the outage, \
-                 more than {OUTAGE_AFTER} for each of at most {tenures} holders"
+                "outage-bound: {shard} gave up {count} records for the outage, more than \
+                 {OUTAGE_AFTER} for each of its {tenures} tenures"
             ));
         }
     }
