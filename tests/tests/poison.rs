@@ -5,7 +5,11 @@
 //! `LetterStore` and `Redriver`, what `kcl-admin dead-letters redrive` runs) and a fixed
 //! handler processes it. A batch processor that does not say which record failed is bisected
 //! to it within the stated bound; a sink that refuses for 10 s holds the checkpoint and loses
-//! nothing.
+//! nothing. A parked key (`park_keys`) redriven through its holder (`kcl_core::admin`'s
+//! plan, request and done, what `kcl-admin dead-letters redrive` runs): the holder, reading
+//! its SQS queue back (`SinkReader`), replays the key's letters before any live record of the
+//! key, each once, deletes them and unparks the key, under per-lease renewals and under
+//! heartbeats; a holder without a reader refuses, and the key stays parked with its letters.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -441,6 +445,374 @@ async fn park(ctx: Context) -> anyhow::Result<()> {
     )
     .await?;
     assert_eq!(sink.kept.lock().unwrap().len(), 2, "nothing more parked");
+    stop.shutdown();
+    task.await??;
+    Ok(())
+}
+
+/// The one shard's row.
+async fn row(ctx: &Context) -> anyhow::Result<kcl_core::Lease> {
+    ctx.store()
+        .get(&ShardId::new("shardId-000000000000"))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no row for the shard"))
+}
+
+/// Data of key `k`'s records, one of them failing while `broken` is set: `k:{i}` at every
+/// sixth record from 3 (`k:3` fails), `o:{i}` on five other keys between.
+fn redrive_fill(n: usize) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| {
+            if i % 6 == 3 {
+                ("k".to_owned(), format!("k:{i}"))
+            } else {
+                (format!("o{}", i % 6), format!("o:{i}"))
+            }
+        })
+        .collect()
+}
+
+/// The letters of the SQS queue at `url`, listed and made visible again at once (as
+/// `kcl-admin dead-letters redrive` does once it has chosen).
+async fn listed(store: &LetterStore) -> anyhow::Result<Vec<kcl_aws::dead_letter::Stored>> {
+    let listing = store.list().await?;
+    store
+        .release(&listing, &std::collections::HashSet::new())
+        .await?;
+    Ok(listing.letters)
+}
+
+/// How many messages the queue at `url` has visible, and held by a reader.
+async fn messages(ctx: &Context, url: &str) -> anyhow::Result<(u64, u64)> {
+    use aws_sdk_sqs::types::QueueAttributeName as Name;
+    let out = ctx
+        .sqs_client()
+        .await
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(Name::ApproximateNumberOfMessages)
+        .attribute_names(Name::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await?;
+    let count = |name: Name| -> anyhow::Result<u64> {
+        let value = out.attributes().and_then(|a| a.get(&name));
+        let value = value.ok_or_else(|| anyhow::anyhow!("no {name:?}"))?;
+        Ok(value.parse()?)
+    };
+    Ok((
+        count(Name::ApproximateNumberOfMessages)?,
+        count(Name::ApproximateNumberOfMessagesNotVisible)?,
+    ))
+}
+
+/// What `kcl-admin dead-letters redrive` does for a parked key: counts its letters by the
+/// shard that wrote them, plans from the lease rows, and writes the requests.
+async fn ask_redrive(
+    ctx: &Context,
+    letters: &[kcl_aws::dead_letter::Stored],
+    parked_key: &str,
+) -> anyhow::Result<kcl_core::admin::RedrivePlan> {
+    let mut counts: BTreeMap<ShardId, usize> = BTreeMap::new();
+    for stored in letters {
+        if stored.letter.parked_key.as_deref() == Some(parked_key) {
+            *counts.entry(stored.letter.shard.clone()).or_default() += 1;
+        }
+    }
+    let rows = ctx.store().list().await?;
+    let plan = kcl_core::admin::plan_redrive(&rows, parked_key, &counts);
+    assert!(plan.orphans.is_empty(), "{plan:?}");
+    assert_eq!(plan.requests.len(), 1, "{plan:?}");
+    let asked = kcl_core::admin::request_redrive(&ctx.store(), &plan).await?;
+    assert_eq!(asked.len(), 1, "{plan:?}");
+    Ok(plan)
+}
+
+/// Successful runs of the redrive tests' handler: data, in the order they succeeded.
+type Runs = Arc<Mutex<Vec<String>>>;
+
+/// A `Parallel` worker parking keys, dead-lettering into the SQS queue at `url` (with a
+/// reader of it if `reader`), whose handler fails `k:3` while `broken` is set.
+async fn redrive_worker(
+    ctx: &Context,
+    url: &str,
+    liveness: kcl_core::Liveness,
+    reader: bool,
+    runs: &Runs,
+    broken: &Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    kcl_core::ShutdownHandle,
+    tokio::task::JoinHandle<Result<(), kcl_core::Error>>,
+) {
+    let sqs = ctx.sdk_at(&ctx.endpoints.sqs).await;
+    let mut letters = DeadLetters::new(SqsSink::new(&sqs, url.to_owned()))
+        .application(ctx.table.clone())
+        .stream(ctx.stream.clone());
+    if reader {
+        let location = Location::Sqs {
+            queue_url: url.to_owned(),
+        };
+        letters = letters.reader(location.reader(&sqs).expect("SQS has a reader"));
+    }
+    let handler = {
+        let (runs, broken) = (runs.clone(), broken.clone());
+        move |record: Record| {
+            let (runs, broken) = (runs.clone(), broken.clone());
+            async move {
+                // Slow enough that live records of the key arrive while its letters replay.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let data = String::from_utf8_lossy(&record.data).into_owned();
+                if data == "k:3" && broken.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(BoxError::from(kcl_core::failure::Permanent::new("bad")));
+                }
+                runs.lock().unwrap().push(data);
+                Ok(())
+            }
+        }
+    };
+    let factory = Parallel::new(handler)
+        .max_in_flight(4)
+        .on_failure(
+            FailurePolicy::dead_letter(2)
+                .backoff(Duration::from_millis(100), Duration::from_secs(1)),
+        )
+        .park_keys(true);
+    worker(ctx, "w-1", config().liveness(liveness), letters, factory)
+}
+
+/// Fills the stream, starts the worker, and waits until `k:3` and the 4 records of `k` behind
+/// it are letters in the queue and the checkpoint passed the last record; the parked key.
+async fn parked_in_sqs(
+    ctx: &Context,
+    store: &LetterStore,
+) -> anyhow::Result<(String, Vec<kcl_aws::dead_letter::Stored>)> {
+    wait_until(
+        "the checkpoint at the last record",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        async || passed(ctx, "o:29").await,
+    )
+    .await?;
+    let mut letters = Vec::new();
+    wait_until(
+        "k's 5 letters in SQS",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || {
+            letters = listed(store).await?;
+            Ok(letters.len() >= 5)
+        },
+    )
+    .await?;
+    let data: Vec<String> = letters
+        .iter()
+        .map(|s| String::from_utf8_lossy(&s.letter.record.data).into_owned())
+        .collect();
+    assert_eq!(data, ["k:3", "k:9", "k:15", "k:21", "k:27"], "k's letters");
+    let parked_key = letters[0]
+        .letter
+        .parked_key
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("k:3's letter parks no key"))?;
+    assert!(
+        letters
+            .iter()
+            .all(|s| s.letter.parked_key.as_deref() == Some(&parked_key)),
+        "every letter parks the key"
+    );
+    let parks = row(ctx).await?.parked_keys;
+    assert_eq!(parks.len(), 1, "parked in the row: {parks:?}");
+    Ok((parked_key, letters))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_key_is_redriven_through_its_holder_before_its_live_records() -> anyhow::Result<()>
+{
+    let Some(ctx) = Context::new("poison-redrive").await? else {
+        return Ok(());
+    };
+    with_timeout(
+        Duration::from_secs(60),
+        Box::pin(redrive_through_holder(ctx, kcl_core::Liveness::PerLease)),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_key_is_redriven_through_its_holder_before_its_live_records_under_heartbeats()
+-> anyhow::Result<()> {
+    let Some(ctx) = Context::new("poison-redrive-hb").await? else {
+        return Ok(());
+    };
+    with_timeout(
+        Duration::from_secs(60),
+        Box::pin(redrive_through_holder(ctx, kcl_core::Liveness::Heartbeat)),
+    )
+    .await
+}
+
+/// k's records are handled in stream order, each once: its 5 letters replayed by the holder
+/// before any of the live records of k put every 100 ms before, during and after the redrive;
+/// then no letter is left and the row parks nothing.
+async fn redrive_through_holder(ctx: Context, liveness: kcl_core::Liveness) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    ctx.create_stream(1).await?;
+    ctx.put(&redrive_fill(30)).await?;
+    let url = queue(&ctx, false).await?;
+    let sqs = ctx.sdk_at(&ctx.endpoints.sqs).await;
+    let store = LetterStore::open(
+        &sqs,
+        Location::Sqs {
+            queue_url: url.clone(),
+        },
+    );
+    let runs = Runs::default();
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (stop, task) = redrive_worker(&ctx, &url, liveness, true, &runs, &broken).await;
+    let (parked_key, letters) = parked_in_sqs(&ctx, &store).await?;
+    let parked_at = t0.elapsed();
+    broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    // Live records of k every 100 ms, from before the request until after it is done.
+    let live_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let live = tokio::spawn({
+        let (ctx, live_stop) = (ctx.clone(), live_stop.clone());
+        async move {
+            let mut i = 0;
+            while !live_stop.load(std::sync::atomic::Ordering::SeqCst) {
+                ctx.put_one("k", &format!("k:live-{i}")).await?;
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(i)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let plan = ask_redrive(&ctx, &letters, &parked_key).await?;
+    let asked_at = t0.elapsed();
+    let store_ = ctx.store();
+    wait_until(
+        "the redrive done",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || Ok(kcl_core::admin::redrive_done(&store_, &plan).await?.0),
+    )
+    .await?;
+    let done_at = t0.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    live_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let lives = live.await??;
+    ctx.put_one("k", "k:after").await?;
+    wait_until(
+        "k:after handled",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || Ok(runs.lock().unwrap().iter().any(|d| d == "k:after")),
+    )
+    .await?;
+    stop.shutdown();
+    task.await??;
+    // k's records as they are in the stream, and as they succeeded: the same, each once.
+    let expected: Vec<String> = ctx
+        .read_shard("shardId-000000000000")
+        .await?
+        .into_iter()
+        .map(|(_, data)| data)
+        .filter(|d| d.starts_with("k:"))
+        .collect();
+    let ran: Vec<String> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|d| d.starts_with("k:"))
+        .cloned()
+        .collect();
+    eprintln!(
+        "{liveness:?}: parked at {:.2} s, asked at {:.2} s, done at {:.2} s ({lives} live records \
+         of k); k ran {ran:?}",
+        parked_at.as_secs_f64(),
+        asked_at.as_secs_f64(),
+        done_at.as_secs_f64()
+    );
+    assert_eq!(ran, expected, "k's records in stream order, each once");
+    // Every message of the queue is k's: none left, visible or held by a reader.
+    let (visible, held) = messages(&ctx, &url).await?;
+    assert_eq!((visible, held), (0, 0), "letters of k left (visible, held)");
+    let parks = row(&ctx).await?.parked_keys;
+    assert!(parks.is_empty(), "the row parks {parks:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_a_reader_refuses_a_redrive_and_the_key_stays_parked() -> anyhow::Result<()>
+{
+    let Some(ctx) = Context::new("poison-redrive-refused").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(60), Box::pin(redrive_refused(ctx))).await
+}
+
+async fn redrive_refused(ctx: Context) -> anyhow::Result<()> {
+    ctx.create_stream(1).await?;
+    ctx.put(&redrive_fill(30)).await?;
+    let url = queue(&ctx, false).await?;
+    let sqs = ctx.sdk_at(&ctx.endpoints.sqs).await;
+    let store = LetterStore::open(
+        &sqs,
+        Location::Sqs {
+            queue_url: url.clone(),
+        },
+    );
+    let runs = Runs::default();
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (stop, task) = redrive_worker(
+        &ctx,
+        &url,
+        kcl_core::Liveness::PerLease,
+        false,
+        &runs,
+        &broken,
+    )
+    .await;
+    let (parked_key, letters) = parked_in_sqs(&ctx, &store).await?;
+    broken.store(false, std::sync::atomic::Ordering::SeqCst);
+    let plan = ask_redrive(&ctx, &letters, &parked_key).await?;
+    let refused = wait_until(
+        "the request refused",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            let parks = row(&ctx).await?.parked_keys;
+            Ok(!parks.iter().any(|e| e.contains("/redrive/")))
+        },
+    )
+    .await?;
+    eprintln!("refused after {:.2} s", refused.as_secs_f64());
+    assert!(
+        !kcl_core::admin::redrive_done(&ctx.store(), &plan).await?.0,
+        "not done"
+    );
+    let parks = row(&ctx).await?.parked_keys;
+    assert_eq!(parks.len(), 1, "the key stays parked: {parks:?}");
+    let left = listed(&store).await?;
+    assert_eq!(left.len(), 5, "every letter stays");
+    assert!(
+        !runs.lock().unwrap().iter().any(|d| d == "k:3"),
+        "nothing of k replayed"
+    );
+    // A later record of k is parked behind them, not run.
+    ctx.put_one("k", "k:later").await?;
+    wait_until(
+        "the checkpoint past k:later",
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        async || passed(&ctx, "k:later").await,
+    )
+    .await?;
+    assert!(
+        !runs.lock().unwrap().iter().any(|d| d.starts_with("k:")),
+        "nothing of k ran"
+    );
+    let left = listed(&store).await?;
+    assert_eq!(left.len(), 6, "k:later parked as a letter");
     stop.shutdown();
     task.await??;
     Ok(())

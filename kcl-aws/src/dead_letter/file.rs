@@ -152,13 +152,24 @@ fn ends_a_line(file: &mut File) -> io::Result<bool> {
     Ok(last[0] == b'\n')
 }
 
+/// The lines of a file's bytes, split on `\n` (a last line without one included), each
+/// decoded on its own: a torn append in the middle of a multi-byte character spoils its own
+/// line, not the file.
+fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let bytes = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let empty = bytes.is_empty();
+    bytes.split(|b| *b == b'\n').filter(move |_| !empty)
+}
+
 /// The parts of a line that may each be a letter: the line, or, where a letter was appended
 /// to a torn one (before appends began on a line of their own), the torn part and the
 /// letter. A letter's JSON starts `{"version":`, which cannot appear inside it (a string
-/// escapes its quotes).
-fn pieces(line: &str) -> Vec<&str> {
-    const START: &str = "{\"version\":";
-    let mut starts: Vec<usize> = line.match_indices(START).map(|(i, _)| i).collect();
+/// escapes its quotes). Bytes, not text: a torn part may end inside a UTF-8 character.
+fn pieces(line: &[u8]) -> Vec<&[u8]> {
+    const START: &[u8] = b"{\"version\":";
+    let mut starts: Vec<usize> = (0..line.len())
+        .filter(|i| line[*i..].starts_with(START))
+        .collect();
     if starts.first() != Some(&0) {
         starts.insert(0, 0);
     }
@@ -166,8 +177,16 @@ fn pieces(line: &str) -> Vec<&str> {
     starts
         .windows(2)
         .map(|w| &line[w[0]..w[1]])
-        .filter(|p| !p.trim().is_empty())
+        .filter(|p| !p.trim_ascii().is_empty())
         .collect()
+}
+
+/// The letter a piece of a line holds, or why it holds none (not UTF-8: a torn append).
+fn letter_of(piece: &[u8]) -> Result<DeadLetter, String> {
+    if let Err(e) = std::str::from_utf8(piece) {
+        return Err(format!("not UTF-8 text (a torn append?): {e}"));
+    }
+    from_json(piece).map_err(|e| e.to_string())
 }
 
 /// Syncs the folder of `path`, so that a file created or renamed in it stays (Unix).
@@ -192,25 +211,26 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> ReadError + '_ {
     }
 }
 
-/// Every letter of the file at `path` (none if there is no file).
+/// Every letter of the file at `path` (none if there is no file); a line that holds none
+/// (not a letter, or not UTF-8) is reported unreadable, and the other lines are read.
 pub(crate) fn list(path: &Path) -> Result<Listing, ReadError> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(io_error(path)(e)),
     };
     let mut listing = Listing::default();
-    for (index, line) in text.lines().enumerate() {
+    for (index, line) in lines(&bytes).enumerate() {
         for piece in pieces(line) {
             let at = At::File {
                 path: path.to_owned(),
                 line: index + 1,
             };
-            match from_json(piece.as_bytes()) {
+            match letter_of(piece) {
                 Ok(letter) => listing.letters.push(Stored::new(letter, at)),
-                Err(e) => listing.unreadable.push(Unreadable {
+                Err(error) => listing.unreadable.push(Unreadable {
                     place: at.to_string(),
-                    error: e.to_string(),
+                    error,
                     at: None,
                 }),
             }
@@ -220,20 +240,20 @@ pub(crate) fn list(path: &Path) -> Result<Listing, ReadError> {
 }
 
 /// Rewrites the file at `path` without the lines of the letters `ids` (lines that are not
-/// letters stay), through a file beside it renamed over it, under the lock. Returns how many
-/// lines went.
+/// letters stay, byte for byte), through a file beside it renamed over it, under the lock.
+/// Returns how many lines went.
 pub(crate) fn remove(path: &Path, ids: &HashSet<LetterId>) -> Result<usize, ReadError> {
     let _lock = lock(path).map_err(io_error(path))?;
-    let text = fs::read_to_string(path).map_err(io_error(path))?;
-    let mut kept = String::with_capacity(text.len());
+    let bytes = fs::read(path).map_err(io_error(path))?;
+    let mut kept = Vec::with_capacity(bytes.len());
     let mut removed = 0;
-    for piece in text.lines().flat_map(pieces) {
-        let redriven = from_json(piece.as_bytes()).is_ok_and(|l| ids.contains(&LetterId::of(&l)));
+    for piece in lines(&bytes).flat_map(pieces) {
+        let redriven = letter_of(piece).is_ok_and(|l| ids.contains(&LetterId::of(&l)));
         if redriven {
             removed += 1;
         } else {
-            kept.push_str(piece);
-            kept.push('\n');
+            kept.extend_from_slice(piece);
+            kept.push(b'\n');
         }
     }
     if removed == 0 {
@@ -244,7 +264,7 @@ pub(crate) fn remove(path: &Path, ids: &HashSet<LetterId>) -> Result<usize, Read
     let temporary = PathBuf::from(name);
     let write = || -> io::Result<()> {
         let mut file = File::create(&temporary)?;
-        file.write_all(kept.as_bytes())?;
+        file.write_all(&kept)?;
         file.sync_all()?;
         fs::rename(&temporary, path)?;
         sync_folder(path)
@@ -344,6 +364,87 @@ mod tests {
         let after = list(&glued).unwrap();
         assert_eq!(after.letters.len(), 1);
         assert_eq!(after.unreadable.len(), 1, "the torn part stays");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A torn append that ends inside a multi-byte UTF-8 character spoils its own line only:
+    /// the letters on either side are listed, the fragment is reported unreadable, and
+    /// removing a letter keeps the fragment's bytes as they were.
+    #[tokio::test]
+    async fn a_torn_multi_byte_character_hides_no_letter() {
+        let dir = folder("torn-utf8");
+        let path = dir.join("letters.jsonl");
+        let sink = FileSink::new(&path);
+        let (a, mut b, mut c) = (
+            sample(Reason::Attempts),
+            sample(Reason::Permanent),
+            sample(Reason::Age),
+        );
+        b.record = b.record.clone().with_sub_sequence_number(1);
+        c.record = c.record.clone().with_sub_sequence_number(2);
+        b.last_error = "refusé ✓".into();
+        sink.put(&a).await.unwrap();
+        // b's line torn after the first byte of `✓` (three bytes in UTF-8).
+        let json = to_json(&b);
+        let at = json.find('✓').unwrap() + 1;
+        let torn = json.as_bytes()[..at].to_vec();
+        assert!(std::str::from_utf8(&torn).is_err());
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(&torn).unwrap();
+        drop(file);
+        sink.put(&c).await.unwrap();
+        let listing = list(&path).unwrap();
+        let letters: Vec<_> = listing.letters.iter().map(|s| &s.letter).collect();
+        assert_eq!(letters, [&a, &c]);
+        assert_eq!(listing.unreadable.len(), 1, "{:?}", listing.unreadable);
+        assert_eq!(
+            listing.unreadable[0].place,
+            format!("line 2 of {}", path.display())
+        );
+        assert!(
+            listing.unreadable[0].error.contains("not UTF-8"),
+            "{:?}",
+            listing.unreadable[0]
+        );
+        assert_eq!(
+            remove(&path, &HashSet::from([LetterId::of(&a)])).unwrap(),
+            1
+        );
+        let mut expected = torn.clone();
+        expected.push(b'\n');
+        expected.extend_from_slice(to_json(&c).as_bytes());
+        expected.push(b'\n');
+        assert_eq!(
+            fs::read(&path).unwrap(),
+            expected,
+            "the fragment kept verbatim"
+        );
+        let after = list(&path).unwrap();
+        assert_eq!(after.letters.len(), 1);
+        assert_eq!(after.letters[0].letter, c);
+        assert_eq!(after.unreadable.len(), 1);
+
+        // Glued: a letter appended to a torn multi-byte character on the same line is read.
+        let glued = dir.join("glued.jsonl");
+        let mut bytes = to_json(&a).into_bytes();
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&torn);
+        bytes.extend_from_slice(to_json(&c).as_bytes());
+        bytes.push(b'\n');
+        fs::write(&glued, &bytes).unwrap();
+        let listing = list(&glued).unwrap();
+        let letters: Vec<_> = listing.letters.iter().map(|s| &s.letter).collect();
+        assert_eq!(letters, [&a, &c]);
+        assert_eq!(listing.unreadable.len(), 1);
+        assert_eq!(
+            remove(&glued, &HashSet::from([LetterId::of(&c)])).unwrap(),
+            1
+        );
+        let mut expected = to_json(&a).into_bytes();
+        expected.push(b'\n');
+        expected.extend_from_slice(&torn);
+        expected.push(b'\n');
+        assert_eq!(fs::read(&glued).unwrap(), expected, "the torn part stays");
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -65,8 +65,8 @@ impl KinesisSink {
     }
 
     /// [`DeadLetterSink::check`]: the stream exists and is `ACTIVE` or `UPDATING`
-    /// (`DescribeStreamSummary`) and keeps records at least [`RETENTION_FLOOR`]; the overflow
-    /// bucket is reachable.
+    /// (`DescribeStreamSummary`; [`check_status`]) and keeps records at least
+    /// [`RETENTION_FLOOR`]; the overflow bucket is reachable.
     async fn check_stream(&self) -> Result<Vec<String>, BackendError> {
         let what = format!("the Kinesis {}", self.stream);
         let request = self.client.describe_stream_summary();
@@ -84,19 +84,7 @@ impl KinesisSink {
         })?;
         let mut warnings = Vec::new();
         if let Some(summary) = out.stream_description_summary {
-            let status = &summary.stream_status;
-            if !matches!(status, StreamStatus::Active | StreamStatus::Updating) {
-                let message = format!(
-                    "{what} is {}, not ACTIVE: the dead-letter sink cannot put letters \
-                     into it; wait until it is ACTIVE, or fix the dead-letter sink's stream",
-                    status.as_str()
-                );
-                return Err(BackendError::new(
-                    ErrorKind::Retryable,
-                    "describe_stream_summary",
-                    message,
-                ));
-            }
+            check_status(&what, &summary.stream_status)?;
             let hours = u64::try_from(summary.retention_period_hours).unwrap_or(0);
             if hours * 3600 < RETENTION_FLOOR.as_secs() {
                 warnings.push(format!(
@@ -114,6 +102,31 @@ impl KinesisSink {
         }
         Ok(warnings)
     }
+}
+
+/// A sink stream's status, checked at start: `ACTIVE` and `UPDATING` take records;
+/// `CREATING` will, so the worker waits ([`ErrorKind::Retryable`]); `DELETING` (or a status
+/// this SDK does not know) never will, so the worker stops saying what to fix
+/// ([`ErrorKind::Fatal`]) instead of waiting for ever.
+fn check_status(what: &str, status: &StreamStatus) -> Result<(), BackendError> {
+    let (kind, fix) = match status {
+        StreamStatus::Active | StreamStatus::Updating => return Ok(()),
+        StreamStatus::Creating => (ErrorKind::Retryable, "wait until it is ACTIVE"),
+        StreamStatus::Deleting => (
+            ErrorKind::Fatal,
+            "it is being deleted and will take no letter: create it again once it is gone, or \
+             fix the dead-letter sink's stream",
+        ),
+        _ => (
+            ErrorKind::Fatal,
+            "make it ACTIVE, or fix the dead-letter sink's stream",
+        ),
+    };
+    let message = format!(
+        "{what} is {}, not ACTIVE: the dead-letter sink cannot put letters into it; {fix}",
+        status.as_str()
+    );
+    Err(BackendError::new(kind, "describe_stream_summary", message))
 }
 
 impl DeadLetterSink for KinesisSink {
@@ -274,4 +287,67 @@ pub(crate) async fn list(
         }
     }
     Ok(listing)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use aws_sdk_kinesis::config::retry::RetryConfig;
+    use aws_sdk_kinesis::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_kinesis::operation::describe_stream_summary::DescribeStreamSummaryOutput;
+    use aws_sdk_kinesis::types::StreamDescriptionSummary;
+    use aws_smithy_mocks::{MockResponseInterceptor, RuleMode, create_mock_http_client, mock};
+
+    use super::*;
+
+    /// A sink on a mocked client whose `DescribeStreamSummary` says `status`.
+    fn sink(status: StreamStatus) -> KinesisSink {
+        let rule = mock!(Client::describe_stream_summary).then_output(move || {
+            let summary = StreamDescriptionSummary::builder()
+                .stream_name("letters")
+                .stream_arn("arn:aws:kinesis:us-east-1:123456789012:stream/letters")
+                .stream_status(status.clone())
+                .retention_period_hours(168)
+                .stream_creation_timestamp(aws_smithy_types::DateTime::from_secs(0))
+                .enhanced_monitoring(aws_sdk_kinesis::types::EnhancedMetrics::builder().build())
+                .open_shard_count(1)
+                .build()
+                .unwrap();
+            DescribeStreamSummaryOutput::builder()
+                .stream_description_summary(summary)
+                .build()
+        });
+        let interceptor = MockResponseInterceptor::new()
+            .rule_mode(RuleMode::MatchAny)
+            .with_rule(&rule);
+        let config = aws_sdk_kinesis::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+            .retry_config(RetryConfig::disabled())
+            .http_client(create_mock_http_client())
+            .interceptor(interceptor)
+            .build();
+        KinesisSink::from_client(Client::from_conf(config), "letters")
+    }
+
+    /// A stream being created is waited for; one being deleted never takes a letter, so the
+    /// worker stops and says what to fix instead of waiting for ever.
+    #[tokio::test]
+    async fn a_deleting_stream_is_fatal_and_a_creating_one_retried() {
+        for status in [StreamStatus::Active, StreamStatus::Updating] {
+            assert_eq!(sink(status).check().await.unwrap(), Vec::<String>::new());
+        }
+        let creating = sink(StreamStatus::Creating).check().await.unwrap_err();
+        assert_eq!(creating.kind(), ErrorKind::Retryable, "{creating}");
+        assert!(creating.to_string().contains("is CREATING"), "{creating}");
+        let deleting = sink(StreamStatus::Deleting).check().await.unwrap_err();
+        assert_eq!(deleting.kind(), ErrorKind::Fatal, "{deleting}");
+        assert!(
+            deleting.to_string().contains("is DELETING")
+                && deleting.to_string().contains("being deleted")
+                && deleting.to_string().contains("create it again"),
+            "{deleting}"
+        );
+    }
 }
