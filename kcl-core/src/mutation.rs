@@ -118,6 +118,8 @@ pub enum Mutation {
     /// A failure policy gives up on records during an outage (every record failing) as it
     /// does on a lone poison record.
     OutageGivenUp,
+    /// A redrive's replay runs while the key's later records run too (the key not held).
+    ReplayWithoutHold,
     /// The outage run is counted per processor (each restart within a tenure anew), not per
     /// tenure.
     OutageRunPerProcessor,
@@ -215,6 +217,7 @@ impl Mutation {
         Self::ParkedMatchIgnoresPosition,
         Self::OutageGivenUp,
         Self::OutageRunPerProcessor,
+        Self::ReplayWithoutHold,
         Self::RelativeBand,
         Self::NoMoveBudget,
         Self::NoStickiness,

@@ -376,13 +376,16 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .map(|(_, o)| o.violations.len())
         .sum();
     println!(
-        "poison simulation: {} seeds under a failure policy ({} with Parallel, {} of them parking keys; {} batch processors naming the failed record, {} bisected; a sink refusing at times in {}), dead letters by reason [attempts, permanent, parked]: {:?}, {poison_violations} violations in them, of every invariant with [dead-letter-early, parked-key-order, bisect-bound]",
+        "poison simulation: {} seeds under a failure policy ({} with Parallel, {} of them parking keys; {} batch processors naming the failed record, {} bisected; a sink refusing at times in {}; an outage in {}; {} redrives through the holders, {} letters replayed), dead letters by reason [attempts, permanent, parked]: {:?}, {poison_violations} violations in them, of every invariant with [dead-letter-early, parked-key-order, bisect-bound, outage-bound, redrive-order]",
         stats.poison,
         stats.poison_parallel,
         stats.poison_parked,
         stats.poison_named,
         stats.poison - stats.poison_parallel - stats.poison_named,
         stats.sink_refused,
+        stats.outages,
+        stats.redrives,
+        stats.replayed,
         stats.letters,
     );
     let singleton_violations = results

@@ -276,6 +276,9 @@ impl<H: RecordHandler> Dispatcher<H> {
             };
             failing.replaying.insert(key);
             if self.keys.hold(key) {
+                if mutation::on(Mutation::ReplayWithoutHold) {
+                    self.keys.finished(key);
+                }
                 self.start_replay(key, request);
             } else {
                 failing.pending.insert(key, request);

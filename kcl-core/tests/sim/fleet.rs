@@ -195,7 +195,7 @@ impl Fleet {
         worker = match &self.poison {
             Some(poison) => worker
                 .config(config.failure(poison.policy.clone()))
-                .dead_letters(DeadLetters::new(poison.sink.clone())),
+                .dead_letters(DeadLetters::new(poison.sink.clone()).reader(poison.sink.clone())),
             None => worker.config(config),
         };
         let worker = worker.build_with(factory).expect("valid config");

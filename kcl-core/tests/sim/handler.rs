@@ -60,8 +60,20 @@ impl RecordHandler for SimHandler {
         if let Some(poison) = &self.poison
             && poison.panics_early
             && !poison.outage_on()
+            && !poison.is_fixed(&record.partition_key)
             && poison.kind(&self.shard, &record.position()) == Kind::Poison
         {
+            // A try like any other, that failed at once.
+            let start_seq = next_event_seq();
+            self.log.lock().runs.push(HandlerRun {
+                instance: self.instance,
+                worker: self.worker.clone(),
+                shard: self.shard.clone(),
+                key: record.partition_key.clone(),
+                position: record.position(),
+                start_seq,
+                end: Some((next_event_seq(), false)),
+            });
             panic!("{INJECTED_PANIC}");
         }
         self.run(record)
@@ -71,9 +83,13 @@ impl RecordHandler for SimHandler {
 impl SimHandler {
     async fn run(&self, record: Record) -> Result<(), BoxError> {
         let position = record.position();
-        let index = {
+        let (index, replay) = {
             let mut log = self.log.lock();
-            log.runs.push(HandlerRun {
+            // A record already dead-lettered runs again only as a redrive's replay.
+            let replay = log
+                .lettered
+                .contains(&(record.partition_key.clone(), position.clone()));
+            let run = HandlerRun {
                 instance: self.instance,
                 worker: self.worker.clone(),
                 shard: self.shard.clone(),
@@ -81,8 +97,14 @@ impl SimHandler {
                 position: position.clone(),
                 start_seq: next_event_seq(),
                 end: None,
-            });
-            log.runs.len() - 1
+            };
+            let runs = if replay {
+                &mut log.replays
+            } else {
+                &mut log.runs
+            };
+            runs.push(run);
+            (runs.len() - 1, replay)
         };
         // From instant to slow, so that keys overtake each other and crashes cut runs short.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -107,8 +129,13 @@ impl SimHandler {
         let fails = failure.is_some();
         {
             let mut log = self.log.lock();
-            log.runs[index].end = Some((next_event_seq(), !fails));
-            if !fails {
+            let end = Some((next_event_seq(), !fails));
+            if replay {
+                log.replays[index].end = end;
+            } else {
+                log.runs[index].end = end;
+            }
+            if !fails && !replay {
                 log.deliveries.push(Delivery {
                     seq: next_event_seq(),
                     at: tokio::time::Instant::now(),

@@ -72,6 +72,8 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("SinkRefusalIgnored", 21),
         ("ParkedKeyRuns", 44),
         ("OutageGivenUp", 18),
+        ("OutageRunPerProcessor", 18),
+        ("ReplayWithoutHold", 104),
         ("NoStickiness", 15),
         ("RelativeBand", 47),
         ("NoMoveBudget", 47),

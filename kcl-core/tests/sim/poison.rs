@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kcl_core::failure::{BatchFailed, DeadLetter, DeadLetterSink, FailurePolicy, Permanent};
+use kcl_core::memory::MemoryLeaseStore;
 use kcl_core::memory::next_event_seq;
 use kcl_core::{BackendError, BoxError, ErrorKind, ExtendedSequenceNumber, Record, ShardId};
 use rand::rngs::StdRng;
@@ -58,6 +59,10 @@ pub struct Poison {
     /// for this long.
     pub outage: Option<(Duration, Duration)>,
     outage_on: Arc<AtomicBool>,
+    /// Parked keys are redriven now and then (through their holders), under live traffic.
+    pub redrives: bool,
+    /// Partition keys an operator fixed before redriving them: their records succeed.
+    fixed: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Poison {
@@ -88,12 +93,15 @@ impl Poison {
             sink: SimSink {
                 log: log.clone(),
                 refusing: Arc::default(),
+                kept: Arc::default(),
             },
             faulty_sink: rng.random_bool(0.5),
             panics_early: more.random_bool(0.5),
             key_panics: more.random_bool(0.5),
             outage,
             outage_on: Arc::default(),
+            redrives: more.random_bool(0.5),
+            fixed: std::sync::Mutex::default(),
         }))
     }
 
@@ -144,6 +152,9 @@ impl Poison {
                 .insert(format!("{shard}/{position}"));
             return Some("dependency down".into());
         }
+        if self.is_fixed(&record.partition_key) {
+            return None;
+        }
         match self.kind(shard, &position) {
             Kind::Fine => None,
             Kind::Poison => Some("poison record".into()),
@@ -182,6 +193,77 @@ impl Poison {
         }
     }
 
+    fn fix(&self, key: &str) {
+        let mut fixed = self
+            .fixed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        fixed.insert(key.to_owned());
+    }
+
+    pub fn is_fixed(&self, key: &str) -> bool {
+        let fixed = self
+            .fixed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        fixed.contains(key)
+    }
+
+    /// As an operator would, every ten to twenty seconds until `stop`: fixes what one parked
+    /// key's records need, then redrives the key through its holders (the journal says when).
+    pub async fn redrive(
+        self: Arc<Self>,
+        store: MemoryLeaseStore,
+        log: Log,
+        stop: CancellationToken,
+    ) {
+        if !self.redrives {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x00ed_0e1e);
+        while !stop.is_cancelled() {
+            sleep(Duration::from_millis(rng.random_range(10_000..20_000))).await;
+            let rows = store.leases();
+            let kept = self.sink.kept();
+            // The parked key of the first kept letter whose key a row still parks.
+            let parks = |k: &String| {
+                let prefix = format!("{k}/");
+                rows.iter()
+                    .any(|r| r.parked_keys.iter().any(|e| e.starts_with(&prefix)))
+            };
+            let Some(letter) = kept
+                .iter()
+                .find(|l| l.parked_key.as_ref().is_some_and(parks))
+            else {
+                continue;
+            };
+            let hex = letter.parked_key.clone().unwrap_or_default();
+            let key = letter.record.partition_key.clone();
+            let mut counts: BTreeMap<ShardId, usize> = BTreeMap::new();
+            let mut ids = std::collections::BTreeSet::new();
+            for l in kept
+                .iter()
+                .filter(|l| l.parked_key.as_deref() == Some(hex.as_str()))
+            {
+                if ids.insert((l.shard.clone(), l.record.position())) {
+                    *counts.entry(l.shard.clone()).or_default() += 1;
+                }
+            }
+            let plan = kcl_core::admin::plan_redrive(&rows, &hex, &counts);
+            if !plan.orphans.is_empty() {
+                continue;
+            }
+            self.fix(&key);
+            let seq = next_event_seq();
+            if kcl_core::admin::request_redrive(&store, &plan)
+                .await
+                .is_ok()
+            {
+                log.lock().redrives.push((seq, hex, key));
+            }
+        }
+    }
+
     /// Makes the sink refuse for a second or five every ten to twenty, until `stop`.
     pub async fn disturb_sink(self: Arc<Self>, stop: CancellationToken) {
         if !self.faulty_sink {
@@ -197,11 +279,53 @@ impl Poison {
     }
 }
 
-/// The fleet's dead-letter sink: what it accepted goes to the journal, with when.
+/// The fleet's dead-letter sink: what it accepted goes to the journal, with when; it keeps
+/// what no redrive removed, and reads it back.
 #[derive(Debug, Clone)]
 pub struct SimSink {
     log: Log,
     refusing: Arc<AtomicBool>,
+    kept: Arc<std::sync::Mutex<Vec<(u64, DeadLetter)>>>,
+}
+
+impl SimSink {
+    fn kept(&self) -> Vec<DeadLetter> {
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.iter().map(|(_, l)| l.clone()).collect()
+    }
+}
+
+impl kcl_core::failure::LetterReader for SimSink {
+    async fn parked(&self, key: &str) -> Result<Vec<kcl_core::failure::Kept>, BackendError> {
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let of_key = kept
+            .iter()
+            .filter(|(_, l)| l.parked_key.as_deref() == Some(key));
+        let kept = of_key.map(|(h, l)| kcl_core::failure::Kept::new(l.clone(), h.to_string()));
+        Ok(kept.collect())
+    }
+
+    async fn remove(&self, kept: &kcl_core::failure::Kept) -> Result<(), BackendError> {
+        let mut all = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = all.len();
+        all.retain(|(h, _)| h.to_string() != kept.handle);
+        if all.len() < before {
+            self.log
+                .lock()
+                .removed
+                .push((next_event_seq(), kept.letter.clone()));
+        }
+        Ok(())
+    }
 }
 
 impl DeadLetterSink for SimSink {
@@ -214,10 +338,20 @@ impl DeadLetterSink for SimSink {
                 "sink refuses",
             ));
         }
-        self.log
+        let seq = next_event_seq();
+        let mut journal = self.log.lock();
+        journal.letters.push((seq, letter.clone()));
+        let id = (
+            letter.record.partition_key.clone(),
+            letter.record.position(),
+        );
+        journal.lettered.insert(id);
+        drop(journal);
+        let mut kept = self
+            .kept
             .lock()
-            .letters
-            .push((next_event_seq(), letter.clone()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.push((seq, letter.clone()));
         Ok(())
     }
 }

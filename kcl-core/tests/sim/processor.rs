@@ -150,6 +150,14 @@ pub struct Journal {
     pub outage_failed: std::collections::BTreeSet<String>,
     /// When the seed's outage began and ended (event sequence numbers).
     pub outage: Option<(u64, Option<u64>)>,
+    /// Redrives asked: when, the parked key (hex), its partition key.
+    pub redrives: Vec<(u64, String, String)>,
+    /// Letters a replay removed from the sink, with when.
+    pub removed: Vec<(u64, kcl_core::failure::DeadLetter)>,
+    /// Records dead-lettered (partition key, position): a handler run of one is a replay.
+    pub lettered: std::collections::BTreeSet<(String, ExtendedSequenceNumber)>,
+    /// Handler runs replaying a letter (a redrive through the holder): not deliveries.
+    pub replays: Vec<super::handler::HandlerRun>,
 }
 
 /// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.

@@ -128,6 +128,10 @@ pub struct Stats {
     pub poison: usize,
     pub poison_parallel: usize,
     pub poison_parked: usize,
+    /// Seeds with an outage; redrives asked; letters replayed by holders.
+    pub outages: usize,
+    pub redrives: usize,
+    pub replayed: usize,
     pub poison_named: usize,
     pub sink_refused: usize,
     /// Dead letters accepted, by reason: attempts, permanent, parked.
@@ -223,6 +227,9 @@ impl std::ops::AddAssign for Stats {
         self.poison += o.poison;
         self.poison_parallel += o.poison_parallel;
         self.poison_parked += o.poison_parked;
+        self.outages += o.outages;
+        self.redrives += o.redrives;
+        self.replayed += o.replayed;
         self.poison_named += o.poison_named;
         self.sink_refused += o.sink_refused;
         for (a, b) in self.letters.iter_mut().zip(o.letters) {
@@ -474,6 +481,10 @@ pub async fn simulate(seed: u64) -> Outcome {
     let outage = poison
         .clone()
         .map(|p| tokio::spawn(p.run_outage(fleet.log.clone(), producing.clone())));
+    let redrives = poison.clone().map(|p| {
+        let (store, log) = (fleet.store.clone(), fleet.log.clone());
+        tokio::spawn(p.redrive(store, log, producing.clone()))
+    });
     let sender = tokio::spawn(send_messages(
         network,
         fleet.store.clone(),
@@ -504,6 +515,9 @@ pub async fn simulate(seed: u64) -> Outcome {
     }
     if let Some(outage) = outage {
         let _ = outage.await;
+    }
+    if let Some(redrives) = redrives {
+        let _ = redrives.await;
     }
     let _ = sender.await;
     if let Some(cap) = cap {
@@ -653,6 +667,9 @@ fn judge(
         stats.poison = 1;
         stats.poison_parallel = usize::from(fleet.parallel.is_some());
         stats.poison_parked = usize::from(fleet.parallel.is_some() && poison.park);
+        stats.outages = usize::from(journal.outage.is_some());
+        stats.redrives = journal.redrives.len();
+        stats.replayed = journal.removed.len();
         stats.poison_named = usize::from(fleet.parallel.is_none() && poison.names);
         stats.sink_refused = usize::from(journal.sink_refusals > 0);
         for (_, letter) in &journal.letters {

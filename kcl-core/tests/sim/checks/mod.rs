@@ -52,6 +52,7 @@ pub const INVARIANTS: &[&str] = &[
     "parked-key-order",
     "bisect-bound",
     "outage-bound",
+    "redrive-order",
     "restart-kept",
 ];
 
@@ -163,6 +164,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         poison::dead_letter_early(e, poison, &mut v);
         poison::parked_key_order(e, &mut v);
         poison::outage_bound(e, poison, &mut v);
+        poison::redrive_order(e, &mut v);
         v.extend(e.journal.over_delivered.iter().cloned());
     }
     restarts::kept(e, &mut v);

@@ -63,6 +63,9 @@ pub(super) fn parked_key_order(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut parked: BTreeMap<u64, ExtendedSequenceNumber> = BTreeMap::new();
     for event in e.store {
         for entry in &event.lease.parked_keys {
+            if entry.contains("/redrive/") {
+                continue;
+            }
             let Some((key, behind)) = parse_entry(entry) else {
                 v.push(format!(
                     "parked-key-order: a malformed entry {entry} in {}",
@@ -86,7 +89,17 @@ pub(super) fn parked_key_order(e: &Evidence<'_>, v: &mut Vec<String>) {
             .map(|(seq, _)| *seq)
             .min()
     };
+    // A key redriven: its runs from the request on are `redrive-order`'s to judge.
+    let redriven = |key: &str, at: u64| {
+        e.journal
+            .redrives
+            .iter()
+            .any(|(seq, _, k)| k == key && *seq < at)
+    };
     for run in &e.journal.runs {
+        if redriven(&run.key, run.start_seq) {
+            continue;
+        }
         let mut h = DefaultHasher::new();
         run.key.hash(&mut h);
         let key = h.finish();
@@ -149,6 +162,70 @@ pub(super) fn outage_bound(e: &Evidence<'_>, poison: &Poison, v: &mut Vec<String
             v.push(format!(
                 "outage-bound: {shard} gave up {count} records for the outage, more than \
                  {OUTAGE_AFTER} for each of its {tenures} tenures"
+            ));
+        }
+    }
+}
+
+/// redrive-order: a parked key redriven through its holder runs its letters before any later
+/// record of it: from the request until its letters were replayed (the last removed from the
+/// sink), no record of the key after its first letter runs that is not one of its letters.
+pub(super) fn redrive_order(e: &Evidence<'_>, v: &mut Vec<String>) {
+    for (asked, hex, key) in &e.journal.redrives {
+        let letters: BTreeMap<(&ShardId, ExtendedSequenceNumber), ()> = e
+            .journal
+            .letters
+            .iter()
+            .filter(|(_, l)| l.parked_key.as_deref() == Some(hex.as_str()))
+            .map(|(_, l)| ((&l.shard, l.record.position()), ()))
+            .collect();
+        let Some(first) = letters.keys().map(|(_, p)| p.clone()).min() else {
+            continue;
+        };
+        let removed = e.journal.removed.iter();
+        let replayed = removed.filter(|(_, l)| l.parked_key.as_deref() == Some(hex.as_str()));
+        let done = replayed.map(|(seq, _)| *seq).max().unwrap_or(u64::MAX);
+        left_behind(e, (*asked, hex), v);
+        for run in &e.journal.runs {
+            let ok = run.end.is_some_and(|(_, ok)| ok);
+            let during = run.start_seq > *asked && run.start_seq < done;
+            let letter = letters.contains_key(&(&run.shard, run.position.clone()));
+            if ok && during && run.key == *key && run.position > first && !letter {
+                v.push(format!(
+                    "redrive-order: {} of redriven key {key} ran on {} by {} before its letters \
+                     were replayed",
+                    run.position, run.shard, run.worker
+                ));
+            }
+        }
+    }
+}
+
+/// Once a redrive unparked its key (the holder removed every entry of the key from a row),
+/// no letter of the key accepted before that is left in the sink: the replay took them all.
+fn left_behind(e: &Evidence<'_>, (asked, hex): (u64, &str), v: &mut Vec<String>) {
+    let prefix = format!("{hex}/");
+    let unparked = e.store.iter().find(|ev| {
+        ev.seq > asked
+            && ev.operation == "unpark"
+            && !ev.lease.parked_keys.iter().any(|k| k.starts_with(&prefix))
+    });
+    let Some(unparked) = unparked else {
+        return;
+    };
+    let removed: std::collections::BTreeSet<(&ShardId, ExtendedSequenceNumber)> =
+        (e.journal.removed.iter())
+            .map(|(_, l)| (&l.shard, l.record.position()))
+            .collect();
+    for (seq, l) in &e.journal.letters {
+        let of_key = l.parked_key.as_deref() == Some(hex);
+        if of_key && *seq < unparked.seq && !removed.contains(&(&l.shard, l.record.position())) {
+            v.push(format!(
+                "redrive-order: letter {} of {} (key {hex}) left in the sink by the redrive that \
+                 unparked its key in {}",
+                l.record.position(),
+                l.shard,
+                unparked.lease.key
             ));
         }
     }
