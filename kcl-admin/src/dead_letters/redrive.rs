@@ -1,7 +1,7 @@
 //! `kcl-admin dead-letters redrive`: letters back where their records run again.
 //!
 //! - A letter that parks a key (`Parallel::park_keys`) is replayed by the worker holding its
-//!   shard, before any later record of the key ([`holder`](super::holder)): the redrive asks
+//!   shard, before any later record of the key ([`super::holder`]): the redrive asks
 //!   and waits. A key parked nowhere goes back through the stream; one some of whose letters
 //!   no holder can replay is refused, unless `--through-stream` (then the key is unparked and
 //!   its letters go back through the stream).

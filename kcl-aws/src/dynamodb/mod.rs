@@ -110,7 +110,7 @@ impl DynamoDbLeaseStore {
         }
     }
 
-    /// Serves [`LeaseStoreExtras::changes`] from the table's DynamoDB stream, read with `client`
+    /// Serves [`LeaseStoreExtras::changes`](kcl_core::LeaseStoreExtras::changes) from the table's DynamoDB stream, read with `client`
     /// ([`new`](Self::new) makes one from its `SdkConfig`). Under `Coordination::Leader` the
     /// leader and the standby then follow the table through the stream instead of reading it
     /// every interval (see the `feed` module docs).

@@ -16,7 +16,8 @@ use crate::failure::{Entry, parse_entry, redrive_entry};
 use crate::lease::{Lease, LeaseStore, LeaseStoreExtras};
 use crate::types::{Checkpoint, ShardId};
 
-/// One parked key's redrive through its holders; see the [module docs](self).
+/// One parked key's redrive through its holders: which rows to ask to replay which shards'
+/// letters (see [`plan_redrive`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedrivePlan {

@@ -187,7 +187,7 @@ impl DeadLetters {
 
     /// Reads the sink's letters back: a redrive of a parked key (`kcl-admin dead-letters
     /// redrive`) then goes through the shard's holder, which replays the key's letters
-    /// before any later record of it ([`replay`](super::replay)). Without one, such a request
+    /// before any later record of it ([`LetterReader`](super::LetterReader)). Without one, such a request
     /// is refused by the holder (logged), and the key stays parked.
     #[must_use]
     pub fn reader(mut self, reader: impl super::LetterReader) -> Self {

@@ -48,7 +48,7 @@ impl Kept {
 }
 
 /// Reads a sink's letters back and removes them, for a redrive through the holder (see the
-/// [module docs](self)); given with
+/// docs/when-a-record-fails.md, "Redriving a parked key"); given with
 /// [`DeadLetters::reader`](super::DeadLetters::reader). kcl-aws implements it on every sink
 /// that can delete a letter (SQS, S3, a file; not a Kinesis stream).
 pub trait LetterReader: Send + Sync + 'static {
@@ -112,7 +112,7 @@ pub(crate) enum Entry {
 
 /// The entry that asks the holder to replay the letters of the parked key `key` (16 hex
 /// digits) read from `shards` (at least `letters` of them), then unpark it; see the
-/// [module docs](self).
+/// docs/when-a-record-fails.md, "Redriving a parked key".
 pub fn redrive_entry(key: &str, letters: usize, shards: &[ShardId]) -> String {
     let shards: Vec<&str> = shards.iter().map(ShardId::as_str).collect();
     format!("{key}/redrive/{letters}/{}", shards.join("+"))
