@@ -379,6 +379,8 @@ async fn status_json(State(state): State<AppState>) -> Response {
                 "skipped": shard.failures.skipped,
                 "parked_keys": shard.failures.parked_keys,
                 "sink_refusing": shard.failures.sink_refusing,
+                "sink_refusals": shard.failures.sink_refusals,
+                "outage": shard.failures.outage,
             },
         })).collect::<Vec<_>>(),
     }))

@@ -42,6 +42,8 @@ use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
 pub struct Checkpointer {
     tenure: Arc<Tenure>,
     last_delivered: Option<ExtendedSequenceNumber>,
+    /// The checkpoint this instance's shard was opened after, if a record's.
+    pub(crate) opened: Option<ExtendedSequenceNumber>,
     shard_end: Option<Vec<ShardId>>,
     watermark: Arc<Watermark>,
 }
@@ -68,6 +70,7 @@ impl Checkpointer {
             watermark: Arc::new(Watermark::new(tenure.clone())),
             tenure,
             last_delivered: None,
+            opened: None,
             shard_end: None,
         }
     }

@@ -53,6 +53,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     checkpointer
         .watermark()
         .count_successes(control.failures.clone());
+    checkpointer.opened.clone_from(&start.skip_through);
     let mut acks = Acks::new(&ctx.config, &checkpointer);
     let meter = tenure.shared_meter();
     let range = lease.hash_key_range;

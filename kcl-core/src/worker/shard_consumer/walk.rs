@@ -44,6 +44,7 @@ pub(super) async fn deliver(
         control,
         records,
         previous,
+        opened: checkpointer.opened.clone(),
         batch,
         bisect: Bisect::new(records.len()),
     };
@@ -99,6 +100,8 @@ struct Walk<'a> {
     records: &'a [Record],
     /// The record delivered before the batch.
     previous: Option<ExtendedSequenceNumber>,
+    /// The checkpoint the shard was opened after, if a record's.
+    opened: Option<ExtendedSequenceNumber>,
     /// The batch's place in the watermark, finished a part at a time.
     batch: Reservation,
     bisect: Bisect,
@@ -185,18 +188,12 @@ impl Walk<'_> {
     /// then: the records before it are the processor's to call done.
     async fn pass(&self, index: usize, checkpointer: &mut Checkpointer) {
         let before = match index {
-            0 => self.previous.clone(),
+            // Nothing delivered yet (a new holder, a restart): the checkpoint it opened after.
+            0 => self.previous.clone().or_else(|| self.opened.clone()),
             i => self.records.get(i - 1).map(Record::position),
         };
         let committed = self.tenure.snapshot().await.checkpoint;
-        let at = Checkpoint::Sequence(self.records[index].position());
-        let stands_before = match before {
-            Some(b) => committed == Checkpoint::Sequence(b),
-            // Nothing delivered yet since the shard opened at the checkpoint (a new holder, a
-            // restart): the batch's first record comes right after it.
-            None => index == 0 && committed.progress_cmp(&at) == Some(std::cmp::Ordering::Less),
-        };
-        if stands_before {
+        if before.is_some_and(|b| committed == Checkpoint::Sequence(b)) {
             let at = self.records[index].position();
             if let Err(error) = checkpointer.checkpoint_at(at).await {
                 tracing::debug!(%error, "checkpointing past a record given up failed");
