@@ -13,7 +13,7 @@ use kcl_core::{
 use tokio::time::sleep;
 
 use super::hands_off::HandsOff;
-use super::poison::{Kind, Poison};
+use super::poison::{Kind, Poison, REPLAY_MARK};
 use super::processor::{Delivery, INJECTED_PANIC, Log, SimProcessor};
 
 /// One run of the handler on one record.
@@ -85,10 +85,9 @@ impl SimHandler {
         let position = record.position();
         let (index, replay) = {
             let mut log = self.log.lock();
-            // A record already dead-lettered runs again only as a redrive's replay.
-            let replay = log
-                .lettered
-                .contains(&(record.partition_key.clone(), position.clone()));
+            // A letter read back by a redrive (a record dead-lettered before may also be
+            // delivered again live, after an operator's reset).
+            let replay = record.explicit_hash_key.as_deref() == Some(REPLAY_MARK);
             let run = HandlerRun {
                 instance: self.instance,
                 worker: self.worker.clone(),

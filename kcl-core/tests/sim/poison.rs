@@ -279,6 +279,11 @@ impl Poison {
     }
 }
 
+/// What a letter read back for a replay carries (as its explicit hash key, which no record
+/// of the simulated stream has): a handler run of it is a replay, not a delivery. Not
+/// "dead-lettered once": after an operator's reset, a lettered record is delivered again.
+pub const REPLAY_MARK: &str = "sim-replay";
+
 /// The fleet's dead-letter sink: what it accepted goes to the journal, with when; it keeps
 /// what no redrive removed, and reads it back.
 #[derive(Debug, Clone)]
@@ -307,7 +312,11 @@ impl kcl_core::failure::LetterReader for SimSink {
         let of_key = kept
             .iter()
             .filter(|(_, l)| l.parked_key.as_deref() == Some(key));
-        let kept = of_key.map(|(h, l)| kcl_core::failure::Kept::new(l.clone(), h.to_string()));
+        let kept = of_key.map(|(h, l)| {
+            let mut letter = l.clone();
+            letter.record.explicit_hash_key = Some(REPLAY_MARK.to_owned());
+            kcl_core::failure::Kept::new(letter, h.to_string())
+        });
         Ok(kept.collect())
     }
 
@@ -341,11 +350,6 @@ impl DeadLetterSink for SimSink {
         let seq = next_event_seq();
         let mut journal = self.log.lock();
         journal.letters.push((seq, letter.clone()));
-        let id = (
-            letter.record.partition_key.clone(),
-            letter.record.position(),
-        );
-        journal.lettered.insert(id);
         drop(journal);
         let mut kept = self
             .kept

@@ -154,8 +154,6 @@ pub struct Journal {
     pub redrives: Vec<(u64, String, String)>,
     /// Letters a replay removed from the sink, with when.
     pub removed: Vec<(u64, kcl_core::failure::DeadLetter)>,
-    /// Records dead-lettered (partition key, position): a handler run of one is a replay.
-    pub lettered: std::collections::BTreeSet<(String, ExtendedSequenceNumber)>,
     /// Handler runs replaying a letter (a redrive through the holder): not deliveries.
     pub replays: Vec<super::handler::HandlerRun>,
 }
