@@ -96,6 +96,31 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     assert!(stdout(&dl(&["list", "--newer-than", "1h"])?)?.contains("0 letter(s)"));
     assert!(stdout(&dl(&["list", "--older-than", "1day"])?)?.contains("2 letter(s)"));
 
+    // A message another reader holds is not listed, and `list` says so rather than only
+    // counting fewer letters.
+    let sqs = ctx.sqs_client().await;
+    let held = sqs
+        .receive_message()
+        .queue_url(&url)
+        .max_number_of_messages(1)
+        .visibility_timeout(60)
+        .send()
+        .await?;
+    let receipt = held.messages()[0].receipt_handle().unwrap().to_owned();
+    let out = dl(&["list", "--json"])?;
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&out)?)?;
+    assert_eq!(doc["letters"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc["in_flight"], 1, "{doc}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("about 1 more message(s) are in flight"), "{said}");
+    sqs.change_message_visibility()
+        .queue_url(&url)
+        .receipt_handle(receipt)
+        .visibility_timeout(0)
+        .send()
+        .await?;
+    assert!(stdout(&dl(&["list"])?)?.contains("2 letter(s)"));
+
     // `show`: the whole letter, its payload as text or base64.
     let shown = stdout(&dl(&["show", &id1])?)?;
     for needle in [

@@ -118,7 +118,7 @@ pub(crate) struct ListArgs {
     from: FromArgs,
     #[command(flatten)]
     filters: Filters,
-    /// JSON instead of a table: `{"letters": [{"id", "place", "letter"}], "unreadable": [...]}`,
+    /// JSON instead of a table: `{"letters": [{"id", "place", "letter"}], "unreadable": [...], "in_flight": n}`,
     /// each letter in kcl-aws's dead-letter format.
     #[arg(long)]
     json: bool,
@@ -140,6 +140,7 @@ async fn list(sdk: &aws_config::SdkConfig, args: ListArgs) -> anyhow::Result<()>
     let listing = store.list().await?;
     release(&store, &listing, &Default::default()).await;
     warn_unreadable(&listing);
+    warn_in_flight(&listing);
     let now = Utc::now();
     let letters: Vec<&Stored> = listing
         .letters
@@ -153,6 +154,7 @@ async fn list(sdk: &aws_config::SdkConfig, args: ListArgs) -> anyhow::Result<()>
                 "place": u.place,
                 "error": u.error,
             })).collect::<Vec<_>>(),
+            "in_flight": listing.in_flight,
         });
         report(&serde_json::to_string_pretty(&doc)?);
     } else {
@@ -180,6 +182,19 @@ fn warn_unreadable(listing: &Listing) {
         warn(&format!(
             "{}: unreadable, left as it is: {}",
             u.place, u.error
+        ));
+    }
+}
+
+/// Says how many messages another reader holds: neither listed nor redriven by this run.
+fn warn_in_flight(listing: &Listing) {
+    if listing.in_flight > 0 {
+        warn(&format!(
+            "about {} more message(s) are in flight, received by another reader (a listing or \
+             a redrive elsewhere, a worker replaying a parked key): not read by this run; \
+             they show again once that reader deletes or releases them, or its visibility \
+             timeout ends",
+            listing.in_flight
         ));
     }
 }

@@ -23,7 +23,7 @@ use kcl_aws::dead_letter::{LetterId, LetterStore, Listing, Redriven, Redriver, S
 
 use super::holder::{self, Key, Route};
 use super::record::RecordFile;
-use super::{Filters, FromArgs, release, report, warn, warn_unreadable};
+use super::{Filters, FromArgs, release, report, warn, warn_in_flight, warn_unreadable};
 
 /// Arguments of `kcl-admin dead-letters redrive`.
 #[derive(Debug, clap::Args)]
@@ -122,6 +122,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let store = args.from.open(sdk, args.visibility_timeout)?;
     let listing = store.list().await?;
     warn_unreadable(&listing);
+    warn_in_flight(&listing);
     let planned = match plan(sdk, &args, &listing).await {
         Ok(planned) => planned,
         Err(e) => {
@@ -238,7 +239,7 @@ async fn through_stream(
             .iter()
             .flat_map(|c| c.copies.iter().map(|s| (*s).clone()))
             .collect(),
-        unreadable: Vec::new(),
+        ..Listing::default()
     };
     if let Err(e) = unpark(sdk, args, &planned.keys).await {
         release(store, &held, &HashSet::new()).await;

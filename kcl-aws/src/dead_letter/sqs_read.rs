@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, Message, MessageSystemAttributeName,
+    QueueAttributeName,
 };
 use kcl_core::{BackendError, ErrorKind};
 
@@ -74,10 +75,29 @@ pub(crate) async fn list(
             break;
         }
     }
+    let held = u64::try_from(received.len()).unwrap_or(u64::MAX);
+    let in_flight = not_visible(sqs, queue_url).await?.saturating_sub(held);
     let bodies = received
         .into_iter()
         .map(|(id, h)| (id, (h.receipt, h.body)));
-    Ok(read(s3, bodies.collect()).await)
+    let mut listing = read(s3, bodies.collect()).await;
+    listing.in_flight = in_flight;
+    Ok(listing)
+}
+
+/// SQS's count of the queue's messages in flight (received and neither deleted nor visible
+/// again): approximate, as SQS says.
+async fn not_visible(sqs: &Client, queue_url: &str) -> Result<u64, BackendError> {
+    let name = QueueAttributeName::ApproximateNumberOfMessagesNotVisible;
+    let out = sqs
+        .get_queue_attributes()
+        .queue_url(queue_url)
+        .attribute_names(name.clone())
+        .send()
+        .await
+        .map_err(|e| backend_error("get_queue_attributes", format!("queue {queue_url}"), e))?;
+    let count = out.attributes().and_then(|a| a.get(&name));
+    Ok(count.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
 fn seconds(d: Duration) -> i32 {

@@ -86,6 +86,11 @@ pub struct Listing {
     pub letters: Vec<Stored>,
     /// What could not be read as a letter (left where it is).
     pub unreadable: Vec<Unreadable>,
+    /// About how many messages of an SQS queue were in flight, received by another reader
+    /// (a listing or a redrive elsewhere, a worker replaying a parked key) and so neither
+    /// listed nor read (SQS's `ApproximateNumberOfMessagesNotVisible`, less those this
+    /// listing holds); 0 for other stores.
+    pub in_flight: u64,
 }
 
 impl Listing {
