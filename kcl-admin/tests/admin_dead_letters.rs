@@ -112,7 +112,10 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     assert_eq!(doc["letters"].as_array().map(Vec::len), Some(1), "{doc}");
     assert_eq!(doc["in_flight"], 1, "{doc}");
     let said = String::from_utf8_lossy(&out.stderr);
-    assert!(said.contains("about 1 more message(s) are in flight"), "{said}");
+    assert!(
+        said.contains("about 1 more message(s) are in flight"),
+        "{said}"
+    );
     sqs.change_message_visibility()
         .queue_url(&url)
         .receipt_handle(receipt)
