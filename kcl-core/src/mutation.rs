@@ -9,6 +9,9 @@
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mutation {
+    /// A role holder ignores its row deleted, or deleted and created again, by another
+    /// process (it leads on beside the new holder).
+    StepDownIgnored,
     /// The in-memory store writes checkpoints without checking owner and counter.
     CheckpointUnconditional,
     /// The in-memory store renews without checking owner and counter.
@@ -233,6 +236,7 @@ impl Mutation {
         Self::AdoptionDropsHandoff,
         Self::CountsFollowLoadMoves,
         Self::ArrivalsBalancedOnto,
+        Self::StepDownIgnored,
     ];
 }
 

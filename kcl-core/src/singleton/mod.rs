@@ -159,6 +159,8 @@ pub struct Singleton<L> {
     read_next: std::sync::atomic::AtomicBool,
     /// The row's tenure while this candidate holds it.
     holding: std::sync::Mutex<Option<Arc<Tenure>>>,
+    /// A consistent read of the held row is under way ([`verify`](Self::verify)).
+    verifying: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A wall clock: `Utc::now` unless a test or simulation says otherwise.
@@ -234,6 +236,7 @@ impl<L: LeaseStore> Singleton<L> {
             poked: tokio::sync::Notify::new(),
             read_next: std::sync::atomic::AtomicBool::new(false),
             holding: std::sync::Mutex::new(None),
+            verifying: Arc::default(),
         })
     }
 
@@ -257,21 +260,69 @@ impl<L: LeaseStore> Singleton<L> {
 
     /// This process read the row as `row` elsewhere: if it holds the row and the read shows
     /// a later write that made another worker the holder, the holding ends now rather than at
-    /// its next write (a carried row is not written while its carrier proves it).
+    /// its next write (a carried row is not written while its carrier proves it). A read that
+    /// shows another owner (or none) at an earlier counter may be stale, or show a row
+    /// deleted and created again under the holder (its counter started again):
+    /// [`verify`](Self::verify) decides.
     pub(crate) fn saw_held(&self, row: &Lease) {
-        let holding = self
-            .holding
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let Some(tenure) = holding else {
+        let Some(tenure) = self.tenure() else {
             return;
         };
-        let newer = tenure.counter_now().is_some_and(|c| row.counter > c);
-        if newer && !row.is_owned_by(&self.me) {
+        let counter = tenure.counter_now();
+        if counter.is_some_and(|c| row.counter > c) && !row.is_owned_by(&self.me) {
             tracing::info!(singleton = %self.key, holder = ?row.owner, "the row was taken: giving up");
             tenure.mark_lost();
+        } else if !row.is_owned_by(&self.me) {
+            self.verify(tenure);
         }
+    }
+
+    /// This process read the whole table and the row was not in it: if it holds the row,
+    /// [`verify`](Self::verify) decides (the read may be stale; the row may be gone).
+    pub(crate) fn saw_missing(&self) {
+        if let Some(tenure) = self.tenure() {
+            self.verify(tenure);
+        }
+    }
+
+    fn tenure(&self) -> Option<Arc<Tenure>> {
+        self.holding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads the row consistently, in the background: if it is gone, or names another owner,
+    /// the holding ends (deleted by hand, deleted and created again, taken): the row this
+    /// holder took is no more, whoever holds one now. A row naming this holder is still its
+    /// own (no other process writes this holder's name into it). One read at a time.
+    fn verify(&self, tenure: Arc<Tenure>) {
+        if mutation::on(Mutation::StepDownIgnored)
+            || self
+                .verifying
+                .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let (store, key, me) = (self.store.clone(), self.key.clone(), self.me.clone());
+        let verifying = self.verifying.clone();
+        crate::task::spawn(async move {
+            let read = store.get(&key).await;
+            verifying.store(false, std::sync::atomic::Ordering::Release);
+            let gone = match &read {
+                Ok(Some(row)) => !row.is_owned_by(&me),
+                Ok(None) => true,
+                Err(error) => {
+                    tracing::debug!(%error, singleton = %key, "reading the row to check it failed");
+                    false
+                }
+            };
+            if gone && !tenure.is_lost() {
+                let holder = read.ok().flatten().and_then(|r| r.owner);
+                tracing::warn!(singleton = %key, ?holder, "the row is gone or another's (deleted, or deleted and created again): giving up");
+                tenure.mark_lost();
+            }
+        });
     }
 
     /// Gives the running instance an inbox ([`TaskContext::inbox`]) that any process reaches

@@ -96,6 +96,11 @@ pub struct Status {
     /// The worker leading the fleet (`Coordination::Leader`), as this worker last saw its
     /// row; `None` under `Coordination::EveryWorker` or while none is known.
     pub leader: Option<WorkerId>,
+    /// Whether this worker leads the fleet (`Coordination::Leader`) as of its last taker
+    /// cycle: it syncs shards, assigns and balances. At most one worker does, but for a
+    /// deposed leader's last cycle (it steps down within a taker interval of its row being
+    /// taken, deleted or recreated; see `docs/operations.md`).
+    pub leading: bool,
     /// Whether this worker was asked to drain (`kcl-admin release`), as its last read of
     /// the whole table showed: it takes nothing and hands over what it holds.
     pub draining: bool,

@@ -132,11 +132,13 @@ impl Report {
         });
     }
 
-    /// The fleet's leader as last seen, and whether this worker is asked to drain.
-    pub(super) fn publish_roles(&self, leader: Option<WorkerId>, draining: bool) {
+    /// The fleet's leader as last seen, whether this worker leads, and whether it is asked
+    /// to drain.
+    pub(super) fn publish_roles(&self, leader: Option<WorkerId>, leading: bool, draining: bool) {
         self.status.send_if_modified(|s| {
-            let changed = s.leader != leader || s.draining != draining;
+            let changed = s.leader != leader || s.leading != leading || s.draining != draining;
             s.leader = leader;
+            s.leading = leading;
             s.draining = draining;
             changed
         });

@@ -152,6 +152,11 @@ impl Mode {
         }
     }
 
+    /// Whether this worker leads now.
+    pub(super) fn is_leading(&self) -> bool {
+        matches!(self, Self::Led(led) if led.roles.current() == Role::Leader)
+    }
+
     /// Gives up the roles, if any (within `limit`): a successor leads at once.
     pub(super) async fn stop(self, limit: std::time::Duration) {
         if let Self::Led(led) = self {
@@ -176,7 +181,8 @@ pub(super) async fn cycle<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     }
     state.publish(w.table, w.report);
     let drained = state.view.is_drained(&w.table.me);
-    w.report.publish_roles(mode.leader(), drained);
+    w.report
+        .publish_roles(mode.leader(), mode.is_leading(), drained);
     Ok(())
 }
 

@@ -13,9 +13,17 @@
 //! the standby row the same way, and hands it to a follower holding a lease (`standby`) when
 //! it is free, or expired by the same rule: the follower finds it in its next index query
 //! (every half failover time) and takes it. Followers read nothing else but the leader row and
-//! its carrier, every six failover times, in case the leader and the standby are both gone
-//! (a follower holding nothing reads the whole table every few intervals, and takes a free
-//! row from that). So a follower costs one unit of reads a minute for the roles.
+//! its carrier, every failover time, in case the leader and the standby are both gone (a
+//! follower holding nothing reads the whole table every few intervals, and takes a free row
+//! from that): a follower sees the row stand still for the failover time within two of them,
+//! so a fleet that loses its leader and standby together leads again within about two
+//! failover times and a taker interval (six reads a minute a follower, at 10 s).
+//!
+//! A holder steps down when its row is taken, deleted, or deleted and created again (by
+//! hand, by `kcl-admin`): the leader and the standby read the whole table every taker
+//! interval, and a read that does not show the row as theirs is checked with a consistent
+//! read of it (`Singleton::saw_held`, `saw_missing`). So two workers lead at once for at
+//! most a taker interval and a read after a row is deleted under them.
 //!
 //! Roles decide who does the work of reading the table, not who may write: every take and
 //! handoff stays conditional, so a stale role (a leader that has just lost its row) costs at
@@ -79,6 +87,8 @@ pub(super) struct Roles {
 trait Candidate: Send + Sync {
     /// This worker read the candidate's row as `row`.
     fn saw(&self, row: &Lease);
+    /// This worker read the whole table, and the candidate's row was not in it.
+    fn saw_missing(&self);
     /// Poll at once.
     fn poke(&self);
 }
@@ -86,6 +96,10 @@ trait Candidate: Send + Sync {
 impl<L: LeaseStore> Candidate for Singleton<L> {
     fn saw(&self, row: &Lease) {
         self.saw_held(row);
+    }
+
+    fn saw_missing(&self) {
+        Singleton::saw_missing(self);
     }
 
     fn poke(&self) {
@@ -179,7 +193,7 @@ impl Roles {
         stand_by.set_poll_interval(crate::config::MAX_DURATION);
         let pace = Pace {
             fast: config.taker_interval,
-            slow: config.failover_time * 6,
+            slow: config.failover_time,
         };
         let holder = lead.holder();
         let told: Vec<Arc<dyn Candidate>> = vec![lead.clone(), stand_by.clone()];
@@ -227,6 +241,11 @@ impl Roles {
             .enumerate()
         {
             let Some(row) = find(&role_key(RESERVED[i])) else {
+                // Deleted (by hand, `kcl-admin`): a holder steps down, whoever creates it
+                // again.
+                if let Some(candidate) = self.candidates.get(i) {
+                    candidate.saw_missing();
+                }
                 continue;
             };
             let carrier = row.carrier.as_ref().and_then(&find).cloned();
@@ -319,7 +338,7 @@ struct Pace {
 fn role_config(config: &WorkerConfig) -> SingletonConfig {
     let mut singleton_config = SingletonConfig::default()
         .failover_time(config.failover_time)
-        .poll_interval(config.failover_time * 6)
+        .poll_interval(config.failover_time)
         // The roles stand in line themselves (see `stand_by_loop`).
         .standbys(0);
     // A holder with nothing to carry its row renews it every half failover time, as
