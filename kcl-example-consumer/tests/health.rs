@@ -198,6 +198,7 @@ fn status_names_the_leader_and_each_shards_checkpoint_lag_and_progress() {
         panic!("/status never complete: {}", c.get("/status").1);
     };
     assert_eq!(status["leader"], "w-status", "{status}");
+    assert_eq!(status["leading"], true, "{status}");
     assert_eq!(status["draining"], false, "{status}");
     for shard in status["shards"].as_array().into_iter().flatten() {
         assert_eq!(shard["owner"], "w-status", "{shard}");

@@ -366,6 +366,7 @@ async fn status_json(State(state): State<AppState>) -> Response {
         })).collect::<Vec<_>>(),
         "leases": status.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "leader": status.leader.as_ref().map(ToString::to_string),
+        "leading": status.leading,
         "draining": status.draining,
         "shards": status.shards.iter().map(|shard| serde_json::json!({
             "shard": shard.shard.to_string(),
