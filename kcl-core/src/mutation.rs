@@ -167,6 +167,8 @@ pub enum Mutation {
     /// A worker that just arrived is balanced onto at once (a surge pod takes leases from
     /// the others before the worker it replaces releases its own).
     ArrivalsBalancedOnto,
+    /// The damper follows a rise at once, whatever `scale_up_window` is configured.
+    ScaleUpWindowIgnored,
 }
 
 impl Mutation {
@@ -237,6 +239,7 @@ impl Mutation {
         Self::CountsFollowLoadMoves,
         Self::ArrivalsBalancedOnto,
         Self::StepDownIgnored,
+        Self::ScaleUpWindowIgnored,
     ];
 }
 
@@ -316,6 +319,10 @@ impl Mutation {
             Self::ParkedMatchIgnoresPosition => Some(
                 "parallel::dispatch::tests::only_records_after_the_one_that_parked_a_key_are_parked_behind_it",
             ),
+            // Autoscaling figures, not records: the simulation checks no figure.
+            Self::ScaleUpWindowIgnored => {
+                Some("autoscale::damping::tests::a_configured_scale_up_window_holds_a_rise_back")
+            }
             _ => None,
         }
     }

@@ -79,6 +79,8 @@ pub(crate) fn recommend(fleet: &Fleet, config: &Autoscaling) -> FleetSignals {
         .sum();
     let recommended = workers_for(needed / per_worker, fleet, config);
     FleetSignals {
+        shard_floor: shard_floor(fleet),
+        at: None,
         workers: fleet.workers,
         shards: fleet.open_shards,
         behind,
@@ -112,10 +114,17 @@ fn workers_for(workers: f64, fleet: &Fleet, config: &Autoscaling) -> u32 {
     };
     let shards = fleet.open_shards.max(1);
     let cap = config.max_workers.map_or(shards, |max| max.min(shards));
-    let for_max_leases = fleet
+    wanted
+        .min(cap)
+        .max(shard_floor(fleet))
+        .max(config.min_workers)
+}
+
+/// Workers enough for every open shard under `max_leases`.
+fn shard_floor(fleet: &Fleet) -> u32 {
+    fleet
         .open_shards
-        .div_ceil(clamp_u32(fleet.max_leases).max(1));
-    wanted.min(cap).max(for_max_leases).max(config.min_workers)
+        .div_ceil(clamp_u32(fleet.max_leases).max(1))
 }
 
 /// `x` rounded to a whole non-negative number, saturating.
@@ -209,7 +218,8 @@ mod tests {
         assert_eq!(recommend(&fleet(idle.clone(), 3), &two).recommended, 2);
         let mut capped = fleet(idle, 3);
         capped.max_leases = 4;
-        assert_eq!(recommend(&capped, &Autoscaling::default()).recommended, 2);
+        let signals = recommend(&capped, &Autoscaling::default());
+        assert_eq!((signals.recommended, signals.shard_floor), (2, 2));
     }
 
     #[test]

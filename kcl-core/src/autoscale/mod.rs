@@ -27,13 +27,24 @@
 //! ask for one worker per shard). For the same reason, busy time grows as workers are taken
 //! away, so the recommendation falls only to a size at which `N` would use at most 80 % of
 //! the planned utilization, and it does not move while `N` is within a tenth of what was said
-//! last (the HPA's tolerance).
+//! last, so that a need near a whole number of workers does not flap between two.
 //!
 //! **Damping**, as the HPA's stabilization windows: `desired_workers` follows a rise once
 //! every recommendation of [`scale_up_window`](crate::Autoscaling::scale_up_window) is above
 //! it (at once by default), and a fall only down to the highest recommendation of
 //! [`scale_down_window`](crate::Autoscaling::scale_down_window) (5 min). A new leader starts
-//! from the published figure, or from the workers it sees, never from nothing.
+//! from the published figure, or from the workers it sees, never from nothing. Damping never
+//! takes the figure below [`shard_floor`](FleetSignals::shard_floor): fewer workers would leave
+//! shards unowned.
+//!
+//! **An autoscaler's tolerance.** The HPA ignores a figure within its tolerance (10 % unless
+//! set) of the replicas running. A figure the shard floor raises must still reach the
+//! replicas, so [`FleetSignals::for_autoscaler`] raises it past that tolerance (see there).
+//!
+//! **Freshness.** The published row carries when its figures were worked out, but a follower
+//! never compares that with its own clock: it serves the row only while it sees the row change
+//! within [`signals_max_age`](crate::Autoscaling::signals_max_age) on its own monotonic
+//! clock, and says nothing (an autoscaler's fallback applies) once the row stands still.
 //!
 //! **Measured** by each lease's meter ([`lease::load`](crate::lease::load)), smoothed with
 //! the balancing's time constant (a minute), and corrected for its start: a lease taken
@@ -44,13 +55,18 @@
 
 mod damping;
 mod formula;
+mod fresh;
+mod hpa;
 mod publish;
 
 pub(crate) use damping::Damper;
 pub(crate) use formula::{Fleet, recommend};
+pub(crate) use fresh::Freshness;
 pub(crate) use publish::Publisher;
 
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 /// What the leader knows of the fleet's backlog and what it needs, as of its last cycle (see
 /// the module docs). In [`Status::fleet`](crate::Status::fleet).
@@ -77,14 +93,25 @@ pub struct FleetSignals {
     pub recommended: u32,
     /// Workers the fleet should run: `recommended`, damped (what an autoscaler follows).
     pub desired_workers: u32,
+    /// Workers enough for every open shard under `max_leases` (the shards over `max_leases`,
+    /// rounded up): fewer would leave shards unowned. `desired_workers` is never below it. 0
+    /// when not known (a row written by a version before this field).
+    pub shard_floor: u32,
+    /// When the leader worked these figures out, by its own clock; `None` in a row written by
+    /// a version before this field. For people reading them: a follower judges a row's
+    /// freshness by seeing it change on its own clock, never by comparing this with it.
+    pub at: Option<DateTime<Utc>>,
 }
 
 impl FleetSignals {
     /// The signals as one line of text (the published row's `kclSignals`): version, then the
-    /// fields in order, numbers only.
+    /// fields in order, numbers only (`at` in milliseconds since the epoch, `-` if unknown).
     pub fn encode(&self) -> String {
+        let at = self
+            .at
+            .map_or_else(|| "-".to_owned(), |at| at.timestamp_millis().to_string());
         format!(
-            "v1 {} {} {} {} {:.3} {:.3} {:.4} {:.4} {} {}",
+            "v2 {} {} {} {} {:.3} {:.3} {:.4} {:.4} {} {} {} {at}",
             self.workers,
             self.shards,
             self.behind.as_millis(),
@@ -94,20 +121,24 @@ impl FleetSignals {
             self.load,
             self.needed,
             self.recommended,
-            self.desired_workers
+            self.desired_workers,
+            self.shard_floor,
         )
     }
 
-    /// Reads what [`encode`](Self::encode) wrote; `None` for anything else (a row written by
+    /// Reads what [`encode`](Self::encode) wrote, or what a version before it wrote (`v1`:
+    /// no `shard_floor`, read as 0, and no `at`); `None` for anything else (a row written by
     /// a newer version, or damaged: the reader keeps what it had).
     pub fn decode(text: &str) -> Option<Self> {
         let mut parts = text.split_ascii_whitespace();
-        if parts.next()? != "v1" {
-            return None;
-        }
+        let v2 = match parts.next()? {
+            "v1" => false,
+            "v2" => true,
+            _ => return None,
+        };
         let mut next = || parts.next();
         let finite = |x: f64| x.is_finite().then_some(x);
-        let signals = Self {
+        let mut signals = Self {
             workers: next()?.parse().ok()?,
             shards: next()?.parse().ok()?,
             behind: Duration::from_millis(next()?.parse().ok()?),
@@ -118,7 +149,16 @@ impl FleetSignals {
             needed: finite(next()?.parse().ok()?)?,
             recommended: next()?.parse().ok()?,
             desired_workers: next()?.parse().ok()?,
+            shard_floor: 0,
+            at: None,
         };
+        if v2 {
+            signals.shard_floor = next()?.parse().ok()?;
+            signals.at = match next()? {
+                "-" => None,
+                millis => Some(DateTime::from_timestamp_millis(millis.parse().ok()?)?),
+            };
+        }
         parts.next().is_none().then_some(signals)
     }
 }
@@ -140,20 +180,41 @@ mod tests {
             needed: 2.25,
             recommended: 5,
             desired_workers: 4,
+            shard_floor: 3,
+            at: DateTime::from_timestamp_millis(1_700_000_000_123),
         };
         assert_eq!(
             FleetSignals::decode(&signals.encode()),
             Some(signals.clone())
         );
+        let unknown_time = FleetSignals {
+            at: None,
+            ..signals
+        };
+        assert_eq!(
+            FleetSignals::decode(&unknown_time.encode()),
+            Some(unknown_time)
+        );
         for bad in [
             "",
+            "v3 1 2 3 4 5 6 7 8 9 10 11 12",
             "v2 1 2 3 4 5 6 7 8 9 10",
+            "v2 1 2 3 4 5 6 7 8 9 10 11 x",
             "v1 1 2 3",
             "v1 1 2 3 4 NaN 6 7 8 9 10",
+            "v1 1 2 3 4 5 6 7 8 9 10 11 12",
         ] {
             assert_eq!(FleetSignals::decode(bad), None, "{bad:?}");
         }
         let extra = format!("{} 11", signals.encode());
         assert_eq!(FleetSignals::decode(&extra), None);
+    }
+
+    #[test]
+    fn a_row_written_before_the_floor_and_time_reads_without_them() {
+        // As a leader of the version before this one wrote it.
+        let old = FleetSignals::decode("v1 3 8 61500 12345 250.500 400.250 1.5000 2.2500 5 4");
+        let old = old.map(|s| (s.desired_workers, s.shard_floor, s.at));
+        assert_eq!(old, Some((4, 0, None)));
     }
 }

@@ -41,6 +41,15 @@ pub struct Autoscaling {
     /// `/metrics` still shows them).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub publish_interval: Option<Duration>,
+    /// A worker that does not lead answers an autoscaler from the published row only while
+    /// it saw the row change within this, on its own clock (it never compares the leader's
+    /// clock with its own); after, it says it knows no figure (KEDA's scaler answers
+    /// UNAVAILABLE, and KEDA's `fallback` applies), so that a leader that stopped publishing
+    /// does not leave every worker repeating its last figure. `None`, the default: three
+    /// publish intervals and the failover time (55 s at 15 s and 10 s), what a leader change
+    /// and an eventually consistent read take, and some.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub signals_max_age: Option<Duration>,
 }
 
 impl Default for Autoscaling {
@@ -53,6 +62,7 @@ impl Default for Autoscaling {
             scale_up_window: Duration::ZERO,
             scale_down_window: Duration::from_secs(300),
             publish_interval: None,
+            signals_max_age: None,
         }
     }
 }
@@ -94,6 +104,24 @@ impl Autoscaling {
     pub fn publish_interval(mut self, value: impl Into<Option<Duration>>) -> Self {
         self.publish_interval = value.into();
         self
+    }
+
+    /// Sets [`signals_max_age`](Self::signals_max_age).
+    #[must_use]
+    pub fn signals_max_age(mut self, value: impl Into<Option<Duration>>) -> Self {
+        self.signals_max_age = value.into();
+        self
+    }
+
+    /// How long a follower trusts a published row that stopped changing, with the failover
+    /// time `failover` (see [`signals_max_age`](Self::signals_max_age)); `None` while nothing
+    /// is published.
+    pub(crate) fn max_age(&self, failover: Duration) -> Option<Duration> {
+        let interval = self.publish_interval?;
+        Some(
+            self.signals_max_age
+                .unwrap_or_else(|| interval.saturating_mul(3).saturating_add(failover)),
+        )
     }
 
     /// Checks the fields; the error names the first bad one (prefixed `autoscaling.`).
@@ -139,6 +167,15 @@ impl Autoscaling {
                 "must be at least 1 s (each write is billed) and at most 7 days, or off",
             );
         }
+        if let (Some(interval), Some(max_age)) = (self.publish_interval, self.signals_max_age)
+            && (max_age <= interval || max_age > super::MAX_DURATION)
+        {
+            return err(
+                "autoscaling.signals_max_age",
+                "must be above publish_interval (a row changes once an interval at most) and at \
+                 most 7 days",
+            );
+        }
         Ok(())
     }
 }
@@ -176,5 +213,24 @@ mod tests {
             key(Autoscaling::default().publish_interval(Duration::from_millis(1))),
             Some("autoscaling.publish_interval")
         );
+        let every = |s| Autoscaling::default().publish_interval(Duration::from_secs(s));
+        assert_eq!(
+            key(every(15).signals_max_age(Duration::from_secs(15))),
+            Some("autoscaling.signals_max_age")
+        );
+        assert_eq!(
+            key(every(15).signals_max_age(Duration::from_secs(16))),
+            None
+        );
+    }
+
+    #[test]
+    fn signals_age_three_intervals_and_the_failover_time_unless_set() {
+        let failover = Duration::from_secs(10);
+        assert_eq!(Autoscaling::default().max_age(failover), None);
+        let every = Autoscaling::default().publish_interval(Duration::from_secs(15));
+        assert_eq!(every.max_age(failover), Some(Duration::from_secs(55)));
+        let set = every.signals_max_age(Duration::from_secs(120));
+        assert_eq!(set.max_age(failover), Some(Duration::from_secs(120)));
     }
 }

@@ -1,14 +1,16 @@
 //! The fleet's autoscaling signals in the cycle (see [`autoscale`](crate::autoscale)): worked
 //! out by the worker that reads the whole table for the fleet (the leader, or each worker
 //! under `EveryWorker`), exported as its `kcl_fleet_*` gauges and in its status, published
-//! by the leader for the others, who read them back into theirs.
+//! by the leader for the others, who read them back into theirs while the row keeps
+//! changing (see [`Freshness`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use chrono::Utc;
 use tokio::time::Instant;
 
 use crate::FleetSignals;
-use crate::autoscale::{Damper, Fleet, Publisher, recommend};
+use crate::autoscale::{Damper, Fleet, Freshness, Publisher, recommend};
 use crate::lease::load::Flow;
 use crate::lease::{Lease, LeaseStore};
 use crate::metrics;
@@ -26,6 +28,8 @@ pub(crate) struct Scaling {
     last: Option<Instant>,
     /// What it last said or read.
     latest: Option<FleetSignals>,
+    /// Following: when it last saw the published row change, on its own clock.
+    fresh: Freshness,
 }
 
 impl Scaling {
@@ -56,8 +60,10 @@ impl Scaling {
         fleet.current = self.damper.current();
         let config = &table.config.autoscaling;
         let mut signals = recommend(&fleet, config);
-        let (up, down) = (config.scale_up_window, config.scale_down_window);
-        signals.desired_workers = self.damper.next(signals.recommended, now, up, down);
+        // Damped, but never below the floor: fewer workers would leave shards unowned.
+        let damped = self.damper.next(signals.recommended, now, config);
+        signals.desired_workers = damped.max(signals.shard_floor);
+        signals.at = Some(Utc::now());
         export(&signals);
         report.publish_fleet(Some(signals.clone()));
         self.latest = Some(signals.clone());
@@ -78,32 +84,51 @@ impl Scaling {
         }
     }
 
-    /// A cycle of a worker that does not lead: reads what the leader published, when due.
+    /// A cycle of a worker that does not lead: reads what the leader published, when due,
+    /// and shows it while the row keeps changing (nothing once it stood still for
+    /// [`signals_max_age`](crate::Autoscaling::signals_max_age)).
     pub(super) async fn follow<L: LeaseStore>(&mut self, table: &Table<L>, report: &Report) {
         if !self.damper.is_fresh() {
-            // It led until now: whoever leads next starts from what it said.
+            // It led until now: whoever leads next starts from what it said, and it answers
+            // from the row as it reads it from now on.
             self.damper = Damper::default();
             self.publisher.let_go();
             self.last = None;
+            self.fresh.forget();
         }
-        let Some(interval) = table.config.autoscaling.publish_interval else {
+        let config = &table.config.autoscaling;
+        let (Some(interval), Some(max_age)) = (
+            config.publish_interval,
+            config.max_age(table.config.failover_time),
+        ) else {
+            // Nothing is published: nothing to answer with.
+            report.publish_fleet(None);
             return;
         };
         let now = Instant::now();
         if self
             .last
-            .is_some_and(|at| now.saturating_duration_since(at) < interval)
+            .is_none_or(|at| now.saturating_duration_since(at) >= interval)
         {
-            return;
+            self.last = Some(now);
+            self.read(table, now).await;
         }
-        self.last = Some(now);
+        let fresh = self.fresh.is_fresh(now, max_age);
+        report.publish_fleet(self.latest.clone().filter(|_| fresh));
+    }
+
+    /// Reads the published row: a write it can read counts as a change when it is another.
+    async fn read<L: LeaseStore>(&mut self, table: &Table<L>, now: Instant) {
         match table
             .call("read_signals", Publisher::read(&*table.store))
             .await
         {
-            Ok(Some(signals)) => {
-                report.publish_fleet(Some(signals.clone()));
-                self.latest = Some(signals);
+            Ok(Some(published)) => {
+                // A row it cannot read (damaged, or a newer version's) refreshes nothing.
+                if let Some(signals) = published.signals {
+                    self.fresh.saw(published.counter, now);
+                    self.latest = Some(signals);
+                }
             }
             Ok(None) => {}
             Err(error) => tracing::debug!(%error, "fleet signals not read; again next interval"),
@@ -204,4 +229,92 @@ fn export(s: &FleetSignals) {
     ::metrics::gauge!(metrics::FLEET_ARRIVAL_RATE).set(s.arrival_rate);
     ::metrics::gauge!(metrics::FLEET_DRAIN_RATE).set(s.drain_rate);
     ::metrics::gauge!(metrics::FLEET_NEEDED_LOAD).set(s.needed);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Autoscaling, WorkerConfig};
+    use crate::lease::TableFeatures;
+    use crate::memory::MemoryLeaseStore;
+
+    const INTERVAL: Duration = Duration::from_secs(15);
+
+    fn signals(desired: u32) -> FleetSignals {
+        let line = format!("v2 2 4 0 0 0 0 0 0 {desired} {desired} 1 -");
+        FleetSignals::decode(&line).unwrap_or_else(|| unreachable!("a valid line"))
+    }
+
+    /// A leader that stops publishing (hung, or cut off from the table while it still holds
+    /// its lease): a follower answering from its row says it knows no figure (KEDA's scaler:
+    /// UNAVAILABLE, and KEDA's fallback applies) once the row stood still for
+    /// `signals_max_age` (default 3 × 15 s + 10 s), at most a read interval and a cycle after;
+    /// never while the row moves; and again once it moves.
+    #[tokio::test(start_paused = true)]
+    async fn a_publisher_that_stops_leaves_followers_without_a_figure_within_the_bound() {
+        let store = Arc::new(MemoryLeaseStore::new());
+        let _ = store.ensure_table(TableFeatures::NONE).await;
+        let config = WorkerConfig::default()
+            .failover_time(Duration::from_secs(10))
+            .autoscaling(Autoscaling::default().publish_interval(INTERVAL));
+        let bound = config.autoscaling.max_age(config.failover_time);
+        assert_eq!(
+            bound,
+            Some(Duration::from_secs(55)),
+            "the documented default"
+        );
+        let follower = Table {
+            me: WorkerId::from("follower"),
+            config: Arc::new(config),
+            store: store.clone(),
+            meters: crate::lease::load::Meters::new(1000),
+        };
+        let (report, mut scaling) = (Report::default(), Scaling::default());
+        let status = report.subscribe();
+        let (leader, mut publisher) = (WorkerId::from("leader"), Publisher::default());
+        let t0 = Instant::now();
+        let (mut last_write, mut gone) = (None, None);
+        // A taker cycle a second for 4 minutes; the leader publishes every 15 s for the first
+        // 2 minutes, then freezes, then publishes once more at 220 s.
+        for second in 0..240_u64 {
+            let now = Instant::now();
+            if (second < 120 && second % 15 == 0) || second == 220 {
+                let said = signals(u32::try_from(second / 15).unwrap_or(0) + 1);
+                assert!(publisher.publish(&*store, &leader, &said).await.is_ok());
+                last_write = Some(now);
+            }
+            scaling.follow(&follower, &report).await;
+            let shown = status.borrow().fleet.clone();
+            let stood_still = last_write.map(|at| now - at);
+            match (shown, stood_still) {
+                (Some(_), Some(still)) => assert!(
+                    still <= Duration::from_secs(55) + INTERVAL + Duration::from_secs(1),
+                    "still shown {still:?} after the last write (at {second} s)"
+                ),
+                (None, Some(still)) => {
+                    // Gone only once the row stood still for the bound (or, at 220 s, until
+                    // the new write is read).
+                    let unread = second >= 220 && still < INTERVAL;
+                    assert!(
+                        still > Duration::from_secs(55) || unread,
+                        "gone at {second} s, {still:?} after a write"
+                    );
+                    gone.get_or_insert(now - t0);
+                }
+                (shown, None) => assert!(shown.is_none(), "nothing written yet"),
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        // The last write before the freeze, at 105 s, was read at once: gone 55 s on.
+        assert_eq!(
+            gone,
+            Some(Duration::from_secs(161)),
+            "a frozen row served on"
+        );
+        // Shown again after the write at 220 s (read within an interval).
+        assert_eq!(status.borrow().fleet, Some(signals(15)));
+    }
 }
