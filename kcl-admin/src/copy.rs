@@ -1,9 +1,17 @@
 //! `kcl-admin copy`: checkpoints to another application's lease table (an application
 //! rename, a blue/green move). The new rows are unowned, so the new fleet takes them as it
 //! would any lease; rows the target already has are left as they are, and named.
+//!
+//! A copy of a running fleet's table is a snapshot: the new fleet repeats what the old one
+//! did after it. So the source table is watched first, as `remove-kcl-rows` does
+//! ([`crate::liveness`]), and a running fleet refuses the copy unless `--force`.
+
+use std::time::Duration;
 
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
+
+use crate::liveness::{self, Seen};
 
 /// Arguments of `kcl-admin copy`.
 #[derive(Debug, clap::Args)]
@@ -15,6 +23,14 @@ pub(crate) struct Args {
     /// The application (lease table) to copy to; created if missing.
     #[arg(long)]
     to_application: String,
+    /// The source fleet's failover time (10 s by default): the source table is watched for
+    /// it (10 s at least) and a second, and the copy refused if anything in it moves.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    failover_time: Duration,
+    /// Copy even if the source fleet is running, without watching: the copy is then a
+    /// snapshot, and the new fleet repeats (at least once) what the old one does after it.
+    #[arg(long)]
+    force: bool,
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
@@ -24,7 +40,15 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     );
     let from = crate::store(sdk, &args.from_application);
     let to = kcl_aws::DynamoDbLeaseStore::new(sdk, args.to_application.clone());
-    let leases = from.list().await?;
+    let leases = if args.force {
+        report(&format!(
+            "--force: not watching whether a fleet runs on {}; if one does, this is a snapshot and {}'s fleet repeats what it does after it",
+            args.from_application, args.to_application
+        ));
+        from.list().await?
+    } else {
+        stopped(&from, &args).await?
+    };
     to.ensure_table(TableFeatures::NONE).await?;
     let (mut copied, mut kept) = (0, Vec::new());
     for lease in leases.iter().filter(|l| !is_coordination_key(&l.key)) {
@@ -53,6 +77,24 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         ));
     }
     Ok(())
+}
+
+/// The source table's rows once a watch saw nothing move in it; an error naming what moved
+/// otherwise.
+async fn stopped(from: &impl LeaseStore, args: &Args) -> anyhow::Result<Vec<Lease>> {
+    report(&format!(
+        "watching every row of {} for {} (the failover time, 10 s at least, and a second) to make sure its fleet has stopped",
+        args.from_application,
+        humantime::format_duration(liveness::watch_time(args.failover_time))
+    ));
+    match liveness::watch(from, args.failover_time).await? {
+        Seen::Still(rows) => Ok(rows),
+        Seen::Moved(changes, after) => anyhow::bail!(
+            "{}. Nothing copied: stop its workers first (or --force, for a snapshot that {}'s fleet would repeat from)",
+            liveness::describe(&args.from_application, &changes, after),
+            args.to_application
+        ),
+    }
 }
 
 /// `lease`'s progress and lineage in a fresh, unowned row.

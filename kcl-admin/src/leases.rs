@@ -11,7 +11,8 @@
 //!
 //! In a multi-stream table a lease's key is `account:stream:creationEpoch:shardId`: it is
 //! shown by that key (what `reset --shard` takes), on the line of the shard the stream named
-//! lists if it is that stream's.
+//! lists if it is that stream's. A stream the table's leases are not of is refused
+//! ([`crate::belongs`]). Below the table, the drain rows `release` left ([`crate::drains`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -79,15 +80,61 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let store = crate::store(sdk, &args.application_name);
     let leases = store.list().await?;
     let unreadable = store.unreadable();
+    // The stream named, checked against the table before anything is shown of it.
+    let source = match args.stream.open(sdk).await? {
+        Some(source) => {
+            let shards = source.list_shards().await?;
+            let application = &args.application_name;
+            crate::belongs::check(sdk, application, &args.stream, &source, &shards, &leases)
+                .await?;
+            Some((source, shards))
+        }
+        None => None,
+    };
     let moving = watch(&store, &leases, args.observe).await?;
+    let drains = crate::drains::rows(&leases, &moving);
+    let mut lines = lease_lines(leases, &moving, &args.stream);
+    if let Some((source, shards)) = &source {
+        for shard in shards {
+            let key = lease_key_of(&lines, &args.stream, &shard.id);
+            let line = lines.entry(key).or_insert_with(|| Line {
+                shard: shard.id.to_string(),
+                ..Line::default()
+            });
+            line.closed = Some(shard.closed);
+            line.parents.clone_from(&shard.parent_shard_ids);
+            line.behind = behind(source, shard, line.lease.as_ref()).await;
+        }
+    }
+    let lines: Vec<Line> = lines.into_values().collect();
+    let out = if args.json {
+        json_out(&lines, &unreadable, &drains, args.stream.given())
+    } else {
+        let mut out = table(&lines, &unreadable, args.stream.given());
+        out.push_str(&crate::drains::text(&drains));
+        if lines.iter().any(|l| l.moving == Some(false)) {
+            out.push_str(&still_note(args.observe));
+        }
+        out
+    };
+    print(&out);
+    Ok(())
+}
+
+/// A line for each shard lease of `leases` (kcl's own rows left out), by key.
+fn lease_lines(
+    leases: Vec<Lease>,
+    moving: &BTreeMap<ShardId, bool>,
+    stream: &crate::source::StreamArgs,
+) -> BTreeMap<String, Line> {
     // The heartbeat rows (`Liveness::Heartbeat`), each named by its owner.
     let heartbeats: BTreeMap<ShardId, ()> = leases
         .iter()
         .filter(|l| l.owner.as_ref().is_some_and(|o| heartbeat_key(o) == l.key))
         .map(|l| (l.key.clone(), ()))
         .collect();
-    let named = args.stream.given();
-    let mut lines: BTreeMap<String, Line> = leases
+    let named = stream.given();
+    leases
         .into_iter()
         .filter(|l| !is_coordination_key(&l.key))
         .map(|l| {
@@ -105,7 +152,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
                 // A lease of another stream of a multi-stream table: not asked about.
                 other_stream: stream_id
                     .as_ref()
-                    .is_some_and(|(id, _)| named && !args.stream.names(&id.name)),
+                    .is_some_and(|(id, _)| named && !stream.names(&id.name)),
                 stream_id,
                 moving,
                 by_heartbeat,
@@ -115,32 +162,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
             };
             (key, line)
         })
-        .collect();
-    if let Some(source) = args.stream.open(sdk).await? {
-        let shards = source.list_shards().await?;
-        for shard in &shards {
-            let key = lease_key_of(&lines, &args.stream, &shard.id);
-            let line = lines.entry(key).or_insert_with(|| Line {
-                shard: shard.id.to_string(),
-                ..Line::default()
-            });
-            line.closed = Some(shard.closed);
-            line.parents.clone_from(&shard.parent_shard_ids);
-            line.behind = behind(&source, shard, line.lease.as_ref()).await;
-        }
-    }
-    let lines: Vec<Line> = lines.into_values().collect();
-    let out = if args.json {
-        json_out(&lines, &unreadable, args.stream.given())
-    } else {
-        let mut out = table(&lines, &unreadable, args.stream.given());
-        if lines.iter().any(|l| l.moving == Some(false)) {
-            out.push_str(&still_note(args.observe));
-        }
-        out
-    };
-    print(&out);
-    Ok(())
+        .collect()
 }
 
 /// The line of `shard` of the stream named: its lease's key, the shard id in a single-stream
@@ -334,7 +356,12 @@ fn join(ids: &[ShardId]) -> String {
         .join(",")
 }
 
-fn json_out(lines: &[Line], unreadable: &[UnreadableRow], asked: bool) -> String {
+fn json_out(
+    lines: &[Line],
+    unreadable: &[UnreadableRow],
+    drains: &[crate::drains::DrainRow],
+    asked: bool,
+) -> String {
     let shards: Vec<_> = lines
         .iter()
         .map(|l| {
@@ -359,6 +386,10 @@ fn json_out(lines: &[Line], unreadable: &[UnreadableRow], asked: bool) -> String
         .iter()
         .map(|r| json!({"key": r.key, "reason": r.reason}))
         .collect();
-    let doc = json!({"shards": shards, "unreadable_rows": bad});
+    let doc = json!({
+        "shards": shards,
+        "unreadable_rows": bad,
+        "drain_rows": crate::drains::json(drains),
+    });
     format!("{doc:#}\n")
 }

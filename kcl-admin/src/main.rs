@@ -4,23 +4,35 @@
 //!
 //! - `leases`: every shard with its lease (owner, checkpoint, counter, whether it moves,
 //!   parents, open or closed) and how far its checkpoint is behind the stream (a Kinesis
-//!   stream, or a DynamoDB table's with `--source dynamodb-streams`);
+//!   stream, or a DynamoDB table's with `--source dynamodb-streams`), and the drain rows;
 //! - `reset`: moves checkpoints, safe while the fleet runs (see [`kcl_core::admin`]);
-//! - `release`: drains a worker before maintenance (see [`kcl_core::admin::release`]);
-//! - `copy`: checkpoints to another application's table (a rename);
+//!   `--dry-run` says about how many records it replays or skips;
+//! - `release`: drains a worker before maintenance (see [`kcl_core::admin::release`]), or
+//!   undoes that (`--undo`);
+//! - `copy`: checkpoints to another application's table (a rename), refused while the
+//!   source fleet runs unless `--force`;
 //! - `remove-kcl-rows`: deletes kcl's own rows (leader, standby, heartbeats, singletons)
-//!   once the kcl fleet has stopped, before KCL Java takes the table back;
+//!   once the fleet has stopped (seen by watching every row of the table), before KCL Java
+//!   takes the table back;
+//!
+//! `leases` and `reset` refuse a stream the table's leases are not of (`belongs`).
 //! - `dead-letters list|show|redrive`: the records a failure policy gave up on, where the
 //!   fleet's dead-letter sink put them, and back into their stream.
 //!
 //! Anchored on `kafka-consumer-groups --describe / --reset-offsets`, which users know.
 
+mod belongs;
 mod cleanup;
 mod copy;
 mod dead_letters;
+mod drains;
 mod leases;
+mod liveness;
 mod release;
+mod replay;
 mod reset;
+mod reset_to;
+mod sequence;
 mod source;
 
 use std::process::ExitCode;
@@ -42,12 +54,13 @@ enum Command {
     /// Moves the checkpoints of some shards (replay after a bug), safe while the fleet runs.
     Reset(reset::Args),
     /// Drains a worker before maintenance: it hands its leases to the others and takes no
-    /// more until it starts again.
+    /// more until it starts again (--undo: takes work again).
     Release(release::Args),
-    /// Copies checkpoints to another application's lease table (an application rename).
+    /// Copies checkpoints to another application's lease table (an application rename),
+    /// once the source fleet has stopped (or with --force).
     Copy(copy::Args),
-    /// Deletes kcl's own rows from the lease table, once the kcl fleet has stopped (before
-    /// KCL Java takes the table back).
+    /// Deletes kcl's own rows from the lease table, once every worker has stopped (before
+    /// KCL Java takes the table back): refused, deleting nothing, while any row moves.
     RemoveKclRows(cleanup::Args),
     /// Dead letters (records a failure policy gave up on) in an SQS queue, S3, a Kinesis
     /// stream or a file: list them, show one, redrive them into their stream.

@@ -1,6 +1,8 @@
 //! `kcl-admin release`: drains a worker before maintenance, through
 //! [`kcl_core::admin::release`], then waits until it holds nothing and another worker took
-//! each lease it handed over (see [`Taken`]).
+//! each lease it handed over (see [`Taken`]). `release --undo` deletes the drain row
+//! ([`kcl_core::admin::undo_release`]): the worker takes work again, or the row a worker
+//! left when it started again under another id is gone.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -24,11 +26,27 @@ pub(crate) struct Args {
     /// want of room, within half of it (a lease still named after that counts as taken).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     failover_time: Duration,
+    /// Undo a release: delete the worker's drain row (`kcl-coordination/drain/<worker>`).
+    /// A running worker takes work again at its next read of the table; a row left by a
+    /// worker that started again under another id (`leases` lists such rows) is gone.
+    #[arg(long)]
+    undo: bool,
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
     let store = crate::store(sdk, &args.application_name);
     let worker = WorkerId::new(args.worker.clone());
+    if args.undo {
+        let key = kcl_core::admin::drain_row(&worker);
+        anyhow::ensure!(
+            kcl_core::admin::undo_release(&store, &worker).await?,
+            "{worker} has no drain row ({key}): nothing to undo"
+        );
+        report(&format!(
+            "deleted {key}: {worker}, if it runs, takes work again at its next read of the table"
+        ));
+        return Ok(());
+    }
     let asked = kcl_core::admin::release(&store, &worker).await?;
     for (shard, to) in &asked {
         report(&format!("{shard}: {worker} asked to hand it to {to}"));

@@ -10,7 +10,7 @@ use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{
     Checkpoint, ExtendedSequenceNumber, Lease, LeaseStore, SequenceNumber, Shard, ShardId,
-    ShardSource, StartingPosition,
+    ShardSource,
 };
 
 /// Arguments of `kcl-admin reset`.
@@ -83,7 +83,11 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let Some(source) = args.stream.open(sdk).await? else {
         anyhow::bail!("--stream is required (or --table with --source dynamodb-streams)");
     };
-    let shards = shards(&args, &to, &source, &store).await?;
+    let listed = source.list_shards().await?;
+    let leases = store.list().await?;
+    let application = &args.application_name;
+    crate::belongs::check(sdk, application, &args.stream, &source, &listed, &leases).await?;
+    let shards = shards(&args, &to, &source, &listed, &leases).await?;
     report(&format!(
         "resetting {} shard(s) of {} to {}",
         shards.len(),
@@ -91,7 +95,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         args.to.join(" ")
     ));
     if args.dry_run {
-        return dry_run(&store, &shards).await;
+        return dry_run(&store, &source, &shards, &to).await;
     }
     let mut failed = 0;
     for shard in &shards {
@@ -137,10 +141,9 @@ async fn shards(
     args: &Args,
     to: &ResetTo,
     source: &impl ShardSource,
-    store: &impl LeaseStore,
+    listed: &[Shard],
+    leases: &[Lease],
 ) -> anyhow::Result<Vec<ShardId>> {
-    let listed = source.list_shards().await?;
-    let leases = store.list().await?;
     let mut shards: Vec<ShardId> = Vec::new();
     if args.all {
         if matches!(to.checkpoint, Checkpoint::Sequence(_)) {
@@ -148,10 +151,10 @@ async fn shards(
                 "--all with a sequence number: a sequence number belongs to one shard; name it with --shard"
             );
         }
-        shards = of_stream(&args.stream, &listed, &leases);
+        shards = of_stream(&args.stream, listed, leases);
     } else {
         for given in &args.shard {
-            let key = lease_key(given, &args.stream, &listed, &leases)?;
+            let key = lease_key(given, &args.stream, listed, leases)?;
             if !shards.contains(&key) {
                 shards.push(key);
             }
@@ -159,14 +162,20 @@ async fn shards(
     }
     if let Checkpoint::Sequence(at) = &to.checkpoint {
         for key in &shards {
-            has_record(source, key, &at.sequence).await?;
+            crate::reset_to::has_record(source, key, &at.sequence, listed).await?;
         }
     }
     Ok(shards)
 }
 
-/// What a reset would do to each shard, written nowhere; an error if any would be refused.
-async fn dry_run(store: &impl LeaseStore, shards: &[ShardId]) -> anyhow::Result<()> {
+/// What a reset would do to each shard, written nowhere, with about how many records it
+/// would replay or skip ([`crate::replay`]); an error if any would be refused.
+async fn dry_run(
+    store: &impl LeaseStore,
+    source: &impl ShardSource,
+    shards: &[ShardId],
+    to: &ResetTo,
+) -> anyhow::Result<()> {
     let mut refused = 0;
     for shard in shards {
         let line = match store.get(shard).await? {
@@ -177,7 +186,17 @@ async fn dry_run(store: &impl LeaseStore, shards: &[ShardId]) -> anyhow::Result<
                     row.checkpoint
                 )
             }
-            Some(row) => format!("would reset {shard} (now checkpoint {})", shown(&row)),
+            Some(row) => {
+                let bare = StreamId::split_key(shard).map_or_else(|| shard.clone(), |(_, s)| s);
+                let effect = match crate::replay::estimate(source, &bare, &row, to).await {
+                    Ok(estimate) => estimate.to_string(),
+                    Err(e) => format!("cannot count the records: {}", kcl_core::error_chain(&e)),
+                };
+                format!(
+                    "would reset {shard} (now checkpoint {}): {effect}",
+                    shown(&row)
+                )
+            }
             None => {
                 refused += 1;
                 format!("would not reset {shard}: it has no lease")
@@ -185,6 +204,10 @@ async fn dry_run(store: &impl LeaseStore, shards: &[ShardId]) -> anyhow::Result<
         };
         report(&format!("  {line}"));
     }
+    report(
+        "  (records counted in the stream from the earlier position to the later, approximately: \
+         the stream and the holder's checkpoint move on meanwhile; a KPL aggregate counts as one)",
+    );
     anyhow::ensure!(
         refused == 0,
         "{refused} of {} shard(s) would not be reset",
@@ -219,28 +242,6 @@ fn of_stream(
     })
     .map(|l| l.key.clone())
     .collect()
-}
-
-/// Refuses a sequence number that `key`'s shard does not have: its holder could not read on
-/// from it, and the shard would stop.
-async fn has_record(
-    source: &impl ShardSource,
-    key: &ShardId,
-    sequence: &SequenceNumber,
-) -> anyhow::Result<()> {
-    let shard = StreamId::split_key(key).map_or_else(|| key.clone(), |(_, shard)| shard);
-    let position = StartingPosition::AfterSequence(sequence.clone());
-    source
-        .shard_iterator(&shard, &position)
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "invalid --to {sequence}: shard {shard} has no such record ({}); a reset to it \
-             would stop the shard",
-                kcl_core::error_chain(&e)
-            )
-        })?;
-    Ok(())
 }
 
 /// The lease key `given` names: a shard id of the stream (its lease, in a single-stream table,

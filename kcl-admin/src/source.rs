@@ -18,6 +18,11 @@ pub(crate) struct StreamArgs {
     /// With `--source dynamodb-streams`: the table whose current stream it is.
     #[arg(long, env = "KCL_TABLE")]
     table: Option<String>,
+    /// Go on even though the lease table does not look like the stream's (its lease keys,
+    /// hash keys or checkpoints are of another stream): for a stream deleted and made again
+    /// under its name, whose table still holds the old stream's checkpoints.
+    #[arg(long)]
+    force_stream: bool,
 }
 
 impl StreamArgs {
@@ -62,6 +67,11 @@ impl StreamArgs {
     /// Whether the stream is a Kinesis stream's.
     pub(crate) fn is_kinesis(&self) -> bool {
         self.source == SourceKind::Kinesis
+    }
+
+    /// Whether `--force-stream` was given.
+    pub(crate) fn forced(&self) -> bool {
+        self.force_stream
     }
 
     /// What names the stream in messages.

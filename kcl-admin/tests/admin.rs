@@ -167,7 +167,8 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(6)).await; // two failover times
     anyhow::ensure!(held_by_b().await?, "given back: {:?}", ctx.owners().await?);
 
-    // copy: the checkpoints, unowned, in a new table.
+    // copy: the checkpoints, unowned, in a new table; the fleet runs, so only with --force
+    // (a snapshot; admin_fleet_guard.rs sees it refused without).
     let renamed = format!("{}-renamed", ctx.table);
     let out = admin(
         &ctx,
@@ -177,6 +178,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
             &ctx.table,
             "--to-application",
             &renamed,
+            "--force",
         ],
     )?;
     anyhow::ensure!(out.status.success(), "copy failed");

@@ -89,8 +89,10 @@ async fn reset_prints_the_checkpoint_it_replaced() -> anyhow::Result<()> {
         return Ok(());
     };
     ctx.create_stream(1).await?;
+    // A record of the stream's own: a checkpoint of another stream's is refused.
+    let (_, recorded) = ctx.put_one("pk", "a record").await?;
     let seq = Checkpoint::Sequence(ExtendedSequenceNumber::new(
-        SequenceNumber::parse(SEQ.to_owned()).unwrap(),
+        SequenceNumber::parse(recorded.clone()).unwrap(),
     ));
     held(&ctx, SHARD, "worker-a", seq).await?;
     let reset = [
@@ -110,14 +112,14 @@ async fn reset_prints_the_checkpoint_it_replaced() -> anyhow::Result<()> {
     anyhow::ensure!(out.status.success(), "reset --dry-run failed");
     let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
-        stdout.contains(SEQ),
+        stdout.contains(&recorded),
         "--dry-run does not show the checkpoint: {stdout}"
     );
     let out = admin(&ctx, &reset)?;
     anyhow::ensure!(out.status.success(), "reset failed");
     let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
-        stdout.contains(SEQ),
+        stdout.contains(&recorded),
         "reset does not show what it replaced: {stdout}"
     );
     Ok(())

@@ -27,7 +27,9 @@
 //! forbids a parent behind its children.
 //!
 //! **Release** ([`release`]) drains a worker before maintenance, through the handoff
-//! protocol and a drain row the leader and the worker honour.
+//! protocol and a drain row the leader and the worker honour; [`undo_release`] deletes the
+//! row (the worker takes work again, or a row left by a worker that started again under
+//! another id is gone).
 
 use std::collections::BTreeMap;
 
@@ -172,7 +174,8 @@ pub async fn release<L: LeaseStore>(
             || heartbeat_of(&l.key).as_ref() == Some(worker)
     });
     if !shows {
-        return Err(unknown_worker(worker, &load));
+        let drain_row = leases.iter().any(|l| l.key == drain_key(worker));
+        return Err(unknown_worker(worker, &load, drain_row));
     }
     // Workers asked to drain already take nothing: not a place for these leases.
     let drained: Vec<WorkerId> = leases.iter().filter_map(|l| drained_by(&l.key)).collect();
@@ -222,19 +225,63 @@ fn others_by_load(leases: &[Lease], worker: &WorkerId) -> BTreeMap<WorkerId, usi
     load
 }
 
-/// `release` of a worker the table does not show, naming those it does.
-fn unknown_worker(worker: &WorkerId, load: &BTreeMap<WorkerId, usize>) -> BackendError {
+/// `release` of a worker the table does not show, naming those it does (and its drain row,
+/// if an earlier release left one).
+fn unknown_worker(
+    worker: &WorkerId,
+    load: &BTreeMap<WorkerId, usize>,
+    drain_row: bool,
+) -> BackendError {
     let names: Vec<String> = load.keys().map(ToString::to_string).collect();
     let names = if names.is_empty() {
         "none".to_owned()
     } else {
         names.join(", ")
     };
-    let text = format!(
-        "no worker {worker} shows in the table (it holds no lease and has no row); the \
-         workers it shows: {names}"
-    );
+    let text = if drain_row {
+        format!(
+            "{worker} holds no lease and has no heartbeat row: only its drain row {} is \
+             left, from an earlier release (it has stopped, or started again under another \
+             id); `kcl-admin release --worker {worker} --undo` deletes that row. The workers \
+             the table shows: {names}",
+            drain_key(worker)
+        )
+    } else {
+        format!(
+            "no worker {worker} shows in the table (it holds no lease and has no row); the \
+             workers it shows: {names}"
+        )
+    };
     BackendError::new(ErrorKind::NotFound, "release", text)
+}
+
+/// The key of the row asking `worker` to drain (`kcl-coordination/drain/<worker>`), which
+/// [`release`] writes and the worker deletes when it starts again.
+pub fn drain_row(worker: &WorkerId) -> ShardId {
+    drain_key(worker)
+}
+
+/// The worker a drain row asks to drain, if `key` is one.
+pub fn drain_row_of(key: &ShardId) -> Option<WorkerId> {
+    drained_by(key)
+}
+
+/// Undoes [`release`]: deletes the row asking `worker` to drain, conditionally on the
+/// counter read. A running `worker` takes work again at its next read of the table; a drain
+/// row left by a worker that started again under another id is gone. Returns whether there
+/// was a row.
+///
+/// # Errors
+/// The store's error (a `Conflict` if the row changed between the read and the delete).
+pub async fn undo_release<L: LeaseStore>(
+    store: &L,
+    worker: &WorkerId,
+) -> Result<bool, BackendError> {
+    let Some(row) = store.get(&drain_key(worker)).await? else {
+        return Ok(false);
+    };
+    store.delete(&row).await?;
+    Ok(true)
 }
 
 /// `release` of a worker holding `held` leases when no other worker could take them.

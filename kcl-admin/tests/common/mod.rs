@@ -18,7 +18,9 @@ pub(crate) fn admin_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> anyhow::Result<Output> {
-    let out = Command::new(ADMIN)
+    // `KCL_ADMIN_BIN`: another build of the binary (an older one, to see a test fail on it).
+    let bin = std::env::var("KCL_ADMIN_BIN").unwrap_or_else(|_| ADMIN.to_owned());
+    let out = Command::new(bin)
         .args(args)
         .envs(ctx.worker_env())
         .envs(env.iter().copied())
