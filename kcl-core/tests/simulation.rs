@@ -439,5 +439,14 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         "restart simulation: {} seeds keep leases through restarts (restart_grace), {} restarts under the same id, {} leases kept through a restart judged; {restart_violations} violations of [restart-kept]",
         stats.grace, stats.restarts, stats.kept_judged,
     );
+    let leading_violations = results
+        .iter()
+        .flat_map(|(_, o)| &o.violations)
+        .filter(|v| v.starts_with("one-leader:") || v.starts_with("leaderless:"))
+        .count();
+    println!(
+        "leader simulation: {} role rows deleted or created again under the fleet, {} times the leader and the standby killed together; {leading_violations} violations of [one-leader, leaderless]",
+        stats.role_rows_meddled, stats.roles_killed,
+    );
     violations
 }

@@ -5,6 +5,7 @@ pub mod handler;
 pub mod hands_off;
 pub mod load;
 pub mod mutations;
+pub mod operator;
 pub mod poison;
 pub mod problems;
 pub mod processor;

@@ -74,6 +74,7 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("OutageGivenUp", 18),
         ("OutageRunPerProcessor", 18),
         ("ReplayWithoutHold", 104),
+        ("StepDownIgnored", 57),
         ("NoStickiness", 15),
         ("RelativeBand", 47),
         ("NoMoveBudget", 47),

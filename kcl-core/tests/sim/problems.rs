@@ -67,6 +67,8 @@ pub struct Room {
 pub struct Sampled {
     pub reports: Vec<Report>,
     pub running: Vec<Running>,
+    /// When each worker led the fleet (`Status::leading`), in the same form.
+    pub leading: Vec<Running>,
     /// Capped seeds: the fleet left alone, short of room or not, until workers were added.
     pub rooms: Vec<Room>,
     /// Capped seeds: when the fleet had room for every lease (workers added as needed).
@@ -80,12 +82,12 @@ pub fn sample(worker: &str, mut status: watch::Receiver<Status>, log: Log) {
     let worker = worker.to_owned();
     tokio::spawn(async move {
         let mut open: BTreeMap<(ProblemKind, String), usize> = BTreeMap::new();
-        let mut running: Option<usize> = None;
+        let (mut running, mut leading): (Option<usize>, Option<usize>) = (None, None);
         loop {
-            let (phase, now): (Phase, BTreeSet<(ProblemKind, String)>) = {
+            let (phase, now, leads): (Phase, BTreeSet<(ProblemKind, String)>, bool) = {
                 let s = status.borrow_and_update();
                 let problems = s.problems.iter().map(|p| (p.kind, p.key.clone()));
-                (s.phase, problems.collect())
+                (s.phase, problems.collect(), s.leading)
             };
             let live = !matches!(phase, Phase::Stopped);
             note(
@@ -95,9 +97,11 @@ pub fn sample(worker: &str, mut status: watch::Receiver<Status>, log: Log) {
                 if live { now } else { BTreeSet::new() },
             );
             note_running(&log, &worker, &mut running, phase == Phase::Running);
+            note_leading(&log, &worker, &mut leading, live && leads);
             if !live || status.changed().await.is_err() {
                 note(&log, &worker, &mut open, BTreeSet::new());
                 note_running(&log, &worker, &mut running, false);
+                note_leading(&log, &worker, &mut leading, false);
                 return;
             }
         }
@@ -142,9 +146,16 @@ fn note(
 }
 
 fn note_running(log: &Log, worker: &str, running: &mut Option<usize>, now: bool) {
+    note_span(&mut log.lock().problems.running, worker, running, now);
+}
+
+fn note_leading(log: &Log, worker: &str, leading: &mut Option<usize>, now: bool) {
+    note_span(&mut log.lock().problems.leading, worker, leading, now);
+}
+
+/// Opens a span of `worker` in `lives` when `now` turns true, closes it when false.
+fn note_span(lives: &mut Vec<Running>, worker: &str, running: &mut Option<usize>, now: bool) {
     let at = Instant::now();
-    let mut j = log.lock();
-    let lives = &mut j.problems.running;
     match (running.as_ref(), now) {
         (None, true) => {
             lives.push(Running {

@@ -176,6 +176,10 @@ pub struct Stats {
     pub unowned_reports: usize,
     /// The whole fleet's host suspended past the failover time (work woken as it resumes).
     pub suspends: usize,
+    /// Role rows deleted, or deleted and created again, by the operator's hand.
+    pub role_rows_meddled: usize,
+    /// Times the leader and the standby were killed together.
+    pub roles_killed: usize,
     pub joins: usize,
     pub leaves: usize,
     pub store_faults: usize,
@@ -261,6 +265,8 @@ impl std::ops::AddAssign for Stats {
         self.failing_reports += o.failing_reports;
         self.unowned_reports += o.unowned_reports;
         self.suspends += o.suspends;
+        self.role_rows_meddled += o.role_rows_meddled;
+        self.roles_killed += o.roles_killed;
         self.joins += o.joins;
         self.leaves += o.leaves;
         self.store_faults += o.store_faults;

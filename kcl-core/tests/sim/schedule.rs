@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
 use super::fleet::{Fleet, stream_client};
+use super::operator::Hand;
 use super::scenario::{MAX_SHARDS, MAX_WORKERS, Stats, config};
 
 /// The producer: writes until told to stop. In a third of the seeds, one record in three is
@@ -120,6 +121,7 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
         rng: StdRng::seed_from_u64(run.fleet.seed ^ 0x2e57_a27d),
         pending: Vec::new(),
     };
+    let mut hand = Hand::new(run.fleet, planned);
     while Instant::now() < fault_end {
         let pause = Duration::from_millis(run.rng.random_range(300..2500));
         run.pause(pause, &mut restarts).await;
@@ -127,6 +129,9 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
         undo.due(&faults, now);
         if suspend_at.take_if(|at| *at <= now).is_some() {
             run.suspend(&mut host).await;
+            continue;
+        }
+        if hand.act(run.fleet, run.stats, now).await {
             continue;
         }
         let event = run.rng.random_range(0..100);

@@ -1,5 +1,6 @@
 //! The invariants every simulated run must keep, each named in the summary line.
 
+mod leading;
 mod leases;
 mod parallel;
 mod poison;
@@ -54,6 +55,8 @@ pub const INVARIANTS: &[&str] = &[
     "outage-bound",
     "redrive-order",
     "restart-kept",
+    "one-leader",
+    "leaderless",
 ];
 
 /// How the fleet started reading.
@@ -168,5 +171,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         v.extend(e.journal.over_delivered.iter().cloned());
     }
     restarts::kept(e, &mut v);
+    leading::one_leader(e, &mut v);
+    leading::leaderless(e, &mut v);
     v
 }
