@@ -12,6 +12,8 @@ pub enum Mutation {
     /// A role holder ignores its row deleted, or deleted and created again, by another
     /// process (it leads on beside the new holder).
     StepDownIgnored,
+    /// Placing by load, a lease nobody holds goes to the worker it leaves the most loaded.
+    PlacedOnMostLoaded,
     /// The in-memory store writes checkpoints without checking owner and counter.
     CheckpointUnconditional,
     /// The in-memory store renews without checking owner and counter.
@@ -240,6 +242,7 @@ impl Mutation {
         Self::ArrivalsBalancedOnto,
         Self::StepDownIgnored,
         Self::ScaleUpWindowIgnored,
+        Self::PlacedOnMostLoaded,
     ];
 }
 
@@ -262,6 +265,10 @@ impl Mutation {
                 Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
             }
             // Churn, not loss: two moves of a released lease instead of one.
+            // Churn, not loss: the balancer moves a lease later, within its budget.
+            Self::PlacedOnMostLoaded => Some(
+                "lease::leader::tests::a_lease_nobody_holds_is_placed_where_it_leaves_the_most_headroom",
+            ),
             Self::ReleasedViaLeader => {
                 Some("lease::leader::tests::released_leases_go_straight_to_the_least_loaded_worker")
             }

@@ -297,11 +297,14 @@ fn place<'a>(
                     .get(w)
                     .map_or(figure, |l| (l.load + figure) / l.capacity)
             };
+            let most = mutation::on(Mutation::PlacedOnMostLoaded);
             candidates
                 .min_by(|(a, n), (b, m)| {
                     let full = |w: &WorkerId, n: usize| !fits(w, n);
                     let order = full(a, **n).cmp(&full(b, **m));
-                    let order = order.then(after(a).total_cmp(&after(b))).then(n.cmp(m));
+                    let level = after(a).total_cmp(&after(b));
+                    let order = order.then(if most { level.reverse() } else { level });
+                    let order = order.then(n.cmp(m));
                     order.then(spread(a, &c.key).cmp(&spread(b, &c.key)))
                 })
                 .map(|(w, _)| *w)
@@ -835,6 +838,51 @@ mod tests {
             plan.request_handoff.is_empty(),
             "balanced by placement: {plan:?}"
         );
+    }
+
+    /// By load, a lease nobody holds goes where it leaves the most headroom: two workers
+    /// hold as many leases, one of them hot; the released lease goes to the cold one.
+    /// Placed on the hot one instead, nothing is lost, but the balancer must move a lease
+    /// later: a move each placement costs (`Mutation::PlacedOnMostLoaded`).
+    #[test]
+    fn a_lease_nobody_holds_is_placed_where_it_leaves_the_most_headroom() {
+        crate::mutation::set_from_env();
+        use crate::lease::LeaseLoad;
+        let (me, hot, cold) = (w("leader"), w("hot"), w("cold"));
+        let mut leases = Vec::new();
+        let mut figures = BTreeMap::new();
+        for (i, (holder, milli)) in [
+            (Holder::Me, 300),
+            (Holder::Me, 300),
+            (Holder::Other(hot.clone()), 900),
+            (Holder::Other(hot.clone()), 800),
+            (Holder::Other(cold.clone()), 100),
+            (Holder::Other(cold.clone()), 100),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let key = format!("s{i}");
+            figures.insert(ShardId::from(key.as_str()), LeaseLoad::new(milli, 1000));
+            leases.push(lease(&key, holder));
+        }
+        leases.push(lease("r0", Holder::Released));
+        figures.insert(ShardId::from("r0"), LeaseLoad::new(200, 1000));
+        let weighing = Weighing {
+            by_load: true,
+            figures,
+            ..Weighing::counts(2)
+        };
+        let plan = assign_within(
+            &me,
+            &leases,
+            LIMITS,
+            |_| true,
+            |_, _| false,
+            |_| None,
+            &weighing,
+        );
+        assert_eq!(plan.take, [(ShardId::from("r0"), cold)], "{plan:?}");
     }
 
     /// A rolling replace with surge: the new worker arrives holding nothing. Balanced onto at
