@@ -855,7 +855,7 @@ mod tests {
             (Holder::Me, 300),
             (Holder::Me, 300),
             (Holder::Other(hot.clone()), 900),
-            (Holder::Other(hot.clone()), 800),
+            (Holder::Other(hot), 800),
             (Holder::Other(cold.clone()), 100),
             (Holder::Other(cold.clone()), 100),
         ]
