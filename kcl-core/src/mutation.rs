@@ -251,89 +251,113 @@ impl Mutation {
     /// too rare for random schedules); `None`: the simulation catches it. `scripts/test`
     /// runs each such test with `KCL_MUTATION` naming the mutation and expects it to fail.
     pub fn unit_test(self) -> Option<&'static str> {
-        match self {
-            Self::SightingTrustedHoweverOld => {
-                Some("singleton::tests::a_candidate_whose_sightings_stopped_reads_the_row_itself")
-            }
-            // Seen in 1,000 seeds (408, 441, 638: a graceful handoff waiting on records in
-            // flight), not in the mutation check's 200.
-            Self::StallAgeSeenByTaskOnly => Some(
-                "worker::report::tests::a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall",
-            ),
-            // Churn, not loss: no invariant of the simulation is broken by it.
-            Self::LeaderBalancesOntoRefusers => {
-                Some("lease::leader::tests::a_worker_that_refused_is_not_balanced_onto")
-            }
-            // Churn, not loss: two moves of a released lease instead of one.
-            // Churn, not loss: the balancer moves a lease later, within its budget.
-            Self::PlacedOnMostLoaded => Some(
-                "lease::leader::tests::a_lease_nobody_holds_is_placed_where_it_leaves_the_most_headroom",
-            ),
-            Self::ReleasedViaLeader => {
-                Some("lease::leader::tests::released_leases_go_straight_to_the_least_loaded_worker")
-            }
-            // Churn, not loss, and only where a tie between moves decides (seed 687 of the
-            // 1,000 load seeds).
-            Self::NoLookAhead => Some(
-                "lease::balance::tests::a_move_that_fits_alike_goes_where_it_leaves_room_for_the_next",
-            ),
-            // A new standby that takes its role a sighting's age late (15 s in a surge deploy):
-            // the simulation's leader kills do not line that up.
-            Self::PokeTrustsSighting => {
-                Some("singleton::tests::a_candidate_poked_reads_the_row_not_its_sighting")
-            }
-            Self::ReleaseOutweighedByRenewals => Some(
-                "lease::observer::tests::a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves",
-            ),
-            // A holder whose carrier's renewals stalled past its validity and then resumed:
-            // no random schedule of the simulation lined that up in 1,000 seeds.
-            Self::CarrierProvesAfterLapse => Some(
-                "singleton::carried::tests::a_carrier_answered_after_the_role_lapsed_proves_nothing",
-            ),
-            // An unanswered `SHARD_END` followed by a restart of the same processor: seed 183
-            // lined it up until issue 38 changed the schedules; 200 seeds no longer do.
-            Self::UncertainWriteIgnored => Some(
-                "checkpoint::tests::a_restart_after_an_unanswered_shard_end_sees_the_shard_ended",
-            ),
-            // Churn, not loss, and only where figures move (a change of load, a burst): the
-            // load seeds of the mutation check's 200 settle alike either way.
-            Self::FluxIgnored => {
-                Some("lease::balance::tests::figures_still_moving_are_not_acted_on")
-            }
-            // Churn, not loss: a heartbeat worker's move lands on a misjudged worker.
-            Self::StaleTotals => Some(
-                "lease::weigh::tests::a_moved_rows_capacity_is_its_new_holders_only_once_it_wrote_it",
-            ),
-            // Churn, not loss: a lease the leader moves on before its target adopted it stays
-            // on the target until the leader asks again (seed 403 of 1,000).
-            Self::AdoptionDropsHandoff => Some(
-                "memory::store::lease_store::tests::an_adoption_keeps_a_handoff_request_a_take_clears_it",
-            ),
-            // Churn, not loss, and only after a move for load at steady load (seed 975 of the
-            // 1,000 load seeds).
-            Self::CountsFollowLoadMoves => Some(
-                "worker::cycle::leader::tests::a_giver_gets_no_small_leases_while_leases_are_hot",
-            ),
-            // Churn, not loss: a surge pod balanced onto before its predecessor leaves.
-            Self::ArrivalsBalancedOnto => Some(
-                "lease::leader::tests::a_worker_that_just_arrived_is_placed_leases_but_not_balanced_onto",
-            ),
-            // A crash between a parking and the checkpoint that passes it, and a parked
-            // key's record replayed: unit tests state the rules exactly.
-            Self::ParkingBeforeItsRecord => Some(
-                "checkpoint::tests::a_parked_key_is_written_only_with_a_checkpoint_that_passes_its_record",
-            ),
-            Self::ParkedMatchIgnoresPosition => Some(
-                "parallel::dispatch::tests::only_records_after_the_one_that_parked_a_key_are_parked_behind_it",
-            ),
-            // Autoscaling figures, not records: the simulation checks no figure.
-            Self::ScaleUpWindowIgnored => {
-                Some("autoscale::damping::tests::a_configured_scale_up_window_holds_a_rise_back")
-            }
-            _ => None,
-        }
+        UNIT_TESTS
+            .iter()
+            .find(|(m, _)| *m == self)
+            .map(|(_, test)| *test)
     }
 }
+
+/// The mutations a unit test catches (see [`Mutation::unit_test`]), each with why the
+/// simulation does not.
+const UNIT_TESTS: &[(Mutation, &str)] = &[
+    (
+        Mutation::SightingTrustedHoweverOld,
+        "singleton::tests::a_candidate_whose_sightings_stopped_reads_the_row_itself",
+    ),
+    // Seen in 1,000 seeds (408, 441, 638: a graceful handoff waiting on records in
+    // flight), not in the mutation check's 200.
+    (
+        Mutation::StallAgeSeenByTaskOnly,
+        "worker::report::tests::a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall",
+    ),
+    // Churn, not loss: no invariant of the simulation is broken by it.
+    (
+        Mutation::LeaderBalancesOntoRefusers,
+        "lease::leader::tests::a_worker_that_refused_is_not_balanced_onto",
+    ),
+    // Churn, not loss: the balancer moves a lease later, within its budget.
+    (
+        Mutation::PlacedOnMostLoaded,
+        "lease::leader::tests::a_lease_nobody_holds_is_placed_where_it_leaves_the_most_headroom",
+    ),
+    // Churn, not loss: two moves of a released lease instead of one.
+    (
+        Mutation::ReleasedViaLeader,
+        "lease::leader::tests::released_leases_go_straight_to_the_least_loaded_worker",
+    ),
+    // Churn, not loss, and only where a tie between moves decides (seed 687 of the
+    // 1,000 load seeds).
+    (
+        Mutation::NoLookAhead,
+        "lease::balance::tests::a_move_that_fits_alike_goes_where_it_leaves_room_for_the_next",
+    ),
+    // A new standby that takes its role a sighting's age late (15 s in a surge deploy):
+    // the simulation's leader kills do not line that up.
+    (
+        Mutation::PokeTrustsSighting,
+        "singleton::tests::a_candidate_poked_reads_the_row_not_its_sighting",
+    ),
+    (
+        Mutation::ReleaseOutweighedByRenewals,
+        "lease::observer::tests::a_worker_seen_releasing_is_leaving_whatever_else_of_its_rows_moves",
+    ),
+    // A holder whose carrier's renewals stalled past its validity and then resumed:
+    // no random schedule of the simulation lined that up in 1,000 seeds.
+    (
+        Mutation::CarrierProvesAfterLapse,
+        "singleton::carried::tests::a_carrier_answered_after_the_role_lapsed_proves_nothing",
+    ),
+    // An unanswered `SHARD_END` followed by a restart of the same processor: seed 183
+    // lined it up until issue 38 changed the schedules; 200 seeds no longer do.
+    (
+        Mutation::UncertainWriteIgnored,
+        "checkpoint::tests::a_restart_after_an_unanswered_shard_end_sees_the_shard_ended",
+    ),
+    // Churn, not loss, and only where figures move (a change of load, a burst): the
+    // load seeds of the mutation check's 200 settle alike either way.
+    (
+        Mutation::FluxIgnored,
+        "lease::balance::tests::figures_still_moving_are_not_acted_on",
+    ),
+    // Churn, not loss: a heartbeat worker's move lands on a misjudged worker.
+    (
+        Mutation::StaleTotals,
+        "lease::weigh::tests::a_moved_rows_capacity_is_its_new_holders_only_once_it_wrote_it",
+    ),
+    // Churn, not loss: a lease the leader moves on before its target adopted it stays
+    // on the target until the leader asks again (seed 403 of 1,000).
+    (
+        Mutation::AdoptionDropsHandoff,
+        "memory::store::lease_store::tests::an_adoption_keeps_a_handoff_request_a_take_clears_it",
+    ),
+    // Churn, not loss, and only after a move for load at steady load (seed 975 of the
+    // 1,000 load seeds).
+    (
+        Mutation::CountsFollowLoadMoves,
+        "worker::cycle::leader::tests::a_giver_gets_no_small_leases_while_leases_are_hot",
+    ),
+    // Churn, not loss: a surge pod balanced onto before its predecessor leaves.
+    (
+        Mutation::ArrivalsBalancedOnto,
+        "lease::leader::tests::a_worker_that_just_arrived_is_placed_leases_but_not_balanced_onto",
+    ),
+    // A crash between a parking and the checkpoint that passes it, and a parked
+    // key's record replayed: unit tests state the rules exactly.
+    (
+        Mutation::ParkingBeforeItsRecord,
+        "checkpoint::tests::a_parked_key_is_written_only_with_a_checkpoint_that_passes_its_record",
+    ),
+    (
+        Mutation::ParkedMatchIgnoresPosition,
+        "parallel::dispatch::tests::only_records_after_the_one_that_parked_a_key_are_parked_behind_it",
+    ),
+    // Autoscaling figures, not records: the simulation checks no figure.
+    (
+        Mutation::ScaleUpWindowIgnored,
+        "autoscale::damping::tests::a_configured_scale_up_window_holds_a_rise_back",
+    ),
+];
 
 #[cfg(feature = "mutation-testing")]
 static ACTIVE: std::sync::Mutex<Option<Mutation>> = std::sync::Mutex::new(None);
