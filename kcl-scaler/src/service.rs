@@ -1,11 +1,16 @@
 //! The `ExternalScaler` service over a worker's [`Status`] watch.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures_util::stream::{self, BoxStream};
 use kcl_core::{FleetSignals, Status};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response};
 
+use crate::limits::{Conn, InFlight, Limits};
 use crate::metric::{Metric, MetricError};
 use crate::proto::external_scaler_server::ExternalScaler;
 use crate::proto::{
@@ -20,13 +25,35 @@ type Answer<T> = Result<Response<T>, tonic::Status>;
 pub struct Scaler {
     status: watch::Receiver<Status>,
     stop: CancellationToken,
+    /// A permit for each `StreamIsActive` stream open.
+    streams: Arc<Semaphore>,
+    max_streams: usize,
+    stream_lifetime: Duration,
 }
 
 impl Scaler {
     /// A scaler following `status` (the worker's
-    /// [`status`](kcl_core::Worker::status)); its streams end when `stop` is cancelled.
+    /// [`status`](kcl_core::Worker::status)); its streams end when `stop` is cancelled, and
+    /// are bounded as [`Limits::default`] says.
     pub fn new(status: watch::Receiver<Status>, stop: CancellationToken) -> Self {
-        Self { status, stop }
+        Self::with_limits(status, stop, &Limits::default())
+    }
+
+    /// As [`new`](Self::new), with at most `limits.max_streams` `StreamIsActive` streams open
+    /// at once (RESOURCE_EXHAUSTED beyond), each ending after `limits.stream_lifetime`.
+    pub fn with_limits(
+        status: watch::Receiver<Status>,
+        stop: CancellationToken,
+        limits: &Limits,
+    ) -> Self {
+        let max_streams = limits.max_streams.min(Semaphore::MAX_PERMITS);
+        Self {
+            status,
+            stop,
+            streams: Arc::new(Semaphore::new(max_streams)),
+            max_streams,
+            stream_lifetime: limits.stream_lifetime,
+        }
     }
 
     /// The fleet's figures now, or UNAVAILABLE while there are none.
@@ -45,6 +72,54 @@ fn active(fleet: &FleetSignals) -> bool {
     fleet.arrival_rate > 0.0 || fleet.backlog_records > 0
 }
 
+/// Marks the call in flight on its connection (so that the connection is not closed to make
+/// room while it runs); UNAVAILABLE if the connection is closing. A request that came through
+/// no connection of [`serve`](crate::serve) (a test's) has nothing to mark.
+fn in_flight<T>(request: &Request<T>) -> Result<Option<InFlight>, tonic::Status> {
+    match request.extensions().get::<Conn>() {
+        None => Ok(None),
+        Some(conn) => conn.begin().map(Some).ok_or_else(|| {
+            tonic::Status::unavailable("the connection is closing to make room: connect again")
+        }),
+    }
+}
+
+/// What a `StreamIsActive` stream holds while it is open.
+struct Watching {
+    status: watch::Receiver<Status>,
+    stop: CancellationToken,
+    /// The answer last sent.
+    sent: Option<bool>,
+    /// When the stream ends ([`Limits::stream_lifetime`]).
+    end: Instant,
+    /// Its place among the streams, and its call in flight on its connection.
+    _held: (OwnedSemaphorePermit, Option<InFlight>),
+}
+
+/// The stream's next answer: the current one when it differs from the last sent; `None` (the
+/// stream ends) when the server stops, the worker is gone or the stream's lifetime is over.
+async fn next_answer(
+    mut w: Watching,
+) -> Option<(Result<IsActiveResponse, tonic::Status>, Watching)> {
+    loop {
+        if w.stop.is_cancelled() {
+            return None;
+        }
+        let now = w.status.borrow_and_update().fleet.as_ref().map(active);
+        if let Some(now) = now
+            && w.sent != Some(now)
+        {
+            w.sent = Some(now);
+            return Some((Ok(IsActiveResponse { result: now }), w));
+        }
+        tokio::select! {
+            changed = w.status.changed() => changed.ok()?,
+            () = w.stop.cancelled() => return None,
+            () = tokio::time::sleep_until(w.end) => return None,
+        }
+    }
+}
+
 fn metric(object: Option<&ScaledObjectRef>) -> Result<Metric, tonic::Status> {
     let metadata = object.map(|o| &o.scaler_metadata);
     match metadata {
@@ -56,51 +131,47 @@ fn metric(object: Option<&ScaledObjectRef>) -> Result<Metric, tonic::Status> {
 
 #[tonic::async_trait]
 impl ExternalScaler for Scaler {
-    async fn is_active(&self, _request: Request<ScaledObjectRef>) -> Answer<IsActiveResponse> {
+    async fn is_active(&self, request: Request<ScaledObjectRef>) -> Answer<IsActiveResponse> {
+        let _call = in_flight(&request)?;
         let result = active(&self.fleet()?);
         Ok(Response::new(IsActiveResponse { result }))
     }
 
     type StreamIsActiveStream = BoxStream<'static, Result<IsActiveResponse, tonic::Status>>;
 
-    /// The current answer once figures are known, then each change, until the server stops
-    /// or the worker is gone.
+    /// The current answer once figures are known, then each change, until the server stops,
+    /// the worker is gone or the stream's lifetime is over. RESOURCE_EXHAUSTED when the most
+    /// streams the scaler serves are open.
     async fn stream_is_active(
         &self,
-        _request: Request<ScaledObjectRef>,
+        request: Request<ScaledObjectRef>,
     ) -> Answer<Self::StreamIsActiveStream> {
-        let stop = self.stop.clone();
-        let changes = stream::unfold(
-            (self.status.clone(), None::<bool>),
-            move |(mut status, sent)| {
-                let stop = stop.clone();
-                async move {
-                    loop {
-                        if stop.is_cancelled() {
-                            return None;
-                        }
-                        let now = status.borrow_and_update().fleet.as_ref().map(active);
-                        if let Some(now) = now
-                            && sent != Some(now)
-                        {
-                            let answer = Ok(IsActiveResponse { result: now });
-                            return Some((answer, (status, Some(now))));
-                        }
-                        tokio::select! {
-                            changed = status.changed() => changed.ok()?,
-                            () = stop.cancelled() => return None,
-                        }
-                    }
-                }
-            },
-        );
-        Ok(Response::new(Box::pin(changes)))
+        let call = in_flight(&request)?;
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            tonic::Status::resource_exhausted(format!(
+                "{} StreamIsActive streams are open, the most this scaler serves: poll IsActive, \
+                 or open the stream again later",
+                self.max_streams
+            ))
+        })?;
+        let watching = Watching {
+            status: self.status.clone(),
+            stop: self.stop.clone(),
+            sent: None,
+            end: Instant::now() + self.stream_lifetime,
+            _held: (permit, call),
+        };
+        Ok(Response::new(Box::pin(stream::unfold(
+            watching,
+            next_answer,
+        ))))
     }
 
     async fn get_metric_spec(
         &self,
         request: Request<ScaledObjectRef>,
     ) -> Answer<GetMetricSpecResponse> {
+        let _call = in_flight(&request)?;
         let metric = metric(Some(request.get_ref()))?;
         Ok(Response::new(GetMetricSpecResponse {
             metric_specs: vec![metric.spec()],
@@ -108,6 +179,7 @@ impl ExternalScaler for Scaler {
     }
 
     async fn get_metrics(&self, request: Request<GetMetricsRequest>) -> Answer<GetMetricsResponse> {
+        let _call = in_flight(&request)?;
         let request = request.into_inner();
         let metric = metric(request.scaled_object_ref.as_ref())?;
         // KEDA asks by the name the spec gave (without its `s0-` prefix).

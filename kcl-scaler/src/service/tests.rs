@@ -211,3 +211,52 @@ async fn the_metric_spec_is_not_streamed() {
     let answer = s.stream_metric_spec(Request::new(object(&[]))).await;
     assert_eq!(answer.err().map(|e| e.code()), Some(Code::Unimplemented));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_ends_at_its_lifetime_and_another_begins_with_the_current_answer() {
+    let (tx, s, _stop) = scaler();
+    tx.send_replace(with(Some(fleet(1.0, 0, 1))));
+    let open = |s: &Scaler| {
+        let s = s.clone();
+        async move {
+            let answer = s.stream_is_active(Request::new(object(&[]))).await;
+            answer.unwrap().into_inner()
+        }
+    };
+    let mut stream = open(&s).await;
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        stream.next().await.map(|r| r.map(|r| r.result).ok()),
+        Some(Some(true))
+    );
+    // Nothing changes: the stream waits, then ends at its lifetime (KEDA opens another).
+    let lifetime = crate::Limits::default().stream_lifetime;
+    let end = tokio::time::timeout(lifetime * 2, stream.next()).await;
+    assert!(
+        matches!(end, Ok(None)),
+        "still open after {:?}",
+        lifetime * 2
+    );
+    assert_eq!(started.elapsed(), lifetime);
+    let mut again = open(&s).await;
+    assert_eq!(
+        again.next().await.map(|r| r.map(|r| r.result).ok()),
+        Some(Some(true))
+    );
+}
+
+#[tokio::test]
+async fn a_stream_past_the_most_is_refused_with_resource_exhausted_until_one_ends() {
+    let (_tx, rx) = watch::channel(Status::default());
+    let limits = crate::Limits {
+        max_streams: 2,
+        ..crate::Limits::default()
+    };
+    let s = Scaler::with_limits(rx, CancellationToken::new(), &limits);
+    let first = s.stream_is_active(Request::new(object(&[]))).await.unwrap();
+    let _second = s.stream_is_active(Request::new(object(&[]))).await.unwrap();
+    let third = s.stream_is_active(Request::new(object(&[]))).await;
+    assert_eq!(third.err().map(|e| e.code()), Some(Code::ResourceExhausted));
+    drop(first);
+    assert!(s.stream_is_active(Request::new(object(&[]))).await.is_ok());
+}
