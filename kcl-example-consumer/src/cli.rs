@@ -25,7 +25,8 @@ HTTP: /healthz (liveness), /readyz (worker running and lease table reachable),
 /metrics (Prometheus text), /status (JSON).
 Signals: SIGTERM or SIGINT shuts down gracefully within --shutdown-timeout; a second one
 forces exit. `kcl-example-consumer drain` (a preStop hook) hands every lease over and stops it,
-even under --restart-grace (POST /drain, from this host only).";
+even under --restart-grace (POST /drain, from this host, with the token the consumer writes to
+--drain-token-file).";
 
 /// A Kinesis consumer built on kcl: counts records and bytes per partition key in tumbling
 /// windows and prints one JSON line per window.
@@ -111,6 +112,12 @@ pub(crate) struct DrainArgs {
     /// asks 127.0.0.1. Read from KCL_LISTEN or the config file's `listen` like the consumer.
     #[arg(long, env = "KCL_LISTEN", default_value = "127.0.0.1:8080", value_parser = parse_listen)]
     pub(crate) addr: std::net::SocketAddr,
+
+    /// The consumer's drain token file, sent with the request (POST /drain refuses a caller
+    /// without it). Read from KCL_DRAIN_TOKEN_FILE or the config file's `drain-token-file`
+    /// like the consumer [default: /tmp/kcl-drain-<PORT>.token, PORT being --addr's].
+    #[arg(long, env = "KCL_DRAIN_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) drain_token_file: Option<std::path::PathBuf>,
 
     /// Give up waiting after this long (exit 1): keep it below the pod's
     /// terminationGracePeriodSeconds, which counts the preStop hook too.

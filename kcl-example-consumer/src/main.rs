@@ -132,7 +132,11 @@ fn drain(matches: &clap::ArgMatches, args: &cli::DrainArgs) -> ExitCode {
         Ok(addr) => addr,
         Err(e) => return fail(&e.to_string(), EXIT_USAGE),
     };
-    match http::drain::request(addr, args.timeout) {
+    let token = match drain_token_file(args, addr) {
+        Ok(token) => token,
+        Err(e) => return fail(&e.to_string(), EXIT_USAGE),
+    };
+    match http::drain::request_with(addr, &token, args.timeout) {
         Ok(done) => {
             println!(
                 "drained: {} lease{} handed over in {:.1}s; the consumer stops now",
@@ -144,6 +148,25 @@ fn drain(matches: &clap::ArgMatches, args: &cli::DrainArgs) -> ExitCode {
         }
         Err(e) => fail(&format!("drain: {e}"), 1),
     }
+}
+
+/// The drain token file `drain` reads: `--drain-token-file` or `KCL_DRAIN_TOKEN_FILE`, else
+/// the `drain-token-file` of the config file the consumer reads (`KCL_CONFIG`), else the
+/// default place for `addr`'s port: where the consumer beside it wrote it, however it was told.
+fn drain_token_file(
+    args: &cli::DrainArgs,
+    addr: std::net::SocketAddr,
+) -> Result<std::path::PathBuf, settings::SettingsError> {
+    if let Some(path) = &args.drain_token_file {
+        return Ok(path.clone());
+    }
+    if let Some(config) = std::env::var_os("KCL_CONFIG") {
+        let file = settings::FileValues::load(std::path::Path::new(&config))?;
+        if let Some(path) = file.values.get("drain_token_file") {
+            return Ok(path.into());
+        }
+    }
+    Ok(http::drain::token::default_path(addr.port()))
 }
 
 #[allow(clippy::print_stdout)]
@@ -179,13 +202,15 @@ where
     F: ProcessorFactory,
 {
     let summary = summary::start(settings, &store)?;
-    #[cfg_attr(not(feature = "scaler"), allow(unused_mut))]
     let mut serving =
         http::Serving::start_with(settings.listen, &settings.worker, settings.otlp.as_ref())
             .await?;
     #[cfg(feature = "scaler")]
     if let Some(addr) = settings.scaler {
         serving = serving.with_scaler(addr).await?;
+    }
+    if let Some(path) = &settings.drain_token_file {
+        serving = serving.with_drain_token(path.clone());
     }
     let mut builder = Worker::builder(source, store)
         .id(settings.worker_id.clone())

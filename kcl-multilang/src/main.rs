@@ -54,6 +54,12 @@ struct Cli {
     #[arg(long, env = "KCL_SCALER_PORT", value_name = "PORT")]
     scaler_port: Option<u16>,
 
+    /// Where the drain token is written at start: a random secret that POST /drain must carry
+    /// (`kcl-example-consumer drain --drain-token-file FILE` reads and sends it)
+    /// [default: /tmp/kcl-drain-<PORT>.token, PORT being --listen's].
+    #[arg(long, env = "KCL_DRAIN_TOKEN_FILE", value_name = "FILE")]
+    drain_token_file: Option<std::path::PathBuf>,
+
     /// Log format: pretty (human) or json (one object per line). Logs go to stderr.
     #[arg(
         long,
@@ -91,8 +97,9 @@ otherwise; kinesisEndpoint and dynamoDBEndpoint (or AWS_ENDPOINT_URL_KINESIS and
 AWS_ENDPOINT_URL_DYNAMODB) point at emulators.
 
 Signals: SIGTERM or SIGINT asks every child to checkpoint (shutdownRequested), then hands the
-leases back at once; a second one forces. POST /drain on --listen (from this host only, a
-preStop hook) does the same, even under restartGraceSeconds, and answers once no lease is held.
+leases back at once; a second one forces. POST /drain on --listen (from this host only, with
+the token written to --drain-token-file: a preStop hook's `kcl-example-consumer drain`) does the
+same, even under restartGraceSeconds, and answers once no lease is held.
 
 Exit status: 0 after a graceful shutdown, 1 when the worker fails (or a child, with
 --exit-on-child-failure), 2 for a bad command line or properties file, 130 when forced.";
@@ -165,7 +172,8 @@ fn main() -> ExitCode {
         Err(e) => return fail(&format!("cannot start the async runtime: {e}"), 1),
     };
     tracing::info!(program = %program.display(), "executableName found");
-    match runtime.block_on(run(config, (listen, scaler), cli.exit_on_child_failure)) {
+    let served = (listen, scaler, cli.drain_token_file);
+    match runtime.block_on(run(config, served, cli.exit_on_child_failure)) {
         Ok(code) => code,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "kcl-multilang failed");
@@ -270,10 +278,11 @@ fn scaler(config: &mut DaemonConfig, listen: SocketAddr, port: u16) -> SocketAdd
     SocketAddr::new(listen.ip(), port)
 }
 
-/// Runs the daemon, serving HTTP on `listen` (and KEDA's scaler on `scaler`, if given).
+/// Runs the daemon, serving HTTP on `listen` (and KEDA's scaler on `scaler`, if given; the
+/// drain token written to `drain_token`, if given, else to its default place).
 async fn run(
     config: DaemonConfig,
-    (listen, scaler): (SocketAddr, Option<SocketAddr>),
+    (listen, scaler, drain_token): (SocketAddr, Option<SocketAddr>, Option<std::path::PathBuf>),
     exit_on_failure: bool,
 ) -> anyhow::Result<ExitCode> {
     let sdk = sdk_config(&config).await;
@@ -314,6 +323,9 @@ async fn run(
     let _fresh = keep_fresh(config.worker.taker_interval);
     if let Some(scaler) = scaler {
         serving = serving.with_scaler(scaler).await?;
+    }
+    if let Some(path) = drain_token {
+        serving = serving.with_drain_token(path);
     }
     let mut builder = Worker::builder(source, store)
         .id(config.worker_id.clone())

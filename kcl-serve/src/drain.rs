@@ -9,21 +9,34 @@
 //! holds none. Then the process exits on its own, and the SIGTERM that follows finds nothing
 //! left to do.
 //!
-//! `POST /drain` is answered for loopback peers only (the pod's own `preStop`): anyone else
-//! reaching the HTTP port gets 403, for a drain stops the process. Each call waits up to
-//! `?wait_ms=` (at most 5 s, below the server's request deadline) for the drain to finish, and
-//! answers where it stands as JSON: `{"state": "draining" | "drained" | "stopped_holding",
-//! "held": N, "held_at_start": N, "elapsed_ms": N}`, with 200 once drained, 202 while
-//! draining, and 500 if the worker stopped with leases it could not hand back (they move after
-//! the failover time). Calling it again is harmless: the client polls with it.
+//! `POST /drain` stops the process, so it is answered only for a caller that can read this
+//! process's drain token ([`token`]): a random secret written at start to a file (by default
+//! `/tmp/kcl-drain-<port>.token`, mode 0600), sent as `Authorization: Bearer <token>`, from a
+//! loopback peer. A sidecar forwarding traffic over localhost, `kubectl port-forward` or a
+//! `hostNetwork` neighbour arrives from 127.0.0.1 too, but cannot read the pod's files: anyone
+//! without the token gets 403. Each call waits up to `?wait_ms=` (at most 5 s, below the
+//! server's request deadline) for the drain to finish, and answers where it stands as JSON:
+//! `{"state": "draining" | "drained" | "kept" | "stopped_holding", "held": N,
+//! "held_at_start": N, "kept": N, "elapsed_ms": N}`, with 200 once drained, 202 while
+//! draining, 409 when a shutdown under `restart_grace` had begun before the drain and kept
+//! `kept` leases for this worker's restart (the rest are handed over; those wait the failover
+//! time and the grace, or `kcl-admin release`), and 500 if the worker stopped with leases it
+//! could not hand back (they move after the failover time). Calling it again is harmless: the
+//! client polls with it.
+
+mod client;
+pub mod token;
+
+pub use client::{DrainError, Drained, request, request_with};
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kcl_core::{Phase, ShutdownHandle, Status};
@@ -41,6 +54,9 @@ pub enum DrainState {
     Draining,
     /// The worker is shutting down (or stopped) and holds no lease.
     Drained,
+    /// As [`Drained`](Self::Drained), but a shutdown under `restart_grace` had begun before
+    /// the drain, and kept some leases for this worker's restart before it came.
+    Kept,
     /// The worker stopped holding leases it could not hand back: they move after the
     /// failover time.
     StoppedHolding,
@@ -51,14 +67,20 @@ impl DrainState {
         match self {
             Self::Draining => "draining",
             Self::Drained => "drained",
+            Self::Kept => "kept",
             Self::StoppedHolding => "stopped_holding",
         }
     }
 
     fn parse(s: &str) -> Option<Self> {
-        [Self::Draining, Self::Drained, Self::StoppedHolding]
-            .into_iter()
-            .find(|state| state.as_str() == s)
+        [
+            Self::Draining,
+            Self::Drained,
+            Self::Kept,
+            Self::StoppedHolding,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == s)
     }
 
     /// Where a worker whose status is `status` stands.
@@ -78,24 +100,59 @@ struct Drain {
     status: watch::Receiver<Status>,
     /// The process's own jobs, stopped as on a signal.
     also: CancellationToken,
-    /// When the drain was first asked for, and how many leases the worker held then.
-    started: Arc<OnceLock<(Instant, usize)>>,
+    /// What a caller must carry; `None` (it could not be written): every call is refused.
+    token: Option<token::Token>,
+    /// Whether the worker keeps its leases for its restart on a shutdown (`restart_grace`).
+    restart_grace: bool,
+    /// Leases the worker held when it was last running (before a shutdown began).
+    running_held: Arc<AtomicUsize>,
+    /// When the drain was first asked for, how many leases the worker held then, and how
+    /// many a shutdown under `restart_grace` had already kept by then.
+    started: Arc<OnceLock<(Instant, usize, usize)>>,
 }
 
-/// `POST /drain` for the worker behind `handle` and `status`; `also` is cancelled with it.
-pub(crate) fn routes(
-    handle: ShutdownHandle,
-    status: watch::Receiver<Status>,
-    also: CancellationToken,
-) -> Router {
+/// How the drain of a worker is set up: the worker (`handle`, `status`), the process's own
+/// jobs (`also`, cancelled with it), its token (`None`: every call refused) and whether the
+/// worker runs with a `restart_grace`.
+pub(crate) struct Setup {
+    pub(crate) handle: ShutdownHandle,
+    pub(crate) status: watch::Receiver<Status>,
+    pub(crate) also: CancellationToken,
+    pub(crate) token: Option<token::Token>,
+    pub(crate) restart_grace: bool,
+}
+
+/// `POST /drain` as `setup` says. Follows the worker's status (a task, until the worker is
+/// gone) for the leases it holds while running.
+pub(crate) fn routes(setup: Setup) -> Router {
+    let running_held = Arc::new(AtomicUsize::new(setup.status.borrow().held.len()));
+    tokio::spawn(follow_running(setup.status.clone(), running_held.clone()));
     Router::new()
         .route("/drain", post(drain))
         .with_state(Drain {
-            handle,
-            status,
-            also,
+            handle: setup.handle,
+            status: setup.status,
+            also: setup.also,
+            token: setup.token,
+            restart_grace: setup.restart_grace,
+            running_held,
             started: Arc::default(),
         })
+}
+
+/// Keeps in `held` how many leases the worker holds while it starts or runs.
+async fn follow_running(mut status: watch::Receiver<Status>, held: Arc<AtomicUsize>) {
+    loop {
+        {
+            let now = status.borrow_and_update();
+            if matches!(now.phase, Phase::Starting | Phase::Running) {
+                held.store(now.held.len(), Ordering::SeqCst);
+            }
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// True for a peer on this host (IPv4-mapped loopback included).
@@ -113,34 +170,81 @@ fn wait_of(request: &Request) -> Duration {
     asked.map_or(MAX_WAIT, |ms| Duration::from_millis(ms).min(MAX_WAIT))
 }
 
-async fn drain(State(drain): State<Drain>, request: Request) -> Response {
+/// Why a caller may not drain, if it may not.
+fn refused(drain: &Drain, request: &Request) -> Option<&'static str> {
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0);
-    if !is_local(peer) {
-        return (
-            StatusCode::FORBIDDEN,
-            "POST /drain is answered for this host's own processes only (a preStop hook)\n",
-        )
-            .into_response();
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match &drain.token {
+        _ if !is_local(peer) => {
+            Some("POST /drain is answered for this host's own processes only (a preStop hook)\n")
+        }
+        None => Some(
+            "POST /drain is refused: this process could not write its drain token at start \
+             (see its log)\n",
+        ),
+        Some(token) if !token.admits(given) => Some(
+            "POST /drain needs this process's drain token (Authorization: Bearer, from its \
+             token file: `kcl-example-consumer drain` sends it)\n",
+        ),
+        Some(_) => None,
+    }
+}
+
+/// When the drain began, how many leases the worker held then, and how many a shutdown under
+/// `restart_grace` had already kept for its restart (said once, when it begins).
+fn begun(drain: &Drain) -> (Instant, usize, usize) {
+    *drain.started.get_or_init(|| {
+        let held = drain.status.borrow().held.len();
+        let late = drain.restart_grace && drain.handle.is_shutdown() && !drain.handle.is_draining();
+        let kept = if late {
+            drain
+                .running_held
+                .load(Ordering::SeqCst)
+                .saturating_sub(held)
+        } else {
+            0
+        };
+        if kept > 0 {
+            tracing::warn!(
+                kept,
+                leases = held,
+                "drain asked for after a shutdown under restart_grace began: the leases it \
+                 kept for this worker's restart wait the failover time and the grace (or \
+                 kcl-admin release); the ones still held are handed over"
+            );
+        } else {
+            tracing::info!(
+                leases = held,
+                "drain asked for: every lease is handed over and the process stops"
+            );
+        }
+        (Instant::now(), held, kept)
+    })
+}
+
+async fn drain(State(drain): State<Drain>, request: Request) -> Response {
+    if let Some(why) = refused(&drain, &request) {
+        return (StatusCode::FORBIDDEN, why).into_response();
     }
     let wait = wait_of(&request);
-    let &(started, held_at_start) = drain.started.get_or_init(|| {
-        let held = drain.status.borrow().held.len();
-        tracing::info!(
-            leases = held,
-            "drain asked for: every lease is handed over and the process stops"
-        );
-        (Instant::now(), held)
-    });
+    let (started, held_at_start, kept) = begun(&drain);
     drain.also.cancel();
     drain.handle.drain();
-    let state = settled(drain.status.clone(), wait).await;
+    let state = match settled(drain.status.clone(), wait).await {
+        DrainState::Drained if kept > 0 => DrainState::Kept,
+        state => state,
+    };
     let held = drain.status.borrow().held.len();
     let code = match state {
         DrainState::Drained => StatusCode::OK,
         DrainState::Draining => StatusCode::ACCEPTED,
+        DrainState::Kept => StatusCode::CONFLICT,
         DrainState::StoppedHolding => StatusCode::INTERNAL_SERVER_ERROR,
     };
     let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -148,6 +252,7 @@ async fn drain(State(drain): State<Drain>, request: Request) -> Response {
         "state": state.as_str(),
         "held": held,
         "held_at_start": held_at_start,
+        "kept": kept,
         "elapsed_ms": elapsed,
     });
     (code, axum::Json(body)).into_response()
@@ -165,192 +270,6 @@ async fn settled(mut status: watch::Receiver<Status>, wait: Duration) -> DrainSt
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) => return DrainState::of(&status.borrow()),
         }
-    }
-}
-
-/// A finished drain, as [`request`] saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Drained {
-    /// Leases the worker held when the drain began.
-    pub leases: usize,
-    /// How long it took, from the drain's start.
-    pub took: Duration,
-}
-
-/// Why a drain did not finish.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DrainError {
-    /// Nothing answered at the address.
-    #[error("cannot reach {addr}: {reason}")]
-    Unreachable {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        reason: String,
-    },
-    /// The process answered something else than a drain's answer.
-    #[error("{addr} answered {code}: {body}")]
-    Refused {
-        /// The address.
-        addr: SocketAddr,
-        /// The HTTP status code.
-        code: u16,
-        /// What it said.
-        body: String,
-    },
-    /// Still holding leases at the deadline.
-    #[error("still holding {held} of {leases} leases after {waited:?}")]
-    TimedOut {
-        /// Leases held when the drain began.
-        leases: usize,
-        /// Leases still held.
-        held: usize,
-        /// How long the client waited.
-        waited: Duration,
-    },
-    /// The worker stopped holding leases it could not hand back.
-    #[error(
-        "the worker stopped holding {held} of {leases} leases it could not hand back: they move \
-         after the failover time"
-    )]
-    StoppedHolding {
-        /// Leases held when the drain began.
-        leases: usize,
-        /// Leases not handed back.
-        held: usize,
-    },
-    /// The process went away while leases were still held at its last answer.
-    #[error(
-        "the process exited while draining; it held {held} of {leases} leases at its last answer"
-    )]
-    Exited {
-        /// Leases held when the drain began.
-        leases: usize,
-        /// Leases held at the last answer.
-        held: usize,
-    },
-}
-
-/// One answer of `POST /drain`.
-#[derive(Debug, Clone, Copy)]
-struct Answer {
-    state: DrainState,
-    held: usize,
-    held_at_start: usize,
-    elapsed: Duration,
-}
-
-/// Asks the process serving on `listen` (an unspecified address means this host) to drain,
-/// and waits until it holds no lease, at most `timeout`.
-pub fn request(listen: SocketAddr, timeout: Duration) -> Result<Drained, DrainError> {
-    let mut addr = listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-    }
-    let start = std::time::Instant::now();
-    let mut last: Option<Answer> = None;
-    loop {
-        let left = timeout.saturating_sub(start.elapsed());
-        let answer = match (post_drain(addr, left.min(MAX_WAIT)), last) {
-            (Ok(answer), _) => answer,
-            (Err(error), None) => return Err(error),
-            // It answered before and is gone now: its shutdown ended.
-            (Err(_), Some(a)) if a.held == 0 => return Ok(drained(a)),
-            (Err(_), Some(a)) => {
-                return Err(DrainError::Exited {
-                    leases: a.held_at_start,
-                    held: a.held,
-                });
-            }
-        };
-        match answer.state {
-            DrainState::Drained => return Ok(drained(answer)),
-            DrainState::StoppedHolding => {
-                return Err(DrainError::StoppedHolding {
-                    leases: answer.held_at_start,
-                    held: answer.held,
-                });
-            }
-            DrainState::Draining if left.is_zero() => {
-                return Err(DrainError::TimedOut {
-                    leases: answer.held_at_start,
-                    held: answer.held,
-                    waited: start.elapsed(),
-                });
-            }
-            DrainState::Draining => {
-                last = Some(answer);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
-
-fn drained(answer: Answer) -> Drained {
-    Drained {
-        leases: answer.held_at_start,
-        took: answer.elapsed,
-    }
-}
-
-/// `POST /drain?wait_ms=…` over a blocking socket.
-fn post_drain(addr: SocketAddr, wait: Duration) -> Result<Answer, DrainError> {
-    use std::io::{Read, Write};
-    let unreachable = |e: std::io::Error| DrainError::Unreachable {
-        addr,
-        reason: e.to_string(),
-    };
-    let mut conn =
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(unreachable)?;
-    conn.set_read_timeout(Some(wait + Duration::from_secs(5)))
-        .map_err(unreachable)?;
-    write!(
-        conn,
-        "POST /drain?wait_ms={} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        wait.as_millis()
-    )
-    .map_err(unreachable)?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).map_err(unreachable)?;
-    parse(addr, &response)
-}
-
-/// A `POST /drain` answer from its HTTP response.
-fn parse(addr: SocketAddr, response: &str) -> Result<Answer, DrainError> {
-    let code: u16 = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .trim();
-    let refused = || DrainError::Refused {
-        addr,
-        code,
-        body: body.to_owned(),
-    };
-    let json: serde_json::Value = serde_json::from_str(body).map_err(|_| refused())?;
-    let number = |key: &str| json.get(key).and_then(serde_json::Value::as_u64);
-    let count = |key: &str| number(key).and_then(|n| usize::try_from(n).ok());
-    let state = json
-        .get("state")
-        .and_then(|s| s.as_str())
-        .and_then(DrainState::parse);
-    match (
-        state,
-        count("held"),
-        count("held_at_start"),
-        number("elapsed_ms"),
-    ) {
-        (Some(state), Some(held), Some(held_at_start), Some(ms)) => Ok(Answer {
-            state,
-            held,
-            held_at_start,
-            elapsed: Duration::from_millis(ms),
-        }),
-        _ => Err(refused()),
     }
 }
 

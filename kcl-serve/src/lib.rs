@@ -15,8 +15,9 @@
 //! - `/metrics` drops counters and gauges not refreshed for 10 taker intervals (at least
 //!   10 s): kcl-core refreshes every series it owns every taker interval, and a shard's only
 //!   while this worker holds it, so the series of a shard that moved away disappear then.
-//! - `POST /drain` (loopback peers only: a pod's `preStop`) hands every lease over and stops
-//!   the process, for a scale-in; see [`drain`].
+//! - `POST /drain` (loopback peers carrying the drain token the process wrote at start: a
+//!   pod's `preStop`) hands every lease over and stops the process, for a scale-in; see
+//!   [`drain`].
 //!
 //! The server itself is in [`server`]: hardened against clients that never finish a request.
 

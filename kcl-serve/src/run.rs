@@ -4,6 +4,7 @@
 //! scaler on a port of its own while the worker runs.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::Router;
@@ -12,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::drain;
 use crate::{
     Metrics, OtlpSettings, Probes, ServeError, install_metrics, on_signals, router, server,
 };
@@ -27,6 +29,11 @@ pub struct Serving {
     metrics: Metrics,
     probes: Probes,
     shutdown_timeout: Duration,
+    /// Whether the worker keeps its leases for its restart on a shutdown (`restart_grace`).
+    restart_grace: bool,
+    /// Where the drain token is written; `None`: [`drain::token::default_path`] of the HTTP
+    /// port.
+    drain_token: Option<PathBuf>,
     /// KEDA's external scaler's address, bound (feature `scaler`).
     #[cfg(feature = "scaler")]
     scaler: Option<TcpListener>,
@@ -110,6 +117,8 @@ impl Serving {
             listener: server::bind(listen).await?,
             probes: Probes::for_worker(config),
             shutdown_timeout: config.shutdown_timeout,
+            restart_grace: config.restart_grace.is_some(),
+            drain_token: None,
             #[cfg(feature = "scaler")]
             scaler: None,
         })
@@ -122,6 +131,22 @@ impl Serving {
     pub async fn with_scaler(mut self, addr: SocketAddr) -> Result<Self, ServeError> {
         self.scaler = Some(kcl_scaler::bind(addr).await?);
         Ok(self)
+    }
+
+    /// Writes the drain token (`POST /drain`'s, see [`drain`]) to `path` instead of its
+    /// default place ([`drain::token::default_path`] of the HTTP port), when the run starts.
+    #[must_use]
+    pub fn with_drain_token(mut self, path: PathBuf) -> Self {
+        self.drain_token = Some(path);
+        self
+    }
+
+    /// Where the drain token is written when the run starts.
+    pub fn drain_token_path(&self) -> PathBuf {
+        self.drain_token.clone().unwrap_or_else(|| {
+            let port = self.http_addr().map_or(0, |a| a.port());
+            drain::token::default_path(port)
+        })
     }
 
     /// The address the HTTP server listens on (its port, when bound to port 0).
@@ -151,17 +176,20 @@ impl Serving {
         F: ProcessorFactory,
     {
         let handle = worker.shutdown_handle();
+        let token = self.drain_token();
         let mut routes = router(
             worker_id,
             worker.status(),
             self.metrics.prometheus.clone(),
             self.probes,
         )
-        .merge(crate::drain::routes(
-            handle.clone(),
-            worker.status(),
-            options.on_signal.clone(),
-        ));
+        .merge(drain::routes(drain::Setup {
+            handle: handle.clone(),
+            status: worker.status(),
+            also: options.on_signal.clone(),
+            token: token.clone(),
+            restart_grace: self.restart_grace,
+        }));
         if let Some(extra) = options.routes {
             routes = routes.merge(extra);
         }
@@ -208,9 +236,35 @@ impl Serving {
             joined("the scaler", scaler).await;
         }
         joined("the HTTP server", http).await;
+        if let Some(token) = token {
+            token.remove();
+        }
         said(&ended, &Self::summary(&self.metrics, &options.summary));
         self.metrics.last_push().await;
         ended
+    }
+}
+
+impl Serving {
+    /// Writes a fresh drain token; `None` (said in the log) when it cannot be written, and
+    /// `POST /drain` then refuses every call.
+    fn drain_token(&self) -> Option<drain::token::Token> {
+        let path = self.drain_token_path();
+        match drain::token::Token::write(&path) {
+            Ok(token) => {
+                tracing::debug!(path = %path.display(), "drain token written");
+                Some(token)
+            }
+            Err(error) => {
+                tracing::info!(
+                    path = %path.display(),
+                    %error,
+                    "cannot write the drain token: POST /drain refuses every call (a preStop \
+                     `drain` needs a writable path: an emptyDir at /tmp, or --drain-token-file)"
+                );
+                None
+            }
+        }
     }
 }
 

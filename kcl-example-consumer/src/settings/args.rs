@@ -279,6 +279,13 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) listen: SocketAddr,
 
+    /// Where the drain token is written at start: a random secret that `POST /drain` must
+    /// carry, which `kcl-example-consumer drain` (the preStop hook) reads from the same file
+    /// [default: /tmp/kcl-drain-<PORT>.token, PORT being --listen's]. Must be writable: with a
+    /// read-only root filesystem, an emptyDir at /tmp.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) drain_token_file: Option<PathBuf>,
+
     /// Also push the metrics over OTLP/HTTP (protobuf) to URL, a collector beside the
     /// process, e.g. http://localhost:4318/v1/metrics (an AWS Distro for OpenTelemetry
     /// sidecar whose awsemf exporter puts them in CloudWatch). Off unless set.

@@ -19,6 +19,7 @@ use kcl_serve::source::is_table_name;
 
 mod args;
 mod autoscale;
+mod endpoints;
 mod file;
 mod input;
 pub(crate) mod parse;
@@ -112,6 +113,8 @@ pub(crate) struct Settings {
     pub(crate) top_keys: usize,
     /// HTTP listen address.
     pub(crate) listen: SocketAddr,
+    /// Where the drain token is written, when not its default place.
+    pub(crate) drain_token_file: Option<PathBuf>,
     /// Where KEDA's external scaler is served, if it is.
     #[cfg_attr(not(feature = "scaler"), allow(dead_code))]
     pub(crate) scaler: Option<SocketAddr>,
@@ -444,6 +447,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         window: a.window.0,
         top_keys: a.top_keys,
         listen: a.listen,
+        drain_token_file: a.drain_token_file.clone(),
         scaler,
         otlp,
         log_format: a.log_format,
@@ -537,8 +541,15 @@ fn fits_dynamodb(
 }
 
 impl Settings {
-    /// The effective settings as a config file (TOML), each line commented with its origin.
+    /// The effective settings as a config file (TOML), each line commented with its origin,
+    /// then (as comments) the endpoint of each AWS service the run will call, as the
+    /// environment sets them ([`endpoints`]).
     pub(crate) fn to_toml(&self) -> String {
+        self.to_toml_with(&|name| std::env::var(name).ok())
+    }
+
+    /// [`to_toml`](Self::to_toml), the environment read through `env`.
+    pub(crate) fn to_toml_with(&self, env: &dyn Fn(&str) -> Option<String>) -> String {
         let mut out = String::new();
         for (key, (value, origin)) in &self.effective {
             let from = match origin {
@@ -561,6 +572,7 @@ impl Settings {
             };
             out.push_str(&format!("{lead}{} = {quoted}  # {from}\n", kebab(key)));
         }
+        out.push_str(&endpoints::section(self, env));
         out
     }
 }

@@ -804,3 +804,64 @@ fn bad_autoscaling_settings_name_their_key() {
         "{e}"
     );
 }
+
+#[test]
+fn print_config_shows_the_endpoints_of_the_source_the_lease_table_and_the_sink() {
+    let args = [
+        REQUIRED,
+        &[
+            "--on-failure",
+            "dead-letter",
+            "--dead-letters",
+            "sqs:https://q.example/1/dl",
+        ],
+    ]
+    .concat();
+    let s = resolve_ok(&args, None);
+    let env = |name: &str| match name {
+        "AWS_ENDPOINT_URL_KINESIS" => Some("http://localhost:4568".to_owned()),
+        "AWS_ENDPOINT_URL" => Some("http://user:s3cret@localhost:4566/?token=x".to_owned()),
+        "AWS_SECRET_ACCESS_KEY" => Some("never-printed".to_owned()),
+        _ => None,
+    };
+    let text = s.to_toml_with(&env);
+    assert!(
+        text.contains("# kinesis (the stream): http://localhost:4568  # AWS_ENDPOINT_URL_KINESIS"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# dynamodb (the lease table): http://localhost:4566/  # AWS_ENDPOINT_URL\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# sqs (the dead-letter sink): http://localhost:4566/  # AWS_ENDPOINT_URL\n"),
+        "{text}"
+    );
+    assert!(!text.contains("s3cret") && !text.contains("token") && !text.contains("never"));
+    // Still a config file.
+    assert!(text.parse::<toml::Table>().is_ok(), "{text}");
+    // Nothing set: AWS's endpoint, and where else it could come from.
+    let text = s.to_toml_with(&|_| None);
+    assert!(
+        text.contains(
+            "# dynamodb (the lease table): AWS's, for the region  # neither \
+             AWS_ENDPOINT_URL_DYNAMODB nor AWS_ENDPOINT_URL is set"
+        ),
+        "{text}"
+    );
+    let streams = [
+        "--source",
+        "dynamodb-streams",
+        "--table",
+        "orders",
+        "--application-name",
+        "app",
+    ];
+    let text = resolve_ok(&streams, None).to_toml_with(&|name: &str| {
+        (name == "AWS_ENDPOINT_URL_DYNAMODB_STREAMS").then(|| "http://streams:8000".to_owned())
+    });
+    assert!(
+        text.contains("# dynamodbstreams (the table's stream): http://streams:8000"),
+        "{text}"
+    );
+}
