@@ -7,8 +7,10 @@
 //!
 //! `timeoutInSeconds` bounds each hook as a whole: writing each message (a child that stops
 //! reading its stdin blocks the write), the checkpoints the child asks for, its answers, and
-//! for a child's last message its exit. `lease_lost`, on which kcl puts no deadline, is bounded
-//! by [`LEASE_LOST_BOUND`] when `timeoutInSeconds` is not set.
+//! for a child's last message its exit. Without it every hook is bounded all the same, by
+//! [`DEFAULT_HOOK_BOUND`] (5 min), and `lease_lost`, on which kcl puts no deadline, by
+//! [`LEASE_LOST_BOUND`] (10 s): a worker that renews its leases keeps them valid however long a
+//! hook takes, so without a bound a child that hangs would hold its shard for ever.
 //!
 //! Failure of a child (it exits, closes its stdout, answers the wrong `responseFor`, does not
 //! read or answer within `timeoutInSeconds`) fails the hook: kcl restarts the shard from its
@@ -71,6 +73,12 @@ const EXIT_GRACE: Duration = Duration::from_secs(10);
 /// How long `lease_lost` may take when `timeoutInSeconds` is not set: kcl puts no deadline on
 /// it, and the shard is not free for another child until it returns.
 pub(crate) const LEASE_LOST_BOUND: Duration = Duration::from_secs(10);
+/// How long any other hook may take with its child when `timeoutInSeconds` is not set: 5 min.
+/// The worker keeps renewing the lease while a hook runs, so the lease's validity never cuts
+/// a hung child's hook; this does, and the shard restarts from its checkpoint in a new child.
+/// Longer than any batch a working child should take (10,000 records at 30 ms each), and
+/// shorter than `stalledAfterSeconds` (10 min). Raise it with `timeoutInSeconds`.
+pub const DEFAULT_HOOK_BOUND: Duration = Duration::from_secs(300);
 /// How long what a killed group leaves behind is waited for: its reaping, the end of its
 /// pipes (held open only by a process that left the group).
 const AFTER_KILL: Duration = Duration::from_secs(1);
@@ -85,8 +93,8 @@ pub struct ChildCommand {
     /// Its arguments.
     pub args: Vec<String>,
     /// How long each hook may take with the child (`timeoutInSeconds`): its messages written,
-    /// the checkpoints on the way, its answers and, after its last message, its exit. `None`
-    /// waits as long as the lease allows, and 10 s for `lease_lost`.
+    /// the checkpoints on the way, its answers and, after its last message, its exit. `None`:
+    /// [`DEFAULT_HOOK_BOUND`] (5 min), and 10 s for `lease_lost`.
     pub timeout: Option<Duration>,
     /// Whether a batch fails when the child's client library reports on stderr that the
     /// record processor raised while processing it, though it answered the batch
@@ -211,9 +219,15 @@ struct Bound {
 }
 
 impl Bound {
-    /// `timeoutInSeconds` from now, if set.
+    /// `timeoutInSeconds` from now, else [`DEFAULT_HOOK_BOUND`].
     fn hook(timeout: Option<Duration>) -> Option<Self> {
-        timeout.map(|limit| Self::from_now(limit, "timeoutInSeconds"))
+        Some(match timeout {
+            Some(limit) => Self::from_now(limit, "timeoutInSeconds"),
+            None => Self::from_now(
+                DEFAULT_HOOK_BOUND,
+                "the default hook bound, timeoutInSeconds not being set",
+            ),
+        })
     }
 
     /// `lease_lost`'s: `timeoutInSeconds` or [`LEASE_LOST_BOUND`], within `hook`'s if given.

@@ -66,7 +66,7 @@
 //! - `timeoutInSeconds` bounds each hook as a whole (writing the message, the checkpoints on the
 //!   way, the answer, and after the last message the child's exit); Java's bounds each read of
 //!   an answer, so a child that stops reading its stdin holds its shard there. Without the key,
-//!   `leaseLost` is still bounded, by 10 s.
+//!   every hook is still bounded, by 5 min ([`DEFAULT_HOOK_BOUND`]; `leaseLost` by 10 s).
 //! - Children run in their own process group: a Ctrl-C at a terminal reaches the daemon, which
 //!   then lets every child checkpoint in `shutdownRequested`. A child goes with its group: once
 //!   it has exited (or is killed), what is left of its group is killed and reaped.
@@ -88,7 +88,8 @@ mod properties;
 mod protocol;
 
 pub use child::{
-    CHILD_RESTARTS, CHILDREN_FAILED, ChildCommand, ChildProcessor, FailurePolicy, refresh_series,
+    CHILD_RESTARTS, CHILDREN_FAILED, ChildCommand, ChildProcessor, DEFAULT_HOOK_BOUND,
+    FailurePolicy, refresh_series,
 };
 pub use config::{ClientSettings, Credentials, DaemonConfig, DeadLetterSettings, KeyError};
 pub use properties::Properties;

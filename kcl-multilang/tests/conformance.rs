@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use chrono::{TimeZone, Utc};
 use kcl_core::memory::MemoryLeaseStore;
 use kcl_core::{Checkpoint, ExtendedSequenceNumber, Record, SequenceNumber, ShardId};
-use kcl_multilang::{ChildCommand, ChildProcessor, FailurePolicy};
+use kcl_multilang::{ChildCommand, ChildProcessor, DEFAULT_HOOK_BOUND, FailurePolicy};
 
 mod scripted;
 
@@ -291,6 +291,72 @@ async fn a_child_that_stops_reading_its_stdin_fails_the_hook_within_timeout_in_s
         group(pid),
         Group::default(),
         "what is left of the child's group"
+    );
+}
+
+/// Without `timeoutInSeconds` (the properties file's default: `None`), a child that stops
+/// reading its stdin still loses its shard: the worker renews the lease however long the hook
+/// takes, so the lease's validity never ends it, and the default bound (5 min) does. The hook
+/// fails, nothing is checkpointed, the child's group is killed, and a new child initialized
+/// from the checkpoint takes the shard over (as the worker restarts a shard whose hook failed).
+#[tokio::test]
+async fn without_timeout_in_seconds_a_child_that_stops_reading_loses_its_shard_at_the_default_bound()
+ {
+    let store = MemoryLeaseStore::new();
+    let mut h = harness(&store).await;
+    let (mut processor, child) = scripted("deaf", None);
+    h.initialize(&mut processor).await.unwrap();
+    // Five minutes, in paused time: the write blocks on a child that reads nothing.
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    let result = tokio::time::timeout(
+        DEFAULT_HOOK_BOUND * 2,
+        h.process(&mut processor, big_batch()),
+    )
+    .await;
+    let took = started.elapsed();
+    tokio::time::resume();
+    let error = result
+        .expect("still writing the batch to a child that reads nothing, twice the default bound on")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("`processRecords` within 300s (the default hook bound"),
+        "{error}"
+    );
+    assert!(
+        took >= DEFAULT_HOOK_BOUND && took < DEFAULT_HOOK_BOUND + Duration::from_secs(15),
+        "failed after {took:?}"
+    );
+    assert_eq!(h.checkpoint().await.unwrap(), Checkpoint::TrimHorizon);
+    // What the worker does next: the processor is dropped, and the shard restarts.
+    drop(processor);
+    let pid = child.pid_noted("# deaf ");
+    let gone = Instant::now();
+    while group(pid) != Group::default() && gone.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        group(pid),
+        Group::default(),
+        "what is left of the child's group"
+    );
+
+    // The shard restarts in a new child, from its checkpoint, which processes and checkpoints.
+    let (mut next, next_child) = scripted("normal", None);
+    h.initialize(&mut next).await.unwrap();
+    h.process(&mut next, vec![record(7, 0, "k", b"x")])
+        .await
+        .unwrap();
+    assert!(matches!(
+        h.checkpoint().await.unwrap(),
+        Checkpoint::Sequence(_)
+    ));
+    h.lease_lost(&mut next).await;
+    assert!(
+        next_child.received().len() >= 2,
+        "{:?}",
+        next_child.received()
     );
 }
 

@@ -38,11 +38,15 @@ impl DaemonConfig {
             "child = {:?} {:?}",
             self.command.program, self.command.args
         );
-        let _ = writeln!(
-            out,
-            "child hook timeout (timeoutInSeconds) = {:?}",
-            self.command.timeout
-        );
+        let _ = match self.command.timeout {
+            Some(limit) => writeln!(out, "child hook timeout (timeoutInSeconds) = {limit:?}"),
+            None => writeln!(
+                out,
+                "child hook timeout (timeoutInSeconds) = {:?} (default; leaseLost {:?})",
+                crate::DEFAULT_HOOK_BOUND,
+                crate::child::LEASE_LOST_BOUND
+            ),
+        };
         let _ = writeln!(
             out,
             "child errors fail the batch (childErrorsFailBatch) = {}",
