@@ -266,7 +266,7 @@ const UNIT_TESTS: &[(Mutation, &str)] = &[
         "singleton::tests::a_candidate_whose_sightings_stopped_reads_the_row_itself",
     ),
     // Seen in 1,000 seeds (408, 441, 638: a graceful handoff waiting on records in
-    // flight), not in the mutation check's 200.
+    // flight), not in the 200 the mutation check once ran.
     (
         Mutation::StallAgeSeenByTaskOnly,
         "worker::report::tests::a_checkpoint_moved_in_a_hook_that_runs_on_ends_the_stall",
@@ -315,7 +315,7 @@ const UNIT_TESTS: &[(Mutation, &str)] = &[
         "checkpoint::tests::a_restart_after_an_unanswered_shard_end_sees_the_shard_ended",
     ),
     // Churn, not loss, and only where figures move (a change of load, a burst): the
-    // load seeds of the mutation check's 200 settle alike either way.
+    // load seeds of the first 200 settle alike either way.
     (
         Mutation::FluxIgnored,
         "lease::balance::tests::figures_still_moving_are_not_acted_on",

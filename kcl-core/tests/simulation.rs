@@ -125,7 +125,7 @@ fn main() {
         return;
     }
     if std::env::var_os("SIM_MUTATIONS").is_some() {
-        let caught = sim::mutations::run(env("SIM_MUTATION_SEEDS").unwrap_or(200), run_seeds);
+        let caught = sim::mutations::run(env("SIM_MUTATION_SEEDS").unwrap_or(500), run_seeds);
         std::process::exit(i32::from(!caught));
     }
     let mut seeds: Vec<u64> = match (env("SIM_SEED"), env("SIM_SEEDS")) {

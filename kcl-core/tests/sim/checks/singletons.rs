@@ -123,7 +123,7 @@ pub(super) fn sends(e: &Evidence<'_>, v: &mut Vec<String>) {
 
 /// standby-takeover: when the singleton's holder crashed while a standby held the first
 /// standby row, and neither that standby nor the store was disturbed from a failover time
-/// before until the bound, the next run started within the restart bound plus a poll (the
+/// before until the bound (nor had the standby crashed or left by then), the next run started within the restart bound plus a poll (the
 /// standby may have moved up within the last poll), whatever else happened in the fleet.
 pub(super) fn standby_takeovers(e: &Evidence<'_>, v: &mut Vec<String>) {
     let (Some(bound), Some(row)) = (e.restart_bound, e.standby_row.as_ref()) else {
@@ -147,11 +147,13 @@ pub(super) fn standby_takeovers(e: &Evidence<'_>, v: &mut Vec<String>) {
             .iter()
             .any(|(w, a, b)| w == standby && overlaps(a, b))
             || e.journal.store_faulted.iter().any(|(a, b)| overlaps(a, b))
+            // A standby that crashed or left before then is no standby, even if a write it
+            // sent before landed later (the store's latency).
             || e.journal
                 .crashes
                 .iter()
                 .chain(&e.journal.leaves)
-                .any(|(w, when)| w == standby && overlaps(when, when));
+                .any(|(w, when)| w == standby && *when <= until);
         if disturbed || standby == worker {
             continue;
         }
