@@ -204,3 +204,32 @@ async fn a_fleet_whose_leader_and_standby_die_leads_again_within_two_failover_ti
         stop(workers).await;
     }
 }
+
+/// The standby row deleted under the fleet: its holder steps down, and the leader creates the
+/// row again and hands it on, so the fleet has a standby within a few failover times (it had
+/// none for good before: nobody created the row again).
+#[tokio::test(start_paused = true)]
+async fn a_deleted_standby_row_is_made_again_and_handed_on() {
+    for liveness in [Liveness::PerLease, Liveness::Heartbeat] {
+        let config = config(liveness);
+        let (store, workers) = fleet(&config).await;
+        sleep(Duration::from_secs(5)).await;
+        let key = ShardId::new(STANDBY);
+        let row = store.get(&key).await.unwrap().unwrap();
+        store.delete(&row).await.unwrap();
+        let back = wait_until(Duration::from_secs(60), || {
+            let standby = holder(&store, STANDBY);
+            standby.is_some() && standby != holder(&store, LEADER)
+        })
+        .await;
+        eprintln!("{liveness:?}: a standby again {back:?} after the row was deleted");
+        let bound = config.failover_time * 3;
+        assert!(
+            back.is_some_and(|t| t <= bound),
+            "{liveness:?}: standby after {back:?}"
+        );
+        let (two, _) = watch(&workers, Duration::from_secs(20), Duration::ZERO).await;
+        assert_eq!(two, Duration::ZERO, "{liveness:?}");
+        stop(workers).await;
+    }
+}

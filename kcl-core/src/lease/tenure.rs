@@ -269,11 +269,6 @@ impl Tenure {
         !self.is_lost() && Instant::now() < self.valid_until()
     }
 
-    /// The row's counter as last written or read; `None` while a write is under way.
-    pub(crate) fn counter_now(&self) -> Option<u64> {
-        Some(self.held.try_lock().ok()?.lease.counter)
-    }
-
     /// Gives the lease up locally (validity ran out, or a write lost its condition).
     pub(crate) fn mark_lost(&self) {
         self.lost.cancel();

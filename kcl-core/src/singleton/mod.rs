@@ -69,7 +69,7 @@ pub use self::context::{FencingToken, TaskContext};
 pub use self::messages::{Inboxes, Messenger, Refusal, SendError, SingletonHandle};
 pub use self::periodic::Period;
 pub(crate) use self::take::Sighting;
-use crate::error::{ConfigError, Error};
+use crate::error::{BackendError, ConfigError, Error, ErrorKind};
 use crate::lease::tenure::Tenure;
 use crate::lease::{Lease, LeaseStore, TableFeatures};
 use crate::mutation::{self, Mutation};
@@ -259,20 +259,16 @@ impl<L: LeaseStore> Singleton<L> {
     }
 
     /// This process read the row as `row` elsewhere: if it holds the row and the read shows
-    /// a later write that made another worker the holder, the holding ends now rather than at
-    /// its next write (a carried row is not written while its carrier proves it). A read that
-    /// shows another owner (or none) at an earlier counter may be stale, or show a row
-    /// deleted and created again under the holder (its counter started again):
-    /// [`verify`](Self::verify) decides.
+    /// another owner (or none), the holding ends as soon as a consistent read agrees rather
+    /// than at its next write (a carried row is not written while its carrier proves it). The
+    /// read may be stale (an older write, at a lower counter; or, for a row deleted and
+    /// created again, at a higher one, whose counter started again): [`verify`](Self::verify)
+    /// decides.
     pub(crate) fn saw_held(&self, row: &Lease) {
         let Some(tenure) = self.tenure() else {
             return;
         };
-        let counter = tenure.counter_now();
-        if counter.is_some_and(|c| row.counter > c) && !row.is_owned_by(&self.me) {
-            tracing::info!(singleton = %self.key, holder = ?row.owner, "the row was taken: giving up");
-            tenure.mark_lost();
-        } else if !row.is_owned_by(&self.me) {
+        if !row.is_owned_by(&self.me) {
             self.verify(tenure);
         }
     }
@@ -306,8 +302,13 @@ impl<L: LeaseStore> Singleton<L> {
         }
         let (store, key, me) = (self.store.clone(), self.key.clone(), self.me.clone());
         let verifying = self.verifying.clone();
+        let limit = self.config.failover_time;
         crate::task::spawn(async move {
-            let read = store.get(&key).await;
+            // Bounded, so that a read that hangs cannot keep the next check from running.
+            let read = match tokio::time::timeout(limit, store.get(&key)).await {
+                Ok(read) => read,
+                Err(_) => Err(BackendError::new(ErrorKind::Retryable, "get", "timed out")),
+            };
             verifying.store(false, std::sync::atomic::Ordering::Release);
             let gone = match &read {
                 Ok(Some(row)) => !row.is_owned_by(&me),

@@ -240,11 +240,19 @@ impl Roles {
             .into_iter()
             .enumerate()
         {
+            let wanted = i == 0 && role != Role::Leader || i == 1 && role == Role::Follower;
             let Some(row) = find(&role_key(RESERVED[i])) else {
-                // Deleted (by hand, `kcl-admin`): a holder steps down, whoever creates it
-                // again.
+                // Deleted (by hand, `kcl-admin`): a holder steps down; a worker that wants
+                // the row polls at once (its poll creates it); the leader creates a missing
+                // standby row, to hand it on.
                 if let Some(candidate) = self.candidates.get(i) {
                     candidate.saw_missing();
+                    if wanted {
+                        candidate.poke();
+                    }
+                }
+                if i == 1 && role == Role::Leader {
+                    self.keeper_lock().missing();
                 }
                 continue;
             };
@@ -260,7 +268,6 @@ impl Roles {
             // Free, or handed to this worker: the standby row only to a worker that is
             // neither leader nor standby.
             let mine = row.owner.is_none() || row.owner.as_ref() == Some(&self.me);
-            let wanted = i == 0 && role != Role::Leader || i == 1 && role == Role::Follower;
             if mine && wanted {
                 candidate.poke();
             }

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::Roles;
 use crate::lease::{Lease, LeaseStore};
 use crate::singleton::carried::Proof;
-use crate::types::WorkerId;
+use crate::types::{Checkpoint, WorkerId};
 use crate::worker::table::Table;
 
 /// What the leader keeps of the standby row: the last sighting, its proof, and its last
@@ -30,11 +30,23 @@ pub(in crate::worker) struct Standby {
     proof: Proof,
     /// When the leader last handed the row on.
     handed: Option<Instant>,
+    /// The last read of the whole table did not show the row (deleted by hand): the leader
+    /// creates it, unowned, to hand it on.
+    gone: bool,
 }
 
 impl Standby {
+    /// The leader read the whole table and the standby row was not in it.
+    pub(super) fn missing(&mut self) {
+        *self = Self {
+            gone: true,
+            ..Self::default()
+        };
+    }
+
     /// The leader read the standby row as `row` (and its carrier) at `at`.
     pub(super) fn saw(&mut self, row: Lease, carrier: Option<Lease>, at: Instant) {
+        self.gone = false;
         self.proof.observe(&row, carrier.as_ref(), at);
         self.seen = Some((row, carrier));
     }
@@ -88,6 +100,18 @@ impl Roles {
         eligible: impl Fn(&WorkerId) -> bool,
     ) {
         let failover = table.config.failover_time;
+        if self.keeper_lock().gone {
+            // Created unowned; the next read sees it free and hands it on.
+            let row = Lease::new(
+                super::role_key(crate::singleton::RESERVED[1]),
+                Checkpoint::TrimHorizon,
+            );
+            match table.call("create", table.store.create(&row)).await {
+                Ok(_) => self.keeper_lock().gone = false,
+                Err(error) => tracing::debug!(%error, "creating the standby row failed"),
+            }
+            return;
+        }
         let due = self.keeper_lock().due(&table.me, None, failover);
         let row = match due {
             Due::No => return,
