@@ -84,9 +84,10 @@ impl Publisher {
             return Ok(row);
         }
         let found = self.found.get_or_insert_with(|| row.owner.clone());
-        if self.took || row.owner != *found {
-            // A worker other than the one it took from holds it now, or it held the row and
-            // lost it: a successor leads.
+        // A worker other than the one it took from holds it now, or it held the row and
+        // another holds it now: a successor leads. A row nobody holds (deleted by hand and
+        // made again, or given back) is taken, whatever this leadership saw before.
+        if row.owner.is_some() && (self.took || row.owner != *found) {
             self.deposed = true;
             return Err(deposed());
         }
@@ -210,5 +211,35 @@ mod tests {
         assert!(new.publish(&store, &b, &signals(9)).await.is_err());
         assert!(new.publish(&store, &b, &signals(9)).await.is_err());
         assert_eq!(figures(&store).await, Some(signals(8)));
+    }
+
+    /// The row deleted by hand (and made again by the next read) under a publisher that
+    /// leads: it takes the row nobody holds and goes on publishing (it was deposed for its
+    /// whole leadership before, and followers went UNAVAILABLE).
+    #[tokio::test]
+    async fn a_publisher_whose_row_was_deleted_goes_on() {
+        let store = MemoryLeaseStore::new();
+        let _ = store.ensure_table(TableFeatures::NONE).await;
+        let a = WorkerId::new("a");
+        let mut publisher = Publisher::default();
+        assert!(publisher.publish(&store, &a, &signals(3)).await.is_ok());
+        let row = store.get(&key()).await.ok().flatten();
+        assert!(
+            store
+                .delete(&row.unwrap_or_else(|| unreachable!()))
+                .await
+                .is_ok()
+        );
+        // The first write after the delete fails (its row is gone); the next ones succeed.
+        let _ = publisher.publish(&store, &a, &signals(4)).await;
+        for desired in [5, 6] {
+            assert!(
+                publisher
+                    .publish(&store, &a, &signals(desired))
+                    .await
+                    .is_ok()
+            );
+        }
+        assert_eq!(figures(&store).await, Some(signals(6)));
     }
 }
