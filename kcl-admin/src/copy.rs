@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
 
@@ -23,10 +25,12 @@ pub(crate) struct Args {
     /// The application (lease table) to copy to; created if missing.
     #[arg(long)]
     to_application: String,
-    /// The source fleet's failover time (10 s by default): the source table is watched for
-    /// it (10 s at least) and a second, and the copy refused if anything in it moves.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    failover_time: Duration,
+    /// The source fleet's failover time (its `failover_time`): the source table is watched
+    /// for it (10 s at least) and a second, and the copy refused if anything in it moves.
+    /// Required but with `--force`, as for `remove-kcl-rows`: a watch shorter than the
+    /// fleet's renewals would copy a running fleet's leases.
+    #[arg(long, required_unless_present = "force", value_parser = humantime::parse_duration)]
+    failover_time: Option<Duration>,
     /// Copy even if the source fleet is running, without watching: the copy is then a
     /// snapshot, and the new fleet repeats (at least once) what the old one does after it.
     #[arg(long)]
@@ -82,12 +86,15 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
 /// The source table's rows once a watch saw nothing move in it; an error naming what moved
 /// otherwise.
 async fn stopped(from: &impl LeaseStore, args: &Args) -> anyhow::Result<Vec<Lease>> {
+    let failover_time = args
+        .failover_time
+        .context("--failover-time: the source fleet's failover time (or --force)")?;
     report(&format!(
         "watching every row of {} for {} (the failover time, 10 s at least, and a second) to make sure its fleet has stopped",
         args.from_application,
-        humantime::format_duration(liveness::watch_time(args.failover_time))
+        humantime::format_duration(liveness::watch_time(failover_time))
     ));
-    match liveness::watch(from, args.failover_time).await? {
+    match liveness::watch(from, failover_time).await? {
         Seen::Still(rows) => Ok(rows),
         Seen::Moved(changes, after) => anyhow::bail!(
             "{}. Nothing copied: stop its workers first (or --force, for a snapshot that {}'s fleet would repeat from)",

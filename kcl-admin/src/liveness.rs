@@ -70,18 +70,27 @@ pub(crate) fn watch_time(failover_time: Duration) -> Duration {
     failover_time.max(MIN_FAILOVER) + Duration::from_secs(1)
 }
 
-/// Reads the whole table every few seconds for `watch_time(failover_time)`; returns at
-/// the first read that differs from the one before.
+/// Reads the whole table every few seconds for `watch_time(failover_time)`, and the longest
+/// restart grace a row asks for; returns at the first read that differs from the one before.
 pub(crate) async fn watch(
     store: &impl LeaseStore,
     failover_time: Duration,
 ) -> anyhow::Result<Seen> {
-    let length = watch_time(failover_time);
+    let started = Instant::now();
+    let mut before = store.list().await?;
+    // A worker that stopped to restart under the same id (`restart_grace`) writes nothing
+    // until it is back, up to its grace past the failover time: the watch waits that too.
+    let grace = before.iter().filter_map(|l| l.restart_grace).max();
+    let length = watch_time(failover_time) + grace.unwrap_or_default();
+    if let Some(grace) = grace {
+        report(&format!(
+            "a row keeps its lease through its worker's restart (restart grace {}): watching that much longer",
+            humantime::format_duration(grace)
+        ));
+    }
     // Several reads, so that a row written and deleted again within the watch is seen too;
     // not too many, so that a large table is not scanned every second.
     let step = (length / 6).clamp(Duration::from_secs(1), Duration::from_secs(5));
-    let started = Instant::now();
-    let mut before = store.list().await?;
     loop {
         let left = length.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -161,6 +170,11 @@ pub(crate) fn describe(application: &str, changes: &[Change], after: Duration) -
 
 fn round_to_tenths(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis().div_ceil(100).try_into().unwrap_or(u64::MAX) * 100)
+}
+
+#[allow(clippy::print_stdout)]
+fn report(line: &str) {
+    println!("{line}");
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //! first record at or after it (one `GetRecords` of one record, following empty answers a
 //! few times while the stream says there is more); the earlier of the two is where reading
 //! would start, and the records from there up to the later one are counted, `GetRecords` of
-//! up to 10,000 at a time, for [`MAX_CALLS`] calls at most (a "more than" beyond). If the
+//! up to 1,000 at a time, for [`MAX_CALLS`] calls at most (a "more than" beyond), one a
+//! second ([`PACE`]): a shard allows 5 calls a second and 2 MB, shared with the fleet that
+//! reads it, and a dry run must not throttle it. If the
 //! target comes first, the reset replays them; if the checkpoint does, it skips them.
 //!
 //! Approximate: the stream goes on (records arrive, `LATEST` moves, the oldest records
@@ -17,7 +19,9 @@ use kcl_core::{Checkpoint, Lease, SequenceNumber, ShardId, ShardSource, Starting
 /// `GetRecords` calls a count makes at most.
 const MAX_CALLS: usize = 20;
 /// Records asked for by each.
-const BATCH: u32 = 10_000;
+const BATCH: u32 = 1_000;
+/// The least time between two calls on a shard.
+const PACE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Empty answers followed while the stream says there is more, looking for a position's
 /// first record.
 const EMPTY_READS: usize = 5;
@@ -113,7 +117,10 @@ async fn first(
     position: &StartingPosition,
 ) -> Result<Option<SequenceNumber>, kcl_core::BackendError> {
     let mut iterator = source.shard_iterator(shard, position).await?;
-    for _ in 0..EMPTY_READS {
+    for read in 0..EMPTY_READS {
+        if read > 0 {
+            tokio::time::sleep(PACE).await;
+        }
         let batch = source.get_records(&iterator, 1).await?;
         if let Some(record) = batch.records.first() {
             return Ok(Some(record.sequence_number.clone()));
@@ -135,7 +142,10 @@ async fn count(
 ) -> Result<Count, kcl_core::BackendError> {
     let mut iterator = source.shard_iterator(shard, position).await?;
     let mut records = 0;
-    for _ in 0..MAX_CALLS {
+    for call in 0..MAX_CALLS {
+        if call > 0 {
+            tokio::time::sleep(PACE).await;
+        }
         let batch = source.get_records(&iterator, BATCH).await?;
         let empty = batch.records.is_empty();
         for record in &batch.records {

@@ -156,7 +156,7 @@ async fn copy_run(ctx: Context) -> anyhow::Result<()> {
         admin(&ctx, &[&args[..], extra].concat())
     };
     let renamed = format!("{}-renamed", ctx.table);
-    let refused = copy(&renamed, &[]);
+    let refused = copy(&renamed, &["--failover-time", "3s"]);
     let forced = format!("{}-forced", ctx.table);
     let forced_out = copy(&forced, &["--force"]);
     worker.terminate()?;
@@ -179,7 +179,7 @@ async fn copy_run(ctx: Context) -> anyhow::Result<()> {
         "copy --force copied not both leases"
     );
     // The fleet stopped: copied.
-    let out = copy(&renamed, &[])?;
+    let out = copy(&renamed, &["--failover-time", "3s"])?;
     anyhow::ensure!(
         out.status.success(),
         "copy of a stopped fleet's table failed"

@@ -256,7 +256,7 @@ impl Serving {
                 Some(token)
             }
             Err(error) => {
-                tracing::info!(
+                tracing::warn!(
                     path = %path.display(),
                     %error,
                     "cannot write the drain token: POST /drain refuses every call (a preStop \

@@ -48,17 +48,18 @@ fn services(settings: &Settings) -> Vec<Service> {
     out
 }
 
-/// `url` without its user information (`user:password@`) and its query.
+/// `url` without its user information (`user:password@`) and its query. Everything up to
+/// the last `@` goes first (a password may hold `?`, `#` or `/`): hiding too much of an
+/// endpoint is harmless, showing part of a password is not.
 fn shown(url: &str) -> String {
     let url = url.trim();
-    let url = url.split(['?', '#']).next().unwrap_or_default();
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{path}")
-        }
-        None => url.rsplit_once('@').map_or(url, |(_, h)| h).to_owned(),
+    let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    if scheme.is_empty() {
+        rest.to_owned()
+    } else {
+        format!("{scheme}://{rest}")
     }
 }
 
@@ -109,5 +110,8 @@ mod tests {
         );
         assert_eq!(shown(" http://a@b:1 "), "http://b:1");
         assert_eq!(shown("localhost:4566"), "localhost:4566");
+        assert_eq!(shown("https://user:p?ss@host/x"), "https://host/x");
+        assert_eq!(shown("https://u:p#w@host"), "https://host");
+        assert_eq!(shown("https://u:p/w@host:1"), "https://host:1");
     }
 }

@@ -17,7 +17,8 @@
 //! follower holding nothing reads the whole table every few intervals, and takes a free row
 //! from that): a follower sees the row stand still for the failover time within two of them,
 //! so a fleet that loses its leader and standby together leads again within about two
-//! failover times and a taker interval (six reads a minute a follower, at 10 s).
+//! failover times and a taker interval (at 10 s, a follower's twelve eventually consistent
+//! reads a minute, six read units: the row and its carrier).
 //!
 //! A holder steps down when its row is taken, deleted, or deleted and created again (by
 //! hand, by `kcl-admin`): the leader and the standby read the whole table every taker
