@@ -27,8 +27,9 @@
 //!
 //! The server runs inside the worker, which must keep renewing its leases whatever connects:
 //! [`serve`] bounds connections, calls, streams and their time ([`Limits`]: at most 64
-//! connections, the oldest idle one closed to make room; 16 calls on one, 32
-//! `StreamIsActive` streams in all, RESOURCE_EXHAUSTED beyond; a stream ends after 5 min, and
+//! connections, the oldest idle one of the host holding the most closed to make room; 16 calls
+//! on one, 32 `StreamIsActive` streams in all and a quarter of them from one host,
+//! RESOURCE_EXHAUSTED beyond; a stream ends after 5 min, and
 //! KEDA opens another). It listens where it is told: the binaries serve it on `--listen`'s host
 //! (every address with their default `0.0.0.0`, as KEDA's operator connects from another
 //! pod).

@@ -89,6 +89,8 @@ pub(crate) struct Connections {
 struct Entry {
     busy: Arc<AtomicUsize>,
     evicted: CancellationToken,
+    /// The peer's address, without its port: connections are counted by host.
+    host: Option<std::net::IpAddr>,
 }
 
 /// A connection's place; gives it back when dropped.
@@ -145,14 +147,22 @@ impl Connections {
         }
     }
 
-    /// A place for a new connection from `peer`: free, or taken from the oldest idle one
-    /// (which is told to close). `None` if every connection has a call in flight.
+    /// A place for a new connection from `peer`: free, or taken from an idle one (which is
+    /// told to close): the oldest of the host that holds the most connections, so that a
+    /// host opening many cannot push out another's one (KEDA's). `None` if every connection
+    /// has a call in flight.
     pub(crate) fn admit(&self, peer: Option<std::net::SocketAddr>) -> Option<Slot> {
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         if open.len() >= self.max {
+            let mut by_host: std::collections::HashMap<Option<std::net::IpAddr>, usize> =
+                std::collections::HashMap::new();
+            for entry in open.values() {
+                *by_host.entry(entry.host).or_default() += 1;
+            }
             let idle = open
                 .iter()
-                .find(|(_, e)| e.busy.load(Ordering::SeqCst) == 0)
+                .filter(|(_, e)| e.busy.load(Ordering::SeqCst) == 0)
+                .max_by_key(|(id, e)| (by_host.get(&e.host).copied(), std::cmp::Reverse(**id)))
                 .map(|(id, _)| *id)?;
             if let Some(entry) = open.remove(&idle) {
                 entry.evicted.cancel();
@@ -170,6 +180,7 @@ impl Connections {
             Entry {
                 busy: conn.busy.clone(),
                 evicted: conn.evicted.clone(),
+                host: peer.map(|p| p.ip()),
             },
         );
         Some(Slot { id, conn })
@@ -323,5 +334,24 @@ mod tests {
         drop(only);
         let _new = c.admit(None).unwrap();
         assert_eq!(c.len(), 1);
+    }
+
+    /// One host (KEDA) holds one idle connection, the oldest; another opens many: room is
+    /// made by closing the flooding host's own, never KEDA's.
+    #[test]
+    fn a_host_opening_many_connections_pushes_out_its_own_not_anothers() {
+        let c = Connections::new(4);
+        let keda: std::net::SocketAddr = "10.0.0.1:5000".parse().unwrap();
+        let flood = |port: u16| Some(std::net::SocketAddr::from(([10, 0, 0, 2], port)));
+        let kept = c.admit(Some(keda)).unwrap();
+        let mut flooding: Vec<Slot> = (0..3).map(|p| c.admit(flood(p)).unwrap()).collect();
+        for port in 3..50 {
+            flooding.push(c.admit(flood(port)).unwrap());
+        }
+        assert!(
+            !kept.conn.evicted.is_cancelled(),
+            "KEDA's connection was closed"
+        );
+        assert_eq!(c.len(), 4);
     }
 }

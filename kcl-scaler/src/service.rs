@@ -28,6 +28,9 @@ pub struct Scaler {
     /// A permit for each `StreamIsActive` stream open.
     streams: Arc<Semaphore>,
     max_streams: usize,
+    /// The streams open by each host: at most a quarter of `max_streams` each, so that one
+    /// host cannot keep KEDA's out (loopback peers are not told apart).
+    by_host: HostStreams,
     stream_lifetime: Duration,
 }
 
@@ -52,6 +55,10 @@ impl Scaler {
             stop,
             streams: Arc::new(Semaphore::new(max_streams)),
             max_streams,
+            by_host: HostStreams {
+                open: Arc::default(),
+                max: (max_streams / 4).max(1),
+            },
             stream_lifetime: limits.stream_lifetime,
         }
     }
@@ -92,8 +99,68 @@ struct Watching {
     sent: Option<bool>,
     /// When the stream ends ([`Limits::stream_lifetime`]).
     end: Instant,
-    /// Its place among the streams, and its call in flight on its connection.
-    _held: (OwnedSemaphorePermit, Option<InFlight>),
+    /// Its place among the streams and its host's, and its call in flight on its connection.
+    _held: (OwnedSemaphorePermit, HostStream, Option<InFlight>),
+}
+
+type HostKey = Option<std::net::IpAddr>;
+
+/// The `StreamIsActive` streams open by each host.
+#[derive(Debug, Clone)]
+struct HostStreams {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<HostKey, usize>>>,
+    max: usize,
+}
+
+impl HostStreams {
+    /// A place for one more stream of `host`, unless it holds the most a host may. A peer
+    /// on loopback (a sidecar proxy carries many hosts' calls) or unknown is not counted by
+    /// host, only among all the streams.
+    fn admit(&self, host: HostKey) -> Result<HostStream, tonic::Status> {
+        let host = host.filter(|h| !h.is_loopback());
+        if host.is_none() {
+            return Ok(HostStream {
+                streams: self.clone(),
+                host,
+            });
+        }
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(host).or_default();
+        if *n >= self.max {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "this host has {n} StreamIsActive streams open, the most one host may: poll \
+                 IsActive, or open the stream again later"
+            )));
+        }
+        *n += 1;
+        Ok(HostStream {
+            streams: self.clone(),
+            host,
+        })
+    }
+}
+
+/// One stream's place among its host's; given back when dropped.
+#[derive(Debug)]
+struct HostStream {
+    streams: HostStreams,
+    host: HostKey,
+}
+
+impl Drop for HostStream {
+    fn drop(&mut self) {
+        let mut open =
+            (self.streams.open.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.host) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.host);
+            }
+        }
+    }
 }
 
 /// The stream's next answer: the current one when it differs from the last sent; `None` (the
@@ -147,6 +214,12 @@ impl ExternalScaler for Scaler {
         request: Request<ScaledObjectRef>,
     ) -> Answer<Self::StreamIsActiveStream> {
         let call = in_flight(&request)?;
+        let host = request
+            .extensions()
+            .get::<Conn>()
+            .and_then(|c| c.peer)
+            .map(|p| p.ip());
+        let host = self.by_host.admit(host)?;
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             tonic::Status::resource_exhausted(format!(
                 "{} StreamIsActive streams are open, the most this scaler serves: poll IsActive, \
@@ -159,7 +232,7 @@ impl ExternalScaler for Scaler {
             stop: self.stop.clone(),
             sent: None,
             end: Instant::now() + self.stream_lifetime,
-            _held: (permit, call),
+            _held: (permit, host, call),
         };
         Ok(Response::new(Box::pin(stream::unfold(
             watching,

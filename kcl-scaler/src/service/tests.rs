@@ -260,3 +260,23 @@ async fn a_stream_past_the_most_is_refused_with_resource_exhausted_until_one_end
     drop(first);
     assert!(s.stream_is_active(Request::new(object(&[]))).await.is_ok());
 }
+
+/// One host may hold a quarter of the streams: a host that opens more is refused, another
+/// host still gets one; a stream given back makes room for its host again.
+#[test]
+fn one_host_holds_at_most_a_quarter_of_the_streams() {
+    let streams = super::HostStreams {
+        open: std::sync::Arc::default(),
+        max: 8,
+    };
+    let flooder = Some(std::net::IpAddr::from([10, 0, 0, 2]));
+    let keda = Some(std::net::IpAddr::from([10, 0, 0, 1]));
+    let held: Vec<_> = (0..8).map(|_| streams.admit(flooder).unwrap()).collect();
+    let refused = streams.admit(flooder).err().map(|e| e.code());
+    assert_eq!(refused, Some(Code::ResourceExhausted));
+    assert!(streams.admit(keda).is_ok(), "another host was refused");
+    let loopback = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+    let local: Vec<_> = (0..20).map(|_| streams.admit(loopback).unwrap()).collect();
+    drop((held, local));
+    assert!(streams.admit(flooder).is_ok());
+}
