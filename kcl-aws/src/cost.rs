@@ -19,7 +19,7 @@
 //!   nothing to carry it (per-lease renewals, a holder without a lease: with fewer shards than
 //!   role holders) renews its row, every `F/2`. The leader hands the standby row to a
 //!   follower itself (which finds it in its index query); followers only read the leader row
-//!   and its carrier every `6F`, in case leader and standby are both gone (two eventually
+//!   and its carrier every `F`, in case leader and standby are both gone (two eventually
 //!   consistent `GetItem`s, half a unit each); the standby sees both rows in its reads of the
 //!   table, at no extra cost.
 //! - **Observers** (`Coordination::Leader`): the leader and the standby each read the table
@@ -211,7 +211,7 @@ pub fn estimate(fleet: &Fleet, coordination: Coordination, liveness: Liveness) -
             let query_every = (f / 2.0).max(t);
             load.read_units += followers * fleet.index_query() / query_every;
             // The leader row and its carrier, half a unit each.
-            load.read_units += followers * (0.5 + 0.5) / (6.0 * f);
+            load.read_units += followers * (0.5 + 0.5) / f;
         }
     }
     load
@@ -252,28 +252,34 @@ mod tests {
         let fleet = Fleet::new(8, 5);
         let kcl = estimate(&fleet, Coordination::Leader, Liveness::PerLease);
         // Measured: 144 write and 79 read units (118 scans in that minute rather than 120,
-        // 34 index queries rather than 36).
-        assert_eq!(per_minute(kcl), (144.0, 81.0, 0.0));
+        // 34 index queries rather than 36), when followers read the leader row and its
+        // carrier every six failover times (the model said 81 then); every failover time
+        // since, which the model counts as 15 read units more (three followers, one unit
+        // every 10 s each, five times as often).
+        assert_eq!(per_minute(kcl), (144.0, 96.0, 0.0));
         // Measured: 157 write and 34 read units a minute (145.3 renewals, 10 metrics writes,
         // 2 lock heartbeats; 15 units of index queries, 15.7 of lock reads, 3.25 of scans).
         let java = kcl_java(&fleet);
         assert_eq!(per_minute(java), (157.0, 34.0, 0.0));
     }
 
-    /// The two fleets: five workers over 8 shards, ten over 100, at most KCL Java's
-    /// bill (the default mode, idle).
+    /// The two fleets: five workers over 8 shards at most KCL Java's bill (the
+    /// default mode, idle); ten over 100 within a percent of it since followers read the
+    /// leader row every failover time (a fleet leads again within two failover times when
+    /// its leader and standby die together: 1.0034x, below it before).
     #[test]
     fn the_default_costs_at_most_kcl_javas_bill() {
         let prices = Prices::default();
-        for (shards, workers) in [(8, 5), (100, 10)] {
+        for (shards, workers, most) in [(8, 5, 1.0), (100, 10, 1.01)] {
             let fleet = Fleet::new(shards, workers);
             let kcl = estimate(&fleet, Coordination::Leader, Liveness::PerLease);
             let ratio =
                 kcl.dollars_per_month(&prices) / kcl_java(&fleet).dollars_per_month(&prices);
             assert!(
-                ratio <= 1.0,
+                ratio <= most,
                 "{shards} shards, {workers} workers: {ratio:.4}x"
             );
+            eprintln!("{shards} shards, {workers} workers: {ratio:.4}x KCL Java's bill");
         }
     }
 
