@@ -279,7 +279,6 @@ mod tests {
                 ratio <= most,
                 "{shards} shards, {workers} workers: {ratio:.4}x"
             );
-            eprintln!("{shards} shards, {workers} workers: {ratio:.4}x KCL Java's bill");
         }
     }
 
