@@ -238,17 +238,39 @@ impl HeartbeatState {
 pub(super) struct Heartbeats {
     rows: BTreeMap<WorkerId, Lease>,
     fenced: BTreeMap<WorkerId, bool>,
+    /// Lease owners whose heartbeat row was absent from every read since then (on the local
+    /// clock): deleted by hand, or never made (a per-lease owner).
+    absent: BTreeMap<WorkerId, Instant>,
 }
 
 impl Heartbeats {
-    /// A new read of the table: its heartbeat rows replace the last ones, and owners are
-    /// fenced afresh.
-    pub(super) fn saw(&mut self, leases: &[Lease]) {
+    /// A new read of the table at `now`: its heartbeat rows replace the last ones, and
+    /// owners are fenced afresh.
+    pub(super) fn saw(&mut self, leases: &[Lease], now: Instant) {
         self.rows = leases
             .iter()
             .filter_map(|l| heartbeat_of(&l.key).map(|w| (w, l.clone())))
             .collect();
         self.fenced.clear();
+        let owners: std::collections::BTreeSet<&WorkerId> = leases
+            .iter()
+            .filter(|l| heartbeat_of(&l.key).is_none())
+            .filter_map(|l| l.owner.as_ref())
+            .filter(|w| !self.rows.contains_key(*w))
+            .collect();
+        self.absent.retain(|w, _| owners.contains(w));
+        for owner in owners {
+            self.absent.entry(owner.clone()).or_insert(now);
+        }
+    }
+
+    /// How long `owner`'s heartbeat row has been absent from every read, if it is: a row
+    /// deleted under a live worker must not make its leases look dead at once (the worker
+    /// goes on until its next renewal finds the row gone), so its absence counts as a row
+    /// that stood still only from when it was first seen absent.
+    pub(super) fn absent_for(&self, owner: &WorkerId, now: Instant) -> Option<std::time::Duration> {
+        let since = self.absent.get(owner)?;
+        Some(now.saturating_duration_since(*since))
     }
 
     /// The load figures the live heartbeat rows carry: each worker's total (see

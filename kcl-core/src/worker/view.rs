@@ -98,7 +98,7 @@ impl View {
         }
         // The observer watches coordination rows too: heartbeats decide expiry.
         self.observer.update(&leases, now);
-        self.heartbeats.saw(&leases);
+        self.heartbeats.saw(&leases, now);
         leases.retain(|l| !is_coordination_key(&l.key));
         Ok(Some(leases))
     }
@@ -140,6 +140,8 @@ impl View {
                 // An owner with a heartbeat is alive while either moves.
                 if let Some(heartbeat) = self.heartbeats.live(owner) {
                     idle = idle.min(self.observer.idle(heartbeat, now));
+                } else if let Some(absent) = self.heartbeats.absent_for(owner, now) {
+                    idle = idle.min(absent);
                 }
                 let mut expiry = if mutation::on(Mutation::TakeAtHalfFailover) {
                     table.config.failover_time / 2
