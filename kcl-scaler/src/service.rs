@@ -67,8 +67,9 @@ impl Scaler {
     fn fleet(&self) -> Result<FleetSignals, tonic::Status> {
         self.status.borrow().fleet.clone().ok_or_else(|| {
             tonic::Status::unavailable(
-                "no fleet figures yet: no leader known, or nothing published yet \
-                 (every worker needs autoscaling publish-interval)",
+                "no fleet figures: no leader known, nothing published yet, or what was \
+                 published stopped changing (older than signals_max_age: the leader stopped \
+                 publishing); every worker needs autoscaling publish-interval",
             )
         })
     }

@@ -88,6 +88,7 @@ impl Publisher {
         // another holds it now: a successor leads. A row nobody holds (deleted by hand and
         // made again, or given back) is taken, whatever this leadership saw before.
         if row.owner.is_some() && (self.took || row.owner != *found) {
+            tracing::warn!(holder = ?row.owner, "another worker holds the fleet-signals row: not publishing until this worker leads again");
             self.deposed = true;
             return Err(deposed());
         }

@@ -51,7 +51,7 @@ fn services(settings: &Settings) -> Vec<Service> {
 /// `url` without its user information (`user:password@`) and its query. Everything up to
 /// the last `@` goes first (a password may hold `?`, `#` or `/`): hiding too much of an
 /// endpoint is harmless, showing part of a password is not.
-fn shown(url: &str) -> String {
+pub(super) fn shown(url: &str) -> String {
     let url = url.trim();
     let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
     let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);

@@ -398,6 +398,13 @@ impl Values<'_> {
             .filter_map(|key| {
                 let raw = self.matches.get_raw(&key)?.next()?;
                 let value = raw.to_string_lossy().into_owned();
+                // A URL's user information and query may hold a password or a signature:
+                // never printed (a sink such as `sqs:https://user:secret@host/q?sig=…`).
+                let value = if value.contains("://") {
+                    endpoints::shown(&value)
+                } else {
+                    value
+                };
                 Some((key.clone(), (value, self.origin(&key)?)))
             })
             .collect()

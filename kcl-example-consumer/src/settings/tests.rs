@@ -865,3 +865,18 @@ fn print_config_shows_the_endpoints_of_the_source_the_lease_table_and_the_sink()
         "{text}"
     );
 }
+
+/// A dead-letter sink's URL with user information and a signature: `--print-config` shows
+/// neither.
+#[test]
+fn print_config_hides_a_sinks_credentials() {
+    let sink = "sqs:http://user:SQSPASS@localhost:5000/q?sig=SQSQ";
+    let args = ["--on-failure", "dead-letter", "--dead-letters", sink];
+    let s = resolve_ok(&[REQUIRED, &args].concat(), None);
+    let shown = &s.effective["dead_letters"].0;
+    assert!(
+        !shown.contains("SQSPASS") && !shown.contains("SQSQ"),
+        "{shown}"
+    );
+    assert_eq!(shown, "sqs:http://localhost:5000/q");
+}

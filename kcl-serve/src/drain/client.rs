@@ -71,7 +71,7 @@ pub enum DrainError {
     #[error(
         "not drained: a shutdown under restart-grace had begun before the drain and kept \
          {kept} leases for this worker's restart (others take them after failover-time + \
-         restart-grace, or at once after `kcl-admin release`); the {handed_over} still held \
+         restart-grace, or as soon as this worker starts again under its id); the {handed_over} still held \
          were handed over"
     )]
     Kept {
