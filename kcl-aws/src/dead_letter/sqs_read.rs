@@ -75,13 +75,25 @@ pub(crate) async fn list(
             break;
         }
     }
-    let held = u64::try_from(received.len()).unwrap_or(u64::MAX);
-    let in_flight = not_visible(sqs, queue_url).await?.saturating_sub(held);
     let bodies = received
         .into_iter()
         .map(|(id, h)| (id, (h.receipt, h.body)));
-    let mut listing = read(s3, bodies.collect()).await;
-    listing.in_flight = in_flight;
+    Ok(read(s3, bodies.collect()).await)
+}
+
+/// As [`list`], and about how many messages another reader holds
+/// ([`Listing::in_flight`]): what an operator's listing says.
+pub(crate) async fn list_counted(
+    sqs: &Client,
+    s3: &aws_sdk_s3::Client,
+    queue_url: &str,
+    visibility: Duration,
+    wait: Duration,
+) -> Result<Listing, BackendError> {
+    let mut listing = list(sqs, s3, queue_url, visibility, wait).await?;
+    let held = listing.letters.len() + listing.unreadable.len();
+    let held = u64::try_from(held).unwrap_or(u64::MAX);
+    listing.in_flight = not_visible(sqs, queue_url).await?.saturating_sub(held);
     Ok(listing)
 }
 

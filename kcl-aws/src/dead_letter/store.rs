@@ -185,7 +185,7 @@ impl LetterStore {
     pub async fn list(&self) -> Result<Listing, ReadError> {
         let listing = match (&self.backend, &self.location) {
             (Backend::Sqs(client, s3), Location::Sqs { queue_url }) => {
-                sqs_read::list(client, s3, queue_url, self.visibility, self.wait).await?
+                sqs_read::list_counted(client, s3, queue_url, self.visibility, self.wait).await?
             }
             (Backend::S3(client), Location::S3 { bucket, prefix }) => {
                 s3::list(client, bucket, prefix).await?
