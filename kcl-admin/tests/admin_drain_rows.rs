@@ -128,7 +128,9 @@ async fn release_undo_lets_a_running_worker_take_work_again() -> anyhow::Result<
             };
             let limit = Duration::from_secs(60);
             let every = Duration::from_millis(250);
-            wait_until("worker-a holds a shard", limit, every, holds("worker-a")).await?;
+            // Each holds a shard: `release` refuses when no other worker shows to take them.
+            let both = async || Ok(holds("worker-a")().await? && holds("worker-b")().await?);
+            wait_until("each worker holds a shard", limit, every, both).await?;
             let args = [
                 "release",
                 "--application-name",
