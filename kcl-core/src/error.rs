@@ -140,6 +140,51 @@ pub enum CheckpointError {
         /// The lease's checkpoint.
         current: Checkpoint,
     },
+    /// An output handed to [`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs)
+    /// belongs to a record this commit does not cover: one at or before the stored
+    /// checkpoint (its outputs are committed already, or were never to be), or one after
+    /// the position checkpointed. Nothing was written.
+    #[error(
+        "an output of record {record} on shard {shard} is outside what this commit covers \
+         (after {after}, up to {upto})"
+    )]
+    OutputOutside {
+        /// The shard.
+        shard: ShardId,
+        /// The output's record.
+        record: ExtendedSequenceNumber,
+        /// The stored checkpoint.
+        after: Checkpoint,
+        /// The position the commit checkpoints.
+        upto: String,
+    },
+    /// One record's outputs exceed what one transaction of the store holds (or write one
+    /// item twice): they could never commit together. Nothing of this commit was written.
+    #[error(
+        "the {writes} outputs ({bytes} bytes) of record {record} on shard {shard} exceed one \
+         transaction, or write one item twice"
+    )]
+    OutputsTooLarge {
+        /// The shard.
+        shard: ShardId,
+        /// The record.
+        record: ExtendedSequenceNumber,
+        /// Its writes.
+        writes: usize,
+        /// Their size, as the store counts it.
+        bytes: usize,
+    },
+    /// An output's own condition failed, so its transaction did not apply: the outputs and
+    /// checkpoint stand where the transactions before it left them.
+    #[error("an output of record {record} on shard {shard} was refused by its condition: {reason}")]
+    OutputRefused {
+        /// The shard.
+        shard: ShardId,
+        /// The output's record.
+        record: ExtendedSequenceNumber,
+        /// What the store said.
+        reason: String,
+    },
     /// The write failed for a reason other than a lost lease; the caller may retry.
     #[error("checkpoint write on shard {shard} failed")]
     Store {

@@ -74,6 +74,7 @@ pub mod failure;
 pub mod lease;
 pub mod metrics;
 pub mod multi_stream;
+pub mod outputs;
 pub mod parallel;
 pub mod singleton;
 // Public only where the simulation turns deliberate bugs on: never part of the API.
@@ -107,7 +108,7 @@ pub use parallel::{Parallel, RecordHandler};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 pub use types::{
-    Checkpoint, ConsumerId, ExtendedSequenceNumber, HashKeyRange, InitialPosition, Record,
+    Checkpoint, ConsumerId, ExtendedSequenceNumber, FencingToken, HashKeyRange, InitialPosition, Record,
     SequenceNumber, ShardId, StartingPosition, WorkerId,
 };
 pub use worker::{

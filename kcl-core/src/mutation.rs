@@ -9,6 +9,12 @@
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mutation {
+    /// The in-memory store commits a processor's outputs without checking the lease row's
+    /// owner, fence and checkpoint.
+    CommitUnfenced,
+    /// A stretch of outputs too large for one transaction commits in parts that each
+    /// checkpoint the whole stretch's position, not their own last record.
+    PartsCheckpointTheStretch,
     /// A role holder ignores its row deleted, or deleted and created again, by another
     /// process (it leads on beside the new holder).
     StepDownIgnored,
@@ -176,6 +182,8 @@ pub enum Mutation {
 impl Mutation {
     /// Every mutation.
     pub const ALL: &'static [Self] = &[
+        Self::CommitUnfenced,
+        Self::PartsCheckpointTheStretch,
         Self::CheckpointUnconditional,
         Self::RenewUnconditional,
         Self::SkipValidityCheck,

@@ -9,7 +9,7 @@ use crate::ack::{Ack, Reservation, Watermark};
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
 use crate::failure::Origin;
-use crate::types::{Checkpoint, ExtendedSequenceNumber, Record, ShardId};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, FencingToken, Record, ShardId};
 
 /// What [`RecordProcessor::initialize`] is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +22,10 @@ pub struct InitializationInput {
     /// A prepared checkpoint the previous owner never committed: side effects up to it may
     /// already have happened.
     pub pending_checkpoint: Option<Checkpoint>,
+    /// This tenure's fencing token: higher than that of every earlier holder of the shard's
+    /// lease. Condition writes to other systems on it (see [`FencingToken`]); the
+    /// checkpointer has it too ([`Checkpointer::fencing_token`](crate::Checkpointer::fencing_token)).
+    pub fencing_token: FencingToken,
     /// Where the shard's dead letters go, for [`Parallel`](crate::Parallel).
     pub(crate) origin: Option<Origin>,
     /// The shard's parked keys ([`Lease::parked_keys`](crate::Lease)), for `Parallel`.
@@ -157,7 +161,7 @@ impl<'hook> ProcessRecordsInput<'hook> {
 }
 
 impl InitializationInput {
-    /// The input of `initialize`, e.g. to call a processor from a test.
+    /// The input of `initialize`, e.g. to call a processor from a test (fencing token 0).
     pub fn new(
         shard_id: ShardId,
         checkpoint: Checkpoint,
@@ -167,6 +171,7 @@ impl InitializationInput {
             shard_id,
             checkpoint,
             pending_checkpoint,
+            fencing_token: FencingToken(0),
             origin: None,
             parked_keys: Vec::new(),
         }

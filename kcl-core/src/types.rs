@@ -109,6 +109,41 @@ pub(crate) fn key_hash(key: &str) -> u64 {
     h.finish()
 }
 
+/// A number that grows with every change of holder of a lease row: the lease counter the
+/// holder's take wrote (kcl extension `kclFence` on a shard's row).
+///
+/// Every write to a lease row bumps its counter, KCL Java's included, so each take stores
+/// a counter higher than every earlier one: a tenure's token is higher than the token of
+/// every tenure of that row before it, across restarts, handoffs, takeovers and round
+/// trips through KCL Java (whose takes leave `kclFence` alone; kcl writes it at its own
+/// next take, from the counter KCL Java left). Renewals and checkpoints leave it as it is.
+/// A shard's processor gets it in
+/// [`InitializationInput::fencing_token`](crate::InitializationInput) and from
+/// [`Checkpointer::fencing_token`](crate::Checkpointer::fencing_token); a singleton's task
+/// from its [`TaskContext`](crate::singleton::TaskContext). An instance that carries it into
+/// its writes to an external system lets that system refuse a former holder that still
+/// thinks it runs:
+///
+/// ```sql
+/// -- the external table keeps the highest token it has seen
+/// UPDATE report SET body = :body, fence = :token WHERE id = :id AND fence <= :token
+/// ```
+///
+/// or, on DynamoDB, a `ConditionExpression` of `attribute_not_exists(fence) OR fence <= :token`.
+/// A write carrying an older token then fails instead of overwriting the new holder's work,
+/// once the new holder has written. A row deleted and created again starts its counter
+/// over (kcl deletes a shard's row only once the shard and its children are done, and
+/// never a singleton's). See `docs/exactly-once.md`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+
 /// A Kinesis sequence number: a decimal string of up to 128 digits, ordered numerically.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SequenceNumber(String);

@@ -464,6 +464,7 @@ impl LeaseStore for DynamoDbLeaseStore {
             AttributeValue::S(new_owner.as_str().to_owned()),
         )
         .set(LEASE_COUNTER, schema::number(observed.counter + 1))
+        .set(schema::FENCE, schema::number(observed.counter + 1))
         .remove(CHECKPOINT_OWNER)
         .remove(schema::RESTART_GRACE);
         // An adoption (the row names the taker already) keeps a handoff request: the leader
@@ -522,6 +523,7 @@ impl LeaseStore for DynamoDbLeaseStore {
         // observed.
         let mut e = Expr::held(observed);
         e.set(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()))
+            .set(schema::FENCE, schema::number(observed.counter + 1))
             .remove(HANDOFF_TO)
             .remove(CHECKPOINT_OWNER)
             .remove(schema::RESTART_GRACE);

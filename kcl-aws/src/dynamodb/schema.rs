@@ -19,7 +19,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
 use kcl_core::lease::load::Flow;
 use kcl_core::multi_stream::StreamId;
-use kcl_core::{Checkpoint, HashKeyRange, Lease, LeaseLoad, ShardId, WorkerId};
+use kcl_core::{Checkpoint, FencingToken, HashKeyRange, Lease, LeaseLoad, ShardId, WorkerId};
 
 use crate::error::ParseError;
 
@@ -86,6 +86,11 @@ pub(crate) const FLOW: &str = "kclFlow";
 /// kcl extension: the leader's fleet signals (`S`, see `kcl_core::FleetSignals::encode`), on
 /// the fleet-signals row only.
 pub(crate) const SIGNALS: &str = "kclSignals";
+/// kcl extension: the fencing token of the tenure that took the row last (`N`, the counter
+/// that take wrote; see `kcl_core::FencingToken`). Written by kcl's takes and resets, left
+/// alone by renewals and checkpoints, and by KCL Java, which keeps attributes it does not
+/// know.
+pub(crate) const FENCE: &str = "kclFence";
 /// kcl extension: the lease is kept through its owner's restart, and others wait this many
 /// milliseconds longer than the failover time before taking it (`N`; see
 /// `Lease::restart_grace`). A duration, never a time. KCL Java ignores it (and its takes
@@ -261,6 +266,9 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
     if let Some(grace) = lease.restart_grace {
         put(RESTART_GRACE, millis(grace));
     }
+    if let Some(fence) = lease.fence {
+        put(FENCE, number(fence.0));
+    }
     if let Some(carrier) = &lease.carrier {
         put(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
     }
@@ -372,6 +380,9 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
         .collect();
     lease.load = load(item);
     lease.restart_grace = optional_n(item, RESTART_GRACE)?.map(std::time::Duration::from_millis);
+    // Rewritten by the next take; a value that does not parse fails every commit's
+    // condition, so it is no reason to leave the row unread.
+    lease.fence = optional_n(item, FENCE).ok().flatten().map(FencingToken);
     Ok(lease)
 }
 

@@ -7,7 +7,7 @@ use crate::error::CheckpointError;
 use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{Tenure, TenureError};
 use crate::mutation::{self, Mutation};
-use crate::types::{Checkpoint, ExtendedSequenceNumber, ShardId};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, FencingToken, ShardId};
 
 /// Records a processor's progress in its shard's lease.
 ///
@@ -118,6 +118,12 @@ impl Checkpointer {
 
     pub(crate) fn set_shard_end(&mut self, children: Vec<ShardId>) {
         self.shard_end = Some(children);
+    }
+
+    /// This tenure's fencing token: higher than that of every earlier holder of the shard's
+    /// lease (see [`FencingToken`]). Condition writes to other systems on it.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.tenure.fence()
     }
 
     /// The shard this checkpointer writes for.
@@ -281,21 +287,18 @@ impl Checkpointer {
         Ok(current)
     }
 
+    /// `update` with the parked-key entries its checkpoint passes. Read after the position
+    /// was chosen (see `Watermark::parking`). An entry goes only with a checkpoint that
+    /// passes its record: written with one that stops short, a crash would leave the key
+    /// parked in the row while the record (and the good ones before it) are delivered again.
+    fn with_parking(&self, update: &CheckpointUpdate) -> CheckpointUpdate {
+        let mut update = update.clone();
+        update.park = passed_by(self.watermark.parking(), &update.checkpoint);
+        update
+    }
+
     async fn write(&mut self, update: &CheckpointUpdate) -> Result<(), CheckpointError> {
-        // Read after the position was chosen (see `Watermark::parking`). An entry goes only
-        // with a checkpoint that passes its record: written with one that stops short, a
-        // crash would leave the key parked in the row while the record (and the good ones
-        // before it) are delivered again.
-        let parking = passed_by(self.watermark.parking(), &update.checkpoint);
-        let parked;
-        let update = if parking.is_empty() {
-            update
-        } else {
-            let mut with = update.clone();
-            with.park = parking;
-            parked = with;
-            &parked
-        };
+        let update = &self.with_parking(update);
         match self.tenure.checkpoint(update).await {
             Ok(_) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
@@ -340,5 +343,6 @@ fn passed_by(parking: Vec<String>, checkpoint: &Checkpoint) -> Vec<String> {
     parking.into_iter().filter(passes).collect()
 }
 
+mod commit;
 #[cfg(test)]
 mod tests;

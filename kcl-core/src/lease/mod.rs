@@ -96,6 +96,11 @@ pub struct Lease {
     /// alive, one the holder renews anyway (kcl extension, `kclCarrier`); the role row itself,
     /// or none, when the holder renews the role row (see `worker/roles`).
     pub carrier: Option<ShardId>,
+    /// The fence of the tenure that took the row last (kcl extension, `kclFence`): the
+    /// counter that take wrote. Written by every kcl take and reset, left alone by
+    /// renewals and checkpoints (see [`FencingToken`](crate::FencingToken)). `None` in a row no kcl
+    /// worker has taken yet.
+    pub fence: Option<crate::types::FencingToken>,
     /// On the fleet-signals row only: the leader's [`FleetSignals`](crate::FleetSignals) as
     /// [`FleetSignals::encode`](crate::FleetSignals::encode) wrote them (kcl extension,
     /// `kclSignals`; see [`autoscale`](crate::autoscale)).
@@ -122,6 +127,7 @@ impl Lease {
             load: None,
             restart_grace: None,
             carrier: None,
+            fence: None,
             signals: None,
         }
     }
@@ -182,6 +188,37 @@ impl CheckpointUpdate {
             restart_grace: None,
             carrier: None,
             signals: None,
+        }
+    }
+
+    /// Applies the update to `lease` as a checkpoint write does, the counter aside (the
+    /// in-memory store's checkpoint, a transactional commit's effect on the row).
+    pub(crate) fn apply_to(&self, lease: &mut Lease) {
+        lease.owner_switches_since_checkpoint = 0;
+        lease.checkpoint = self.checkpoint.clone();
+        lease.pending_checkpoint = self.pending.clone();
+        if !self.child_shard_ids.is_empty() {
+            lease.child_shard_ids = self.child_shard_ids.clone();
+        }
+        if self.start_timestamp.is_some() {
+            lease.start_timestamp = self.start_timestamp;
+        }
+        if self.endpoint.is_some() {
+            lease.endpoint.clone_from(&self.endpoint);
+        }
+        if self.signals.is_some() {
+            lease.signals.clone_from(&self.signals);
+        }
+        if self.carrier.is_some() {
+            lease.carrier.clone_from(&self.carrier);
+        }
+        for entry in &self.park {
+            if !lease.parked_keys.contains(entry) {
+                lease.parked_keys.push(entry.clone());
+            }
+        }
+        if self.restart_grace.is_some() {
+            lease.restart_grace = self.restart_grace;
         }
     }
 }

@@ -42,9 +42,12 @@ use super::{CheckpointUpdate, Lease};
 use crate::error::{BackendError, ErrorKind};
 use crate::mutation::{self, Mutation};
 use crate::task::bounded;
-use crate::types::{Checkpoint, ShardId, WorkerId};
+use crate::types::{Checkpoint, FencingToken, ShardId, WorkerId};
 
 pub(crate) use super::held::HeldLeaseStore;
+pub(crate) use self::transact::Transacted;
+
+mod transact;
 
 /// Why a write through a tenure failed.
 #[derive(Debug)]
@@ -88,6 +91,8 @@ pub(crate) struct Tenure {
     shard: ShardId,
     worker: WorkerId,
     store: Arc<dyn HeldLeaseStore>,
+    /// The fence of this tenure (see [`FencingToken`]).
+    fence: FencingToken,
     held: Mutex<Held>,
     valid_until: Arc<Validity>,
     call_timeout: Duration,
@@ -141,12 +146,16 @@ impl Tenure {
             started,
         } = taken;
         let failover_time = timing.failover_time;
+        // Every kcl take writes the fence; a store that does not keep it (or a row whose
+        // take was not a kcl one) falls back on the counter the take left, the same value.
+        let fence = lease.fence.unwrap_or(FencingToken(lease.counter));
         // A tenth of the failover time absorbs clock-rate differences between machines.
         let validity = failover_time - failover_time / 10;
         Self {
             shard: lease.key.clone(),
             worker,
             store,
+            fence,
             held: Mutex::new(Held {
                 lease,
                 uncertain: false,
@@ -319,6 +328,11 @@ impl Tenure {
             meter.busy(started.elapsed());
         }
         outcome
+    }
+
+    /// This tenure's fence: the counter its take wrote (see [`FencingToken`]).
+    pub(crate) fn fence(&self) -> FencingToken {
+        self.fence
     }
 
     /// The lease as last written by this tenure.

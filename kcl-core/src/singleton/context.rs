@@ -10,27 +10,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::tenure::Tenure;
-
-/// A number that grows with every change of holder: the singleton row's lease counter when
-/// this holder took it (every write of the row bumps the counter, and kcl never deletes a
-/// singleton row). An instance that carries it into its writes to an external system lets
-/// that system refuse a former holder that still thinks it runs:
-///
-/// ```sql
-/// -- the external table keeps the highest token it has seen
-/// UPDATE report SET body = :body, fence = :token WHERE id = :id AND fence <= :token
-/// ```
-///
-/// or, on DynamoDB, a `ConditionExpression` of `attribute_not_exists(fence) OR fence <= :token`.
-/// A write carrying an older token then fails instead of overwriting the new holder's work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(pub u64);
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
+pub use crate::types::FencingToken;
 
 /// Handed to a singleton's task each time this candidate starts it.
 #[derive(Clone)]

@@ -9,7 +9,7 @@ use crate::lease::feed::{FeedPosition, FeedRead};
 use crate::lease::usage::{self, Operation, Usage};
 use crate::lease::{CheckpointUpdate, Lease, LeaseStore, LeaseStoreExtras, TableFeatures};
 use crate::mutation::{self, Mutation};
-use crate::types::{ShardId, WorkerId};
+use crate::types::{FencingToken, ShardId, WorkerId};
 
 /// The whole table, for `list` and `snapshot`.
 fn whole_table(t: &mut Table) -> (Vec<Lease>, u64, usize) {
@@ -27,32 +27,7 @@ fn held_by(expected: &Lease) -> impl Fn(Option<&Lease>) -> bool + Send + 'static
 /// `update` written into `r`, as a checkpoint writes it: the owner-switch count reset, the
 /// counter bumped.
 fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
-    r.owner_switches_since_checkpoint = 0;
-    r.checkpoint = update.checkpoint;
-    r.pending_checkpoint = update.pending;
-    if !update.child_shard_ids.is_empty() {
-        r.child_shard_ids = update.child_shard_ids;
-    }
-    if update.start_timestamp.is_some() {
-        r.start_timestamp = update.start_timestamp;
-    }
-    if update.endpoint.is_some() {
-        r.endpoint = update.endpoint;
-    }
-    if update.signals.is_some() {
-        r.signals.clone_from(&update.signals);
-    }
-    if update.carrier.is_some() {
-        r.carrier = update.carrier;
-    }
-    for entry in update.park {
-        if !r.parked_keys.contains(&entry) {
-            r.parked_keys.push(entry);
-        }
-    }
-    if update.restart_grace.is_some() {
-        r.restart_grace = update.restart_grace;
-    }
+    update.apply_to(r);
     r.counter += 1;
 }
 
@@ -158,6 +133,7 @@ impl LeaseStore for MemoryLeaseStore {
                         }
                         r.owner = Some(new_owner);
                         r.counter += 1;
+                        r.fence = Some(FencingToken(r.counter));
                         r.restart_grace = None;
                         r
                     })
@@ -249,6 +225,7 @@ impl LeaseStore for MemoryLeaseStore {
                         r.handoff_to = None;
                         r.restart_grace = None;
                         checkpointed(&mut r, update);
+                        r.fence = Some(FencingToken(r.counter));
                         r
                     })
                 },

@@ -96,6 +96,7 @@ async fn initialize<S: ShardSource>(
         shard_id: lease.key.clone(),
         checkpoint: lease.checkpoint.clone(),
         pending_checkpoint: lease.pending_checkpoint.clone(),
+        fencing_token: tenure.fence(),
         origin: Some(crate::failure::Origin {
             row: Some(Arc::new(super::TenureRow(Arc::downgrade(tenure)))),
             ..ctx.origin(tenure, control)

@@ -1,0 +1,187 @@
+//! Checkpoints that carry a processor's outputs (see [`outputs`](crate::outputs)).
+
+use super::Checkpointer;
+use crate::error::CheckpointError;
+use crate::lease::CheckpointUpdate;
+use crate::lease::tenure::{TenureError, Transacted};
+use crate::mutation::{self, Mutation};
+use crate::outputs::{Outputs, Part, Transact, split};
+use crate::types::{Checkpoint, ExtendedSequenceNumber};
+
+impl Checkpointer {
+    /// Checkpoints as [`checkpoint`](Self::checkpoint) does, committing `outputs` (the
+    /// writes of the records up to there) with it, exactly once: they apply in the same
+    /// transaction of `store` as the checkpoint, conditioned on this tenure still holding
+    /// the lease, so a replay never finds them unwritten and a worker that lost the lease
+    /// cannot write them. Inside [`shard_ended`](crate::RecordProcessor::shard_ended) the
+    /// last transaction writes `SHARD_END`.
+    ///
+    /// Writes more than one transaction holds commit in parts, each with the checkpoint of
+    /// its last record, a record's writes always together: a crash between two parts leaves
+    /// outputs and checkpoint in step.
+    ///
+    /// # Errors
+    /// As [`checkpoint_at`](Self::checkpoint_at); [`CheckpointError::OutputOutside`] for an
+    /// output of a record at or before the stored checkpoint or past the position;
+    /// [`CheckpointError::OutputsTooLarge`] if one record's writes exceed a transaction (both
+    /// before anything is written); [`CheckpointError::OutputRefused`] when a write's own
+    /// condition fails (the parts before it stay committed). On
+    /// [`CheckpointError::LeaseLost`] nothing more is written: the new holder redoes what
+    /// was not committed.
+    pub async fn commit_outputs<T: Transact>(
+        &mut self,
+        store: &T,
+        outputs: Outputs<T::Write>,
+    ) -> Result<(), CheckpointError>
+    {
+        let last = match (&self.shard_end, self.finished()) {
+            (Some(_), _) => None,
+            (None, Some(position)) => Some(position),
+            (None, None) if outputs.is_empty() => return self.checkpoint().await,
+            (None, None) => {
+                return Err(CheckpointError::NothingDelivered {
+                    shard: self.shard_id().clone(),
+                });
+            }
+        };
+        self.commit_through(store, outputs, last).await
+    }
+
+    /// As [`commit_outputs`](Self::commit_outputs), checkpointing `position` (a delivered,
+    /// finished record) rather than everything finished.
+    ///
+    /// # Errors
+    /// As [`commit_outputs`](Self::commit_outputs).
+    pub async fn commit_outputs_at<T: Transact>(
+        &mut self,
+        store: &T,
+        outputs: Outputs<T::Write>,
+        position: ExtendedSequenceNumber,
+    ) -> Result<(), CheckpointError>
+    {
+        self.commit_through(store, outputs, Some(position)).await
+    }
+
+    /// Commits `outputs` in parts, the last one checkpointing `last` (`None`: `SHARD_END`).
+    async fn commit_through<T: Transact>(
+        &mut self,
+        store: &T,
+        outputs: Outputs<T::Write>,
+        last: Option<ExtendedSequenceNumber>,
+    ) -> Result<(), CheckpointError>
+    {
+        let current = match &last {
+            Some(position) => self.validate(position).await?,
+            None => self.tenure.snapshot().await.checkpoint,
+        };
+        self.check_outside(&outputs, &current, last.as_ref())?;
+        let parts = split(outputs.into_inner(), |w| store.measure(w), store.limits()).map_err(
+            |large| CheckpointError::OutputsTooLarge {
+                shard: self.shard_id().clone(),
+                record: large.record,
+                writes: large.writes,
+                bytes: large.bytes,
+            },
+        )?;
+        for part in parts {
+            let own = part
+                .through
+                .clone()
+                .filter(|_| !mutation::on(Mutation::PartsCheckpointTheStretch));
+            let update = match (&own, &last, &self.shard_end) {
+                (Some(through), _, _) => {
+                    CheckpointUpdate::new(Checkpoint::Sequence(through.clone()))
+                }
+                (None, Some(position), _) => {
+                    CheckpointUpdate::new(Checkpoint::Sequence(position.clone()))
+                }
+                (None, None, children) => {
+                    self.check_shard_end()?;
+                    let mut update = CheckpointUpdate::new(Checkpoint::ShardEnd);
+                    update.child_shard_ids = children.clone().unwrap_or_default();
+                    update
+                }
+            };
+            self.commit_part(store, part, &update).await?;
+        }
+        Ok(())
+    }
+
+    /// Refuses outputs of records at or before `current` or after `last`.
+    fn check_outside<W>(
+        &self,
+        outputs: &Outputs<W>,
+        current: &Checkpoint,
+        last: Option<&ExtendedSequenceNumber>,
+    ) -> Result<(), CheckpointError> {
+        let outside = |record: &ExtendedSequenceNumber| {
+            let done = match current {
+                Checkpoint::Sequence(c) => record <= c,
+                Checkpoint::ShardEnd => true,
+                _ => false,
+            };
+            done || last.is_some_and(|last| record > last)
+                || self.last_delivered.as_ref().is_none_or(|d| record > d)
+        };
+        match outputs.records().find(|r| outside(r)) {
+            Some(record) => Err(CheckpointError::OutputOutside {
+                shard: self.shard_id().clone(),
+                record: record.clone(),
+                after: current.clone(),
+                upto: last.map_or_else(|| Checkpoint::ShardEnd.to_string(), ToString::to_string),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// `SHARD_END` waits for every record delivered to finish.
+    fn check_shard_end(&self) -> Result<(), CheckpointError> {
+        if self.watermark.outstanding() > 0 {
+            return Err(CheckpointError::Unfinished {
+                shard: self.shard_id().clone(),
+                requested: Checkpoint::ShardEnd.to_string(),
+                watermark: self.finished(),
+            });
+        }
+        Ok(())
+    }
+
+    /// One transaction: `part`'s writes with `update` (a plain checkpoint without writes).
+    async fn commit_part<T: Transact>(
+        &mut self,
+        store: &T,
+        part: Part<T::Write>,
+        update: &CheckpointUpdate,
+    ) -> Result<(), CheckpointError>
+    {
+        let Some(last_record) = part.writes.last().map(|(record, _)| record.clone()) else {
+            return self.write(update).await;
+        };
+        let update = self.with_parking(update);
+        let (records, writes): (Vec<ExtendedSequenceNumber>, Vec<T::Write>) =
+            part.writes.into_iter().unzip();
+        let shard = || self.shard_id().clone();
+        match self.tenure.transact(store, &update, writes).await {
+            Ok(Transacted::Applied) => {
+                metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
+                self.watermark.parked(&update.park);
+                Ok(())
+            }
+            Ok(Transacted::Refused { index, reason }) => Err(CheckpointError::OutputRefused {
+                shard: shard(),
+                record: records.get(index).cloned().unwrap_or(last_record),
+                reason,
+            }),
+            Err(TenureError::Lost) => Err(self.lease_lost()),
+            Err(TenureError::Behind(current)) => Err(CheckpointError::Backwards {
+                shard: shard(),
+                requested: update.checkpoint.to_string(),
+                current,
+            }),
+            Err(TenureError::Store(source)) => Err(CheckpointError::Store {
+                shard: shard(),
+                source,
+            }),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! A tenure's transactional commits: a processor's writes and a checkpoint in one
+//! transaction (see [`outputs`](crate::outputs) for why the condition is the owner, the
+//! fence and the checkpoint before, and never the counter).
+//!
+//! A commit runs behind the tenure's lock, so this worker's own renewals and checkpoints of
+//! the lease never race it. An attempt whose outcome is unknown (a timeout, a lost answer)
+//! is retried with the same token and the same `before`: it applies at most once, and a row
+//! found one commit further with this tenure's owner and fence is that attempt applied.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use super::{Tenure, TenureError};
+use crate::error::ErrorKind;
+use crate::lease::{CheckpointUpdate, Lease};
+use crate::outputs::{self, Commit, CommitError, Transact};
+use crate::task::bounded;
+
+/// What a commit came to, short of an error.
+#[derive(Debug)]
+pub(crate) enum Transacted {
+    /// Writes and checkpoint applied (now, or by an earlier attempt whose answer was lost).
+    Applied,
+    /// Write `index` failed its own condition: nothing applied.
+    Refused { index: usize, reason: String },
+}
+
+/// Attempts of one commit before its error is the caller's.
+const ATTEMPTS: usize = 6;
+
+impl Tenure {
+    /// Commits `writes` with `update` in one transaction of `store`, conditioned on this
+    /// tenure's owner and fence and on the checkpoint it last wrote. See the module docs.
+    pub(crate) async fn transact<T: Transact>(
+        &self,
+        store: &T,
+        update: &CheckpointUpdate,
+        writes: Vec<T::Write>,
+    ) -> Result<Transacted, TenureError>
+    {
+        let mut held = self.held.lock().await;
+        if self.is_lost() {
+            return Err(TenureError::Lost);
+        }
+        super::behind(update, &held.lease.checkpoint)?;
+        let before = held.lease.checkpoint.clone();
+        let token = outputs::token(&self.shard, self.fence, &before, update);
+        let mut pauses = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .with_max_times(ATTEMPTS - 1)
+            .build();
+        loop {
+            if self.is_lost() {
+                return Err(TenureError::Lost);
+            }
+            let commit = Commit {
+                shard: &self.shard,
+                owner: &self.worker,
+                fence: self.fence,
+                before: &before,
+                update,
+                writes: writes.clone(),
+                token: token.clone(),
+            };
+            let sent = bounded(self.call_timeout, "transact", async {
+                Ok(store.commit(commit).await)
+            })
+            .await;
+            let error = match sent {
+                Ok(Ok(())) => {
+                    update.apply_to(&mut held.lease);
+                    return Ok(Transacted::Applied);
+                }
+                Ok(Err(CommitError::Refused { index, reason })) => {
+                    return Ok(Transacted::Refused { index, reason });
+                }
+                Ok(Err(CommitError::LeaseRow)) => return self.settle_commit(&mut held.lease, update).await,
+                Ok(Err(CommitError::Store(e))) | Err(e) => e,
+            };
+            let retried = matches!(error.kind(), ErrorKind::Retryable | ErrorKind::Throttled);
+            match pauses.next().filter(|_| retried) {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => {
+                    // The outcome may be unknown: find out before the caller reads on.
+                    return match self.settle_commit(&mut held.lease, update).await {
+                        Ok(applied) => Ok(applied),
+                        Err(TenureError::Lost) => Err(TenureError::Lost),
+                        Err(_) => Err(TenureError::Store(error)),
+                    };
+                }
+            }
+        }
+    }
+
+    /// After a commit refused by the row's condition, or given up: reads the row. This
+    /// tenure's owner and fence with the commit's checkpoint is the commit applied (by an
+    /// attempt whose answer was lost); with another checkpoint, nothing applied and the
+    /// row's checkpoint is adopted (`Behind`, when the commit was not the row's next); any
+    /// other owner or fence is the lease lost.
+    async fn settle_commit(
+        &self,
+        held: &mut Lease,
+        update: &CheckpointUpdate,
+    ) -> Result<Transacted, TenureError> {
+        let read = bounded(self.call_timeout, "get", self.store.get(&self.shard)).await;
+        let row = match read {
+            Ok(Some(row)) => row,
+            Ok(None) => {
+                self.mark_lost();
+                return Err(TenureError::Lost);
+            }
+            Err(e) => return Err(TenureError::Store(e)),
+        };
+        let ours = row.is_owned_by(&self.worker) && row.fence == Some(self.fence);
+        if !ours {
+            self.mark_lost();
+            return Err(TenureError::Lost);
+        }
+        let applied = row.checkpoint == update.checkpoint;
+        held.checkpoint = row.checkpoint;
+        held.pending_checkpoint = row.pending_checkpoint;
+        held.child_shard_ids = row.child_shard_ids;
+        held.parked_keys = row.parked_keys;
+        if applied {
+            Ok(Transacted::Applied)
+        } else {
+            Err(TenureError::Behind(held.checkpoint.clone()))
+        }
+    }
+}
