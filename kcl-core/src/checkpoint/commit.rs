@@ -32,8 +32,7 @@ impl Checkpointer {
         &mut self,
         store: &T,
         outputs: Outputs<T::Write>,
-    ) -> Result<(), CheckpointError>
-    {
+    ) -> Result<(), CheckpointError> {
         let last = match (&self.shard_end, self.finished()) {
             (Some(_), _) => None,
             (None, Some(position)) => Some(position),
@@ -57,8 +56,7 @@ impl Checkpointer {
         store: &T,
         outputs: Outputs<T::Write>,
         position: ExtendedSequenceNumber,
-    ) -> Result<(), CheckpointError>
-    {
+    ) -> Result<(), CheckpointError> {
         self.commit_through(store, outputs, Some(position)).await
     }
 
@@ -68,21 +66,21 @@ impl Checkpointer {
         store: &T,
         outputs: Outputs<T::Write>,
         last: Option<ExtendedSequenceNumber>,
-    ) -> Result<(), CheckpointError>
-    {
+    ) -> Result<(), CheckpointError> {
         let current = match &last {
             Some(position) => self.validate(position).await?,
             None => self.tenure.snapshot().await.checkpoint,
         };
         self.check_outside(&outputs, &current, last.as_ref())?;
-        let parts = split(outputs.into_inner(), |w| store.measure(w), store.limits()).map_err(
-            |large| CheckpointError::OutputsTooLarge {
-                shard: self.shard_id().clone(),
-                record: large.record,
-                writes: large.writes,
-                bytes: large.bytes,
-            },
-        )?;
+        let parts =
+            split(outputs.into_inner(), |w| store.measure(w), store.limits()).map_err(|large| {
+                CheckpointError::OutputsTooLarge {
+                    shard: self.shard_id().clone(),
+                    record: large.record,
+                    writes: large.writes,
+                    bytes: large.bytes,
+                }
+            })?;
         for part in parts {
             let own = part
                 .through
@@ -152,8 +150,7 @@ impl Checkpointer {
         store: &T,
         part: Part<T::Write>,
         update: &CheckpointUpdate,
-    ) -> Result<(), CheckpointError>
-    {
+    ) -> Result<(), CheckpointError> {
         let Some(last_record) = part.writes.last().map(|(record, _)| record.clone()) else {
             return self.write(update).await;
         };

@@ -148,7 +148,8 @@ mod tests {
         let parts = split(writes, measure, LIMITS).unwrap();
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].through, Some(at(1)));
-        let writes = |p: &Part<(u64, &'static str)>| p.writes.iter().map(|w| w.1).collect::<Vec<_>>();
+        let writes =
+            |p: &Part<(u64, &'static str)>| p.writes.iter().map(|w| w.1).collect::<Vec<_>>();
         assert_eq!(writes(&parts[0]), vec![(1, "k"), (1, "j")]);
         assert_eq!(writes(&parts[1]), vec![(2, "k")]);
     }
@@ -161,17 +162,29 @@ mod tests {
         };
         let writes = vec![(at(1), (1, "")), (at(2), (2, "")), (at(3), (3, ""))];
         assert_eq!(split(writes, measure, small).unwrap().len(), 2);
-        let writes = vec![(at(1), (1, "")), (at(2), (2, "")), (at(2), (2, "")), (at(2), (2, ""))];
+        let writes = vec![
+            (at(1), (1, "")),
+            (at(2), (2, "")),
+            (at(2), (2, "")),
+            (at(2), (2, "")),
+        ];
         let refused = split(writes, measure, small).unwrap_err();
-        assert_eq!((refused.record, refused.writes, refused.bytes), (at(2), 3, 30));
+        assert_eq!(
+            (refused.record, refused.writes, refused.bytes),
+            (at(2), 3, 30)
+        );
         let twice = vec![(at(1), (1, "k")), (at(1), (1, "k"))];
         assert!(split(twice, measure, LIMITS).is_err());
     }
 
     #[test]
     fn no_writes_is_one_part_at_the_position_asked_for() {
-        let parts = split(Vec::<(ExtendedSequenceNumber, (u64, &str))>::new(), measure, LIMITS)
-            .unwrap();
+        let parts = split(
+            Vec::<(ExtendedSequenceNumber, (u64, &str))>::new(),
+            measure,
+            LIMITS,
+        )
+        .unwrap();
         assert_eq!(parts.len(), 1);
         assert!(parts[0].writes.is_empty() && parts[0].through.is_none());
     }

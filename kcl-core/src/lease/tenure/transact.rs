@@ -2,8 +2,9 @@
 //! transaction (see [`outputs`](crate::outputs) for why the condition is the owner, the
 //! fence and the checkpoint before, and never the counter).
 //!
-//! A commit runs behind the tenure's lock, so this worker's own renewals and checkpoints of
-//! the lease never race it. An attempt whose outcome is unknown (a timeout, a lost answer)
+//! Each attempt of a commit runs behind the tenure's lock, so this worker's own renewals and
+//! checkpoints of the lease never race it (the lock is let go between attempts, so that a
+//! commit retried under throttling does not hold renewals back). An attempt whose outcome is unknown (a timeout, a lost answer)
 //! is retried with the same token and the same `before`: it applies at most once, and a row
 //! found one commit further with this tenure's owner and fence is that attempt applied.
 
@@ -37,14 +38,12 @@ impl Tenure {
         store: &T,
         update: &CheckpointUpdate,
         writes: Vec<T::Write>,
-    ) -> Result<Transacted, TenureError>
-    {
-        let mut held = self.held.lock().await;
-        if self.is_lost() {
-            return Err(TenureError::Lost);
-        }
-        super::behind(update, &held.lease.checkpoint)?;
-        let before = held.lease.checkpoint.clone();
+    ) -> Result<Transacted, TenureError> {
+        let before = {
+            let held = self.held.lock().await;
+            super::behind(update, &held.lease.checkpoint)?;
+            held.lease.checkpoint.clone()
+        };
         let token = outputs::token(&self.shard, self.fence, &before, update);
         let mut pauses = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
@@ -53,8 +52,14 @@ impl Tenure {
             .with_max_times(ATTEMPTS - 1)
             .build();
         loop {
+            // Taken per attempt, not across the pauses between them: renewals go on meanwhile.
+            let mut held = self.held.lock().await;
             if self.is_lost() {
                 return Err(TenureError::Lost);
+            }
+            if held.lease.checkpoint != before {
+                // Another write of this tenure moved the checkpoint between two attempts.
+                return Err(TenureError::Behind(held.lease.checkpoint.clone()));
             }
             let commit = Commit {
                 shard: &self.shard,
@@ -77,12 +82,17 @@ impl Tenure {
                 Ok(Err(CommitError::Refused { index, reason })) => {
                     return Ok(Transacted::Refused { index, reason });
                 }
-                Ok(Err(CommitError::LeaseRow)) => return self.settle_commit(&mut held.lease, update).await,
+                Ok(Err(CommitError::LeaseRow)) => {
+                    return self.settle_commit(&mut held.lease, update).await;
+                }
                 Ok(Err(CommitError::Store(e))) | Err(e) => e,
             };
             let retried = matches!(error.kind(), ErrorKind::Retryable | ErrorKind::Throttled);
             match pauses.next().filter(|_| retried) {
-                Some(pause) => tokio::time::sleep(pause).await,
+                Some(pause) => {
+                    drop(held);
+                    tokio::time::sleep(pause).await;
+                }
                 None => {
                     // The outcome may be unknown: find out before the caller reads on.
                     return match self.settle_commit(&mut held.lease, update).await {
