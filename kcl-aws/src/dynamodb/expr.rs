@@ -121,6 +121,26 @@ impl Expr {
         update: &CheckpointUpdate,
         counter: u64,
     ) -> &mut Self {
+        self.write_checkpoint(key, update, Some(counter))
+    }
+
+    /// Writes `update` as [`checkpoint`](Self::checkpoint) does, the counter left alone: a
+    /// transactional commit is fenced by owner, fence and checkpoint, and the counter is the
+    /// renewals' (see `kcl_core::outputs`).
+    pub(super) fn checkpoint_uncounted(
+        &mut self,
+        key: &ShardId,
+        update: &CheckpointUpdate,
+    ) -> &mut Self {
+        self.write_checkpoint(key, update, None)
+    }
+
+    fn write_checkpoint(
+        &mut self,
+        key: &ShardId,
+        update: &CheckpointUpdate,
+        counter: Option<u64>,
+    ) -> &mut Self {
         self.set(
             CHECKPOINT,
             AttributeValue::S(update.checkpoint.as_str().to_owned()),
@@ -129,8 +149,10 @@ impl Expr {
             CHECKPOINT_SUB_SEQUENCE_NUMBER,
             schema::number(update.checkpoint.sub_sequence()),
         )
-        .set(OWNER_SWITCHES_SINCE_CHECKPOINT, schema::number(0))
-        .set(LEASE_COUNTER, schema::number(counter + 1));
+        .set(OWNER_SWITCHES_SINCE_CHECKPOINT, schema::number(0));
+        if let Some(counter) = counter {
+            self.set(LEASE_COUNTER, schema::number(counter + 1));
+        }
         match &update.pending {
             Some(pending) => {
                 self.set(

@@ -31,6 +31,7 @@ mod feed;
 mod index;
 mod schema;
 mod table;
+mod transact;
 mod unreadable;
 
 use std::collections::HashMap;
@@ -70,6 +71,8 @@ pub struct DynamoDbLeaseStore {
     feed: Option<Arc<feed::StreamFeed>>,
     /// Rows the last whole read (and the feed since) could not parse.
     unreadable: Arc<unreadable::Unreadable>,
+    /// The keys of the tables processors commit outputs to (see `transact`).
+    outputs: Arc<transact::OutputKeys>,
 }
 
 impl DynamoDbLeaseStore {
@@ -107,6 +110,7 @@ impl DynamoDbLeaseStore {
             index: Arc::default(),
             feed: None,
             unreadable: Arc::default(),
+            outputs: Arc::default(),
         }
     }
 

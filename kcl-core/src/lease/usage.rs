@@ -57,11 +57,15 @@ pub enum Operation {
     Unpark,
     /// Asking a parked key's holder to replay its letters (`kcl-admin dead-letters redrive`).
     RequestRedrive,
+    /// A processor's outputs committed with a checkpoint in one transaction
+    /// ([`Transact::commit`](crate::outputs::Transact::commit)): on DynamoDB two write units
+    /// per KB of each item written, the lease row's included.
+    CommitOutputs,
 }
 
 impl Operation {
     /// Every operation, in order.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::EnsureTable,
         Self::List,
         Self::Snapshot,
@@ -79,6 +83,7 @@ impl Operation {
         Self::Delete,
         Self::Unpark,
         Self::RequestRedrive,
+        Self::CommitOutputs,
     ];
 
     /// The name used in metric labels and errors.
@@ -101,6 +106,7 @@ impl Operation {
             Self::Delete => "delete",
             Self::Unpark => "unpark",
             Self::RequestRedrive => "request_redrive",
+            Self::CommitOutputs => "commit_outputs",
         }
     }
 

@@ -1,0 +1,553 @@
+//! [`Transact`] on DynamoDB: a processor's writes and its checkpoint in one
+//! `TransactWriteItems`, fenced by the lease row.
+//!
+//! Why it is written the way it is (the protocol is `kcl_core::outputs`'):
+//! - **The lease row's update is one more action of the transaction**, the last one, so that
+//!   a cancellation reason's index is the index of the processor's write it names. It writes
+//!   the checkpoint as a plain checkpoint does but leaves `leaseCounter` alone, and its
+//!   condition is the owner, the fence (`kclFence`) and the checkpoint the row held before:
+//!   never the counter, which the renewer bumps every third of the failover time.
+//! - **The idempotency token is DynamoDB's `ClientRequestToken`**: a retry of a commit whose
+//!   answer was lost returns success without applying twice (for 10 minutes); after that,
+//!   or where the token is not kept (moto), the checkpoint condition refuses the retry and
+//!   the core reads the row to learn that it applied.
+//! - **The lease table is kcl's**: a write to it is refused before anything is sent.
+//! - **Two actions on one item are refused by DynamoDB**, so [`Transact::measure`] names the
+//!   item each write touches and the core splits such writes into different transactions.
+//!   A `Put` carries its whole item and not which attributes are the key: the store knows a
+//!   table's key once told ([`DynamoDbLeaseStore::with_output_table`]) or once it read the
+//!   table's description ([`DynamoDbLeaseStore::describe_output_tables`]); a `Put` to a
+//!   table it knows nothing of names no item.
+//! - **A cancelled transaction is read off its cancellation reasons** in one place
+//!   ([`Verdict`]): the lease row's failed condition is the lease moved (or the commit applied
+//!   earlier), a write's failed condition is that write refused, a conflict with another
+//!   write in progress is retried, as is throttling. The other side of a conflict, a
+//!   renewal's `UpdateItem` refused with `TransactionConflictException` while another
+//!   process's transaction holds the row, is `Retryable` as every such error is (`error`):
+//!   the renewer keeps the lease while it is valid and tries again a quarter interval later.
+//! - **What it costs**: DynamoDB charges a transactional write two write units per KB of
+//!   each item, the lease row's included: a commit of `n` writes of items under 1 KB is
+//!   `2 (n + 1)` units, against `n + 1` for the same writes and a checkpoint outside a
+//!   transaction. The units DynamoDB reports are counted as `Operation::CommitOutputs`.
+
+use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
+
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::transact_write_items::{
+    TransactWriteItemsError, TransactWriteItemsOutput,
+};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, CancellationReason, ReturnConsumedCapacity, TransactWriteItem, Update,
+};
+use kcl_core::lease::usage::Operation;
+use kcl_core::outputs::{Commit, CommitError, Limits, Measure, Transact};
+use kcl_core::{BackendError, ErrorKind};
+
+use super::DynamoDbLeaseStore;
+use super::expr::Expr;
+use super::schema::{self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, FENCE, LEASE_OWNER};
+use crate::error::backend_error;
+
+/// Actions in one `TransactWriteItems`.
+const ACTIONS: usize = 100;
+/// The aggregate size of the items of one transaction, read conservatively as decimal
+/// megabytes (4 MB).
+const TRANSACTION_BYTES: usize = 4_000_000;
+/// Room left for the lease row: the largest item DynamoDB stores (400 KB). Whatever the row
+/// holds (parked keys, children, kcl's own attributes), DynamoDB refuses to make it larger,
+/// so the processor's writes can never push the transaction over its limit through it.
+const LEASE_ROW_ROOM: usize = 400 * 1024;
+/// The operation named in errors and usage.
+const OPERATION: &str = "commit_outputs";
+/// What DynamoDB says of a transaction with two actions on one item.
+const ONE_ITEM_TWICE: &str = "multiple operations on one item";
+
+/// The key attributes of the tables the processor writes, for naming the item of a `Put`.
+#[derive(Debug, Default)]
+pub(super) struct OutputKeys {
+    known: RwLock<HashMap<String, Vec<String>>>,
+}
+
+impl OutputKeys {
+    fn insert(&self, table: String, key: Vec<String>) {
+        let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
+        known.insert(table, key);
+    }
+
+    fn of(&self, table: &str) -> Option<Vec<String>> {
+        let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
+        known.get(table).cloned()
+    }
+}
+
+impl DynamoDbLeaseStore {
+    /// Tells the store the key attributes of `table` (its partition key, and its sort key if
+    /// it has one), a table [`Transact::commit`] writes to: two `Put`s of one item then go
+    /// into different transactions (DynamoDB refuses two actions on one item in one).
+    /// `Update`, `Delete` and `ConditionCheck` name their key themselves.
+    #[must_use]
+    pub fn with_output_table(self, table: impl Into<String>, key: &[&str]) -> Self {
+        let key = key.iter().map(|k| (*k).to_owned()).collect();
+        self.outputs.insert(table.into(), key);
+        self
+    }
+
+    /// Reads the key attributes of `tables` (`DescribeTable`, which the worker's role then
+    /// needs on them), as [`with_output_table`](Self::with_output_table) sets them.
+    ///
+    /// # Errors
+    /// The first table that cannot be described (missing, access denied, unreachable).
+    pub async fn describe_output_tables(
+        &self,
+        tables: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<(), BackendError> {
+        for table in tables {
+            let table = table.as_ref();
+            let out = self
+                .client
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| backend_error("describe_table", format!("table {table}"), e))?;
+            let key = out
+                .table()
+                .map(|t| t.key_schema().iter().map(|k| k.attribute_name().to_owned()))
+                .into_iter()
+                .flatten()
+                .collect();
+            self.outputs.insert(table.to_owned(), key);
+        }
+        Ok(())
+    }
+
+    /// Whether `table` (a name or an ARN) is the lease table.
+    fn is_lease_table(&self, table: &str) -> bool {
+        table == self.table
+            || table
+                .rsplit_once(":table/")
+                .is_some_and(|(_, name)| name == self.table)
+    }
+
+    /// Refuses, before anything is sent, a write without an action and a write to the lease
+    /// table (its rows are kcl's).
+    fn check_writes(&self, writes: &[TransactWriteItem]) -> Result<(), CommitError> {
+        for (index, write) in writes.iter().enumerate() {
+            let fatal = |message: String| {
+                CommitError::Store(BackendError::new(ErrorKind::Fatal, OPERATION, message))
+            };
+            match action(write) {
+                None => {
+                    return Err(fatal(format!(
+                        "output write {index} has no action (one of Put, Update, Delete, ConditionCheck)"
+                    )));
+                }
+                Some((table, _)) if self.is_lease_table(table) => {
+                    return Err(fatal(format!(
+                        "output write {index} writes table {table}, the lease table: its rows are \
+                     kcl's; write the outputs to a table of their own"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The lease row's action: `commit.update` written without moving the counter, if the
+    /// row still holds this tenure's owner, fence and checkpoint.
+    fn lease_row(
+        commit: &Commit<'_, TransactWriteItem>,
+        table: &str,
+    ) -> Result<TransactWriteItem, CommitError> {
+        let mut e = Expr::default();
+        e.checkpoint_uncounted(commit.shard, commit.update);
+        let owner = e.name(LEASE_OWNER);
+        let fence = e.name(FENCE);
+        let checkpoint = e.name(CHECKPOINT);
+        let sub = e.name(CHECKPOINT_SUB_SEQUENCE_NUMBER);
+        let before = commit.before;
+        // A row written before sub-sequence numbers were stored holds none: that is 0.
+        let sub_condition = if before.sub_sequence() == 0 {
+            format!("({sub} = :beforeSub OR attribute_not_exists({sub}))")
+        } else {
+            format!("{sub} = :beforeSub")
+        };
+        let condition = format!(
+            "{owner} = :owner AND {fence} = :fence AND {checkpoint} = :before AND {sub_condition}"
+        );
+        let values = [
+            (
+                ":owner",
+                AttributeValue::S(commit.owner.as_str().to_owned()),
+            ),
+            (":fence", schema::number(commit.fence.0)),
+            (":before", AttributeValue::S(before.as_str().to_owned())),
+            (":beforeSub", schema::number(before.sub_sequence())),
+        ];
+        for (placeholder, value) in values {
+            e.values.insert(placeholder.to_owned(), value);
+        }
+        let update = Update::builder()
+            .table_name(table)
+            .key(
+                schema::LEASE_KEY,
+                AttributeValue::S(commit.shard.as_str().to_owned()),
+            )
+            .update_expression(e.update_expression())
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(e.names))
+            .set_expression_attribute_values(Some(e.values))
+            .build()
+            .map_err(|error| {
+                CommitError::Store(BackendError::new(
+                    ErrorKind::Fatal,
+                    OPERATION,
+                    format!(
+                        "the update of lease {} cannot be built: {error}",
+                        commit.shard
+                    ),
+                ))
+            })?;
+        Ok(TransactWriteItem::builder().update(update).build())
+    }
+
+    /// Counts one `TransactWriteItems` that reached DynamoDB, with the write units it
+    /// reported (one entry per table).
+    fn count_commit<R>(
+        &self,
+        result: &Result<TransactWriteItemsOutput, SdkError<TransactWriteItemsError, R>>,
+    ) {
+        let units = match result {
+            Ok(out) => out
+                .consumed_capacity()
+                .iter()
+                .map(|c| c.write_capacity_units.or(c.capacity_units).unwrap_or(0.0))
+                .sum(),
+            Err(SdkError::ServiceError(_)) => 0.0,
+            Err(_) => return,
+        };
+        self.usage.record(Operation::CommitOutputs, 0.0, units);
+    }
+}
+
+impl Transact for DynamoDbLeaseStore {
+    type Write = TransactWriteItem;
+
+    /// 99 writes (100 actions less the lease row's) and 4 MB less 400 KB (the lease row's
+    /// room: no item is larger) of items as [`measure`](Self::measure) counts them.
+    fn limits(&self) -> Limits {
+        Limits {
+            writes: ACTIONS - 1,
+            bytes: TRANSACTION_BYTES - LEASE_ROW_ROOM,
+        }
+    }
+
+    /// The size DynamoDB counts for the item a write carries (attribute names and values): a
+    /// `Put`'s item; an `Update`'s key, the values it sets and the names it uses (the item
+    /// after it may be larger); a `Delete`'s or `ConditionCheck`'s key. The item is the
+    /// table and the key's attributes, rendered canonically.
+    fn measure(&self, write: &TransactWriteItem) -> Measure {
+        let Some((table, carried)) = action(write) else {
+            return Measure {
+                bytes: 0,
+                item: None,
+            };
+        };
+        let bytes = match carried {
+            Carried::Put(item) => item_size(item),
+            Carried::Update(update) => {
+                let names = update.expression_attribute_names().into_iter().flatten();
+                let values = update.expression_attribute_values().into_iter().flatten();
+                item_size(update.key())
+                    + names.map(|(_, name)| name.len()).sum::<usize>()
+                    + values.map(|(_, value)| value_size(value)).sum::<usize>()
+            }
+            Carried::Key(key) => item_size(key),
+        };
+        let item = match carried {
+            Carried::Put(item) => self.outputs.of(table).map(|key| {
+                let key: HashMap<&String, &AttributeValue> =
+                    item.iter().filter(|(name, _)| key.contains(name)).collect();
+                canonical(table, key)
+            }),
+            Carried::Update(update) => Some(canonical(table, update.key().iter().collect())),
+            Carried::Key(key) => Some(canonical(table, key.iter().collect())),
+        };
+        Measure { bytes, item }
+    }
+
+    async fn commit(&self, commit: Commit<'_, TransactWriteItem>) -> Result<(), CommitError> {
+        self.check_writes(&commit.writes)?;
+        let lease_row = Self::lease_row(&commit, &self.table)?;
+        let writes = commit.writes.len();
+        let mut actions = commit.writes;
+        actions.push(lease_row);
+        let result = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(actions))
+            .client_request_token(commit.token.as_str())
+            .return_consumed_capacity(ReturnConsumedCapacity::Total)
+            .send()
+            .await;
+        self.count_commit(&result);
+        let what = format!(
+            "{writes} output writes with the checkpoint of lease {} in table {}",
+            commit.shard, self.table
+        );
+        match result {
+            Ok(_) => Ok(()),
+            Err(error) => Err(Verdict::of(error, writes, &commit.token, &what).into_error(&what)),
+        }
+    }
+}
+
+/// What a write carries that its size and item are read from.
+enum Carried<'a> {
+    Put(&'a HashMap<String, AttributeValue>),
+    Update(&'a Update),
+    Key(&'a HashMap<String, AttributeValue>),
+}
+
+/// The table a write writes and what it carries; `None` without an action.
+fn action(write: &TransactWriteItem) -> Option<(&str, Carried<'_>)> {
+    if let Some(put) = write.put() {
+        return Some((put.table_name(), Carried::Put(put.item())));
+    }
+    if let Some(update) = write.update() {
+        return Some((update.table_name(), Carried::Update(update)));
+    }
+    if let Some(delete) = write.delete() {
+        return Some((delete.table_name(), Carried::Key(delete.key())));
+    }
+    write
+        .condition_check()
+        .map(|check| (check.table_name(), Carried::Key(check.key())))
+}
+
+/// The item's identity: the table and the key's attributes in name order, each value with
+/// its type (numbers normalized, as DynamoDB compares them).
+fn canonical(table: &str, key: HashMap<&String, &AttributeValue>) -> String {
+    let mut attributes: Vec<(&String, &AttributeValue)> = key.into_iter().collect();
+    attributes.sort_by(|a, b| a.0.cmp(b.0));
+    let mut out = format!("{table:?}");
+    for (name, value) in attributes {
+        let value = match value {
+            AttributeValue::S(s) => format!("S{s:?}"),
+            AttributeValue::N(n) => format!("N{}", normalized(n)),
+            AttributeValue::B(b) => format!("B{:?}", b.as_ref()),
+            other => format!("{other:?}"),
+        };
+        out.push_str(&format!(" {name:?}={value}"));
+    }
+    out
+}
+
+/// A number's significant digits, with its sign and the position of its decimal point
+/// (`1.50`, `01.5` and `1.5` are one number to DynamoDB).
+fn normalized(n: &str) -> String {
+    let (sign, digits) = match n.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", n.strip_prefix('+').unwrap_or(n)),
+    };
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    let whole = whole.trim_start_matches('0');
+    let fraction = fraction.trim_end_matches('0');
+    match (whole.is_empty(), fraction.is_empty()) {
+        (true, true) => "0".to_owned(),
+        (_, true) => format!("{sign}{whole}"),
+        (_, false) => format!("{sign}{whole}.{fraction}"),
+    }
+}
+
+/// An item's size as DynamoDB counts it: each attribute's name and value.
+fn item_size(item: &HashMap<String, AttributeValue>) -> usize {
+    item.iter()
+        .map(|(name, value)| name.len() + value_size(value))
+        .sum()
+}
+
+/// A value's size as DynamoDB counts it: strings and binaries their bytes, numbers a byte
+/// per two significant digits and one more, lists and maps 3 bytes and a byte per element.
+fn value_size(value: &AttributeValue) -> usize {
+    let number = |n: &str| {
+        let digits = normalized(n).bytes().filter(u8::is_ascii_digit).count();
+        digits.div_ceil(2) + 1
+    };
+    match value {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => number(n),
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Ss(set) => set.iter().map(String::len).sum(),
+        AttributeValue::Ns(set) => set.iter().map(|n| number(n)).sum(),
+        AttributeValue::Bs(set) => set.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::L(list) => 3 + list.iter().map(|v| value_size(v) + 1).sum::<usize>(),
+        AttributeValue::M(map) => {
+            3 + map
+                .iter()
+                .map(|(k, v)| k.len() + value_size(v) + 1)
+                .sum::<usize>()
+        }
+        // `Bool`, `Null`, and any type newer than this code: one byte.
+        _ => 1,
+    }
+}
+
+/// What a failed `TransactWriteItems` means for the commit. Every failure is reduced to one
+/// of these, and [`into_error`](Self::into_error) maps them with one exhaustive `match`.
+#[derive(Debug)]
+enum Verdict {
+    /// The lease row's condition failed: the lease moved, or an earlier attempt applied.
+    LeaseRow,
+    /// Output write `index`'s own condition failed; nothing applied.
+    Refused { index: usize, reason: String },
+    /// Another write to one of the items was in progress (`TransactionConflict`, on the
+    /// lease row a renewal of another process or an operator's write): retried.
+    Conflict(String),
+    /// Capacity (`ProvisionedThroughputExceeded`, `ThrottlingError`): retried, slower.
+    Throttled(String),
+    /// Retrying the same request cannot help: a `ValidationError` (an item too large, two
+    /// actions on one item, a malformed expression), a token reused for another request.
+    Invalid(String),
+    /// Not a cancellation: the error as every other call of the store maps it.
+    Other(BackendError),
+}
+
+/// One cancellation reason, most decisive last (see [`Verdict::cancelled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Reason {
+    /// `None`: this action was fine; another one cancelled the transaction.
+    Passed,
+    Conflict,
+    Throttled,
+    ConditionFailed,
+    Invalid,
+}
+
+impl Reason {
+    fn from_code(code: Option<&str>) -> Self {
+        match code {
+            None | Some("None") => Self::Passed,
+            Some("TransactionConflict") => Self::Conflict,
+            Some("ProvisionedThroughputExceeded" | "ThrottlingError" | "RequestLimitExceeded") => {
+                Self::Throttled
+            }
+            Some("ConditionalCheckFailed") => Self::ConditionFailed,
+            // `ValidationError`, `ItemCollectionSizeLimitExceeded`, and codes newer than
+            // this code: nothing says a retry could pass.
+            Some(_) => Self::Invalid,
+        }
+    }
+}
+
+impl Verdict {
+    fn of(
+        error: SdkError<TransactWriteItemsError, aws_sdk_dynamodb::config::http::HttpResponse>,
+        writes: usize,
+        token: &str,
+        what: &str,
+    ) -> Self {
+        match error.as_service_error() {
+            Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
+                Self::cancelled(cancelled.cancellation_reasons(), writes)
+            }
+            Some(TransactWriteItemsError::ResourceNotFoundException(e)) => Self::Invalid(format!(
+                "a table written does not exist, the lease table or an output table ({})",
+                e.message().unwrap_or("ResourceNotFoundException")
+            )),
+            Some(TransactWriteItemsError::IdempotentParameterMismatchException(e)) => {
+                Self::Invalid(format!(
+                    "idempotency token {token} was used within 10 minutes by a transaction with \
+                     other writes ({}): a commit's writes must be the same at every attempt",
+                    e.message()
+                        .unwrap_or("IdempotentParameterMismatchException")
+                ))
+            }
+            _ => match error.message() {
+                Some(detail) if detail.contains(ONE_ITEM_TWICE) => {
+                    Self::Invalid(format!("ValidationException: {detail}"))
+                }
+                _ => Self::Other(backend_error(OPERATION, what, error)),
+            },
+        }
+    }
+
+    /// Reads the reasons of a cancelled transaction of `writes` output writes and the lease
+    /// row (the last action). The lease row's failed condition wins over everything (the
+    /// tenure is over, whatever else was wrong); then a reason no retry can fix; then the
+    /// first write refused by its condition; then throttling; then a conflict.
+    fn cancelled(reasons: &[CancellationReason], writes: usize) -> Self {
+        let read = |i: usize| {
+            reasons
+                .get(i)
+                .map_or(Reason::Passed, |r| Reason::from_code(r.code()))
+        };
+        if read(writes) == Reason::ConditionFailed {
+            return Self::LeaseRow;
+        }
+        let message = |i: usize| {
+            let reason = reasons.get(i);
+            let code = reason.and_then(CancellationReason::code).unwrap_or("None");
+            let message = reason.and_then(CancellationReason::message).unwrap_or("");
+            let action = if i == writes {
+                "the lease row".to_owned()
+            } else {
+                format!("output write {i}")
+            };
+            format!("{action}: {code} {message}").trim_end().to_owned()
+        };
+        let worst = (0..=writes).max_by_key(|&i| (read(i), std::cmp::Reverse(i)));
+        match worst.map(|i| (i, read(i))) {
+            Some((i, Reason::Invalid)) => {
+                Self::Invalid(format!("transaction cancelled: {}", message(i)))
+            }
+            Some((index, Reason::ConditionFailed)) => Self::Refused {
+                index,
+                reason: message(index),
+            },
+            Some((i, Reason::Throttled)) => Self::Throttled(message(i)),
+            Some((i, Reason::Conflict)) => Self::Conflict(message(i)),
+            Some((_, Reason::Passed)) | None => {
+                Self::Conflict("transaction cancelled without a reason".to_owned())
+            }
+        }
+    }
+
+    /// The commit's error. The one exhaustive match of the module.
+    fn into_error(self, what: &str) -> CommitError {
+        let store = |kind, message: String| {
+            CommitError::Store(BackendError::new(
+                kind,
+                OPERATION,
+                format!("{what}: {message}"),
+            ))
+        };
+        match self {
+            Self::LeaseRow => CommitError::LeaseRow,
+            Self::Refused { index, reason } => CommitError::Refused { index, reason },
+            Self::Conflict(message) => store(ErrorKind::Retryable, message),
+            Self::Throttled(message) => store(ErrorKind::Throttled, message),
+            Self::Invalid(message) => store(ErrorKind::Fatal, hinted(message)),
+            Self::Other(error) => CommitError::Store(error),
+        }
+    }
+}
+
+/// Says what to do about two actions on one item, the refusal a processor most likely
+/// meets (its `Put`s to a table whose key the store was not told).
+fn hinted(message: String) -> String {
+    if message.contains(ONE_ITEM_TWICE) {
+        format!(
+            "{message} (two writes of one item in one transaction: tell the store the key of \
+             the tables written with Put (`DynamoDbLeaseStore::with_output_table` or \
+             `describe_output_tables`), so that they go into different transactions)"
+        )
+    } else {
+        message
+    }
+}
+
+#[cfg(test)]
+mod tests;
