@@ -30,7 +30,8 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     let dead_letters = letters(&settings, Some(&sdk));
     let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
         .with_table_setup(settings.table_setup);
-    let factory = crate::window_counters(&settings);
+    let table = exactly_once(&settings, &store).await?;
+    let factory = crate::window_counters(&settings, table);
     match &settings.input {
         SourceSpec::Streams {
             names,
@@ -90,6 +91,33 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             crate::run_worker(&settings, source, store, factory, dead_letters).await
         }
     }
+}
+
+/// The table of `--exactly-once-table`, checked (created, under `--table-setup managed`, if
+/// it is missing): its writes commit through `store`, the worker's lease store.
+#[cfg(feature = "aws")]
+async fn exactly_once(
+    settings: &Settings,
+    store: &kcl_aws::DynamoDbLeaseStore,
+) -> anyhow::Result<Option<std::sync::Arc<dyn kcl_example_consumer::table::WindowTable>>> {
+    use kcl_example_consumer::table::dynamodb;
+    let Some(table) = &settings.exactly_once_table else {
+        return Ok(None);
+    };
+    let create = settings.table_setup == kcl_aws::TableSetup::Managed;
+    dynamodb::ensure_table(store.client(), table, create)
+        .await
+        .map_err(|e| {
+            anyhow::Error::new(e).context("invalid setting `exactly-once-table`".to_owned())
+        })?;
+    tracing::info!(
+        table,
+        "each window's counts commit with its checkpoint, exactly once"
+    );
+    Ok(Some(std::sync::Arc::new(dynamodb::windows(
+        store.clone(),
+        table,
+    ))))
 }
 
 /// The one stream `spec` names, opened: a DynamoDB table's current stream, or the stream ARN
@@ -157,7 +185,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
     tracing::warn!(
         "backend `memory`: consuming in-process streams fed by a built-in producer; nothing is persisted"
     );
-    let factory = crate::window_counters(&settings);
+    let factory = crate::window_counters(&settings, None);
     let worker_id = settings.worker_id.clone();
     let dead_letters = letters(&settings, None);
     let (producer, result) = match &settings.input {

@@ -12,11 +12,13 @@ mod settings;
 mod summary;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::FromArgMatches;
 use kcl_core::failure::DeadLetters;
 use kcl_core::{LeaseStore, ProcessorFactory, ShardSource, Worker};
+use kcl_example_consumer::table::WindowTable;
 use kcl_example_consumer::{StdoutSink, WindowCounter};
 use kcl_serve as http;
 use tokio_util::sync::CancellationToken;
@@ -176,13 +178,19 @@ fn print_config(settings: &Settings) -> ExitCode {
 }
 
 /// The processor factory of `run`: one [`WindowCounter`] per shard, printing to stdout
-/// (failing on purpose with `--inject-failure`).
+/// (failing on purpose with `--inject-failure`), committing its windows to `table` if given
+/// (`--exactly-once-table`).
 pub(crate) fn window_counters(
     settings: &Settings,
+    table: Option<Arc<dyn WindowTable>>,
 ) -> impl ProcessorFactory<Processor = fault::Faulty<WindowCounter<StdoutSink>>> {
     let (window, top_keys, fault) = (settings.window, settings.top_keys, settings.fault);
     move |shard: &kcl_core::ShardId| {
         let counter = WindowCounter::new(shard, window, top_keys, StdoutSink);
+        let counter = match &table {
+            Some(table) => counter.with_table(table.clone()),
+            None => counter,
+        };
         fault::Faulty::new(counter, fault)
     }
 }

@@ -12,6 +12,11 @@
 //! crash, and not yet checkpointed, is emitted again by the next owner. A graceful shutdown
 //! or handoff emits the open window early, marked `"complete": false`, and checkpoints
 //! everything, so nothing is counted twice.
+//!
+//! With a [`WindowTable`] ([`WindowCounter::with_table`], the binary's
+//! `--exactly-once-table`), each closed window's counts are also committed in the same
+//! transaction as the checkpoint at its last record: the table holds every window's count
+//! exactly once, whatever crashes, freezes and handoffs happen (see [`crate::table`]).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -24,6 +29,8 @@ use kcl_core::{
     RecordProcessor, ShardId,
 };
 use serde::Serialize;
+
+use crate::table::{Closed, WindowTable};
 
 /// How long past its end a window waits, on a quiet shard, for records that arrived before
 /// its end and are not readable yet, before it closes on time.
@@ -202,12 +209,14 @@ impl Windows {
     }
 }
 
-/// The [`RecordProcessor`]: [`Windows`] plus a [`WindowSink`] plus checkpoints.
+/// The [`RecordProcessor`]: [`Windows`] plus a [`WindowSink`] plus checkpoints, and with a
+/// [`WindowTable`] each window's counts committed with its checkpoint, exactly once.
 #[derive(Debug)]
 pub struct WindowCounter<S> {
     windows: Windows,
     sink: S,
     clock: Clock,
+    table: Option<Arc<dyn WindowTable>>,
 }
 
 /// The wall clock, read as its value at the processor's start plus the monotonic time since
@@ -235,7 +244,34 @@ impl<S: WindowSink> WindowCounter<S> {
                 wall: Utc::now(),
                 start: tokio::time::Instant::now(),
             },
+            table: None,
         }
+    }
+
+    /// Commits each closed window to `table` with the checkpoint at its last record (see
+    /// [`crate::table`]), rather than checkpointing alone.
+    #[must_use]
+    pub fn with_table(mut self, table: Arc<dyn WindowTable>) -> Self {
+        self.table = Some(table);
+        self
+    }
+
+    /// Emits `closed` windows, then checkpoints at `position` (`None`: everything delivered),
+    /// committing the windows with the checkpoint when there is a table.
+    async fn emit_and_commit(
+        &self,
+        checkpointer: &mut Checkpointer,
+        closed: Vec<Closed>,
+        position: Option<ExtendedSequenceNumber>,
+    ) -> Result<Result<(), CheckpointError>, BoxError> {
+        for (summary, _) in &closed {
+            self.sink.emit(summary)?;
+        }
+        Ok(match (&self.table, position) {
+            (Some(table), position) => table.commit(checkpointer, closed, position).await,
+            (None, Some(position)) => checkpointer.checkpoint_at(position).await,
+            (None, None) => checkpointer.checkpoint().await,
+        })
     }
 }
 
@@ -252,26 +288,21 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
                 .max(0)
         });
         let mut bytes = 0usize;
-        let mut emitted = 0u32;
-        let mut done_up_to = None;
+        let mut closed = Vec::new();
         for record in input.records() {
             bytes += record.data.len();
-            if let Some((summary, last)) = self.windows.add(record) {
-                self.sink.emit(&summary)?;
-                emitted += 1;
-                done_up_to = Some(last);
-            }
+            closed.extend(self.windows.add(record));
         }
         // An empty batch: the shard is quiet and read to its tip.
-        if input.records().is_empty()
-            && let Some((summary, last)) = self.windows.close_due(self.clock.now())
-        {
-            self.sink.emit(&summary)?;
-            emitted += 1;
-            done_up_to = Some(last);
+        if input.records().is_empty() {
+            closed.extend(self.windows.close_due(self.clock.now()));
         }
-        if let Some(position) = done_up_to {
-            checkpoint(checkpointer.checkpoint_at(position).await)?;
+        let emitted = closed.len();
+        if let Some(position) = closed.last().map(|(_, last)| last.clone()) {
+            checkpoint(
+                self.emit_and_commit(checkpointer, closed, Some(position))
+                    .await?,
+            )?;
         }
         if input.records().is_empty() && emitted == 0 {
             return Ok(());
@@ -299,11 +330,9 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     }
 
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
-        if let Some((summary, _)) = self.windows.close(true) {
-            self.sink.emit(&summary)?;
-        }
+        let closed = self.windows.close(true).into_iter().collect();
         // SHARD_END: lets the child shards start.
-        checkpointer.checkpoint().await?;
+        self.emit_and_commit(checkpointer, closed, None).await??;
         Ok(())
     }
 
@@ -311,10 +340,8 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        if let Some((summary, _)) = self.windows.close(false) {
-            self.sink.emit(&summary)?;
-        }
-        checkpoint(checkpointer.checkpoint().await)
+        let closed = self.windows.close(false).into_iter().collect();
+        checkpoint(self.emit_and_commit(checkpointer, closed, None).await?)
     }
 }
 

@@ -266,6 +266,15 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "60s")]
     pub(crate) window: Span,
 
+    /// Also write each closed window's counts (records, bytes) to this DynamoDB table exactly
+    /// once: added to the item of its shard and window start in the same transaction as the
+    /// checkpoint at the window's last record, conditioned on this worker's lease, so no
+    /// crash, freeze or handoff adds a record twice or loses one. The table is the lease
+    /// table's account and region; created on demand (partition key `shard`, sort key
+    /// `window_start`) unless --table-setup is external. Off unless set; needs backend aws.
+    #[arg(long, value_name = "TABLE")]
+    pub(crate) exactly_once_table: Option<String>,
+
     /// Partition keys listed per window line (the busiest ones); 0 lists none.
     #[arg(long, value_name = "N", default_value = "20", value_parser = parse_count)]
     pub(crate) top_keys: usize,

@@ -33,7 +33,14 @@ fn services(settings: &Settings) -> Vec<Service> {
             "the table's stream",
         )],
     };
-    out.push(service("dynamodb", "DYNAMODB", "the lease table"));
+    out.push(match settings.exactly_once_table {
+        Some(_) => service(
+            "dynamodb",
+            "DYNAMODB",
+            "the lease table and the exactly-once table",
+        ),
+        None => service("dynamodb", "DYNAMODB", "the lease table"),
+    });
     let sink = settings.dead_letters.as_deref().unwrap_or_default();
     let letters = if sink.starts_with("sqs:") {
         Some(service("sqs", "SQS", "the dead-letter sink"))

@@ -20,6 +20,7 @@ use kcl_serve::source::is_table_name;
 mod args;
 mod autoscale;
 mod endpoints;
+mod exactly_once;
 mod file;
 mod input;
 pub(crate) mod parse;
@@ -111,6 +112,10 @@ pub(crate) struct Settings {
     pub(crate) window: Duration,
     /// Partition keys listed per window line.
     pub(crate) top_keys: usize,
+    /// Where each window's counts are written exactly once (`--exactly-once-table`), if
+    /// anywhere.
+    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
+    pub(crate) exactly_once_table: Option<String>,
     /// HTTP listen address.
     pub(crate) listen: SocketAddr,
     /// Where the drain token is written, when not its default place.
@@ -445,6 +450,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
     fits_dynamodb(v, &input, a.backend, &worker)?;
     let summary = summary(a, v)?;
     let dead_letters = dead_letters(a, v)?;
+    let exactly_once_table = exactly_once::table(a, v, &application_name)?;
     let scaler = autoscale::scaler(a, v, a.listen, &mut effective)?;
     Ok(Settings {
         input,
@@ -453,6 +459,7 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         worker,
         window: a.window.0,
         top_keys: a.top_keys,
+        exactly_once_table,
         listen: a.listen,
         drain_token_file: a.drain_token_file.clone(),
         scaler,

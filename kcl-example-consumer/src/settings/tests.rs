@@ -170,6 +170,65 @@ fn the_table_is_managed_unless_external_is_asked_for() {
     assert!(e.to_string().contains("managed or external"), "{e}");
 }
 
+/// `--exactly-once-table`: shown by `--print-config` with the endpoint it is written
+/// through; refused on backend memory, as the lease table, or as no table name, each time
+/// naming the key.
+#[test]
+fn the_exactly_once_table_is_a_dynamodb_table_beside_the_lease_table() {
+    let s = resolve_ok(REQUIRED, None);
+    assert_eq!(s.exactly_once_table, None);
+    let given = [REQUIRED, &["--exactly-once-table", "window-counts"]].concat();
+    let file = toml_file("exactly-once-table = \"window-counts\"\n");
+    for (args, file, origin) in [
+        (given.as_slice(), None, "--exactly-once-table"),
+        (REQUIRED, Some(&file), "kcl.toml"),
+    ] {
+        let s = match settings(args, file) {
+            Err(e) if cfg!(not(feature = "aws")) => {
+                assert_eq!(e.key, "exactly_once_table", "{e}");
+                continue;
+            }
+            other => other.unwrap_or_else(|e| panic!("{e}")),
+        };
+        assert_eq!(s.exactly_once_table.as_deref(), Some("window-counts"));
+        let text = s.to_toml_with(&|_| None);
+        assert!(
+            text.contains(&format!(
+                "exactly-once-table = \"window-counts\"  # {origin}"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("# dynamodb (the lease table and the exactly-once table):"),
+            "{text}"
+        );
+    }
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--exactly-once-table", "orders-app"],
+            "is the lease table",
+        ),
+        (
+            &["--exactly-once-table", "no/slashes"],
+            "not a valid DynamoDB table name",
+        ),
+        (
+            &["--exactly-once-table", "counts", "--backend", "memory"],
+            "needs backend aws",
+        ),
+    ];
+    for (extra, reason) in cases {
+        let e = resolve_err(&[REQUIRED, extra].concat(), None);
+        assert_eq!(e.key, "exactly_once_table", "{e}");
+        assert!(e.reason.contains(reason), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("invalid setting `exactly-once-table` (from --exactly-once-table)"),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn coordination_is_leader_unless_every_worker_is_asked_for() {
     let s = resolve_ok(REQUIRED, None);
