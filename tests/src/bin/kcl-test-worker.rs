@@ -12,7 +12,9 @@
 //! leases are released, or kept for a restart under `--restart-grace-ms`); a second signal
 //! forces the shutdown. With `--http` the process serves as a deployed one does (kcl-serve:
 //! probes, `/metrics`, `POST /drain`, KEDA's external scaler), and journals a `serving` line
-//! with both addresses.
+//! with both addresses. With `--outputs-table` and `--plain-table` each record's output is
+//! written exactly once and at least once (`work`, `committed`, `commit_refused`,
+//! `commit_failed` lines; see the `outputs` module).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -39,6 +41,11 @@ use kcl_serve::messenger::Limits;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
+
+#[path = "kcl-test-worker/outputs.rs"]
+mod outputs;
+
+use outputs::OutputTables;
 
 /// Command line of the test worker.
 #[derive(Debug, Parser)]
@@ -187,6 +194,20 @@ struct Args {
     /// `Autoscaling::publish_interval`, in milliseconds; not published when not given.
     #[arg(long)]
     publish_ms: Option<u64>,
+    /// Commit each record's output (`ADD n :1` on the item `shard/seq/sub`) into this table
+    /// with the batch's checkpoint, exactly once (`Checkpointer::commit_outputs`), instead of
+    /// checkpointing after each batch; journal `work`, then `committed`, `commit_refused`
+    /// (the lease was lost) or `commit_failed` (see the `outputs` module).
+    #[arg(long)]
+    outputs_table: Option<String>,
+    /// Also write each record's output into this table with a plain `UpdateItem`, before the
+    /// checkpoint: at least once.
+    #[arg(long)]
+    plain_table: Option<String>,
+    /// With `--outputs-table` or `--plain-table`: each batch works this long on its thread
+    /// (blocking it) before its commit, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    work_ms: u64,
 }
 
 /// The autoscaling of `--catch-up-ms`, `--min-workers`, `--scale-down-window-ms` and
@@ -266,6 +287,9 @@ struct Recorder {
     journal_batches: bool,
     /// Under `--parallel`: the processor records are handed to.
     parallel: Option<ParallelProcessor<Handler>>,
+    /// Under `--outputs-table` or `--plain-table`: where each record's output goes, and
+    /// how the batch commits.
+    outputs: Option<OutputTables>,
 }
 
 /// A record's journal fields: shard, sequence and sub-sequence number, partition key, data.
@@ -395,6 +419,15 @@ impl RecordProcessor for Recorder {
         if !self.batch_delay.is_zero() {
             tokio::time::sleep(self.batch_delay).await;
         }
+        if let Some(outputs) = self
+            .outputs
+            .as_ref()
+            .filter(|_| !input.records().is_empty())
+        {
+            return outputs
+                .process(&self.shard, input.records(), checkpointer, &self.journal)
+                .await;
+        }
         if self.batch_checkpoint {
             self.checkpoint(checkpointer, "checkpoint", None).await?;
         }
@@ -482,7 +515,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let parallel = args.parallel;
         let hot_cost = Duration::from_millis(args.hot_record_ms);
         let hot = (args.hot_shards_file.clone()).map(|file| (Arc::new(file), hot_cost));
+        let outputs =
+            (args.outputs_table.is_some() || args.plain_table.is_some()).then(|| OutputTables {
+                store: store.clone(),
+                exactly: args.outputs_table.clone(),
+                plain: args.plain_table.clone(),
+                work: Duration::from_millis(args.work_ms),
+            });
         move |shard: ShardId| Recorder {
+            outputs: outputs.clone(),
             hot: hot.clone(),
             parallel: parallel.map(|n| {
                 let handler = Handler {
