@@ -47,8 +47,19 @@ fn called(path: &Path, prefix: &str, into: &mut BTreeSet<String>) {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c == '_');
         if snake && !operation.is_empty() {
-            into.insert(format!("{prefix}:{}", pascal(operation)));
+            into.insert(format!("{prefix}:{}", action(&pascal(operation))));
         }
+    }
+}
+
+/// The IAM action an SDK operation needs on the lease table. There is no
+/// `dynamodb:TransactWriteItems`: IAM authorizes each action of a transaction by its own
+/// permission, and kcl's action in one is the lease row's update (the processor's output
+/// tables need what its own writes do: docs/exactly-once.md).
+fn action(operation: &str) -> &str {
+    match operation {
+        "TransactWriteItems" => "UpdateItem",
+        other => other,
     }
 }
 
