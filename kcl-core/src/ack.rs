@@ -38,9 +38,19 @@
 //!   moved for [`stalled_after`](crate::WorkerConfig::stalled_after);
 //! - [`Ack::fail`], or an `Ack` dropped unacknowledged (a task that panicked or was
 //!   cancelled), restarts the shard from the watermark, as a failing `process_records` does:
-//!   every record after it is delivered again;
+//!   every record after it is delivered again, but those the lease row says finished (next
+//!   rule);
+//! - the records past the watermark that finished go into the lease row with every checkpoint
+//!   (**sparse acknowledgements**, see [`SparseAcks`]; the worker writes the checkpoint again
+//!   when only they changed, as often as it checkpoints the watermark), and whoever opens
+//!   the shard next — a new holder after a failover, a new processor after a failure — skips
+//!   them: what comes again is what was unfinished (and what the row's bound left out);
 //! - work ends with the lease's validity: an `Ack` done once another worker may hold the
 //!   lease counts for nothing (the new owner delivers the record again).
+
+mod sparse;
+
+pub use self::sparse::{SparseAcks, SparseAcksError};
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -296,12 +306,21 @@ struct State {
     acknowledged_later: bool,
     /// Parked-key entries not yet written with a checkpoint ([`Ack::done_parking`]).
     parking: Vec<String>,
+    /// Records finished, ever, past the watermark or not.
+    finished_ever: u64,
+    /// What the lease row said finished past its checkpoint when the shard was opened
+    /// ([`sparse`](self::sparse)): not delivered again.
+    inherited: SparseAcks,
 }
 
 #[derive(Debug)]
 struct Entry {
     /// The record delivered just before this one, if any: the watermark while this one waits.
+    /// With records skipped as finished before ([`Watermark::finished_before`]), the last of
+    /// them before this one.
     previous: Option<ExtendedSequenceNumber>,
+    /// This record's own position.
+    position: ExtendedSequenceNumber,
     finished: bool,
     delivered: Instant,
 }
@@ -348,16 +367,28 @@ impl Watermark {
         previous: Option<ExtendedSequenceNumber>,
         positions: impl Iterator<Item = ExtendedSequenceNumber>,
     ) -> Reservation {
+        let pairs = positions.scan(previous, |previous, position| {
+            Some((previous.replace(position.clone()), position))
+        });
+        self.reserve_each(pairs)
+    }
+
+    /// As [`reserve`](Self::reserve), each position with the record before it in the shard
+    /// (`(previous, position)`): records skipped between them finished already.
+    pub(crate) fn reserve_each(
+        self: &Arc<Self>,
+        pairs: impl Iterator<Item = (Option<ExtendedSequenceNumber>, ExtendedSequenceNumber)>,
+    ) -> Reservation {
         let mut state = self.lock();
         let delivered = Instant::now();
         let first = state.next;
-        let mut previous = previous;
-        for position in positions {
+        for (previous, position) in pairs {
             if state.entries.is_empty() {
                 state.base = state.next;
             }
             state.entries.push_back(Entry {
-                previous: previous.replace(position),
+                previous,
+                position,
                 finished: false,
                 delivered,
             });
@@ -399,6 +430,7 @@ impl Watermark {
                 if !entry.finished {
                     entry.finished = true;
                     state.outstanding -= 1;
+                    state.finished_ever += 1;
                 }
             }
             while state.entries.front().is_some_and(|e| e.finished) {

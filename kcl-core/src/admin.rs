@@ -121,6 +121,7 @@ pub async fn reset<L: LeaseStore>(
             restart_grace: None,
             carrier: None,
             signals: None,
+            acked: None,
         };
         match store.reset(&observed, &placeholder, &update).await {
             Ok(row) => {

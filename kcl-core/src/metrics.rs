@@ -39,6 +39,9 @@ pub const RETRIES: &str = "kcl_record_retries_total";
 pub const DEAD_LETTERED: &str = "kcl_records_dead_lettered_total";
 /// Records given up on and skipped (counter, `shard`; `Exhausted::Skip`).
 pub const SKIPPED: &str = "kcl_records_skipped_total";
+/// Records not delivered again because the lease row says they finished before (counter,
+/// `shard`; sparse acknowledgements, see [`SparseAcks`](crate::ack::SparseAcks)).
+pub const ALREADY_FINISHED: &str = "kcl_records_already_finished_total";
 /// Failing batches split in two to find the record that fails (counter, `shard`).
 pub const BISECTS: &str = "kcl_batch_bisects_total";
 /// Ordering keys parked behind a dead-lettered record (gauge, `shard`;
@@ -140,7 +143,7 @@ pub const FLEET_NEEDED_LOAD: &str = "kcl_fleet_needed_load";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 47] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 48] = [
     (
         LEASE_LOAD,
         Kind::Gauge,
@@ -170,6 +173,12 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 47] = [
         Kind::Counter,
         Some(Unit::Count),
         "Records given up on and skipped",
+    ),
+    (
+        ALREADY_FINISHED,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Records not delivered again after a failover or restart: the lease row says they finished before",
     ),
     (
         BISECTS,
@@ -531,6 +540,7 @@ impl ShardMetrics {
             RETRIES,
             DEAD_LETTERED,
             SKIPPED,
+            ALREADY_FINISHED,
             BISECTS,
             SINK_FAILURES,
             OUTAGES,

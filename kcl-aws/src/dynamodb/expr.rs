@@ -191,6 +191,11 @@ impl Expr {
         if let Some(carrier) = &update.carrier {
             self.set(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
         }
+        // Goes with the checkpoint written here, or goes (see `kcl_core::ack::SparseAcks`).
+        match &update.acked {
+            Some(acked) => self.set(schema::ACKED, AttributeValue::S(acked.clone())),
+            None => self.remove(schema::ACKED),
+        };
         self
     }
 

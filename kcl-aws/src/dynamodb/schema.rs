@@ -7,7 +7,8 @@
 //! (singular, as KCL Java names it), `childShardIds` SS, `pendingCheckpoint` S,
 //! `pendingCheckpointSubSequenceNumber` N, `startingHashKey` / `endingHashKey` S (decimal).
 //! `handoffTo` S, `startingTimestamp` N (epoch milliseconds), `kclEndpoint` S, `parkedKeys`
-//! SS and `restartGraceMillis` N (a duration) are our own additions; KCL Java ignores them.
+//! SS, `restartGraceMillis` N (a duration) and `kclAcked` S are our own additions; KCL Java
+//! ignores them.
 //!
 //! Every expression refers to attributes through `#name` placeholders (the placeholder is the
 //! attribute name behind a `#`), because some of them, such as `owner` and `checkpoint`-like
@@ -91,6 +92,12 @@ pub(crate) const SIGNALS: &str = "kclSignals";
 /// alone by renewals and checkpoints, and by KCL Java, which keeps attributes it does not
 /// know.
 pub(crate) const FENCE: &str = "kclFence";
+/// kcl extension: the records past the checkpoint that finished already (`S`, see
+/// `kcl_core::ack::SparseAcks`): the next holder does not deliver them again. Written with
+/// every kcl checkpoint write (removed when none), read only with the checkpoint it was
+/// written with: KCL Java leaves it on the row when it moves the checkpoint, and the value
+/// is then stale and ignored.
+pub(crate) const ACKED: &str = "kclAcked";
 /// kcl extension: the lease is kept through its owner's restart, and others wait this many
 /// milliseconds longer than the failover time before taking it (`N`; see
 /// `Lease::restart_grace`). A duration, never a time. KCL Java ignores it (and its takes
@@ -241,14 +248,24 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
         );
         put(ENDING_HASH_KEY, AttributeValue::S(range.end.to_string()));
     }
-    if let Some(to) = &lease.handoff_to {
-        put(HANDOFF_TO, AttributeValue::S(to.as_str().to_owned()));
-    }
-    if let Some(at) = lease.start_timestamp {
-        put(START_TIMESTAMP, timestamp(at));
-    }
-    if let Some(endpoint) = &lease.endpoint {
-        put(ENDPOINT, AttributeValue::S(endpoint.clone()));
+    // kcl's extensions.
+    let text = |t: &str| AttributeValue::S(t.to_owned());
+    for (name, value) in [
+        (
+            HANDOFF_TO,
+            lease.handoff_to.as_ref().map(|to| text(to.as_str())),
+        ),
+        (START_TIMESTAMP, lease.start_timestamp.map(timestamp)),
+        (ENDPOINT, lease.endpoint.as_deref().map(text)),
+        (SIGNALS, lease.signals.as_deref().map(text)),
+        (RESTART_GRACE, lease.restart_grace.map(millis)),
+        (FENCE, lease.fence.map(|f| number(f.0))),
+        (CARRIER, lease.carrier.as_ref().map(|c| text(c.as_str()))),
+        (ACKED, lease.acked.as_deref().map(text)),
+    ] {
+        if let Some(value) = value {
+            put(name, value);
+        }
     }
     if !lease.parked_keys.is_empty() {
         put(PARKED_KEYS, AttributeValue::Ss(lease.parked_keys.clone()));
@@ -259,18 +276,6 @@ pub(crate) fn to_item(lease: &Lease) -> HashMap<String, AttributeValue> {
         if let Some(flow) = load.flow {
             put(FLOW, AttributeValue::S(flow.encode()));
         }
-    }
-    if let Some(signals) = &lease.signals {
-        put(SIGNALS, AttributeValue::S(signals.clone()));
-    }
-    if let Some(grace) = lease.restart_grace {
-        put(RESTART_GRACE, millis(grace));
-    }
-    if let Some(fence) = lease.fence {
-        put(FENCE, number(fence.0));
-    }
-    if let Some(carrier) = &lease.carrier {
-        put(CARRIER, AttributeValue::S(carrier.as_str().to_owned()));
     }
     item
 }
@@ -383,6 +388,9 @@ pub(crate) fn from_item(item: &HashMap<String, AttributeValue>) -> Result<Lease,
     // Rewritten by the next take; a value that does not parse fails every commit's
     // condition, so it is no reason to leave the row unread.
     lease.fence = optional_n(item, FENCE).ok().flatten().map(FencingToken);
+    // A hint like the load: a value of the wrong type is ignored (everything past the
+    // checkpoint is delivered again), not a reason to leave the row unread.
+    lease.acked = optional_s(item, ACKED).ok().flatten().map(str::to_owned);
     Ok(lease)
 }
 
@@ -578,7 +586,12 @@ mod tests {
         lease.endpoint = Some("http://10.0.0.7:8125".to_owned());
         lease.parked_keys = vec!["00000000000000ab/4959/0".to_owned()];
         lease.carrier = Some(ShardId::new("shardId-000000000003"));
+        lease.acked = Some("AToFlZVlnw".to_owned());
         let item = to_item(&lease);
+        assert_eq!(
+            item.get(ACKED),
+            Some(&AttributeValue::S("AToFlZVlnw".into()))
+        );
         assert_eq!(
             item.get(CARRIER),
             Some(&AttributeValue::S("shardId-000000000003".into()))

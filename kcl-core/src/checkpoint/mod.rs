@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::ack::Watermark;
+use crate::ack::{SparseAcks, Watermark};
 use crate::error::CheckpointError;
 use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{Tenure, TenureError};
@@ -90,21 +90,29 @@ impl Checkpointer {
     }
 
     /// Checkpoints the watermark if it moved past the stored checkpoint (the worker's own
-    /// checkpoints of acknowledged records).
+    /// checkpoints of acknowledged records); otherwise writes the stored checkpoint again if
+    /// the records finished past it changed (sparse acknowledgements, see
+    /// [`SparseAcks`](crate::ack::SparseAcks): a stuck record holds the checkpoint, not what
+    /// the row says finished after it).
     pub(crate) async fn checkpoint_finished(&mut self) -> Result<(), CheckpointError> {
-        let Some(position) = self.watermark.position(self.last_delivered.as_ref()) else {
-            return Ok(());
-        };
-        let ahead = match self.tenure.snapshot().await.checkpoint {
-            Checkpoint::Sequence(current) => position > current,
-            Checkpoint::ShardEnd => false,
+        let row = self.tenure.snapshot().await;
+        let position = self.watermark.position(self.last_delivered.as_ref());
+        let ahead = match (&position, &row.checkpoint) {
+            (None, _) | (_, Checkpoint::ShardEnd) => false,
+            (Some(position), Checkpoint::Sequence(current)) => position > current,
             _ => true,
         };
-        if ahead {
-            self.checkpoint_at(position).await
-        } else {
-            Ok(())
+        if let (true, Some(position)) = (ahead, position) {
+            return self.checkpoint_at(position).await;
         }
+        if row.checkpoint == Checkpoint::ShardEnd
+            || self.acked(&row.checkpoint) == row.acked
+        {
+            return Ok(());
+        }
+        let mut update = CheckpointUpdate::new(row.checkpoint.clone());
+        update.pending = row.pending_checkpoint;
+        self.write(&update).await
     }
 
     pub(crate) fn set_last_delivered(&mut self, position: ExtendedSequenceNumber) {
@@ -161,6 +169,7 @@ impl Checkpointer {
                 restart_grace: None,
                 carrier: None,
                 signals: None,
+                acked: None,
             };
             return self.write(&update).await;
         }
@@ -194,6 +203,7 @@ impl Checkpointer {
             restart_grace: None,
             carrier: None,
             signals: None,
+            acked: None,
         };
         self.write(&update).await
     }
@@ -222,6 +232,7 @@ impl Checkpointer {
             restart_grace: None,
             carrier: None,
             signals: None,
+            acked: None,
         };
         self.write(&update).await?;
         Ok(PreparedCheckpoint { position })
@@ -240,6 +251,7 @@ impl Checkpointer {
             restart_grace: None,
             carrier: None,
             signals: None,
+            acked: None,
         };
         self.write(&update).await
     }
@@ -287,14 +299,32 @@ impl Checkpointer {
         Ok(current)
     }
 
-    /// `update` with the parked-key entries its checkpoint passes. Read after the position
-    /// was chosen (see `Watermark::parking`). An entry goes only with a checkpoint that
-    /// passes its record: written with one that stops short, a crash would leave the key
-    /// parked in the row while the record (and the good ones before it) are delivered again.
+    /// `update` with what goes with every checkpoint: the parked-key entries its checkpoint
+    /// passes, and the records past it that finished (sparse acknowledgements). Read after
+    /// the position was chosen (see `Watermark::parking`). An entry goes only with a
+    /// checkpoint that passes its record: written with one that stops short, a crash would
+    /// leave the key parked in the row while the record (and the good ones before it) are
+    /// delivered again.
     fn with_parking(&self, update: &CheckpointUpdate) -> CheckpointUpdate {
         let mut update = update.clone();
         update.park = passed_by(self.watermark.parking(), &update.checkpoint);
+        update.acked = self.acked(&update.checkpoint);
         update
+    }
+
+    /// The `kclAcked` value to write with `checkpoint`: the records past it that finished.
+    fn acked(&self, checkpoint: &Checkpoint) -> Option<String> {
+        let acks = self.watermark.sparse(checkpoint);
+        let (value, kept) = acks.encode_within(checkpoint, SparseAcks::MAX_ENCODED);
+        if kept < acks.runs().len() {
+            tracing::debug!(
+                kept,
+                runs = acks.runs().len(),
+                "more records finished past the checkpoint than the lease row holds: those \
+                 furthest from it would be delivered again after a failover"
+            );
+        }
+        value
     }
 
     async fn write(&mut self, update: &CheckpointUpdate) -> Result<(), CheckpointError> {

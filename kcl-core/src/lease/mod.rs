@@ -105,6 +105,11 @@ pub struct Lease {
     /// [`FleetSignals::encode`](crate::FleetSignals::encode) wrote them (kcl extension,
     /// `kclSignals`; see [`autoscale`](crate::autoscale)).
     pub signals: Option<String>,
+    /// Records past `checkpoint` that finished already, as the last checkpoint write saw them
+    /// (kcl extension, `kclAcked`, a string; see [`SparseAcks`](crate::ack::SparseAcks)):
+    /// whoever opens the shard next skips them. Written with every checkpoint write, removed
+    /// when none; read only with the checkpoint it was written with.
+    pub acked: Option<String>,
 }
 
 impl Lease {
@@ -129,6 +134,7 @@ impl Lease {
             carrier: None,
             fence: None,
             signals: None,
+            acked: None,
         }
     }
 
@@ -172,6 +178,9 @@ pub struct CheckpointUpdate {
     /// Publishes the leader's figures ([`Lease::signals`]); `None` leaves the attribute as
     /// it is.
     pub signals: Option<String>,
+    /// The records past `checkpoint` that finished ([`Lease::acked`]); `None` removes the
+    /// attribute, for a value goes only with the checkpoint it was written with.
+    pub acked: Option<String>,
 }
 
 impl CheckpointUpdate {
@@ -188,6 +197,7 @@ impl CheckpointUpdate {
             restart_grace: None,
             carrier: None,
             signals: None,
+            acked: None,
         }
     }
 
@@ -220,6 +230,7 @@ impl CheckpointUpdate {
         if self.restart_grace.is_some() {
             lease.restart_grace = self.restart_grace;
         }
+        lease.acked.clone_from(&self.acked);
     }
 }
 

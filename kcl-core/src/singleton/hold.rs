@@ -232,6 +232,7 @@ impl<L: LeaseStore> Singleton<L> {
             restart_grace: None,
             carrier: None,
             signals: None,
+            acked: None,
         };
         if let Err(error) = tenure.checkpoint(&update).await {
             tracing::debug!(?error, singleton = %self.key, "advertising the inbox failed");

@@ -167,6 +167,7 @@ async fn record(ctx: &TaskContext, index: u64) -> Result<(), crate::lease::tenur
         restart_grace: None,
         carrier: None,
         signals: None,
+        acked: None,
     };
     ctx.tenure.checkpoint(&update).await.map(drop)
 }

@@ -26,9 +26,13 @@ pub(super) struct Acks {
     /// How long a graceful stop waits for records in flight: half the shutdown timeout.
     drain_within: Duration,
     /// How many records the watermark had passed ([`Watermark::passed`]) at the last
-    /// checkpoint of it, and since when records passed it unwritten.
+    /// checkpoint of it, and since when records passed it (or finished past it) unwritten.
     written: u64,
     since: Option<Instant>,
+    /// How many records had finished ([`Watermark::finished_ever`]) at the last checkpoint:
+    /// records finished past a watermark that stands are written too (sparse
+    /// acknowledgements).
+    written_finished: u64,
 }
 
 impl Acks {
@@ -41,6 +45,7 @@ impl Acks {
             drain_within: config.shutdown_timeout / 2,
             written: 0,
             since: None,
+            written_finished: 0,
         }
     }
 
@@ -91,13 +96,16 @@ impl Acks {
             });
         }
         let passed = self.watermark.passed();
+        let finished_ever = self.watermark.finished_ever();
         if !self.watermark.used() {
             // A processor that never acknowledges later checkpoints for itself.
             self.written = passed;
-        } else if passed > self.written {
+            self.written_finished = finished_ever;
+        } else if passed > self.written || finished_ever > self.written_finished {
             self.since.get_or_insert_with(Instant::now);
         }
-        let finished = passed - self.written;
+        // Records the watermark passed, or that finished past it.
+        let finished = (passed - self.written).max(finished_ever - self.written_finished);
         let due = self
             .since
             .is_some_and(|s| s + self.interval <= Instant::now());
@@ -110,9 +118,11 @@ impl Acks {
     /// Checkpoints the watermark; a failed write is tried again an interval later.
     async fn write(&mut self, checkpointer: &mut Checkpointer) -> Option<Stop> {
         let passed = self.watermark.passed();
+        let finished_ever = self.watermark.finished_ever();
         match checkpointer.checkpoint_finished().await {
             Ok(()) => {
                 self.written = passed;
+                self.written_finished = finished_ever;
                 self.since = None;
                 None
             }

@@ -54,6 +54,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
         .watermark()
         .count_successes(control.failures.clone());
     checkpointer.opened.clone_from(&start.skip_through);
+    super::skip::open(checkpointer.watermark(), &lease);
     let mut acks = Acks::new(&ctx.config, &checkpointer);
     let meter = tenure.shared_meter();
     let range = lease.hash_key_range;
@@ -241,6 +242,7 @@ async fn inherit(tenure: &Tenure, parked: Vec<String>) -> Result<Option<Stop>, F
     let mut update = CheckpointUpdate::new(lease.checkpoint.clone());
     update.pending = lease.pending_checkpoint.clone();
     update.park = missing;
+    update.acked.clone_from(&lease.acked);
     match tenure.checkpoint(&update).await {
         Ok(_) => Ok(None),
         Err(TenureError::Store(e)) => Err(Failure::Inherit(e)),

@@ -21,7 +21,7 @@ use tokio::time::{Instant, Interval, sleep_until};
 
 use super::acks::Acks;
 use super::prefetch::{Fetched, Prefetcher};
-use super::{Control, Failure, Hook, ShardContext, Stop, hook, walk};
+use super::{Control, Failure, Hook, ShardContext, Stop, hook, skip, walk};
 use crate::checkpoint::Checkpointer;
 use crate::error::{BackendError, ErrorKind};
 use crate::failure::Handling;
@@ -342,12 +342,18 @@ async fn deliver(
             meter.behind(millis, batch.records.len());
         }
     }
-    let (Some(first), Some(last)) = (batch.records.first(), batch.records.last()) else {
+    let previous = checkpointer.last_delivered().cloned();
+    let (watermark, shard) = (checkpointer.watermark(), tenure.shard());
+    let kept = skip::finished(watermark, shard, batch.records, previous.clone());
+    // Records that finished before count as delivered: the checkpoint may pass them.
+    let Some(last) = kept.last.clone() else {
         return Ok(Hook::Done);
     };
-    let previous = checkpointer.last_delivered().cloned();
-    checkpointer.set_last_delivered(last.position());
-    let count = batch.records.len();
+    checkpointer.set_last_delivered(last.clone());
+    let Some(first) = kept.records.first() else {
+        return Ok(Hook::Done);
+    };
+    let count = kept.records.len();
     let delay = (Utc::now() - first.approximate_arrival)
         .to_std()
         .unwrap_or_default();
@@ -356,26 +362,25 @@ async fn deliver(
         Some(handling) => {
             let shard = (tenure, control);
             let millis = batch.millis_behind_latest;
-            let call = walk::deliver(
-                handling,
-                shard,
-                processor,
-                checkpointer,
-                &batch.records,
-                millis,
-                previous,
-            );
-            call.await?
+            let call = walk::deliver(handling, shard, processor, checkpointer, &kept, millis);
+            let outcome = call.await?;
+            if let Hook::Done = outcome {
+                // The walk ends at its last record; records after it finished before.
+                checkpointer.set_last_delivered(last);
+            }
+            outcome
         }
         None => {
             // The batch takes its place in the watermark now, however the processor holds it.
             let watermark = checkpointer.watermark().clone();
-            let input = ProcessRecordsInput::delivered(
-                batch.records,
-                batch.millis_behind_latest,
-                &watermark,
-                previous,
-            );
+            let millis = batch.millis_behind_latest;
+            let input = if kept.skipped == 0 {
+                ProcessRecordsInput::delivered(kept.records, millis, &watermark, previous)
+            } else {
+                // Each record after the one before it in the shard, skipped or not.
+                let reservation = watermark.reserve_each(kept.pairs());
+                ProcessRecordsInput::part(kept.records, millis, &watermark, reservation)
+            };
             let call = processor.process_records(input, checkpointer);
             let outcome = hook(tenure, "process_records", call).await;
             watermark.hook_returned();

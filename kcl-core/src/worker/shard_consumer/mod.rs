@@ -40,6 +40,7 @@ mod control;
 mod position;
 mod prefetch;
 mod progress;
+mod skip;
 mod walk;
 
 pub(crate) use control::Control;

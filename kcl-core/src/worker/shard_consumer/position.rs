@@ -125,6 +125,8 @@ async fn write_pin(
         restart_grace: None,
         carrier: None,
         signals: None,
+        // The records finished past the checkpoint stay (the checkpoint does not move).
+        acked: lease.acked.clone(),
     };
     match tenure.checkpoint(&update).await {
         Ok(_) => {

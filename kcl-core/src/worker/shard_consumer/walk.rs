@@ -12,6 +12,7 @@
 
 use std::ops::Range;
 
+use super::skip::Kept;
 use super::{Failure, Hook, hook};
 use crate::ack::Reservation;
 use crate::checkpoint::Checkpointer;
@@ -30,20 +31,18 @@ pub(super) async fn deliver(
     (tenure, control): (&Tenure, &Control),
     processor: &mut impl RecordProcessor,
     checkpointer: &mut Checkpointer,
-    records: &[Record],
+    kept: &Kept,
     millis_behind_latest: Option<u64>,
-    previous: Option<ExtendedSequenceNumber>,
 ) -> Result<Hook, Failure> {
+    let records = &kept.records[..];
     let watermark = checkpointer.watermark().clone();
-    let batch = watermark
-        .reserve(previous.clone(), records.iter().map(Record::position))
-        .walked();
+    let batch = watermark.reserve_each(kept.pairs()).walked();
     let mut walk = Walk {
         handling,
         tenure,
         control,
         records,
-        previous,
+        previous: &kept.previous,
         opened: checkpointer.opened.clone(),
         batch,
         bisect: Bisect::new(records.len()),
@@ -98,8 +97,9 @@ struct Walk<'a> {
     tenure: &'a Tenure,
     control: &'a Control,
     records: &'a [Record],
-    /// The record delivered before the batch.
-    previous: Option<ExtendedSequenceNumber>,
+    /// The record before each of the batch's in the shard (records that finished before
+    /// are not delivered, see `skip`).
+    previous: &'a [Option<ExtendedSequenceNumber>],
     /// The checkpoint the shard was opened after, if a record's.
     opened: Option<ExtendedSequenceNumber>,
     /// The batch's place in the watermark, finished a part at a time.
@@ -187,11 +187,9 @@ impl Walk<'_> {
     /// only in its hooks), and after a restart the record would be given up again. Only
     /// then: the records before it are the processor's to call done.
     async fn pass(&self, index: usize, checkpointer: &mut Checkpointer) {
-        let before = match index {
-            // Nothing delivered yet (a new holder, a restart): the checkpoint it opened after.
-            0 => self.previous.clone().or_else(|| self.opened.clone()),
-            i => self.records.get(i - 1).map(Record::position),
-        };
+        // Nothing delivered yet (a new holder, a restart): the checkpoint it opened after.
+        let before = self.previous.get(index).cloned().flatten();
+        let before = before.or_else(|| self.opened.clone());
         let committed = self.tenure.snapshot().await.checkpoint;
         if before.is_some_and(|b| committed == Checkpoint::Sequence(b)) {
             let at = self.records[index].position();
