@@ -30,8 +30,8 @@
 //!   `2 (n + 1)` units, against `n + 1` for the same writes and a checkpoint outside a
 //!   transaction. The units DynamoDB reports are counted as `Operation::CommitOutputs`.
 
-use std::collections::HashMap;
-use std::sync::{PoisonError, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::{
@@ -67,12 +67,31 @@ const ONE_ITEM_TWICE: &str = "multiple operations on one item";
 #[derive(Debug, Default)]
 pub(super) struct OutputKeys {
     known: RwLock<HashMap<String, Vec<String>>>,
+    /// Tables whose key could not be read.
+    failed: Mutex<BTreeSet<String>>,
 }
 
 impl OutputKeys {
     fn insert(&self, table: String, key: Vec<String>) {
         let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
         known.insert(table, key);
+    }
+
+    /// Whether the key of `table` is known, or could not be read.
+    fn tried(&self, table: &str) -> bool {
+        let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
+        known.contains_key(table)
+            || self
+                .failed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(table)
+    }
+
+    /// `table`'s key could not be read: not tried again.
+    fn failed(&self, table: &str) {
+        let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
+        failed.insert(table.to_owned());
     }
 
     fn of(&self, table: &str) -> Option<Vec<String>> {
@@ -120,6 +139,31 @@ impl DynamoDbLeaseStore {
             self.outputs.insert(table.to_owned(), key);
         }
         Ok(())
+    }
+
+    /// Reads the key of every table a `Put` of `writes` writes that the store does not know
+    /// yet ([`describe_output_tables`](Self::describe_output_tables)), so that two `Put`s of
+    /// one item go into different transactions without the application saying anything. A
+    /// table that cannot be described is said once at WARN and left unknown: its `Put`s name
+    /// no item, and two of one item in one transaction fail, naming the remedy.
+    async fn learn_put_keys(&self, writes: &[&TransactWriteItem]) {
+        let unknown: BTreeSet<&str> = writes
+            .iter()
+            .filter_map(|w| w.put().map(|put| put.table_name()))
+            .filter(|table| !self.outputs.tried(table))
+            .collect();
+        for table in unknown {
+            if let Err(error) = self.describe_output_tables([table]).await {
+                tracing::warn!(
+                    table,
+                    error = %kcl_core::error_chain(&error),
+                    "cannot read the key of an output table (DescribeTable): two Puts of one \
+                     item in one transaction will fail; allow DescribeTable on it, or name its \
+                     key with DynamoDbLeaseStore::with_output_table"
+                );
+                self.outputs.failed(table);
+            }
+        }
     }
 
     /// Whether `table` (a name or an ARN) is the lease table.
@@ -234,6 +278,10 @@ impl DynamoDbLeaseStore {
 
 impl Transact for DynamoDbLeaseStore {
     type Write = TransactWriteItem;
+
+    async fn prepare(&self, writes: &[&TransactWriteItem]) {
+        self.learn_put_keys(writes).await;
+    }
 
     /// 99 writes (100 actions less the lease row's) and 4 MB less 400 KB (the lease row's
     /// room: no item is larger) of items as [`measure`](Self::measure) counts them.

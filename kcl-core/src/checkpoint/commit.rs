@@ -72,6 +72,7 @@ impl Checkpointer {
             None => self.tenure.snapshot().await.checkpoint,
         };
         self.check_outside(&outputs, &current, last.as_ref())?;
+        store.prepare(&outputs.writes()).await;
         let parts =
             split(outputs.into_inner(), |w| store.measure(w), store.limits()).map_err(|large| {
                 CheckpointError::OutputsTooLarge {

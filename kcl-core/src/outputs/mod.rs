@@ -119,6 +119,14 @@ pub trait Transact: Send + Sync + 'static {
     /// The size of `write` and the item it writes.
     fn measure(&self, write: &Self::Write) -> Measure;
 
+    /// Called with a stretch's writes before they are split into transactions: a store
+    /// learns here what [`measure`](Self::measure) needs and cannot work out alone (DynamoDB:
+    /// the key of a table a `Put` writes, read once per table). By default nothing.
+    fn prepare(&self, writes: &[&Self::Write]) -> impl Future<Output = ()> + Send {
+        let _ = writes;
+        std::future::ready(())
+    }
+
     /// Applies `commit.writes` and the checkpoint in one transaction, conditioned on the
     /// lease row holding `commit.owner`, `commit.fence` and `commit.before`; leaves the
     /// counter alone. A cancellation because of the row's condition is
@@ -180,6 +188,11 @@ impl<W> Outputs<W> {
     /// The records with writes, in the order pushed.
     pub(crate) fn records(&self) -> impl Iterator<Item = &ExtendedSequenceNumber> {
         self.writes.iter().map(|(p, _)| p)
+    }
+
+    /// The writes, without their records.
+    pub(crate) fn writes(&self) -> Vec<&W> {
+        self.writes.iter().map(|(_, w)| w).collect()
     }
 
     pub(crate) fn into_inner(self) -> Vec<(ExtendedSequenceNumber, W)> {

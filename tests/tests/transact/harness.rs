@@ -169,7 +169,7 @@ pub(crate) enum Keys {
     Told,
     /// `describe_output_tables`.
     Described,
-    /// Not at all.
+    /// Not told: the store reads it at the first commit.
     Unknown,
 }
 
