@@ -141,6 +141,11 @@ struct Args {
     /// ten, ten times it (drawn from the record's sequence number).
     #[arg(long)]
     parallel: Option<usize>,
+    /// Under `--parallel`: the first record of this partition key the handler gets never
+    /// finishes (it waits for ever), so the key's later records wait behind it and the shard's
+    /// checkpoint stays before it while the other keys' records finish.
+    #[arg(long)]
+    stuck_pk: Option<String>,
     /// Read this DynamoDB table's stream (`kcl_aws::DynamoDbStreamsSource`) instead of
     /// `--stream`; a record's data is the adapter's JSON.
     #[arg(long)]
@@ -308,12 +313,17 @@ struct Handler {
     shard: ShardId,
     journal: Journal,
     delay: Duration,
+    /// `--stuck-pk`.
+    stuck: Option<String>,
 }
 
 impl RecordHandler for Handler {
     async fn handle(&self, record: kcl_core::Record) -> Result<(), BoxError> {
         let line = |event: &str| self.journal.write(event, record_line(&self.shard, &record));
         line("record_start");
+        if self.stuck.as_ref() == Some(&record.partition_key) {
+            std::future::pending::<()>().await;
+        }
         // Drawn from the sequence number: up to twice the delay, and one record in ten ten
         // times as long, so that keys overtake each other and slow records hold the watermark.
         let draw = record
@@ -513,6 +523,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let checkpoint_every = args.checkpoint_every;
         let journal_batches = args.journal_batches;
         let parallel = args.parallel;
+        let stuck_pk = args.stuck_pk.clone();
         let hot_cost = Duration::from_millis(args.hot_record_ms);
         let hot = (args.hot_shards_file.clone()).map(|file| (Arc::new(file), hot_cost));
         let outputs =
@@ -530,6 +541,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     shard: shard.clone(),
                     journal: journal.clone(),
                     delay: record_delay,
+                    stuck: stuck_pk.clone(),
                 };
                 Parallel::new(handler).max_in_flight(n).create(&shard)
             }),
