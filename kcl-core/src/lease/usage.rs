@@ -284,6 +284,10 @@ pub fn item_size(lease: &Lease) -> usize {
         let millis = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         size += number("restartGraceMillis", millis);
     }
+    // Up to 2 KB while records wait past the checkpoint (see `ack::SparseAcks`).
+    if let Some(acked) = &lease.acked {
+        size += text("kclAcked", acked);
+    }
     size
 }
 
