@@ -12,6 +12,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,17 +52,27 @@ impl Log {
     }
 }
 
-/// A stuck record: its handler waits until released (for ever, if never).
+/// A stuck record: its handler waits until released (for ever, if never); or, when it
+/// `fails`, two seconds, and then fails the first time.
 #[derive(Debug, Clone)]
 struct Stuck {
     record: usize,
     release: Arc<Notify>,
+    fails: Option<Arc<AtomicBool>>,
 }
 
 fn stuck(record: usize) -> Stuck {
     Stuck {
         record,
         release: Arc::new(Notify::new()),
+        fails: None,
+    }
+}
+
+fn failing_once(record: usize) -> Stuck {
+    Stuck {
+        fails: Some(Arc::new(AtomicBool::new(true))),
+        ..stuck(record)
     }
 }
 
@@ -138,8 +149,17 @@ fn run(
                 .entry(id)
                 .or_default()
                 .push(index);
-            if let Some(stuck) = stuck.filter(|s| s.record == index) {
-                stuck.release.notified().await;
+            match stuck.filter(|s| s.record == index) {
+                Some(Stuck {
+                    fails: Some(fails), ..
+                }) => {
+                    sleep(Duration::from_secs(2)).await;
+                    if fails.swap(false, Ordering::SeqCst) {
+                        return Err::<(), BoxError>("injected".into());
+                    }
+                }
+                Some(stuck) => stuck.release.notified().await,
+                None => {}
             }
             sleep(Duration::from_millis(1 + index as u64 % 5)).await;
             log.lock()
@@ -415,5 +435,41 @@ async fn the_set_clears_as_the_watermark_passes() {
         passed.await.is_some(),
         "the checkpoint passed them all and the set went"
     );
+    stop(a).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_after_a_failed_record_skips_what_finished() {
+    const N: usize = 200;
+    let (stream, store, log) = (
+        MemoryStream::new(1),
+        MemoryLeaseStore::new(),
+        Shared::default(),
+    );
+    fill(&stream, N, 10);
+    // Record 3 fails after two seconds, once: the shard restarts from the watermark (before
+    // it), by then every other key's records finished.
+    let a = run(
+        "a",
+        config(),
+        (&stream, &store),
+        &log,
+        Some(failing_once(3)),
+    );
+    let all = wait_until(Duration::from_secs(60), || {
+        log.lock().unwrap().finished_by("a").len() == N
+    });
+    assert!(all.await.is_some(), "records lost");
+    let started = log.lock().unwrap().started_by("a");
+    let twice: Vec<usize> = (0..N)
+        .filter(|i| started.iter().filter(|s| *s == i).count() > 1)
+        .collect();
+    println!(
+        "sparse acks, a restart after a failure: {} runs of a handler for {N} records; run \
+         twice: {twice:?}",
+        started.len()
+    );
+    assert_eq!(twice, vec![3], "only the failed record ran again");
+    assert_eq!(started.len(), N + 1);
     stop(a).await;
 }
