@@ -27,11 +27,10 @@
 //! for each, none missing, none extra. The plain table's duplicates (`n >= 2`) are what the
 //! same run would have written without transactions; they are reported, not judged.
 //!
-//! DynamoDB is a moto server of the test's own (`tests/fixtures/moto_serial.py`), serializable
-//! as the shared one now is (moto's own transactions can apply twice when another races them,
-//! the very duplicate this test looks for), and with transactions that do not copy their
-//! tables: on moto a commit costs what the outputs table holds (250 ms at 3,000 items), which
-//! a run of minutes would reach.
+//! On the emulators, this needs moto's transactions serializable and as cheap at 10,000
+//! outputs as at 10, which `localstack/emulator` gives them (`localstack/moto_serial.py`; a moto
+//! server started before that change must be restarted): moto's own can apply a transaction
+//! twice when another races it, the very duplicate this test looks for.
 //!
 //! Runtime: one seed, about 45 s of chaos, 70-90 s in all. For the long version:
 //! `KCL_CHAOS_SEEDS=1,2,3` (a list) or `KCL_CHAOS_SEEDS=5` (seeds 1 to 5), and
@@ -68,95 +67,14 @@ async fn outputs_commit_exactly_once_under_chaos() -> anyhow::Result<()> {
         .map(|s| s.parse::<u64>().context("KCL_CHAOS_SECS"))
         .transpose()?
         .unwrap_or(45);
-    let moto = SerialMoto::start().await?;
     for seed in seeds()? {
         let Some(ctx) = Context::new(&format!("exactly-once-s{seed}")).await? else {
             return Ok(());
-        };
-        let ctx = match &moto {
-            Some(moto) => moto.context(ctx),
-            None => ctx,
         };
         let limit = Duration::from_secs(secs + 240);
         with_timeout(limit, Box::pin(run(ctx, seed, Duration::from_secs(secs)))).await?;
     }
     Ok(())
-}
-
-/// A moto server of this test's own, its DynamoDB serializable and its transactions as cheap
-/// at 10,000 outputs as at 10 (`tests/fixtures/moto_serial.py` says why). Started with the
-/// emulators' venv; without one (endpoints given by the environment), the test runs on those,
-/// and says so.
-struct SerialMoto {
-    child: std::process::Child,
-    url: String,
-}
-
-impl SerialMoto {
-    async fn start() -> anyhow::Result<Option<Self>> {
-        let root = kcl_integration_tests::repo_root();
-        let python = root.join(".venv-emu/bin/python");
-        if !python.exists() {
-            eprintln!(
-                "exactly-once: no {} (localstack/emulator's venv): on the given DynamoDB \
-                 endpoint, whose transactions may not be serializable",
-                python.display()
-            );
-            return Ok(None);
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = std::process::Command::new(&python)
-            .arg(root.join("tests/fixtures/moto_serial.py"))
-            .arg(port.to_string())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("starting tests/fixtures/moto_serial.py")?;
-        let moto = Self {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        wait_until(
-            "the serializable moto to answer",
-            Duration::from_secs(30),
-            Duration::from_millis(100),
-            async || {
-                Ok(tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok())
-            },
-        )
-        .await?;
-        Ok(Some(moto))
-    }
-
-    /// `ctx` with DynamoDB (and its streams) here.
-    fn context(&self, ctx: Context) -> Context {
-        let config = ctx
-            .dynamodb
-            .config()
-            .to_builder()
-            .endpoint_url(&self.url)
-            .build();
-        Context {
-            endpoints: kcl_integration_tests::Endpoints {
-                dynamodb: self.url.clone(),
-                ..ctx.endpoints.clone()
-            },
-            dynamodb: aws_sdk_dynamodb::Client::from_conf(config),
-            ..ctx
-        }
-    }
-}
-
-impl Drop for SerialMoto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `KCL_CHAOS_SEEDS`: a list (`1,2,7`) or a count (`5`: seeds 1 to 5); seed 1 by default.
