@@ -311,6 +311,21 @@ struct State {
     /// What the lease row said finished past its checkpoint when the shard was opened
     /// ([`sparse`](self::sparse)): not delivered again.
     inherited: SparseAcks,
+    /// Records skipped as finished before since the newest entry ([`Watermark::skipped`]).
+    skipped_trailing: u64,
+}
+
+impl State {
+    /// Records held behind the watermark: from the oldest unfinished on, delivered or
+    /// skipped as finished before (those before it are behind the watermark's position).
+    fn held(&self) -> usize {
+        if self.entries.is_empty() {
+            return 0;
+        }
+        let skipped: u64 = self.entries.iter().skip(1).map(|e| e.skipped).sum();
+        let skipped = skipped + self.skipped_trailing;
+        self.entries.len() + usize::try_from(skipped).unwrap_or(usize::MAX)
+    }
 }
 
 #[derive(Debug)]
@@ -321,6 +336,9 @@ struct Entry {
     previous: Option<ExtendedSequenceNumber>,
     /// This record's own position.
     position: ExtendedSequenceNumber,
+    /// Records skipped as finished before between the entry before this one and this one:
+    /// held behind the watermark as much as delivered ones ([`Watermark::held`]).
+    skipped: u64,
     finished: bool,
     delivered: Instant,
 }
@@ -368,27 +386,30 @@ impl Watermark {
         positions: impl Iterator<Item = ExtendedSequenceNumber>,
     ) -> Reservation {
         let pairs = positions.scan(previous, |previous, position| {
-            Some((previous.replace(position.clone()), position))
+            Some((previous.replace(position.clone()), position, 0))
         });
         self.reserve_each(pairs)
     }
 
     /// As [`reserve`](Self::reserve), each position with the record before it in the shard
-    /// (`(previous, position)`): records skipped between them finished already.
+    /// and how many records were skipped in between as finished before (`(previous,
+    /// position, skipped)`).
     pub(crate) fn reserve_each(
         self: &Arc<Self>,
-        pairs: impl Iterator<Item = (Option<ExtendedSequenceNumber>, ExtendedSequenceNumber)>,
+        pairs: impl Iterator<Item = (Option<ExtendedSequenceNumber>, ExtendedSequenceNumber, u64)>,
     ) -> Reservation {
         let mut state = self.lock();
         let delivered = Instant::now();
         let first = state.next;
-        for (previous, position) in pairs {
+        for (previous, position, skipped) in pairs {
             if state.entries.is_empty() {
                 state.base = state.next;
             }
+            let skipped = skipped + std::mem::take(&mut state.skipped_trailing);
             state.entries.push_back(Entry {
                 previous,
                 position,
+                skipped,
                 finished: false,
                 delivered,
             });
@@ -501,7 +522,7 @@ impl Watermark {
 
     /// Records held behind the watermark, finished or not: what a crash would replay.
     pub(crate) fn held(&self) -> usize {
-        self.lock().entries.len()
+        self.lock().held()
     }
 
     /// Whether the processor took any batch to acknowledge later.
@@ -512,10 +533,7 @@ impl Watermark {
     /// Records held behind the watermark, and when the oldest unfinished one was delivered.
     pub(crate) fn behind(&self) -> (usize, Option<Instant>) {
         let state = self.lock();
-        (
-            state.entries.len(),
-            state.entries.front().map(|e| e.delivered),
-        )
+        (state.held(), state.entries.front().map(|e| e.delivered))
     }
 
     /// How many records the watermark passed, ever: the processor's progress.

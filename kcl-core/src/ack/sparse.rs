@@ -334,6 +334,12 @@ impl Watermark {
             && state.inherited.contains(position)
     }
 
+    /// `n` records after the newest delivered one were skipped as finished before: held
+    /// behind the watermark until it passes them (see [`held`](Self::held)).
+    pub(crate) fn skipped(&self, n: u64) {
+        self.lock().skipped_trailing += n;
+    }
+
     /// Records finished, ever, past the watermark or not: what a checkpoint of the sparse
     /// acknowledgements has to catch up with.
     pub(crate) fn finished_ever(&self) -> u64 {

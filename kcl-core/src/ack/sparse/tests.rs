@@ -367,8 +367,11 @@ fn inherited_records_are_skipped_carried_on_and_joined() {
     assert!(!w.finished_before(&at(3, 0)));
     assert!(!w.finished_before(&at(9, 0)), "past the highest");
     // 1 and 3 delivered again, 2 skipped: 3 comes after 2.
-    let pairs = [(Some(at(0, 0)), at(1, 0)), (Some(at(2, 0)), at(3, 0))];
+    let pairs = [(Some(at(0, 0)), at(1, 0), 0), (Some(at(2, 0)), at(3, 0), 1)];
     let mut acks = w.reserve_each(pairs.into_iter()).into_acks();
+    assert_eq!(w.held(), 3, "1, 2 (skipped) and 3 behind the unfinished 1");
+    w.skipped(1);
+    assert_eq!(w.held(), 4, "and 4, skipped after them");
     assert_eq!(
         runs_of(&w.sparse(&checkpoint(0))),
         vec![(at(2, 0), at(2, 0)), (at(4, 0), at(4, 0))],
@@ -382,6 +385,7 @@ fn inherited_records_are_skipped_carried_on_and_joined() {
     );
     acks.pop().unwrap().done();
     assert_eq!(w.position(Some(&at(3, 0))), Some(at(3, 0)));
+    assert_eq!(w.held(), 0, "nothing unfinished: nothing held");
     assert_eq!(
         runs_of(&w.sparse(&checkpoint(3))),
         vec![(at(4, 0), at(4, 0))],

@@ -351,6 +351,7 @@ async fn deliver(
     };
     checkpointer.set_last_delivered(last.clone());
     let Some(first) = kept.records.first() else {
+        kept.skipped_after(checkpointer.watermark());
         return Ok(Hook::Done);
     };
     let count = kept.records.len();
@@ -374,13 +375,7 @@ async fn deliver(
             // The batch takes its place in the watermark now, however the processor holds it.
             let watermark = checkpointer.watermark().clone();
             let millis = batch.millis_behind_latest;
-            let input = if kept.skipped == 0 {
-                ProcessRecordsInput::delivered(kept.records, millis, &watermark, previous)
-            } else {
-                // Each record after the one before it in the shard, skipped or not.
-                let reservation = watermark.reserve_each(kept.pairs());
-                ProcessRecordsInput::part(kept.records, millis, &watermark, reservation)
-            };
+            let input = kept.input(millis, &watermark, previous);
             let call = processor.process_records(input, checkpointer);
             let outcome = hook(tenure, "process_records", call).await;
             watermark.hook_returned();

@@ -14,8 +14,11 @@
 //! `Parallel`, a record whose outputs wait for the watermark is computed, not finished), so
 //! a record skipped here has its outputs in the table.
 
+use std::sync::Arc;
+
 use crate::ack::{SparseAcks, SparseAcksError, Watermark};
 use crate::lease::Lease;
+use crate::processor::ProcessRecordsInput;
 use crate::types::{ExtendedSequenceNumber, Record, ShardId};
 
 /// Tells `watermark` which records past the checkpoint `lease` says finished.
@@ -50,6 +53,10 @@ pub(super) struct Kept {
     pub(super) records: Vec<Record>,
     /// For each of them, the record before it in the shard, skipped or not.
     pub(super) previous: Vec<Option<ExtendedSequenceNumber>>,
+    /// For each of them, how many records were skipped right before it.
+    before: Vec<u64>,
+    /// How many records were skipped after the last one kept.
+    after: u64,
     /// The batch's last record, skipped or not: where delivery stands after it.
     pub(super) last: Option<ExtendedSequenceNumber>,
     /// How many records were skipped.
@@ -57,14 +64,44 @@ pub(super) struct Kept {
 }
 
 impl Kept {
-    /// Each kept record's position, with the record before it.
+    /// Each kept record's position, with the record before it and how many were skipped
+    /// in between (see `Watermark::reserve_each`).
     pub(super) fn pairs(
         &self,
-    ) -> impl Iterator<Item = (Option<ExtendedSequenceNumber>, ExtendedSequenceNumber)> + '_ {
-        self.previous
-            .iter()
-            .cloned()
-            .zip(self.records.iter().map(Record::position))
+    ) -> impl Iterator<Item = (Option<ExtendedSequenceNumber>, ExtendedSequenceNumber, u64)> + '_
+    {
+        let positions = self.records.iter().map(Record::position);
+        (self.previous.iter().cloned().zip(positions))
+            .zip(self.before.iter().copied())
+            .map(|((previous, position), skipped)| (previous, position, skipped))
+    }
+
+    /// The kept records as a batch for `process_records`, in its place in `watermark` after
+    /// `previous` (the batch's own records skipped in it).
+    pub(super) fn input(
+        self,
+        millis_behind_latest: Option<u64>,
+        watermark: &Arc<Watermark>,
+        previous: Option<ExtendedSequenceNumber>,
+    ) -> ProcessRecordsInput<'_> {
+        let after = self.after;
+        let input = if self.skipped == 0 {
+            ProcessRecordsInput::delivered(self.records, millis_behind_latest, watermark, previous)
+        } else {
+            // Each record after the one before it in the shard, skipped or not.
+            let reservation = watermark.reserve_each(self.pairs());
+            ProcessRecordsInput::part(self.records, millis_behind_latest, watermark, reservation)
+        };
+        watermark.skipped(after);
+        input
+    }
+
+    /// Tells `watermark` of the records skipped after the last one kept, once the kept ones
+    /// took their places.
+    pub(super) fn skipped_after(&self, watermark: &Watermark) {
+        if self.after > 0 {
+            watermark.skipped(self.after);
+        }
     }
 }
 
@@ -81,13 +118,17 @@ pub(super) fn finished(
         previous: Vec::with_capacity(records.len()),
         last: None,
         skipped: 0,
+        before: Vec::with_capacity(records.len()),
+        after: 0,
     };
     for record in records {
         let position = record.position();
         if watermark.finished_before(&position) {
             kept.skipped += 1;
+            kept.after += 1;
         } else {
             kept.previous.push(previous);
+            kept.before.push(std::mem::take(&mut kept.after));
             kept.records.push(record);
         }
         previous = Some(position);

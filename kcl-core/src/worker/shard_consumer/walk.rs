@@ -37,6 +37,7 @@ pub(super) async fn deliver(
     let records = &kept.records[..];
     let watermark = checkpointer.watermark().clone();
     let batch = watermark.reserve_each(kept.pairs()).walked();
+    kept.skipped_after(&watermark);
     let mut walk = Walk {
         handling,
         tenure,
