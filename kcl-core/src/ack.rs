@@ -48,6 +48,7 @@
 //! - work ends with the lease's validity: an `Ack` done once another worker may hold the
 //!   lease counts for nothing (the new owner delivers the record again).
 
+mod computed;
 mod sparse;
 
 pub use self::sparse::{SparseAcks, SparseAcksError};
@@ -306,6 +307,8 @@ struct State {
     acknowledged_later: bool,
     /// Parked-key entries not yet written with a checkpoint ([`Ack::done_parking`]).
     parking: Vec<String>,
+    /// No checkpoint of the watermark while set ([`Watermark::hold_back`]).
+    held_back: bool,
     /// Records finished, ever, past the watermark or not.
     finished_ever: u64,
     /// What the lease row said finished past its checkpoint when the shard was opened
@@ -490,6 +493,9 @@ impl Watermark {
         in_hook: bool,
     ) -> Option<ExtendedSequenceNumber> {
         let state = self.lock();
+        if state.held_back {
+            return None;
+        }
         let Some(oldest) = state.entries.front() else {
             return last_delivered.cloned();
         };

@@ -104,7 +104,7 @@ pub use error::{
 };
 pub use every::EveryNOrT;
 pub use lease::{CheckpointUpdate, Lease, LeaseLoad, LeaseStore, LeaseStoreExtras, TableFeatures};
-pub use parallel::{Parallel, RecordHandler};
+pub use parallel::{OutputHandler, Parallel, RecordHandler};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 pub use types::{

@@ -80,6 +80,11 @@ impl Checkpointer {
         &self.watermark
     }
 
+    /// The tenure this checkpointer writes for (`Parallel`'s committer commits through it).
+    pub(crate) fn tenure(&self) -> &Arc<Tenure> {
+        &self.tenure
+    }
+
     /// The furthest position a checkpoint may go to now: the last delivered record, or the
     /// watermark while delivered records are unfinished (acknowledged later; see
     /// [`ack`](crate::ack)). Inside `process_records`, the hook's own batch counts as
@@ -357,7 +362,7 @@ impl Checkpointer {
 
 /// The parked-key entries of `parking` whose record `checkpoint` passes (all of them at the
 /// shard's end; a malformed one never, logged).
-fn passed_by(parking: Vec<String>, checkpoint: &Checkpoint) -> Vec<String> {
+pub(crate) fn passed_by(parking: Vec<String>, checkpoint: &Checkpoint) -> Vec<String> {
     if mutation::on(Mutation::ParkingBeforeItsRecord) {
         return parking;
     }

@@ -11,7 +11,7 @@
 //! or skipped), its `Ack` done only after that, and its key goes on — or, with
 //! `park_keys`, the key is parked: its later records are given up behind it, unrun.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,33 +21,19 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
+use super::KeyFn;
+use super::keys::{Job, Keys};
 use super::replay::{Replay, Replayed, Request};
-use super::{KeyFn, RecordHandler};
+use super::work::{Done, Work};
 use crate::ack::Ack;
 use crate::error::BoxError;
-use crate::failure::{Entry, Handling, Next, Permanent, Reason, Tries, park_entry, parse_entry};
+use crate::failure::{Entry, Handling, Next, Permanent, Reason, park_entry, parse_entry};
 use crate::mutation::{self, Mutation};
 use crate::types::{ExtendedSequenceNumber, Record};
 
-/// A record waiting for its turn, with its acknowledgement and its failures so far.
-struct Job {
-    /// Its delivery order.
-    order: u64,
-    record: Record,
-    ack: Ack,
-    tries: Tries,
-    /// Why its ordering key could not be worked out (`key_by` panicked): it cannot run in
-    /// order, so it fails at once, as a permanent failure, and parks nothing.
-    unkeyed: Option<String>,
-}
-
-/// The key records whose `key_by` panicked wait under (in their order, one at a time; a
-/// real key that hashes to it only shares their queue).
-const UNKEYED: u64 = u64::MAX;
-
 /// How a run of a record ended.
 enum Ran {
-    /// Finished: its `Ack` is done.
+    /// Finished (its `Ack` is done), or computed (its outputs wait to commit).
     Done,
     /// Given up on (dead-lettered or skipped): its `Ack` is done.
     GivenUp,
@@ -169,9 +155,9 @@ fn comes_after(position: &ExtendedSequenceNumber, behind: &ExtendedSequenceNumbe
 }
 
 /// Runs records as they come until the processor drops its sender; see the module docs.
-pub(super) async fn run<H: RecordHandler>(
+pub(super) async fn run<H: Work>(
     mut rx: mpsc::UnboundedReceiver<(Record, Ack)>,
-    handler: Arc<H>,
+    (handler, done): (Arc<H>, Done<H::Output>),
     max_in_flight: usize,
     key: KeyFn,
     failing: Option<Failing>,
@@ -182,6 +168,7 @@ pub(super) async fn run<H: RecordHandler>(
     look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut d = Dispatcher {
         handler,
+        done,
         max_in_flight,
         failing,
         keys: Keys::default(),
@@ -217,8 +204,10 @@ pub(super) async fn run<H: RecordHandler>(
 }
 
 /// One shard's dispatcher: the records waiting by key, running, and resting.
-struct Dispatcher<H> {
+struct Dispatcher<H: Work> {
     handler: Arc<H>,
+    /// Where a success goes: its `Ack` done, or its outputs to the committer.
+    done: Done<H::Output>,
     max_in_flight: usize,
     failing: Option<Failing>,
     keys: Keys,
@@ -229,7 +218,7 @@ struct Dispatcher<H> {
     failed: bool,
 }
 
-impl<H: RecordHandler> Dispatcher<H> {
+impl<H: Work> Dispatcher<H> {
     /// Starts ready records while there is room: each runs, or is given up behind its
     /// parked key.
     fn start_ready(&mut self) {
@@ -251,13 +240,13 @@ impl<H: RecordHandler> Dispatcher<H> {
                 }
                 (Some((behind, handling)), _) => {
                     let reason = Reason::Parked { behind };
-                    give_up(handling, job, reason, Some(key)).boxed()
+                    give_up(handling, job, reason, Some(key), self.done.clone()).boxed()
                 }
                 (None, Some(why)) => {
                     let error = Permanent::new(format!("key_by panicked: {why}"));
                     std::future::ready(Ran::Failed(Box::new(job), error.into())).boxed()
                 }
-                (None, None) => attempt(self.handler.clone(), job).boxed(),
+                (None, None) => attempt(self.handler.clone(), self.done.clone(), job).boxed(),
             };
             let work = work.map(move |ran| (key, ran));
             crate::task::spawn_in(&mut self.running, work.in_current_span());
@@ -359,7 +348,8 @@ impl<H: RecordHandler> Dispatcher<H> {
                 }
                 Decided::GiveUp(given, parks) => {
                     let (handling, job, reason) = *given;
-                    let work = give_up(handling, job, reason, parks.then_some(key));
+                    let parks = parks.then_some(key);
+                    let work = give_up(handling, job, reason, parks, self.done.clone());
                     let work = work.map(move |ran| (key, ran));
                     crate::task::spawn_in(&mut self.running, work.in_current_span());
                 }
@@ -424,9 +414,9 @@ fn decide(failing: Option<&mut Failing>, key: u64, mut job: Box<Job>, error: Box
 /// One run of the handler on a record. A panic fails the record like an error, whether it
 /// comes while the handler builds its future (work before its `async` block) or while the
 /// future runs.
-async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
+async fn attempt<H: Work>(handler: Arc<H>, done: Done<H::Output>, job: Job) -> Ran {
     let record = job.record.clone();
-    let built = std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(record)));
+    let built = std::panic::catch_unwind(AssertUnwindSafe(|| handler.run(record)));
     let outcome = match built {
         Ok(handle) => {
             let handle = AssertUnwindSafe(handle).catch_unwind();
@@ -439,8 +429,9 @@ async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
         Err(panic) => Err(panic),
     };
     match outcome {
-        Ok(Ok(())) => {
-            job.ack.done();
+        Ok(Ok(output)) => {
+            // Finished, or computed: finished once its outputs committed.
+            done(job.record.position(), Some(output), job.ack);
             Ran::Done
         }
         Ok(Err(error)) => Ran::Failed(Box::new(job), error),
@@ -455,9 +446,16 @@ async fn attempt<H: RecordHandler>(handler: Arc<H>, job: Job) -> Ran {
 }
 
 /// Gives a record up as the policy says; its `Ack` is done once that is over (the sink took
-/// it), so the checkpoint passes it only then.
-async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64>) -> Ran {
+/// it), so the checkpoint passes it only then (with outputs, once a commit covers it).
+async fn give_up<O>(
+    handling: Handling,
+    job: Job,
+    reason: Reason,
+    parks: Option<u64>,
+    done: Done<O>,
+) -> Ran {
     let parked = matches!(reason, Reason::Parked { .. });
+    let position = job.record.position();
     // The record that parks its key writes the entry with the checkpoint that passes it.
     let entry = parks
         .filter(|_| !parked)
@@ -475,7 +473,7 @@ async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64
                 Ran::Parked
             }
             None => {
-                job.ack.given_up();
+                done(position, None, job.ack);
                 Ran::GivenUp
             }
         },
@@ -484,92 +482,6 @@ async fn give_up(handling: Handling, job: Job, reason: Reason, parks: Option<u64
             Ran::Stopped
         }
         None => Ran::Stopped,
-    }
-}
-
-/// The waiting records, by key.
-#[derive(Default)]
-struct Keys {
-    waiting: HashMap<u64, VecDeque<Job>>,
-    /// Keys with a record waiting and none running, by the delivery order of that record.
-    ready: BTreeMap<u64, u64>,
-    running: HashSet<u64>,
-    delivered: u64,
-}
-
-impl Keys {
-    /// Queues `record` under its key; a `key` that panics queues it as unkeyed.
-    fn push(&mut self, key: &KeyFn, record: Record, ack: Ack) {
-        let (key, unkeyed) = match std::panic::catch_unwind(AssertUnwindSafe(|| key(&record))) {
-            Ok(key) => (key, None),
-            Err(panic) => (UNKEYED, Some(crate::task::panic_message(&*panic))),
-        };
-        let order = self.delivered;
-        self.delivered += 1;
-        let queue = self.waiting.entry(key).or_default();
-        if queue.is_empty() && !self.running.contains(&key) {
-            self.ready.insert(order, key);
-        }
-        queue.push_back(Job {
-            order,
-            record,
-            ack,
-            tries: Tries::default(),
-            unkeyed,
-        });
-    }
-
-    /// The next record to run, marking its key running.
-    fn next(&mut self) -> Option<(u64, Job)> {
-        let (_, key) = if mutation::on(Mutation::ReadyKeysNewestFirst) {
-            self.ready.pop_last()?
-        } else {
-            self.ready.pop_first()?
-        };
-        let queue = self.waiting.get_mut(&key)?;
-        let job = queue.pop_front()?;
-        if mutation::on(Mutation::KeysOverlap) {
-            // The bug: the key's next record is ready at once.
-            if let Some(next) = queue.front() {
-                self.ready.insert(next.order, key);
-            }
-        } else {
-            self.running.insert(key);
-        }
-        if queue.is_empty() {
-            self.waiting.remove(&key);
-        }
-        Some((key, job))
-    }
-
-    /// Holds `key` for a replay if it is idle (nothing of it runs): `true` then, its waiting
-    /// records kept waiting.
-    fn hold(&mut self, key: u64) -> bool {
-        if self.running.contains(&key) {
-            return false;
-        }
-        if let Some(first) = self.waiting.get(&key).and_then(VecDeque::front) {
-            self.ready.remove(&first.order);
-        }
-        self.running.insert(key);
-        true
-    }
-
-    /// `key`'s running record finished: its next one, if any, is ready.
-    fn finished(&mut self, key: u64) {
-        self.running.remove(&key);
-        if let Some(next) = self.waiting.get(&key).and_then(VecDeque::front)
-            && !self.running.contains(&key)
-        {
-            self.ready.insert(next.order, key);
-        }
-    }
-
-    /// `key`'s failed record rested: it runs again, before the key's later records.
-    fn again(&mut self, key: u64, job: Job) {
-        self.running.remove(&key);
-        self.ready.insert(job.order, key);
-        self.waiting.entry(key).or_default().push_front(job);
     }
 }
 

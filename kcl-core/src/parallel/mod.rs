@@ -30,9 +30,20 @@
 //!
 //! **Hot keys.** One key runs one record at a time: with a few keys carrying most records,
 //! the speed-up is bounded by those keys (`docs/benchmarks.md` measures it).
+//!
+//! **Exactly-once outputs.** With [`Parallel::with_outputs`] the handler returns its writes
+//! instead of performing them, and they commit in one transaction with the checkpoint that
+//! covers their record, fenced by the lease: records finished out of order commit as the
+//! watermark passes them. See [`outputs`] for the rule and why it holds.
 
+mod committer;
 mod dispatch;
+mod keys;
+pub mod outputs;
 mod replay;
+mod work;
+
+pub use outputs::{OutputHandler, WithOutputs};
 
 use std::future::Future;
 use std::hash::Hash;
@@ -42,6 +53,8 @@ use tokio::sync::mpsc;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument as _;
 
+use self::committer::Committer;
+use self::work::Work;
 use crate::ack::Ack;
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
@@ -88,6 +101,29 @@ type KeyFn = Arc<dyn Fn(&Record) -> u64 + Send + Sync>;
 /// .max_in_flight(10);
 /// # let _ = factory;
 /// ```
+///
+/// With exactly-once outputs ([`with_outputs`](Self::with_outputs)), the handler returns the
+/// record's writes, which commit with the checkpoint that covers it (here to the in-memory
+/// store; on DynamoDB, `TransactWriteItem`s to the lease table's account and region):
+///
+/// ```
+/// # #[cfg(feature = "test-util")] {
+/// use std::sync::Arc;
+///
+/// use kcl_core::memory::{MemoryLeaseStore, MemoryWrite};
+/// use kcl_core::{BoxError, Parallel, Record};
+///
+/// let store = Arc::new(MemoryLeaseStore::new());
+/// let factory = Parallel::with_outputs(store.clone(), |record: Record| async move {
+///     // e.g. an enrichment call per record, then the row it produces
+///     let item = format!("order#{}", record.sequence_number);
+///     let value = String::from_utf8_lossy(&record.data).into_owned();
+///     Ok::<_, BoxError>(vec![MemoryWrite::put(item, value)])
+/// })
+/// .max_in_flight(10);
+/// # let _ = factory;
+/// # }
+/// ```
 pub struct Parallel<H> {
     handler: Arc<H>,
     max_in_flight: usize,
@@ -110,8 +146,15 @@ impl<H: RecordHandler> Parallel<H> {
     /// Runs `handler` on up to 10 records of a shard at once (Lambda's largest
     /// parallelization factor), keyed by partition key.
     pub fn new(handler: H) -> Self {
+        Self::around(handler)
+    }
+}
+
+impl<H> Parallel<H> {
+    /// `work` with the default settings.
+    fn around(work: H) -> Self {
         Self {
-            handler: Arc::new(handler),
+            handler: Arc::new(work),
             max_in_flight: 10,
             key: Arc::new(|record: &Record| key_hash(&record.partition_key)),
             failure: FailurePolicy::block(),
@@ -166,7 +209,7 @@ impl<H: RecordHandler> Parallel<H> {
     }
 }
 
-impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
+impl<H: Work> ProcessorFactory for Parallel<H> {
     type Processor = ParallelProcessor<H>;
 
     fn create(&self, shard: &ShardId) -> ParallelProcessor<H> {
@@ -180,6 +223,7 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
                 park_keys: self.park_keys,
             },
             dispatcher: None,
+            committer: None,
             origin: None,
             parked_keys: Vec::new(),
         }
@@ -192,6 +236,7 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
     fn check(&self) -> Result<(), crate::ConfigError> {
         self.failure
             .check(["Parallel::on_failure", "Parallel::on_failure"])?;
+        self.handler.check(self.park_keys)?;
         if self.park_keys && self.failure.exhausted == Exhausted::Skip {
             return Err(crate::ConfigError {
                 key: "Parallel::park_keys",
@@ -209,11 +254,14 @@ impl<H: RecordHandler> ProcessorFactory for Parallel<H> {
 type Dispatcher = (mpsc::UnboundedSender<(Record, Ack)>, AbortOnDropHandle<()>);
 
 /// One shard's processor under [`Parallel`]: hands each record to a dispatcher task that
-/// runs the handler. Dropping it (lease lost, a restart) cancels what is in flight.
+/// runs the handler. Dropping it (lease lost, a restart) cancels what is in flight (with
+/// outputs, its committer stops once a commit under way ended).
 pub struct ParallelProcessor<H> {
     /// The factory's handler and settings.
     settings: Parallel<H>,
     dispatcher: Option<Dispatcher>,
+    /// Commits the outputs of computed records (`with_outputs` only).
+    committer: Option<Committer>,
     /// Where the shard's dead letters go, and the keys parked in its lease, from
     /// `initialize`.
     origin: Option<Origin>,
@@ -228,8 +276,8 @@ impl<H> std::fmt::Debug for ParallelProcessor<H> {
     }
 }
 
-impl<H: RecordHandler> ParallelProcessor<H> {
-    fn sender(&mut self) -> &mpsc::UnboundedSender<(Record, Ack)> {
+impl<H: Work> ParallelProcessor<H> {
+    fn sender(&mut self, checkpointer: &Checkpointer) -> &mpsc::UnboundedSender<(Record, Ack)> {
         let (tx, _) = self.dispatcher.get_or_insert_with(|| {
             // Unbounded: the worker bounds what is handed out (`max_unacknowledged`).
             let (tx, rx) = mpsc::unbounded_channel();
@@ -248,7 +296,10 @@ impl<H: RecordHandler> ParallelProcessor<H> {
                 }
                 _ => None,
             };
-            let run = dispatch::run(rx, handler.clone(), *max_in_flight, key.clone(), failing);
+            let started = handler.start(checkpointer);
+            self.committer = started.committer;
+            let work = (handler.clone(), started.done);
+            let run = dispatch::run(rx, work, *max_in_flight, key.clone(), failing);
             let task = crate::task::spawn(run.in_current_span());
             (tx, AbortOnDropHandle::new(task))
         });
@@ -256,7 +307,7 @@ impl<H: RecordHandler> ParallelProcessor<H> {
     }
 }
 
-impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
+impl<H: Work> RecordProcessor for ParallelProcessor<H> {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
         self.origin.clone_from(&input.origin);
         self.parked_keys.clone_from(&input.parked_keys);
@@ -278,12 +329,12 @@ impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
     async fn process_records(
         &mut self,
         input: ProcessRecordsInput<'_>,
-        _checkpointer: &mut Checkpointer,
+        checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         if input.records().is_empty() {
             return Ok(());
         }
-        let sender = self.sender().clone();
+        let sender = self.sender(checkpointer).clone();
         for pair in input.acknowledge_later() {
             // A closed channel drops the Ack: a failure, so the shard restarts.
             let _ = sender.send(pair);
@@ -293,14 +344,21 @@ impl<H: RecordHandler> RecordProcessor for ParallelProcessor<H> {
 
     async fn lease_lost(&mut self) {
         self.dispatcher = None;
+        self.committer = None;
     }
 
     async fn shutdown_requested(
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        // Outputs computed so far commit first, and from now on as soon as computed (the
+        // worker waits for what is in flight).
+        if let Some(committer) = &self.committer {
+            committer.drain().await?;
+        }
         // The watermark so far; the worker then waits for what is in flight and writes it
-        // again.
+        // again. (With outputs, the commits write every checkpoint: this only says whether
+        // the lease is still held.)
         checkpointer.checkpoint().await?;
         Ok(())
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::FutureExt as _;
 use tracing::Instrument as _;
 
-use super::RecordHandler;
+use super::work::Work;
 use crate::failure::{Handling, Kept, Next, Reader, Row, Tries, redrive_entry};
 use crate::types::{ExtendedSequenceNumber, Record, ShardId};
 
@@ -52,11 +52,22 @@ pub(super) struct Replay<H> {
     pub(super) poll: Duration,
 }
 
-impl<H: RecordHandler> Replay<H> {
+impl<H: Work> Replay<H> {
     /// Replays the letters `request` names, within the lease's validity.
     pub(super) async fn run(self, key: u64, request: Request) -> Replayed {
         let hex = format!("{key:016x}");
         let span = tracing::info_span!("redrive", parked_key = %hex);
+        if !self.handler.replays() {
+            tracing::error!(
+                parked_key = %hex,
+                "a redrive of this parked key was asked, but this Parallel commits outputs \
+                 with its checkpoints (with_outputs): a replayed letter is behind the \
+                 checkpoint, so its outputs could not commit exactly once; the key stays \
+                 parked (redrive its letters to the stream instead)"
+            );
+            self.drop_request(&request.entry).await;
+            return Replayed::Stopped;
+        }
         let Some(reader) = self.reader.clone() else {
             tracing::error!(
                 parked_key = %hex,
@@ -188,13 +199,13 @@ impl<H: RecordHandler> Replay<H> {
         let mut tries = Tries::default();
         loop {
             let built =
-                std::panic::catch_unwind(AssertUnwindSafe(|| self.handler.handle(record.clone())));
+                std::panic::catch_unwind(AssertUnwindSafe(|| self.handler.run(record.clone())));
             let outcome = match built {
                 Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
                 Err(panic) => Err(panic),
             };
             let error = match outcome {
-                Ok(Ok(())) => {
+                Ok(Ok(_)) => {
                     // A success like any other: an outage's run ends.
                     self.handling.succeeded();
                     return true;
