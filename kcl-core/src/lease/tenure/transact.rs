@@ -2,6 +2,10 @@
 //! transaction (see [`outputs`](crate::outputs) for why the condition is the owner, the
 //! fence and the checkpoint before, and never the counter).
 //!
+//! Before a commit, a plain write of the tenure whose answer was lost is settled (see
+//! [`Tenure::settle`]): conditioned on the counter, which commits leave alone, it could
+//! otherwise land after the commit and move the checkpoint back behind its outputs.
+//!
 //! Each attempt of a commit runs behind the tenure's lock, so this worker's own renewals and
 //! checkpoints of the lease never race it (the lock is let go between attempts, so that a
 //! commit retried under throttling does not hold renewals back). An attempt whose outcome is unknown (a timeout, a lost answer)
@@ -39,6 +43,10 @@ impl Tenure {
         update: &CheckpointUpdate,
         writes: Vec<T::Write>,
     ) -> Result<Transacted, TenureError> {
+        // A plain write of this tenure whose outcome is unknown could still land after the
+        // commit: conditioned on the counter alone, which a commit leaves as it is, it would
+        // move the checkpoint back behind committed outputs. A renewal from the counter held
+        // fences it off first.
         let before = {
             let held = self.held.lock().await;
             super::behind(update, &held.lease.checkpoint)?;
@@ -52,6 +60,9 @@ impl Tenure {
             .with_max_times(ATTEMPTS - 1)
             .build();
         loop {
+            // A fence against a straggler of a plain write (see the module docs), before
+            // every attempt: another write may have lost its answer between two.
+            self.settle().await?;
             // Taken per attempt, not across the pauses between them: renewals go on meanwhile.
             let mut held = self.held.lock().await;
             if self.is_lost() {
