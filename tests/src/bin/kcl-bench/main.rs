@@ -40,12 +40,18 @@
 //!   daemon to `kcl-multilang` and back; fails if a record is lost or a checkpointed one
 //!   delivered again.
 //!
+//! - **Exactly-once outputs** (`--only exactly-once`, not in the default run; no worker
+//!   process: the worker runs in this one): a processor putting one item per record and
+//!   committing them with its checkpoint (`commit_outputs`) against the same puts made plain
+//!   and `checkpoint()`, at 1 and 8 shards: records/s, commit latency, write units.
+//!
 //! Timing comes from the workers' journals (wall-clock milliseconds, one machine), CPU and
 //! memory from `/proc`.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod bill;
+mod exactly_once;
 mod failover;
 mod footprint;
 mod latency;
@@ -98,7 +104,7 @@ fn options() -> anyhow::Result<Options> {
             }
             "--only" => {
                 options.only = Some(args.next().context(
-                    "--only failover|footprint|e2e|rss|latency|bill|multilang|migration",
+                    "--only failover|footprint|e2e|rss|latency|bill|multilang|migration|exactly-once",
                 )?);
             }
             "--meter" => options.meter = Some(args.next().context("--meter http://host:port")?),
@@ -113,7 +119,7 @@ fn options() -> anyhow::Result<Options> {
             }
             other => {
                 anyhow::bail!(
-                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency|bill|multilang|migration, --meter URL [--meter-port P] [--after S] [--window S])"
+                    "unknown argument {other} (--runs N, --e2e-records N, --only failover|footprint|e2e|rss|latency|bill|multilang|migration|exactly-once, --meter URL [--meter-port P] [--after S] [--window S])"
                 )
             }
         }
@@ -157,6 +163,9 @@ async fn main() -> anyhow::Result<()> {
     let options = options()?;
     if let Some(upstream) = &options.meter {
         return bill::meter_only(upstream, options.meter_port, options.after, options.window).await;
+    }
+    if options.only.as_deref() == Some("exactly-once") {
+        return exactly_once::table(options.runs).await;
     }
     let worker = worker_binary()?;
     let profile = if cfg!(debug_assertions) {
