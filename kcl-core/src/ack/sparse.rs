@@ -62,9 +62,13 @@ use crate::types::{Checkpoint, ExtendedSequenceNumber, SequenceNumber};
 /// the checkpoint itself stands.
 ///
 /// **Exactly once.** Under [`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs)
-/// a record counts as finished only once its outputs committed (under `Parallel`, a record
-/// whose outputs wait for the watermark is computed, not finished), so a record skipped as
-/// finished has its outputs in the table, and skipping it keeps them once.
+/// a record counts as finished only once its outputs committed, so a record skipped as
+/// finished has its outputs in the table, and skipping it keeps them once. Under
+/// [`Parallel::with_outputs`](crate::Parallel::with_outputs) a record past a stuck key is
+/// computed, not finished, until a commit covers it: the set stays empty there, and such
+/// records are computed again after a failover (their writes still commit once). The
+/// worker's rewrite of a standing checkpoint for the set's sake is a checkpoint of the
+/// watermark like any other, held back with them (`Watermark::hold_back`).
 ///
 /// **A corrupt value** (not base64, truncated, not ascending) is logged and ignored: every
 /// record past the checkpoint is delivered again.
@@ -344,6 +348,13 @@ impl Watermark {
     /// acknowledgements has to catch up with.
     pub(crate) fn finished_ever(&self) -> u64 {
         self.lock().finished_ever
+    }
+
+    /// Whether checkpoints of the watermark are held back ([`hold_back`](Self::hold_back)):
+    /// the row's checkpoint may be further than this tenure knows, so it is not written again
+    /// for the sake of the records finished past it either.
+    pub(crate) fn held_back(&self) -> bool {
+        self.lock().held_back
     }
 
     /// The records past `checkpoint` that finished: runs of finished records delivered one

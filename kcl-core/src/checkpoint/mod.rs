@@ -111,6 +111,7 @@ impl Checkpointer {
             return self.checkpoint_at(position).await;
         }
         if row.checkpoint == Checkpoint::ShardEnd
+            || self.watermark.held_back()
             || self.acked(&row.checkpoint) == row.acked
         {
             return Ok(());
