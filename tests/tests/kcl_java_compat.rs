@@ -42,6 +42,10 @@ const KCL_TYPES: &[(&str, &str)] = &[
     ("kclLoad", "N"),
     ("kclCapacity", "N"),
     ("kclFlow", "S"),
+    // The fencing token of kcl's last take, and the records past the checkpoint that
+    // finished (sparse acknowledgements); KCL Java keeps both as they are.
+    ("kclFence", "N"),
+    ("kclAcked", "S"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
