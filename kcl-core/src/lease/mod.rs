@@ -18,6 +18,7 @@ pub(crate) mod renewer;
 pub(crate) mod sync;
 pub(crate) mod taker;
 pub(crate) mod tenure;
+pub(crate) mod transact;
 pub mod usage;
 mod validity;
 pub(crate) mod weigh;

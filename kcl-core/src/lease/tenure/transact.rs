@@ -18,8 +18,8 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::{Tenure, TenureError};
 use crate::error::ErrorKind;
+use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
-use crate::outputs::{self, Commit, CommitError, Transact};
 use crate::task::bounded;
 
 /// What a commit came to, short of an error.
@@ -52,7 +52,7 @@ impl Tenure {
             super::behind(update, &held.lease.checkpoint)?;
             held.lease.checkpoint.clone()
         };
-        let token = outputs::token(&self.shard, self.fence, &before, update);
+        let token = transact::token(&self.shard, self.fence, &before, update);
         let mut pauses = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
             .with_max_delay(Duration::from_secs(2))
