@@ -17,7 +17,9 @@
 //!
 //! **Failures.** By default a handler that returns an error or panics fails its record:
 //! nothing more starts, the shard restarts from the watermark after the usual backoff, and
-//! the failed record and every one after it are delivered again (at least once). No later
+//! the failed record and every one after it that had not finished are delivered again (at
+//! least once; those that finished are skipped, as the lease row lists them:
+//! [sparse acknowledgements](crate::ack::SparseAcks)). No later
 //! record of its key ran: the key waits for its failed record.
 //!
 //! With [`on_failure`](Parallel::on_failure) a failing record is retried in place instead,
