@@ -8,11 +8,16 @@
 //! latency, per-client partitions, and whole-process freezes ([`Faults::run_as`]). Every
 //! handle has a client name (use the worker id) so faults can target one worker. Randomness is
 //! seeded, and all waiting is tokio time, so a run under paused time is reproducible.
+//!
+//! The lease store also keeps an output table that processors commit to with their
+//! checkpoints ([`Transact`](crate::outputs::Transact) with [`MemoryWrite`]s), so that tests
+//! can count every record's output and see who committed it.
 
 mod faults;
 mod feed;
 mod harness;
 mod messenger;
+mod outputs;
 mod process;
 mod sink;
 mod store;
@@ -23,6 +28,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use faults::Faults;
 pub use harness::{IdleProcessor, ProcessorHarness};
 pub use messenger::{DeliveryHook, MemoryMessenger, MemoryNetwork};
+pub use outputs::{
+    AppliedCommit, Condition, MemoryWrite, OutputCounts, OutputItem, Refusal, RefusedCommit,
+    WriteAction,
+};
 pub use sink::MemorySink;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;

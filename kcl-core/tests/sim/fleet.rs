@@ -59,6 +59,9 @@ pub struct Fleet {
     pub parallel: Option<usize>,
     /// The seed's failing records and policy, if it has them.
     pub poison: Option<Arc<Poison>>,
+    /// Whether processors commit outputs with their checkpoints, and how the store takes
+    /// them (`sim/outputs.rs`).
+    pub outputs: Option<super::outputs::Transactional>,
 }
 
 /// Sends a message to the fleet's singleton every few hundred milliseconds until `stop`,
@@ -162,6 +165,7 @@ impl Fleet {
             failure_rate: self.failure_rate,
             parallel: self.parallel,
             poison: self.poison.clone(),
+            outputs: self.outputs.map(|_| self.store.client(&id)),
         };
         // Its own client name, so that a partition can cut a worker off from the lease table
         // alone, or from the stream alone.

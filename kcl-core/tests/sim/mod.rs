@@ -6,6 +6,7 @@ pub mod hands_off;
 pub mod load;
 pub mod mutations;
 pub mod operator;
+pub mod outputs;
 pub mod poison;
 pub mod problems;
 pub mod processor;

@@ -59,6 +59,7 @@ pub fn run(max_seeds: u64, run_seeds: fn(&[u64]) -> Vec<(u64, Outcome)>) -> bool
 #[cfg(feature = "mutation-testing")]
 fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
     const HINTS: &[(&str, u64)] = &[
+        ("CommitUnfenced", 11),
         ("ReconcileAnyRow", 68),
         ("VanishedShardRetried", 13),
         ("LeaderIgnoresActivity", 21),

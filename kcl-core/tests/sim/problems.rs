@@ -97,7 +97,11 @@ pub fn sample(worker: &str, mut status: watch::Receiver<Status>, log: Log) {
                 if live { now } else { BTreeSet::new() },
             );
             note_running(&log, &worker, &mut running, phase == Phase::Running);
-            note_leading(&log, &worker, &mut leading, live && leads);
+            // A worker shutting down runs no more cycles, and has handed its role back (or
+            // is handing it back) for a successor to lead: it leads nothing, whatever its
+            // last cycle's `Status::leading` still says.
+            let cycling = live && phase != Phase::ShuttingDown;
+            note_leading(&log, &worker, &mut leading, cycling && leads);
             if !live || status.changed().await.is_err() {
                 note(&log, &worker, &mut open, BTreeSet::new());
                 note_running(&log, &worker, &mut running, false);

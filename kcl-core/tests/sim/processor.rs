@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::handler::{AnyProcessor, SimHandler, parallel};
 use super::hands_off::HandsOff;
+use super::outputs::Committer;
 use super::poison::Poison;
 
 /// One record handed to a processor.
@@ -156,6 +157,8 @@ pub struct Journal {
     pub removed: Vec<(u64, kcl_core::failure::DeadLetter)>,
     /// Handler runs replaying a letter (a redrive through the holder): not deliveries.
     pub replays: Vec<super::handler::HandlerRun>,
+    /// Stretches of outputs one transaction could not hold, tried (`sim/outputs.rs`).
+    pub large_stretches: usize,
 }
 
 /// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.
@@ -242,6 +245,9 @@ pub struct Factory {
     pub parallel: Option<usize>,
     /// The seed's failing records and policy, if it has them.
     pub poison: Option<Arc<Poison>>,
+    /// The worker's handle of the store, when its processors commit outputs with their
+    /// checkpoints (`sim/outputs.rs`).
+    pub outputs: Option<kcl_core::memory::MemoryLeaseStore>,
 }
 
 impl Factory {
@@ -298,6 +304,10 @@ impl Factory {
             failure_rate: self.failure_rate,
             poison: self.poison.clone(),
             seen: BTreeMap::new(),
+            committer: self
+                .outputs
+                .clone()
+                .map(|store| Committer::new(store, self.log.clone())),
         }))
     }
 }
@@ -315,6 +325,8 @@ pub struct SimProcessor {
     poison: Option<Arc<Poison>>,
     /// Under a policy: per record, deliveries to this instance and whether one succeeded.
     seen: BTreeMap<ExtendedSequenceNumber, (u32, bool)>,
+    /// Its outputs not committed yet, when it commits outputs with its checkpoints.
+    committer: Option<Committer>,
 }
 
 impl SimProcessor {
@@ -340,7 +352,11 @@ impl SimProcessor {
                 ExtendedSequenceNumber::new(SequenceNumber::from(next))
             };
             self.log.lock().beyond_tried += 1;
-            if checkpointer.checkpoint_at(beyond.clone()).await.is_ok() {
+            let accepted = match &mut self.committer {
+                Some(committer) => committer.beyond(checkpointer, beyond.clone()).await,
+                None => checkpointer.checkpoint_at(beyond.clone()).await,
+            };
+            if accepted.is_ok() {
                 self.log.lock().accepted_beyond.push(format!(
                     "checkpoints: {} on {} accepted {beyond} past the last delivered {last}",
                     self.worker, self.shard
@@ -358,7 +374,9 @@ impl SimProcessor {
         at: Option<ExtendedSequenceNumber>,
     ) -> Result<(), CheckpointError> {
         let start_seq = next_event_seq();
-        let result = if let Some(position) = at {
+        let result = if let Some(committer) = &mut self.committer {
+            committer.commit(checkpointer, two_phase, at).await
+        } else if let Some(position) = at {
             checkpointer.checkpoint_at(position).await
         } else if two_phase {
             match checkpointer.prepare_checkpoint(None).await {
@@ -496,6 +514,11 @@ impl RecordProcessor for SimProcessor {
             .map(kcl_core::Record::position)
             .collect();
         self.processed(input.records());
+        if let Some(committer) = &mut self.committer {
+            for position in &positions {
+                committer.produced(&self.shard, position);
+            }
+        }
         // Work that takes time: a frozen process can stop in the middle of it.
         let work = Duration::from_millis(self.rng.random_range(0..60));
         self.log.wait(work).await;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::checks::{self, Evidence, Openings, Start};
 use super::fleet::{Fleet, Keys, send_messages};
+use super::outputs::Transactional;
 use super::poison::Poison;
 use super::processor::Log;
 use super::schedule::{Run, disturb, produce, reshard};
@@ -200,6 +201,18 @@ pub struct Stats {
     /// Seeds balancing by load under skewed load (`sim/load.rs`), and the lease moves in them.
     pub load: usize,
     pub load_moves: usize,
+    /// Seeds whose processors commit outputs with their checkpoints (`sim/outputs.rs`), of
+    /// those with small limits; commits applied; stretches one transaction could not hold;
+    /// commits refused by the lease row (of those, stragglers that landed after their
+    /// writer gave up); conflicts injected; retries answered by their token.
+    pub outputs: usize,
+    pub small_limits: usize,
+    pub commits: usize,
+    pub large_stretches: usize,
+    pub refused_by_row: usize,
+    pub refused_stragglers: usize,
+    pub conflicts: usize,
+    pub replays: usize,
 }
 
 impl Outcome {
@@ -284,6 +297,14 @@ impl std::ops::AddAssign for Stats {
         self.singleton_runs += o.singleton_runs;
         self.load += o.load;
         self.load_moves += o.load_moves;
+        self.outputs += o.outputs;
+        self.small_limits += o.small_limits;
+        self.commits += o.commits;
+        self.large_stretches += o.large_stretches;
+        self.refused_by_row += o.refused_by_row;
+        self.refused_stragglers += o.refused_stragglers;
+        self.conflicts += o.conflicts;
+        self.replays += o.replays;
     }
 }
 
@@ -405,6 +426,14 @@ pub async fn simulate(seed: u64) -> Outcome {
             .collect(),
     };
     let store = MemoryLeaseStore::with_faults(faults.clone());
+    // Half the seeds with batch processors and no failure policy commit outputs with their
+    // checkpoints (drawn apart).
+    let outputs = Transactional::draw(seed, poison.is_none() && parallel.is_none());
+    if let Some(outputs) = &outputs {
+        outputs.apply(&store);
+        stats.outputs = 1;
+        stats.small_limits = usize::from(outputs.limits.is_some());
+    }
     if led {
         // The table's change feed and owner index lag as DynamoDB's may (the stream by up to
         // 2 s, the index by up to 3 s), and one table in five has no feed. Drawn apart, so
@@ -466,6 +495,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         network: network.clone(),
         parallel,
         poison: poison.clone(),
+        outputs,
     };
     // A quarter of the disturbed seeds start under store faults, so that the first shard
     // sync's lease creates (of a resharded past, often) fail and are retried.
@@ -664,6 +694,8 @@ fn judge(
 ) -> Vec<String> {
     let journal = fleet.log.lock();
     let store_events = fleet.store.journal();
+    let commits = fleet.store.applied_commits();
+    output_stats(fleet, &journal, stats);
     stats.refused_checkpoints = journal.attempts.iter().filter(|a| !a.ok).count();
     stats.processors = journal.instances.len();
     stats.deliveries = journal.deliveries.len();
@@ -784,10 +816,30 @@ fn judge(
             .then(|| ShardId::new(format!("{COORDINATION_PREFIX}sim/standby"))),
         poll: config().taker_interval,
         restart_grace: fleet.config.restart_grace,
+        commits: &commits,
+        transactional: fleet.outputs.is_some(),
     };
     stats.stall_windows = checks::stalls(&evidence).len();
     stats.kept_judged = checks::kept_judged(&evidence);
     checks::check(&evidence)
+}
+
+/// The counts of what the seed's commits of outputs went through.
+fn output_stats(fleet: &Fleet, journal: &super::processor::Journal, stats: &mut Stats) {
+    if fleet.outputs.is_none() {
+        return;
+    }
+    let counts = fleet.store.output_counts();
+    let refused = fleet.store.refused_commits();
+    let by_row = refused
+        .iter()
+        .filter(|r| r.reason == kcl_core::memory::Refusal::LeaseRow);
+    stats.commits = counts.applied;
+    stats.refused_by_row = by_row.clone().count();
+    stats.refused_stragglers = by_row.filter(|r| !r.reported).count();
+    stats.conflicts = counts.conflicts;
+    stats.replays = counts.replays;
+    stats.large_stretches = journal.large_stretches;
 }
 
 /// Writes the stream's past, sometimes resharding it, and chooses where the fleet starts.

@@ -26,7 +26,7 @@ fn held_by(expected: &Lease) -> impl Fn(Option<&Lease>) -> bool + Send + 'static
 
 /// `update` written into `r`, as a checkpoint writes it: the owner-switch count reset, the
 /// counter bumped.
-fn checkpointed(r: &mut Lease, update: CheckpointUpdate) {
+fn checkpointed(r: &mut Lease, update: &CheckpointUpdate) {
     update.apply_to(r);
     r.counter += 1;
 }
@@ -192,7 +192,7 @@ impl LeaseStore for MemoryLeaseStore {
         let row = self
             .write(Operation::Checkpoint, &held.key, condition, move |row| {
                 row.map(|mut r| {
-                    checkpointed(&mut r, update);
+                    checkpointed(&mut r, &update);
                     if load.is_some() {
                         r.load = load;
                     }
@@ -224,7 +224,7 @@ impl LeaseStore for MemoryLeaseStore {
                         r.owner = Some(owner);
                         r.handoff_to = None;
                         r.restart_grace = None;
-                        checkpointed(&mut r, update);
+                        checkpointed(&mut r, &update);
                         r.fence = Some(FencingToken(r.counter));
                         r
                     })

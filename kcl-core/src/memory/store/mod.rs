@@ -53,6 +53,8 @@ struct Table {
     /// refreshed.
     index_lag: Duration,
     index: Option<OwnerIndex>,
+    /// The processors' outputs, written only with a checkpoint (`memory::outputs`).
+    outputs: super::outputs::OutputTable,
 }
 
 impl Table {
@@ -193,6 +195,67 @@ impl MemoryLeaseStore {
 
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This handle's client name.
+    pub(in crate::memory) fn client_name(&self) -> &str {
+        &self.client
+    }
+
+    /// The output table, under the table's lock.
+    pub(in crate::memory) fn with_outputs<R>(
+        &self,
+        f: impl FnOnce(&mut super::outputs::OutputTable) -> R,
+    ) -> R {
+        f(&mut self.lock().outputs)
+    }
+
+    /// One transaction across row `key` and the output table, under the table's lock: `f`
+    /// sees the row (`None` if absent or unreadable), the outputs and the event number the
+    /// row's write is journaled under, and says whether it wrote the row. A written row is
+    /// journaled as a `checkpoint` by this client (the counter as `f` left it) and counted
+    /// as a transactional write (twice a plain one's units).
+    pub(in crate::memory) fn transact_row<R>(
+        &self,
+        key: &ShardId,
+        started: Instant,
+        reported: bool,
+        f: impl FnOnce(Option<&mut Lease>, &mut super::outputs::OutputTable, u64) -> (R, bool),
+    ) -> Result<R, BackendError> {
+        let mut guard = self.lock();
+        let t = &mut *guard;
+        if !t.exists {
+            return Err(BackendError::new(
+                ErrorKind::NotFound,
+                "transact",
+                "lease table does not exist",
+            ));
+        }
+        let seq = super::next_event_seq();
+        let readable = !t.unreadable.contains_key(key);
+        let row = t.rows.get_mut(key).filter(|_| readable);
+        let size = row.as_deref().map_or(0, usage::item_size);
+        let (result, wrote) = f(row, &mut t.outputs, seq);
+        let written = t.rows.get(key).filter(|_| wrote).cloned();
+        let units = usage::write_units(size.max(written.as_ref().map_or(0, usage::item_size)));
+        let units = if written.is_some() {
+            units * 2.0
+        } else {
+            units
+        };
+        self.count(t, Operation::Checkpoint, 0, 0.0, units);
+        if let Some(lease) = written {
+            t.journal.push(StoreEvent {
+                seq,
+                started,
+                at: Instant::now(),
+                reported,
+                client: self.client.to_string(),
+                operation: Operation::Checkpoint.as_str(),
+                lease,
+            });
+        }
+        Ok(result)
     }
 
     /// Counts a request that reached the table (a read that returned `rows` rows), here and

@@ -266,6 +266,7 @@ pub(super) fn roles(e: &Evidence<'_>, v: &mut Vec<String>) {
             "kcl-coordination/worker-leader" | "kcl-coordination/worker-standby"
         )
     };
+    let commits = commit_seqs(e);
     for ev in e.store.iter().filter(|ev| is_role(&ev.lease.key)) {
         let Some(before) = last_before(e.store, &ev.lease.key, ev.seq) else {
             continue;
@@ -291,6 +292,7 @@ pub(super) fn roles(e: &Evidence<'_>, v: &mut Vec<String>) {
             .store
             .iter()
             .take_while(|c| c.seq < ev.seq)
+            .filter(|c| !commits.contains(&c.seq))
             .filter(|c| &c.lease.key == carrier && c.seq > before.seq)
             .filter(|c| matches!(c.operation, "renew" | "checkpoint"))
             .filter(|c| {
@@ -312,6 +314,11 @@ pub(super) fn roles(e: &Evidence<'_>, v: &mut Vec<String>) {
     }
 }
 
+/// The events that are commits of outputs (journaled as checkpoints, the counter unchanged).
+fn commit_seqs(e: &Evidence<'_>) -> std::collections::BTreeSet<u64> {
+    e.commits.iter().map(|c| c.seq).collect()
+}
+
 /// The last event on `key` before event `seq`.
 fn last_before<'a>(store: &'a [StoreEvent], key: &ShardId, seq: u64) -> Option<&'a StoreEvent> {
     store
@@ -324,10 +331,14 @@ fn last_before<'a>(store: &'a [StoreEvent], key: &ShardId, seq: u64) -> Option<&
 /// validity: no delivery, and no end of a batch's work, later than 0.9 × the failover time
 /// after the *start* of the worker's last write of that lease that reported success —
 /// exactly the local rule the worker promises to keep, a host resuming from a suspend
-/// included. Under heartbeats, of its last heartbeat renewal instead.
+/// included. Under heartbeats, of its last heartbeat renewal instead. (A commit of outputs
+/// is no such write: it leaves the counter alone.)
 pub(super) fn validity(e: &Evidence<'_>, v: &mut Vec<String>) {
     let mut writes: BTreeMap<(&str, ShardId), Vec<&StoreEvent>> = BTreeMap::new();
-    for ev in e.store.iter().filter(|ev| ev.reported) {
+    // A commit of outputs leaves the counter alone: no taker saw it, and it proves nothing.
+    let commits = commit_seqs(e);
+    let proofs = e.store.iter().filter(|ev| !commits.contains(&ev.seq));
+    for ev in proofs.filter(|ev| ev.reported) {
         if ev
             .lease
             .owner

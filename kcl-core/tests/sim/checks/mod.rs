@@ -2,6 +2,7 @@
 
 mod leading;
 mod leases;
+mod outputs;
 mod parallel;
 mod poison;
 mod problems;
@@ -17,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use kcl_core::memory::StoreEvent;
+use kcl_core::memory::{AppliedCommit, StoreEvent};
 use kcl_core::{InitialPosition, Record, Shard, ShardId};
 
 use super::processor::Journal;
@@ -57,6 +58,8 @@ pub const INVARIANTS: &[&str] = &[
     "restart-kept",
     "one-leader",
     "leaderless",
+    "output-once",
+    "output-in-step",
 ];
 
 /// How the fleet started reading.
@@ -122,6 +125,11 @@ pub struct Evidence<'a> {
     pub poll: Duration,
     /// The workers' `restart_grace`, in the seeds that have one.
     pub restart_grace: Option<Duration>,
+    /// The commits of outputs the store applied, in order (each journaled as a
+    /// `checkpoint` under its `seq`, the counter unchanged).
+    pub commits: &'a [AppliedCommit],
+    /// The processors committed outputs with their checkpoints (`sim/outputs.rs`).
+    pub transactional: bool,
 }
 
 impl Evidence<'_> {
@@ -173,5 +181,8 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     restarts::kept(e, &mut v);
     leading::one_leader(e, &mut v);
     leading::leaderless(e, &mut v);
+    if e.transactional {
+        outputs::outputs(e, &mut v);
+    }
     v
 }

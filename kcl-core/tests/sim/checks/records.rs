@@ -29,7 +29,12 @@ pub struct Openings {
 /// opened: after the lease's creation; records written between a lease's creation and its
 /// first open are not owed); nothing in a shard closed before the start; everything after
 /// the start in any other.
-fn owed_from(start: &Start, openings: &Openings, shard: &ShardId, records: &[Record]) -> usize {
+pub(super) fn owed_from(
+    start: &Start,
+    openings: &Openings,
+    shard: &ShardId,
+    records: &[Record],
+) -> usize {
     let after = |t: DateTime<Utc>| records.partition_point(|r| r.approximate_arrival < t);
     let owed = match &start.position {
         InitialPosition::TrimHorizon => 0,
