@@ -7,5 +7,6 @@
 
 pub mod processor;
 pub mod table;
+pub mod window;
 
 pub use processor::{StdoutSink, WindowCounter, WindowSink, WindowSummary};

@@ -28,46 +28,13 @@ use kcl_core::{
     BoxError, CheckpointError, Checkpointer, ExtendedSequenceNumber, ProcessRecordsInput, Record,
     RecordProcessor, ShardId,
 };
-use serde::Serialize;
 
 use crate::table::{Closed, WindowTable};
+pub use crate::window::{KeyCount, WindowSummary};
 
 /// How long past its end a window waits, on a quiet shard, for records that arrived before
 /// its end and are not readable yet, before it closes on time.
 pub const CLOSE_AFTER: Duration = Duration::from_secs(2);
-
-/// One window's counts for one shard: the line the processor emits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct WindowSummary {
-    /// The shard counted.
-    pub shard: String,
-    /// First instant of the window (inclusive).
-    pub window_start: DateTime<Utc>,
-    /// End of the window (exclusive).
-    pub window_end: DateTime<Utc>,
-    /// False when emitted early (shutdown or handoff): the rest of the window follows in a
-    /// line from the next owner.
-    pub complete: bool,
-    /// Records counted.
-    pub records: u64,
-    /// Payload bytes counted.
-    pub bytes: u64,
-    /// Distinct partition keys seen.
-    pub distinct_keys: usize,
-    /// The busiest partition keys, most records first.
-    pub top_keys: Vec<KeyCount>,
-}
-
-/// Counts for one partition key in one window.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KeyCount {
-    /// The partition key.
-    pub key: String,
-    /// Records with this key.
-    pub records: u64,
-    /// Their payload bytes.
-    pub bytes: u64,
-}
 
 /// Where window lines go.
 pub trait WindowSink: Send + Sync + 'static {
@@ -487,6 +454,70 @@ mod tests {
         assert!(matches!(running.await, Ok(Ok(()))));
         let after = sink.0.lock().map(|v| v.len()).unwrap_or_default();
         assert_eq!(after, 1, "nothing left open at shutdown");
+    }
+
+    /// With a table: each window's count commits with its checkpoint. A graceful stop in the
+    /// middle of a window emits it early and commits what it counted; the next worker adds
+    /// the rest to the same item. The table ends with every record counted once, each
+    /// window's item holding what its lines say.
+    #[tokio::test(start_paused = true)]
+    async fn a_table_counts_each_record_once_across_a_handoff() {
+        use kcl_core::memory::MemoryWrite;
+
+        use crate::table::{Transactional, WindowTable};
+
+        let stream = MemoryStream::new(2);
+        let store = MemoryLeaseStore::new();
+        let sink = Arc::new(Collect::default());
+        let key = |w: &WindowSummary| format!("{}/{}", w.shard, w.window_start.timestamp_millis());
+        let table: Arc<dyn WindowTable> = Arc::new(Transactional::new(store.clone(), move |w| {
+            MemoryWrite::add(key(w), i64::try_from(w.records).unwrap_or(i64::MAX))
+        }));
+        let config = WorkerConfig::default()
+            .failover_time(Duration::from_secs(3))
+            .idle_time_between_reads(Duration::from_millis(100));
+        let mut produced = 0u64;
+        for worker in ["a", "b"] {
+            let factory = {
+                let (sink, table) = (sink.clone(), table.clone());
+                move |shard: &ShardId| {
+                    WindowCounter::new(shard, Duration::from_secs(2), 10, sink.clone())
+                        .with_table(table.clone())
+                }
+            };
+            let worker = Worker::new(
+                worker,
+                config.clone(),
+                stream.clone(),
+                store.clone(),
+                factory,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let shutdown = worker.shutdown_handle();
+            let running = tokio::spawn(worker.run());
+            for i in 0..30 {
+                stream.put(&format!("{}-key", i % 7), format!("record-{produced}"));
+                produced += 1;
+                tokio::time::sleep(Duration::from_millis(130)).await;
+            }
+            shutdown.shutdown();
+            assert!(matches!(running.await, Ok(Ok(()))));
+        }
+        let lines = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
+        let items = store.outputs();
+        let counted: i64 = items.values().map(|item| item.count).sum();
+        assert_eq!(counted, i64::try_from(produced).unwrap_or(0), "{items:?}");
+        let mut by_window: HashMap<String, i64> = HashMap::new();
+        for line in &lines {
+            *by_window.entry(key(line)).or_default() += i64::try_from(line.records).unwrap_or(0);
+        }
+        let table_counts: HashMap<String, i64> =
+            items.into_iter().map(|(k, item)| (k, item.count)).collect();
+        assert_eq!(by_window, table_counts);
+        assert!(
+            lines.iter().any(|w| !w.complete),
+            "a window was emitted early at the stop: {lines:?}"
+        );
     }
 
     /// Through a real worker: windows close as time passes, every record is counted once,

@@ -22,7 +22,7 @@ use futures_util::future::BoxFuture;
 use kcl_core::outputs::{Outputs, Transact};
 use kcl_core::{CheckpointError, Checkpointer, ExtendedSequenceNumber};
 
-use crate::processor::WindowSummary;
+use crate::window::WindowSummary;
 
 /// A closed window and the position of its last record.
 pub type Closed = (WindowSummary, ExtendedSequenceNumber);
@@ -114,7 +114,7 @@ pub mod dynamodb {
     use kcl_aws::DynamoDbLeaseStore;
 
     use super::Transactional;
-    use crate::processor::WindowSummary;
+    use crate::window::WindowSummary;
 
     /// The partition key: the shard (its lease key under multi-stream).
     pub const SHARD: &str = "shard";

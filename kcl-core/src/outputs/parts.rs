@@ -102,6 +102,7 @@ impl<W> Open<W> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::types::SequenceNumber;
