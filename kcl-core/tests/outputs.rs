@@ -714,7 +714,8 @@ async fn a_stretch_past_the_limits_commits_in_parts_and_a_kill_between_them_leav
     stop(b).await;
     let commits = w.store.applied_commits();
     assert!(commits.len() >= 3 + 11, "{} commits", commits.len());
-    for c in &commits {
+    // A stretch without writes commits its checkpoint alone.
+    for c in commits.iter().filter(|c| !c.writes.is_empty()) {
         let last = c.writes.last().unwrap();
         assert!(c.writes.len() <= 3, "within the limits");
         let end = Checkpoint::Sequence(
@@ -901,7 +902,6 @@ async fn fencing_tokens_grow_strictly_from_one_holder_to_the_next() {
 /// condition needs the checkpoint it replaces, as a commit's has. Fails until
 /// `lease/tenure` does either; run it with `--ignored`.
 #[tokio::test(start_paused = true)]
-#[ignore = "a plain checkpoint after an unsettled commit moves the row back (lease/tenure)"]
 async fn a_checkpoint_after_an_unsettled_commit_does_not_move_the_row_back() {
     let w = World::new(1);
     let shard = w.stream.shards()[0].id.clone();

@@ -6,7 +6,7 @@ use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{TenureError, Transacted};
 use crate::mutation::{self, Mutation};
 use crate::outputs::{Outputs, Part, Transact, split};
-use crate::types::{Checkpoint, ExtendedSequenceNumber};
+use crate::types::{Checkpoint, ExtendedSequenceNumber, SequenceNumber};
 
 impl Checkpointer {
     /// Checkpoints as [`checkpoint`](Self::checkpoint) does, committing `outputs` (the
@@ -152,9 +152,11 @@ impl Checkpointer {
         part: Part<T::Write>,
         update: &CheckpointUpdate,
     ) -> Result<(), CheckpointError> {
-        let Some(last_record) = part.writes.last().map(|(record, _)| record.clone()) else {
-            return self.write(update).await;
-        };
+        // A part without writes is a transaction too: a plain checkpoint is conditioned on
+        // the counter, which commits leave alone, so one written while an earlier commit of
+        // this tenure is still in flight could land under it and move the row back behind
+        // its outputs; a commit is conditioned on the checkpoint before it.
+        let last_record = part.writes.last().map(|(record, _)| record.clone());
         let update = self.with_parking(update);
         let (records, writes): (Vec<ExtendedSequenceNumber>, Vec<T::Write>) =
             part.writes.into_iter().unzip();
@@ -167,7 +169,11 @@ impl Checkpointer {
             }
             Ok(Transacted::Refused { index, reason }) => Err(CheckpointError::OutputRefused {
                 shard: shard(),
-                record: records.get(index).cloned().unwrap_or(last_record),
+                record: records
+                    .get(index)
+                    .cloned()
+                    .or(last_record)
+                    .unwrap_or_else(|| ExtendedSequenceNumber::new(SequenceNumber::from(0))),
                 reason,
             }),
             Err(TenureError::Lost) => Err(self.lease_lost()),

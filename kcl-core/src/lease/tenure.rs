@@ -44,8 +44,8 @@ use crate::mutation::{self, Mutation};
 use crate::task::bounded;
 use crate::types::{Checkpoint, FencingToken, ShardId, WorkerId};
 
-pub(crate) use super::held::HeldLeaseStore;
 pub(crate) use self::transact::Transacted;
+pub(crate) use super::held::HeldLeaseStore;
 
 mod transact;
 
@@ -65,6 +65,9 @@ struct Held {
     /// The last write failed in a way that may have applied it (timeout, 5xx), so the stored
     /// counter may be ahead of ours.
     uncertain: bool,
+    /// A commit was given up without knowing whether it applied (see `transact`): the
+    /// row's checkpoint may be ahead of ours, with the counter unchanged.
+    commit_unknown: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -159,6 +162,7 @@ impl Tenure {
             held: Mutex::new(Held {
                 lease,
                 uncertain: false,
+                commit_unknown: false,
             }),
             valid_until: Arc::new(Validity::new(started + validity, validity)),
             call_timeout: timing.call_timeout,
@@ -452,6 +456,9 @@ impl Tenure {
                 return Err(TenureError::Lost);
             }
             let started = Instant::now();
+            if matches!(op, Write::Checkpoint(_) | Write::Keep(_)) {
+                self.learn_commit(&mut held).await?;
+            }
             if let Write::Checkpoint(update) = op {
                 // Checked under the lock against the latest row this worker knows, so that a
                 // retry after an uncertain write can never move a checkpoint back.

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 
-use super::{Tenure, TenureError};
+use super::{Held, Tenure, TenureError};
 use crate::error::ErrorKind;
 use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
+use crate::mutation::{self, Mutation};
 use crate::task::bounded;
 
 /// What a commit came to, short of an error.
@@ -109,10 +110,43 @@ impl Tenure {
                     return match self.settle_commit(&mut held.lease, update).await {
                         Ok(applied) => Ok(applied),
                         Err(TenureError::Lost) => Err(TenureError::Lost),
+                        Err(TenureError::Store(_)) => {
+                            // Still unknown: the next checkpoint write reads the row first.
+                            held.commit_unknown = true;
+                            Err(TenureError::Store(error))
+                        }
                         Err(_) => Err(TenureError::Store(error)),
                     };
                 }
             }
+        }
+    }
+
+    /// Before a plain write of the checkpoint, after a commit given up without knowing
+    /// whether it applied: reads the row and adopts its checkpoint if this tenure still holds
+    /// it. A plain write is conditioned on the counter, which a commit leaves alone: written
+    /// from the checkpoint this tenure knew, it would move the row back behind the commit's
+    /// outputs, and the next holder would commit them again. (A commit still in flight cannot
+    /// land after the write: it is conditioned on the checkpoint before it.)
+    pub(super) async fn learn_commit(&self, held: &mut Held) -> Result<(), TenureError> {
+        if !held.commit_unknown || mutation::on(Mutation::UnknownCommitIgnored) {
+            return Ok(());
+        }
+        let read = bounded(self.call_timeout, "get", self.store.get(&self.shard)).await;
+        match read {
+            Ok(Some(row)) if row.is_owned_by(&self.worker) && row.fence == Some(self.fence) => {
+                held.lease.checkpoint = row.checkpoint;
+                held.lease.pending_checkpoint = row.pending_checkpoint;
+                held.lease.child_shard_ids = row.child_shard_ids;
+                held.lease.parked_keys = row.parked_keys;
+                held.commit_unknown = false;
+                Ok(())
+            }
+            Ok(_) => {
+                self.mark_lost();
+                Err(TenureError::Lost)
+            }
+            Err(e) => Err(TenureError::Store(e)),
         }
     }
 
