@@ -73,6 +73,7 @@ impl Cause {
                 | "ServiceUnavailableException"
                 | "ResourceInUseException"
                 | "TransactionConflictException"
+                | "TransactionInProgressException"
                 | "ExpiredNextTokenException"
                 | "InternalError",
             ) => Self::Transient,

@@ -174,6 +174,19 @@ pub enum CheckpointError {
         /// Their size, as the store counts it.
         bytes: usize,
     },
+    /// [`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs) in a processor
+    /// that takes records to acknowledge later: an acknowledged record counts as finished
+    /// (and a successor skips it) before its outputs could commit. Use
+    /// [`Parallel::with_outputs`](crate::Parallel::with_outputs) for records finished out of
+    /// order. Nothing was written.
+    #[error(
+        "commit_outputs on shard {shard} in a processor that acknowledges records later: \
+         use Parallel::with_outputs for records finished out of order"
+    )]
+    OutputsAcknowledgedLater {
+        /// The shard.
+        shard: ShardId,
+    },
     /// An output's own condition failed, so its transaction did not apply: the outputs and
     /// checkpoint stand where the transactions before it left them.
     #[error("an output of record {record} on shard {shard} was refused by its condition: {reason}")]

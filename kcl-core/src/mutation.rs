@@ -12,9 +12,6 @@ pub enum Mutation {
     /// The in-memory store commits a processor's outputs without checking the lease row's
     /// owner, fence and checkpoint.
     CommitUnfenced,
-    /// After a commit given up without knowing whether it applied, a plain checkpoint is
-    /// written from the checkpoint the tenure knew, without reading the row first.
-    UnknownCommitIgnored,
     /// A stretch of outputs too large for one transaction commits in parts that each
     /// checkpoint the whole stretch's position, not their own last record.
     PartsCheckpointTheStretch,
@@ -187,7 +184,6 @@ impl Mutation {
     pub const ALL: &'static [Self] = &[
         Self::CommitUnfenced,
         Self::PartsCheckpointTheStretch,
-        Self::UnknownCommitIgnored,
         Self::CheckpointUnconditional,
         Self::RenewUnconditional,
         Self::SkipValidityCheck,

@@ -501,6 +501,14 @@ impl Verdict {
             Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => {
                 Self::cancelled(cancelled.cancellation_reasons(), writes)
             }
+            // An earlier attempt with this token is still being applied (one that timed out
+            // here): retried, as DynamoDB asks, until it has landed or not.
+            Some(TransactWriteItemsError::TransactionInProgressException(e)) => {
+                Self::Conflict(format!(
+                    "an earlier attempt of this commit is still in progress ({})",
+                    e.message().unwrap_or("TransactionInProgressException")
+                ))
+            }
             Some(TransactWriteItemsError::ResourceNotFoundException(e)) => Self::Invalid(format!(
                 "a table written does not exist, the lease table or an output table ({})",
                 e.message().unwrap_or("ResourceNotFoundException")

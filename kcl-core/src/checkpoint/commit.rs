@@ -67,6 +67,13 @@ impl Checkpointer {
         outputs: Outputs<T::Write>,
         last: Option<ExtendedSequenceNumber>,
     ) -> Result<(), CheckpointError> {
+        // An acknowledged record counts as finished, and the row lists it for a successor to
+        // skip, before its outputs could commit: the two cannot go together.
+        if self.watermark.used() {
+            return Err(CheckpointError::OutputsAcknowledgedLater {
+                shard: self.shard_id().clone(),
+            });
+        }
         let current = match &last {
             Some(position) => self.validate(position).await?,
             None => self.tenure.snapshot().await.checkpoint,
@@ -161,7 +168,11 @@ impl Checkpointer {
         let (records, writes): (Vec<ExtendedSequenceNumber>, Vec<T::Write>) =
             part.writes.into_iter().unzip();
         let shard = || self.shard_id().clone();
-        match self.tenure.transact(store, &update, writes).await {
+        match self
+            .tenure
+            .transact(store, &update, writes, records.first())
+            .await
+        {
             Ok(Transacted::Applied) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
                 self.watermark.parked(&update.park);

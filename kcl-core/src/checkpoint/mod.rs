@@ -313,8 +313,17 @@ impl Checkpointer {
     /// delivered again.
     fn with_parking(&self, update: &CheckpointUpdate) -> CheckpointUpdate {
         let mut update = update.clone();
-        update.park = passed_by(self.watermark.parking(), &update.checkpoint);
-        update.acked = self.acked(&update.checkpoint);
+        let parking = self.watermark.parking();
+        let pending = parking.len();
+        update.park = passed_by(parking, &update.checkpoint);
+        // While a key's entry waits for a checkpoint that passes its record, the records
+        // given up behind it finish without the row saying why: listed as finished, a
+        // successor would skip them and run the key's later records out of order.
+        update.acked = if update.park.len() < pending {
+            None
+        } else {
+            self.acked(&update.checkpoint)
+        };
         update
     }
 

@@ -308,7 +308,11 @@ impl<T: Transact> Committing<T> {
         let (records, writes): (Vec<ExtendedSequenceNumber>, Vec<T::Write>) =
             part.writes.into_iter().unzip();
         let shard = || self.tenure.shard().clone();
-        match self.tenure.transact(&*self.store, &update, writes).await {
+        match self
+            .tenure
+            .transact(&*self.store, &update, writes, records.first())
+            .await
+        {
             Ok(Transacted::Applied) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
                 self.watermark.parked(&update.park);

@@ -20,8 +20,8 @@ use super::{Held, Tenure, TenureError};
 use crate::error::ErrorKind;
 use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
-use crate::mutation::{self, Mutation};
 use crate::task::bounded;
+use crate::types::{Checkpoint, ExtendedSequenceNumber};
 
 /// What a commit came to, short of an error.
 #[derive(Debug)]
@@ -43,6 +43,7 @@ impl Tenure {
         store: &T,
         update: &CheckpointUpdate,
         writes: Vec<T::Write>,
+        first: Option<&ExtendedSequenceNumber>,
     ) -> Result<Transacted, TenureError> {
         // A plain write of this tenure whose outcome is unknown could still land after the
         // commit: conditioned on the counter alone, which a commit leaves as it is, it would
@@ -51,6 +52,13 @@ impl Tenure {
         let before = {
             let held = self.held.lock().await;
             super::behind(update, &held.lease.checkpoint)?;
+            // Writes of a record the checkpoint passes already committed (a caller that
+            // chose them from an older checkpoint, which another commit moved meanwhile).
+            if let (Some(first), Checkpoint::Sequence(at)) = (first, &held.lease.checkpoint)
+                && first <= at
+            {
+                return Err(TenureError::Behind(held.lease.checkpoint.clone()));
+            }
             held.lease.checkpoint.clone()
         };
         let token = transact::token(&self.shard, self.fence, &before, update);
@@ -129,7 +137,7 @@ impl Tenure {
     /// outputs, and the next holder would commit them again. (A commit still in flight cannot
     /// land after the write: it is conditioned on the checkpoint before it.)
     pub(super) async fn learn_commit(&self, held: &mut Held) -> Result<(), TenureError> {
-        if !held.commit_unknown || mutation::on(Mutation::UnknownCommitIgnored) {
+        if !held.commit_unknown {
             return Ok(());
         }
         let read = bounded(self.call_timeout, "get", self.store.get(&self.shard)).await;

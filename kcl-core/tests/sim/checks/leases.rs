@@ -53,7 +53,28 @@ pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
                     && l.shard == ev.lease.key
                     && l.record.position() == *s
             });
-            if !delivered {
+            // Or skipped by the writer as finished before (sparse acknowledgements): an
+            // earlier row said so, and someone had delivered it or dead-lettered it.
+            let finished_before = || {
+                let said = e.store.iter().any(|earlier| {
+                    earlier.seq < ev.seq
+                        && earlier.lease.key == ev.lease.key
+                        && earlier.lease.acked.as_ref().is_some_and(|value| {
+                            kcl_core::ack::SparseAcks::decode(value, &earlier.lease.checkpoint)
+                                .is_ok_and(|acks| acks.contains(s))
+                        })
+                });
+                let done = e
+                    .journal
+                    .deliveries
+                    .iter()
+                    .any(|d| d.seq < ev.seq && d.shard == ev.lease.key && d.position == *s)
+                    || e.journal.letters.iter().any(|(seq, l)| {
+                        *seq < ev.seq && l.shard == ev.lease.key && l.record.position() == *s
+                    });
+                said && done
+            };
+            if !delivered && !finished_before() {
                 v.push(format!(
                     "checkpoints: {} by {} at {s} before delivering it",
                     ev.lease.key, ev.client
