@@ -108,8 +108,8 @@ pub use parallel::{OutputHandler, Parallel, RecordHandler};
 pub use processor::{InitializationInput, ProcessRecordsInput, ProcessorFactory, RecordProcessor};
 pub use source::{RecordBatch, Shard, ShardIterator, ShardSource, Subscription, SubscriptionEvent};
 pub use types::{
-    Checkpoint, ConsumerId, ExtendedSequenceNumber, FencingToken, HashKeyRange, InitialPosition, Record,
-    SequenceNumber, ShardId, StartingPosition, WorkerId,
+    Checkpoint, ConsumerId, ExtendedSequenceNumber, FencingToken, HashKeyRange, InitialPosition,
+    Record, SequenceNumber, ShardId, StartingPosition, WorkerId,
 };
 pub use worker::{
     Phase, Problem, ProblemKind, ShardStatus, ShutdownHandle, Signals, Status, Worker,

@@ -143,7 +143,6 @@ impl std::fmt::Display for FencingToken {
     }
 }
 
-
 /// A Kinesis sequence number: a decimal string of up to 128 digits, ordered numerically.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SequenceNumber(String);
