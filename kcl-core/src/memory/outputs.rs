@@ -586,7 +586,7 @@ impl MemoryLeaseStore {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
 
     use super::*;
     use crate::lease::LeaseStore;
