@@ -29,6 +29,7 @@ mod expr;
 mod extras;
 mod feed;
 mod index;
+mod item;
 mod schema;
 mod table;
 mod transact;

@@ -8,7 +8,7 @@
 //! on the lease row still being this tenure's:
 //! - a replay starts after the checkpoint, so it never produces a committed write again;
 //! - a worker that lost the lease (frozen past the failover time, partitioned) cannot commit
-//!   at all: the row's owner or [`FencingToken`] is no longer its own;
+//!   at all: the row's owner or [`FencingToken`](crate::FencingToken) is no longer its own;
 //! - a crash leaves outputs and checkpoint in step, since they commit or fail together.
 //!
 //! The condition is the owner, the fence and the checkpoint the row held before, never the

@@ -45,22 +45,7 @@ impl Tenure {
         writes: Vec<T::Write>,
         first: Option<&ExtendedSequenceNumber>,
     ) -> Result<Transacted, TenureError> {
-        // A plain write of this tenure whose outcome is unknown could still land after the
-        // commit: conditioned on the counter alone, which a commit leaves as it is, it would
-        // move the checkpoint back behind committed outputs. A renewal from the counter held
-        // fences it off first.
-        let before = {
-            let held = self.held.lock().await;
-            super::behind(update, &held.lease.checkpoint)?;
-            // Writes of a record the checkpoint passes already committed (a caller that
-            // chose them from an older checkpoint, which another commit moved meanwhile).
-            if let (Some(first), Checkpoint::Sequence(at)) = (first, &held.lease.checkpoint)
-                && first <= at
-            {
-                return Err(TenureError::Behind(held.lease.checkpoint.clone()));
-            }
-            held.lease.checkpoint.clone()
-        };
+        let before = self.before(update, first).await?;
         let token = transact::token(&self.shard, self.fence, &before, update);
         let mut pauses = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
@@ -113,20 +98,45 @@ impl Tenure {
                     drop(held);
                     tokio::time::sleep(pause).await;
                 }
-                None => {
-                    // The outcome may be unknown: find out before the caller reads on.
-                    return match self.settle_commit(&mut held.lease, update).await {
-                        Ok(applied) => Ok(applied),
-                        Err(TenureError::Lost) => Err(TenureError::Lost),
-                        Err(TenureError::Store(_)) => {
-                            // Still unknown: the next checkpoint write reads the row first.
-                            held.commit_unknown = true;
-                            Err(TenureError::Store(error))
-                        }
-                        Err(_) => Err(TenureError::Store(error)),
-                    };
-                }
+                None => return self.give_up(&mut held, update, error).await,
             }
+        }
+    }
+
+    /// The checkpoint a commit of `update` must find: the one this tenure knows, refused if
+    /// `update` is behind it or the writes' `first` record is at or before it (a caller that
+    /// chose them from an older checkpoint, which another commit moved meanwhile).
+    async fn before(
+        &self,
+        update: &CheckpointUpdate,
+        first: Option<&ExtendedSequenceNumber>,
+    ) -> Result<Checkpoint, TenureError> {
+        let held = self.held.lock().await;
+        super::behind(update, &held.lease.checkpoint)?;
+        if let (Some(first), Checkpoint::Sequence(at)) = (first, &held.lease.checkpoint)
+            && first <= at
+        {
+            return Err(TenureError::Behind(held.lease.checkpoint.clone()));
+        }
+        Ok(held.lease.checkpoint.clone())
+    }
+
+    /// The last attempt failed with `error`: the outcome may be unknown, so the row is read
+    /// before the caller reads on; still unknown, the next checkpoint write reads it first.
+    async fn give_up(
+        &self,
+        held: &mut Held,
+        update: &CheckpointUpdate,
+        error: crate::error::BackendError,
+    ) -> Result<Transacted, TenureError> {
+        match self.settle_commit(&mut held.lease, update).await {
+            Ok(applied) => Ok(applied),
+            Err(TenureError::Lost) => Err(TenureError::Lost),
+            Err(TenureError::Store(_)) => {
+                held.commit_unknown = true;
+                Err(TenureError::Store(error))
+            }
+            Err(_) => Err(TenureError::Store(error)),
         }
     }
 
