@@ -46,10 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
-    ScalarAttributeType, TableStatus,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, TableStatus};
 use kcl_aws::KinesisShardSource;
 use kcl_core::{LeaseStore, ShardId, ShardSource};
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
@@ -316,23 +313,7 @@ fn produce(
 
 /// An on-demand table keyed by `id` (S), ACTIVE.
 async fn create_table(ctx: &Context, table: &str) -> anyhow::Result<()> {
-    ctx.dynamodb
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(ScalarAttributeType::S)
-                .build()?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(KeyType::Hash)
-                .build()?,
-        )
-        .send()
+    kcl_integration_tests::items::create(ctx, table, false)
         .await
         .with_context(|| format!("CreateTable {table}"))?;
     wait_until(
