@@ -893,14 +893,10 @@ async fn fencing_tokens_grow_strictly_from_one_holder_to_the_next() {
 /// A commit that applied without an answer, which the tenure could not settle (every retry
 /// and the read after them failed), then a plain checkpoint of the next processor (a record
 /// without outputs, behind the commit's checkpoint): that checkpoint must not move the row
-/// back under the commit, or the commit's outputs are committed again.
-///
-/// It does today: a plain checkpoint is conditioned on the owner and the counter, which a
-/// commit leaves alone, and a commit given up unsettled does not mark the tenure uncertain
-/// (`Tenure::settle` would then adopt the row before the next processor starts). A commit
-/// that straggles in after such a settle would still be overwritten: the plain checkpoint's
-/// condition needs the checkpoint it replaces, as a commit's has. Fails until
-/// `lease/tenure` does either; run it with `--ignored`.
+/// back under the commit, or the commit's outputs are committed again. The tenure reads the
+/// row before its next checkpoint write (`Tenure::learn_commit`), and a plain checkpoint is
+/// conditioned on the checkpoint it replaces as well as the counter (which a commit leaves
+/// alone), so a commit that lands late is not overwritten either.
 #[tokio::test(start_paused = true)]
 async fn a_checkpoint_after_an_unsettled_commit_does_not_move_the_row_back() {
     let w = World::new(1);

@@ -25,7 +25,9 @@ use std::time::Duration;
 use aws_sdk_dynamodb::types::AttributeValue;
 use kcl_core::lease::usage::Operation;
 use kcl_core::outputs::Transact;
-use kcl_core::{Checkpoint, LeaseStore, LeaseStoreExtras, ShardId, WorkerId};
+use kcl_core::{
+    Checkpoint, CheckpointUpdate, ErrorKind, LeaseStore, LeaseStoreExtras, ShardId, WorkerId,
+};
 use kcl_integration_tests::wait_until;
 
 use harness::{Keys, Note, Outcome, Setup, WORKER, add, create, fence_of, n, records, start, test};
@@ -105,6 +107,17 @@ async fn outputs_commit_with_the_checkpoint_and_leave_the_counter() -> anyhow::R
                 .requests,
             1
         );
+
+        // A plain checkpoint from the row as it was before the commit matches its owner and
+        // counter, not its checkpoint: refused, or it would move the row back behind the
+        // commit's outputs.
+        let stale = run
+            .ctx
+            .store()
+            .checkpoint(&before, &CheckpointUpdate::new(Checkpoint::TrimHorizon))
+            .await;
+        assert_eq!(stale.err().map(|e| e.kind()), Some(ErrorKind::Conflict));
+        assert_eq!(run.row(&shard).await?.checkpoint, after.checkpoint);
 
         // The holder's renewal, from the counter it held before the commit.
         let renewed = run.ctx.store().renew(&before).await?;

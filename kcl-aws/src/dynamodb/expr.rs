@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use kcl_core::{CheckpointUpdate, Lease, LeaseLoad};
+use kcl_core::{Checkpoint, CheckpointUpdate, Lease, LeaseLoad};
 
 use super::schema::{
     self, CARRIER, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, CHILD_SHARD_IDS, COND_NO_OWNER,
@@ -21,7 +21,7 @@ pub(super) struct Expr {
     set: Vec<String>,
     remove: Vec<String>,
     add: Vec<String>,
-    pub(super) condition: &'static str,
+    pub(super) condition: String,
     pub(super) names: HashMap<String, String>,
     pub(super) values: HashMap<String, AttributeValue>,
 }
@@ -31,7 +31,7 @@ impl Expr {
     pub(super) fn held(observed: &Lease) -> Self {
         let (condition, values) = schema::held_condition(observed);
         let mut e = Self {
-            condition,
+            condition: condition.to_owned(),
             ..Self::default()
         };
         // Both held conditions name the counter and the owner.
@@ -49,13 +49,13 @@ impl Expr {
         e.name(LEASE_OWNER);
         match &observed.owner {
             Some(owner) => {
-                e.condition = COND_OWNER;
+                e.condition = COND_OWNER.to_owned();
                 e.values.insert(
                     VAL_OWNER.to_owned(),
                     AttributeValue::S(owner.as_str().to_owned()),
                 );
             }
-            None => e.condition = COND_NO_OWNER,
+            None => e.condition = COND_NO_OWNER.to_owned(),
         }
         e
     }
@@ -64,6 +64,37 @@ impl Expr {
         let p = schema::placeholder(attribute);
         self.names.insert(p.clone(), attribute.to_owned());
         p
+    }
+
+    /// The clause that the row still holds checkpoint `at`, with its values (`:before`,
+    /// `:beforeSub`). A row written before sub-sequence numbers were stored holds none:
+    /// that is 0.
+    pub(super) fn checkpoint_is(&mut self, at: &Checkpoint) -> String {
+        let checkpoint = self.name(CHECKPOINT);
+        let sub = self.name(CHECKPOINT_SUB_SEQUENCE_NUMBER);
+        self.values.insert(
+            ":before".to_owned(),
+            AttributeValue::S(at.as_str().to_owned()),
+        );
+        self.values
+            .insert(":beforeSub".to_owned(), schema::number(at.sub_sequence()));
+        if at.sub_sequence() == 0 {
+            format!(
+                "{checkpoint} = :before AND ({sub} = :beforeSub OR attribute_not_exists({sub}))"
+            )
+        } else {
+            format!("{checkpoint} = :before AND {sub} = :beforeSub")
+        }
+    }
+
+    /// Adds `clause` to the condition, with `AND`.
+    pub(super) fn and(&mut self, clause: &str) -> &mut Self {
+        self.condition = if self.condition.is_empty() {
+            clause.to_owned()
+        } else {
+            format!("{} AND {clause}", self.condition)
+        };
+        self
     }
 
     /// `SET #attribute = :attribute`.

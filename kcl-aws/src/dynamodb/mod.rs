@@ -512,7 +512,11 @@ impl LeaseStore for DynamoDbLeaseStore {
         held: &Lease,
         update: &CheckpointUpdate,
     ) -> Result<Lease, BackendError> {
+        // Also on the checkpoint held: a commit moves it without the counter (see
+        // `LeaseStore::checkpoint`).
         let mut e = Expr::held(held);
+        let at = e.checkpoint_is(&held.checkpoint);
+        e.and(&at);
         e.checkpoint(&held.key, update, held.counter);
         e.load(held.load);
         self.update(Operation::Checkpoint, &held.key, e).await

@@ -220,8 +220,12 @@ async fn a_restart_mark_is_a_fenced_checkpoint_write_and_a_take_removes_it() {
         .match_requests(|req| {
             let expr = req.update_expression().unwrap_or_default();
             let values = req.expression_attribute_values().unwrap();
-            req.condition_expression() == Some(schema::COND_OWNED)
+            // Owner and counter, and the checkpoint held (a commit moves it alone).
+            req.condition_expression()
+                .is_some_and(|c| c.starts_with(schema::COND_OWNED) && c.contains(":before"))
                 && values.get(":counter") == Some(&AttributeValue::N("7".into()))
+                && values.get(":before")
+                    == Some(&AttributeValue::S(held().checkpoint.as_str().to_owned()))
                 && values.get(":restartGraceMillis") == Some(&AttributeValue::N("60000".into()))
                 && expr.contains("#restartGraceMillis = :restartGraceMillis")
         })

@@ -47,7 +47,7 @@ use kcl_core::{BackendError, ErrorKind};
 use super::DynamoDbLeaseStore;
 use super::expr::Expr;
 use super::item::{Carried, action, canonical, item_size, value_size};
-use super::schema::{self, CHECKPOINT, CHECKPOINT_SUB_SEQUENCE_NUMBER, FENCE, LEASE_OWNER};
+use super::schema::{self, FENCE, LEASE_OWNER};
 use crate::error::backend_error;
 
 /// Actions in one `TransactWriteItems`.
@@ -210,26 +210,14 @@ impl DynamoDbLeaseStore {
         e.checkpoint_uncounted(commit.shard, commit.update);
         let owner = e.name(LEASE_OWNER);
         let fence = e.name(FENCE);
-        let checkpoint = e.name(CHECKPOINT);
-        let sub = e.name(CHECKPOINT_SUB_SEQUENCE_NUMBER);
-        let before = commit.before;
-        // A row written before sub-sequence numbers were stored holds none: that is 0.
-        let sub_condition = if before.sub_sequence() == 0 {
-            format!("({sub} = :beforeSub OR attribute_not_exists({sub}))")
-        } else {
-            format!("{sub} = :beforeSub")
-        };
-        let condition = format!(
-            "{owner} = :owner AND {fence} = :fence AND {checkpoint} = :before AND {sub_condition}"
-        );
+        let at = e.checkpoint_is(commit.before);
+        let condition = format!("{owner} = :owner AND {fence} = :fence AND {at}");
         let values = [
             (
                 ":owner",
                 AttributeValue::S(commit.owner.as_str().to_owned()),
             ),
             (":fence", schema::number(commit.fence.0)),
-            (":before", AttributeValue::S(before.as_str().to_owned())),
-            (":beforeSub", schema::number(before.sub_sequence())),
         ];
         for (placeholder, value) in values {
             e.values.insert(placeholder.to_owned(), value);

@@ -408,8 +408,11 @@ pub trait LeaseStore: LeaseStoreExtras {
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Writes checkpoint state, and `held.load` if it is set (as [`renew`](Self::renew)
-    /// does). Condition: owner and counter as in `held`. Bumps the counter and resets the
-    /// owner-switch count (as KCL Java does).
+    /// does). Condition: owner, counter and checkpoint as in `held` (a transactional commit
+    /// moves the checkpoint and leaves the counter alone, so the counter alone would let a
+    /// write from before a commit, or a commit that landed late, move the row back behind
+    /// the commit's outputs). Bumps the counter and resets the owner-switch count (as KCL
+    /// Java does).
     fn checkpoint(
         &self,
         held: &Lease,

@@ -521,6 +521,8 @@ impl Tenure {
             Write::Keep(grace) => {
                 let mut update = CheckpointUpdate::new(lease.checkpoint.clone());
                 update.pending = lease.pending_checkpoint.clone();
+                // The same checkpoint: the records finished past it still stand.
+                update.acked = lease.acked.clone();
                 update.restart_grace = Some(grace);
                 bounded(limit, "checkpoint", store.checkpoint(&lease, &update)).await
             }

@@ -673,6 +673,31 @@ mod tests {
         assert!(store.output("b").is_none());
     }
 
+    /// A commit leaves the counter alone, so a plain checkpoint written from the row as it
+    /// was before the commit (a write prepared before it, a commit that landed late) matches
+    /// owner and counter: the checkpoint in its condition refuses it, or it would move the
+    /// row back behind the commit's outputs.
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_checkpoint_from_before_a_commit_is_refused() {
+        let store = held().await;
+        let before = row(&store);
+        commit(&store, "w", (1, 5), vec![MemoryWrite::add("a", 1)])
+            .await
+            .unwrap();
+        let refused = store
+            .checkpoint(&before, &CheckpointUpdate::new(at(2)))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::Conflict, "{refused}");
+        assert_eq!(row(&store).checkpoint, at(5));
+        let now = row(&store);
+        let moved = store
+            .checkpoint(&now, &CheckpointUpdate::new(at(6)))
+            .await
+            .unwrap();
+        assert_eq!((moved.checkpoint, moved.counter), (at(6), 8));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_row_must_hold_the_owner_fence_and_checkpoint_before() {
         let store = held().await;

@@ -185,8 +185,11 @@ impl LeaseStore for MemoryLeaseStore {
         update: &CheckpointUpdate,
     ) -> Result<Lease, BackendError> {
         let fence = held_by(held);
+        let at = held.checkpoint.clone();
         let condition = move |row: Option<&Lease>| {
-            row.is_some() && (mutation::on(Mutation::CheckpointUnconditional) || fence(row))
+            row.is_some()
+                && (mutation::on(Mutation::CheckpointUnconditional)
+                    || (fence(row) && row.is_some_and(|r| r.checkpoint == at)))
         };
         let (update, load) = (update.clone(), held.load);
         let row = self
