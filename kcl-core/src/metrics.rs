@@ -68,6 +68,16 @@ pub const LEASES_LOST: &str = "kcl_leases_lost_total";
 pub const LEASES_RELEASED: &str = "kcl_leases_released_total";
 /// Successful checkpoint writes (counter).
 pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
+/// Transactional checkpoints ([`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs),
+/// [`Parallel::with_outputs`](crate::Parallel::with_outputs)) by outcome (counter, `outcome`:
+/// `committed`, `refused` by an output's own condition, `lease_lost`, `behind`: the row's
+/// checkpoint had moved, nothing applied; `failed`: the store's error, after the retries;
+/// and `retried`, once per attempt retried after a retryable error or a conflict, so that
+/// the other outcomes count each commit once).
+pub const OUTPUT_COMMITS: &str = "kcl_output_commits_total";
+/// Time from a transactional checkpoint's call to its outcome, retries and the read of the
+/// row after a lost answer included, whatever the outcome (histogram, seconds).
+pub const OUTPUT_COMMIT_DURATION: &str = "kcl_output_commit_duration_seconds";
 /// Processor failures (error or panic) that restarted a shard (counter).
 pub const PROCESSOR_FAILURES: &str = "kcl_processor_failures_total";
 /// Reads of a shard that failed and restarted its processor from the last checkpoint
@@ -143,7 +153,7 @@ pub const FLEET_NEEDED_LOAD: &str = "kcl_fleet_needed_load";
 
 /// Every metric name above with its unit and help text: what [`describe`] registers, and
 /// what the README's list shows.
-pub const ALL: [(&str, Kind, Option<Unit>, &str); 48] = [
+pub const ALL: [(&str, Kind, Option<Unit>, &str); 50] = [
     (
         LEASE_LOAD,
         Kind::Gauge,
@@ -275,6 +285,18 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 48] = [
         Kind::Counter,
         Some(Unit::Count),
         "Successful checkpoint writes",
+    ),
+    (
+        OUTPUT_COMMITS,
+        Kind::Counter,
+        Some(Unit::Count),
+        "Transactional checkpoints by outcome (committed, refused, lease_lost, behind, failed; retried: attempts retried)",
+    ),
+    (
+        OUTPUT_COMMIT_DURATION,
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        "Time from a transactional checkpoint's call to its outcome, retries included",
     ),
     (
         PROCESSOR_FAILURES,
@@ -465,6 +487,15 @@ pub fn describe() {
 
 /// Label values of [`LEASES_TAKEN`].
 pub(crate) const TAKEN_FROM: [&str; 4] = ["unowned", "expired", "handoff", "restart"];
+/// Label values of [`OUTPUT_COMMITS`].
+pub(crate) const COMMIT_OUTCOMES: [&str; 6] = [
+    "committed",
+    "retried",
+    "refused",
+    "lease_lost",
+    "behind",
+    "failed",
+];
 /// Label values of [`THROTTLED`].
 pub(crate) const THROTTLED_OPERATIONS: [&str; 2] = ["get_records", "shard_iterator"];
 
@@ -490,6 +521,9 @@ pub(crate) fn refresh_worker_series() {
     for operation in THROTTLED_OPERATIONS {
         ::metrics::counter!(THROTTLED, "operation" => operation).increment(0);
     }
+    for outcome in COMMIT_OUTCOMES {
+        ::metrics::counter!(OUTPUT_COMMITS, "outcome" => outcome).increment(0);
+    }
     // The lease table's request counters: `lease::usage::refresh_series`.
 }
 
@@ -514,74 +548,5 @@ pub(crate) fn shard_gone(shard: &crate::ShardId) {
     }
 }
 
-/// The per-shard series of one shard while this worker processes it.
-#[derive(Debug)]
-pub(crate) struct ShardMetrics {
-    shard: String,
-    behind: Option<f64>,
-}
-
-impl ShardMetrics {
-    pub(crate) fn new(shard: &crate::ShardId) -> Self {
-        let metrics = Self {
-            shard: shard.to_string(),
-            behind: None,
-        };
-        metrics.refresh();
-        metrics
-    }
-
-    /// Registers the shard's counters (at zero the first time) and re-sets its gauge, so that
-    /// its series stay fresh while the shard is held; see the module docs.
-    pub(crate) fn refresh(&self) {
-        ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(0);
-        ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(0);
-        for name in [
-            RETRIES,
-            DEAD_LETTERED,
-            SKIPPED,
-            ALREADY_FINISHED,
-            BISECTS,
-            SINK_FAILURES,
-            OUTAGES,
-        ] {
-            ::metrics::counter!(name, "shard" => self.shard.clone()).increment(0);
-        }
-        if let Some(behind) = self.behind {
-            ::metrics::gauge!(BEHIND_LATEST, "shard" => self.shard.clone()).set(behind);
-        }
-    }
-
-    /// How far behind the newest record the last batch was.
-    pub(crate) fn behind_latest(&mut self, millis: u64) {
-        #[allow(clippy::cast_precision_loss)]
-        let seconds = millis as f64 / 1000.0;
-        self.behind = Some(seconds);
-        ::metrics::gauge!(BEHIND_LATEST, "shard" => self.shard.clone()).set(seconds);
-    }
-
-    /// Where the shard's checkpoint watermark stands (see [`ack`](crate::ack)).
-    pub(crate) fn watermark(&self, in_flight: usize, lag_records: usize, lag: std::time::Duration) {
-        #[allow(clippy::cast_precision_loss)]
-        {
-            ::metrics::gauge!(IN_FLIGHT, "shard" => self.shard.clone()).set(in_flight as f64);
-            ::metrics::gauge!(WATERMARK_LAG_RECORDS, "shard" => self.shard.clone())
-                .set(lag_records as f64);
-        }
-        ::metrics::gauge!(WATERMARK_LAG, "shard" => self.shard.clone()).set(lag.as_secs_f64());
-    }
-
-    /// One batch delivered.
-    pub(crate) fn batch(
-        &self,
-        records: usize,
-        bytes: usize,
-        took: std::time::Duration,
-        delay: std::time::Duration,
-    ) {
-        ::metrics::counter!(RECORDS, "shard" => self.shard.clone()).increment(records as u64);
-        ::metrics::counter!(BYTES, "shard" => self.shard.clone()).increment(bytes as u64);
-        ::metrics::histogram!(BATCH_DURATION).record(took.as_secs_f64());
-        ::metrics::histogram!(DELIVERY_DELAY).record(delay.as_secs_f64());
-    }
-}
+mod shard;
+pub(crate) use shard::ShardMetrics;

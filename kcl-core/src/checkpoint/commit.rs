@@ -60,8 +60,23 @@ impl Checkpointer {
         self.commit_through(store, outputs, Some(position)).await
     }
 
-    /// Commits `outputs` in parts, the last one checkpointing `last` (`None`: `SHARD_END`).
+    /// Commits `outputs` in parts, the last one checkpointing `last` (`None`: `SHARD_END`);
+    /// a failure is noted for the shard's progress (see [`writes`](super::writes)).
     async fn commit_through<T: Transact>(
+        &mut self,
+        store: &T,
+        outputs: Outputs<T::Write>,
+        last: Option<ExtendedSequenceNumber>,
+    ) -> Result<(), CheckpointError> {
+        let committed = self.commit_parts(store, outputs, last).await;
+        if let Err(error) = &committed {
+            self.writes.failed(error);
+        }
+        committed
+    }
+
+    /// See [`commit_through`](Self::commit_through).
+    async fn commit_parts<T: Transact>(
         &mut self,
         store: &T,
         outputs: Outputs<T::Write>,
@@ -176,6 +191,7 @@ impl Checkpointer {
             Ok(Transacted::Applied) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
                 self.watermark.parked(&update.park);
+                self.writes.applied();
                 Ok(())
             }
             Ok(Transacted::Refused { index, reason }) => Err(CheckpointError::OutputRefused {

@@ -8,6 +8,7 @@ use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{Tenure, TenureError};
 use crate::mutation::{self, Mutation};
 use crate::types::{Checkpoint, ExtendedSequenceNumber, FencingToken, ShardId};
+use writes::WriteLog;
 
 /// Records a processor's progress in its shard's lease.
 ///
@@ -46,6 +47,8 @@ pub struct Checkpointer {
     pub(crate) opened: Option<ExtendedSequenceNumber>,
     shard_end: Option<Vec<ShardId>>,
     watermark: Arc<Watermark>,
+    /// What became of this instance's writes, for the shard's progress.
+    writes: WriteLog,
 }
 
 /// A checkpoint written as pending by [`Checkpointer::prepare_checkpoint`], to be committed
@@ -72,7 +75,14 @@ impl Checkpointer {
             last_delivered: None,
             opened: None,
             shard_end: None,
+            writes: WriteLog::default(),
         }
+    }
+
+    /// What became of this instance's checkpoint writes (see `checkpoint::writes`): the shard task
+    /// takes it between batches; a committer writing for this instance notes its own.
+    pub(crate) fn writes(&self) -> &WriteLog {
+        &self.writes
     }
 
     /// This processor instance's watermark.
@@ -344,11 +354,12 @@ impl Checkpointer {
 
     async fn write(&mut self, update: &CheckpointUpdate) -> Result<(), CheckpointError> {
         let update = &self.with_parking(update);
-        match self.tenure.checkpoint(update).await {
+        let written = match self.tenure.checkpoint(update).await {
             Ok(_) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
                 self.watermark.parked(&update.park);
-                Ok(())
+                self.writes.applied();
+                return Ok(());
             }
             Err(TenureError::Lost) => Err(self.lease_lost()),
             Err(TenureError::Behind(current)) => Err(CheckpointError::Backwards {
@@ -360,7 +371,11 @@ impl Checkpointer {
                 shard: self.shard_id().clone(),
                 source,
             }),
+        };
+        if let Err(error) = &written {
+            self.writes.failed(error);
         }
+        written
     }
 
     fn lease_lost(&self) -> CheckpointError {
@@ -391,3 +406,4 @@ pub(crate) fn passed_by(parking: Vec<String>, checkpoint: &Checkpoint) -> Vec<St
 mod commit;
 #[cfg(test)]
 mod tests;
+pub(crate) mod writes;

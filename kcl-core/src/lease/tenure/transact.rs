@@ -11,15 +11,23 @@
 //! commit retried under throttling does not hold renewals back). An attempt whose outcome is unknown (a timeout, a lost answer)
 //! is retried with the same token and the same `before`: it applies at most once, and a row
 //! found one commit further with this tenure's owner and fence is that attempt applied.
+//!
+//! Every commit is counted once by its outcome, and every attempt retried once more
+//! ([`OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)), and its time from call to outcome
+//! measured ([`OUTPUT_COMMIT_DURATION`](crate::metrics::OUTPUT_COMMIT_DURATION)): here,
+//! where the retries happen and the outcome is learned, so that a processor's commits and
+//! `Parallel`'s committer's are counted alike.
 
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::time::Instant;
 
 use super::{Held, Tenure, TenureError};
 use crate::error::ErrorKind;
 use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
+use crate::metrics::{OUTPUT_COMMIT_DURATION, OUTPUT_COMMITS};
 use crate::task::bounded;
 use crate::types::{Checkpoint, ExtendedSequenceNumber};
 
@@ -39,6 +47,21 @@ impl Tenure {
     /// Commits `writes` with `update` in one transaction of `store`, conditioned on this
     /// tenure's owner and fence and on the checkpoint it last wrote. See the module docs.
     pub(crate) async fn transact<T: Transact>(
+        &self,
+        store: &T,
+        update: &CheckpointUpdate,
+        writes: Vec<T::Write>,
+        first: Option<&ExtendedSequenceNumber>,
+    ) -> Result<Transacted, TenureError> {
+        let started = Instant::now();
+        let outcome = self.commit(store, update, writes, first).await;
+        ::metrics::counter!(OUTPUT_COMMITS, "outcome" => counted_as(&outcome)).increment(1);
+        ::metrics::histogram!(OUTPUT_COMMIT_DURATION).record(started.elapsed().as_secs_f64());
+        outcome
+    }
+
+    /// [`transact`](Self::transact), uncounted.
+    async fn commit<T: Transact>(
         &self,
         store: &T,
         update: &CheckpointUpdate,
@@ -95,6 +118,7 @@ impl Tenure {
             let retried = matches!(error.kind(), ErrorKind::Retryable | ErrorKind::Throttled);
             match pauses.next().filter(|_| retried) {
                 Some(pause) => {
+                    ::metrics::counter!(OUTPUT_COMMITS, "outcome" => "retried").increment(1);
                     drop(held);
                     tokio::time::sleep(pause).await;
                 }
@@ -202,5 +226,17 @@ impl Tenure {
         } else {
             Err(TenureError::Behind(held.checkpoint.clone()))
         }
+    }
+}
+
+/// The `outcome` label of a commit that came to `outcome` (see
+/// [`OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)).
+fn counted_as(outcome: &Result<Transacted, TenureError>) -> &'static str {
+    match outcome {
+        Ok(Transacted::Applied) => "committed",
+        Ok(Transacted::Refused { .. }) => "refused",
+        Err(TenureError::Lost) => "lease_lost",
+        Err(TenureError::Behind(_)) => "behind",
+        Err(TenureError::Store(_)) => "failed",
     }
 }

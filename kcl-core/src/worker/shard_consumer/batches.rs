@@ -85,7 +85,9 @@ pub(super) async fn run<S: ShardSource>(
             Event::Lost => return Ok(Stop::Lost),
             Event::Stop => return Ok(Stop::Graceful),
             Event::Acked => {
-                if let Some(stop) = acks.settle(checkpointer).await? {
+                let settled = acks.settle(checkpointer).await;
+                writes_seen(control, checkpointer);
+                if let Some(stop) = settled? {
                     return Ok(stop);
                 }
                 batches.passed.note(control, checkpointer);
@@ -94,13 +96,18 @@ pub(super) async fn run<S: ShardSource>(
             Event::Tick => {
                 batches.metrics.refresh();
                 acks.report(&batches.metrics);
+                writes_seen(control, checkpointer);
                 observe(control, tenure, checkpointer).await;
             }
-            Event::Quiet => match deliver_nothing(tenure, processor, checkpointer).await? {
-                Hook::Expired => return Ok(Stop::Lost),
-                Hook::Stopped => return Ok(Stop::Graceful),
-                Hook::Done => {}
-            },
+            Event::Quiet => {
+                let delivered = deliver_nothing(tenure, processor, checkpointer).await;
+                writes_seen(control, checkpointer);
+                match delivered? {
+                    Hook::Expired => return Ok(Stop::Lost),
+                    Hook::Stopped => return Ok(Stop::Graceful),
+                    Hook::Done => {}
+                }
+            }
             Event::Fetched(fetched) => {
                 let batch = match received(ctx, tenure, control, checkpointer, fetched).await? {
                     Ok(batch) => batch,
@@ -113,7 +120,9 @@ pub(super) async fn run<S: ShardSource>(
                     checkpointer,
                     batch,
                 );
-                match handed.await? {
+                let handed = handed.await;
+                writes_seen(control, checkpointer);
+                match handed? {
                     Handed::Lost => return Ok(Stop::Lost),
                     Handed::Stopped => return Ok(Stop::Graceful),
                     Handed::Last(children) => batches.ending = Some(children),
@@ -274,6 +283,13 @@ async fn received<S: ShardSource>(
             "fetch task stopped",
         ))),
     }
+}
+
+/// Tells `control` what became of the processor's checkpoint writes since the last look
+/// (see `progress`: writes that keep failing make a shard failing however its batches go).
+/// Looked at after every hook, and on every tick for writes made outside them.
+fn writes_seen(control: &Control, checkpointer: &Checkpointer) {
+    control.progress().writes(checkpointer.writes().take());
 }
 
 /// Tells `control` where the lease's checkpoint is, and the last record this attempt

@@ -1,8 +1,9 @@
 //! A held shard's progress, as the problem reports judge it (see `worker::problems`): how long
-//! its checkpoint has stood still while records past it wait (`stalled`), and how many of its
-//! attempts failed in a row without progress (`failing`).
+//! its checkpoint has stood still while records past it wait (`stalled`), how many of its
+//! attempts failed in a row without progress, and how long its checkpoint writes have all
+//! failed (`failing`, either way).
 //!
-//! Both clocks run for the whole tenure, across the processor's restarts: records a failed
+//! The clocks run for the whole tenure, across the processor's restarts: records a failed
 //! attempt was handed still wait for the next one, and a shard whose every attempt fails is
 //! failing however each fails.
 //!
@@ -16,11 +17,34 @@
 //!   An attempt that fails (in `initialize`, `process_records`, any hook, or a read) with no
 //!   progress since the previous failure counts towards [`FAILING_AFTER`]; progress resets
 //!   the count. A read that retrying cannot fix does not count (it is `read_failing`).
+//! - **Failed writes**: a batch processed without an error is progress only if the
+//!   checkpoint can follow it. A processor whose every checkpoint write fails (the output
+//!   table deleted, a permission missing, every commit refused) and that goes on regardless
+//!   processes batch after batch while its position never moves durably. So the checkpoint
+//!   writes are counted too (see `checkpoint::writes` for which errors are failures): once
+//!   [`FAILING_AFTER`] of them failed in a row, none applying between them, and the first
+//!   failed [`WRITES_FAILING_FOR`] ago or more, the shard is failing, with the first error's
+//!   kind and text. A write that applies, or the checkpoint seen moving, ends it; batches
+//!   processed do not.
+//!
+//! Why failed writes rather than "the checkpoint does not move while batches go by": a
+//! processor may checkpoint rarely on purpose (every few minutes, as windows close, only at
+//! shutdown). It writes nothing in between, so it has no failed write and is never failing
+//! on that account, whatever its cadence; its waiting records are `stalled`'s business, after
+//! `stalled_after`, which an operator can turn off for it. What tells "cannot move the
+//! checkpoint" from "does not move it yet" is an attempt to move it that failed. Both bounds
+//! hold: the count keeps a brief outage under a processor that commits every few
+//! milliseconds from counting as failing, the time keeps the report in line with failing
+//! attempts (reported 8 to 15 s after the first failure). A processor that commits every
+//! `n` seconds is reported after `max(10 s, 4 n)`, at the coordinator's next look (every
+//! `taker_interval`). Writes in `shutdown_requested` and `shard_ended` end the attempt and
+//! are not looked at.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::checkpoint::writes::{Failed, Writes};
 use crate::mutation::{self, Mutation};
 use crate::types::{Checkpoint, ExtendedSequenceNumber};
 
@@ -28,6 +52,10 @@ use crate::types::{Checkpoint, ExtendedSequenceNumber};
 /// default backoff (0.5 s doubling, with jitter) the fifth failure comes 8 to 15 s after the
 /// first, plus the time the attempts themselves took.
 pub(crate) const FAILING_AFTER: u32 = 5;
+
+/// How long checkpoint writes must all have failed (at least [`FAILING_AFTER`] of them)
+/// before a shard is reported failing: about as long as failing attempts take.
+pub(crate) const WRITES_FAILING_FOR: Duration = Duration::from_secs(10);
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -44,6 +72,8 @@ pub(crate) struct Progress {
     failures: u32,
     /// The last of those failures, once there are [`FAILING_AFTER`].
     failing: Option<String>,
+    /// Checkpoint writes failed in a row, none applying, across attempts.
+    writes_failed: Option<Failed>,
     /// When the shard last progressed (for `/status`).
     progressed_at: Option<Instant>,
     /// How far behind the stream's tip the last read was, in milliseconds.
@@ -88,6 +118,7 @@ impl Progress {
                 if !mutation::on(Mutation::StallAgeIgnoresMoves) {
                     self.moved_at = Some(Instant::now());
                 }
+                self.writes_failed = None;
                 self.progressed();
             }
             None => {}
@@ -115,6 +146,27 @@ impl Progress {
         self.failures = 0;
         self.failing = None;
         self.progressed_at = Some(Instant::now());
+    }
+
+    /// What became of the processor's checkpoint writes since the last look.
+    pub(crate) fn writes(&mut self, writes: Writes) {
+        if writes.applied {
+            self.writes_failed = None;
+        }
+        let Some(failed) = writes.failed else {
+            return;
+        };
+        match &mut self.writes_failed {
+            Some(run) => run.count = run.count.saturating_add(failed.count),
+            None => {
+                tracing::warn!(
+                    error = %failed.first,
+                    "a checkpoint write failed: the checkpoint stays where it was (the shard is \
+                     reported failing if its writes keep failing)"
+                );
+                self.writes_failed = Some(failed);
+            }
+        }
     }
 
     /// A read was `millis` behind the stream's tip.
@@ -148,10 +200,22 @@ impl Progress {
     /// Why the shard is failing, if it is: the last error of the attempts that failed in a
     /// row.
     pub(crate) fn failing(&self) -> Option<String> {
-        let last = self.failing.as_ref()?;
+        if let Some(last) = &self.failing {
+            return Some(format!(
+                "{FAILING_AFTER} attempts or more in a row failed without progress; the last: \
+                 {last}"
+            ));
+        }
+        let run = self.writes_failed.as_ref()?;
+        if run.count < FAILING_AFTER || run.since.elapsed() < WRITES_FAILING_FOR {
+            return None;
+        }
+        // The same text while it lasts: a change would be logged as a new problem.
         Some(format!(
-            "{} attempts or more in a row failed without progress; the last: {last}",
-            FAILING_AFTER
+            "checkpoint writes keep failing: {FAILING_AFTER} or more in a row over \
+             {WRITES_FAILING_FOR:?} or more, none applied, the checkpoint standing still while \
+             batches are processed; the first: {}",
+            run.first
         ))
     }
 }
