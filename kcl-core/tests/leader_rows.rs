@@ -21,7 +21,8 @@ use std::time::Duration;
 use common::{Behaviour, Running, held, start, wait_until, world};
 use kcl_core::memory::MemoryLeaseStore;
 use kcl_core::{
-    Checkpoint, Coordination, Lease, LeaseStore as _, Liveness, ShardId, WorkerConfig, WorkerId,
+    Checkpoint, Coordination, Lease, LeaseStore as _, Liveness, Phase, ShardId, WorkerConfig,
+    WorkerId,
 };
 use tokio::time::{Instant, sleep};
 
@@ -41,11 +42,17 @@ fn holder(store: &MemoryLeaseStore, key: &str) -> Option<String> {
 }
 
 async fn fleet(config: &WorkerConfig) -> (MemoryLeaseStore, Vec<Option<Running>>) {
+    fleet_of(config, &Behaviour::default()).await
+}
+
+async fn fleet_of(
+    config: &WorkerConfig,
+    b: &Behaviour,
+) -> (MemoryLeaseStore, Vec<Option<Running>>) {
     let (stream, store, seen) = world(8);
-    let b = Behaviour::default();
     let workers: Vec<Running> = IDS
         .iter()
-        .map(|id| start(id, config.clone(), &stream, &store, &seen, &b))
+        .map(|id| start(id, config.clone(), &stream, &store, &seen, b))
         .collect();
     let settled = wait_until(Duration::from_secs(60), || {
         workers.iter().all(|w| held(w) == 2)
@@ -232,4 +239,43 @@ async fn a_deleted_standby_row_is_made_again_and_handed_on() {
         assert_eq!(two, Duration::ZERO, "{liveness:?}");
         stop(workers).await;
     }
+}
+
+/// A leader shutting down runs no more cycles and hands its role back: from the moment its
+/// shutdown begins it says it leads no more, so that it and its successor never both say so
+/// (a stopped leader said it led, before). Its status is read at every turn of the runtime
+/// until it has stopped.
+#[tokio::test(start_paused = true)]
+async fn a_leader_shutting_down_says_it_leads_no_more() {
+    let (store, mut workers) = fleet(&config(Liveness::PerLease)).await;
+    let leader = holder(&store, LEADER).expect("a leader");
+    let at = IDS
+        .iter()
+        .position(|id| *id == leader)
+        .expect("one of ours");
+    let w = workers[at].take().expect("running");
+    assert!(w.status.borrow().leading);
+    w.shutdown.shutdown();
+    let mut seen = Vec::new();
+    for _ in 0..100_000 {
+        tokio::task::yield_now().await;
+        let s = w.status.borrow();
+        if seen.last() != Some(&(s.phase, s.leading)) {
+            seen.push((s.phase, s.leading));
+        }
+        if s.phase == Phase::Stopped {
+            break;
+        }
+    }
+    assert_eq!(seen.last().map(|(phase, _)| *phase), Some(Phase::Stopped));
+    let led = seen
+        .iter()
+        .filter(|(phase, leading)| *phase != Phase::Running && *leading);
+    assert_eq!(
+        led.count(),
+        0,
+        "led while shutting down or stopped: {seen:?}"
+    );
+    let _ = w.task.await;
+    stop(workers).await;
 }

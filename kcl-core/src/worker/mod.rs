@@ -308,7 +308,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
     /// what is left, then releases leases handed to this worker after its last cycle.
     async fn stop(&self, mut state: Coordinator, mode: Mode, beat: &mut Interval) {
         self.handle.graceful.cancel();
-        self.report.phase(Phase::ShuttingDown);
+        self.report.shutting_down();
         let kept = self.table.config.restart_grace.is_some() && !self.handle.is_draining();
         tracing::info!(
             leases = state.shards.len(),

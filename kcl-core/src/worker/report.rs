@@ -42,6 +42,15 @@ impl Report {
         self.status.send_modify(|s| s.phase = phase);
     }
 
+    /// Shutdown began: no cycle runs any more, so this worker leads nothing (its role goes
+    /// back for a successor to lead), whatever its last cycle said.
+    pub(super) fn shutting_down(&self) {
+        self.status.send_modify(|s| {
+            s.phase = Phase::ShuttingDown;
+            s.leading = false;
+        });
+    }
+
     /// `run` returned: nothing is held any more.
     pub(super) fn stopped(&self) {
         self.status.send_modify(|s| {
