@@ -379,6 +379,18 @@ impl Context {
         Ok((out.shard_id().to_owned(), out.sequence_number().to_owned()))
     }
 
+    /// [`put_one`](Self::put_one), tried again every 100 ms while it fails (a stream being
+    /// resharded refuses puts for a moment), 50 times at most.
+    pub async fn put_retried(&self, pk: &str, data: &str) -> anyhow::Result<()> {
+        let mut tries = 0;
+        while let Err(e) = self.put_one(pk, data).await {
+            tries += 1;
+            anyhow::ensure!(tries < 50, "PutRecord keeps failing: {e:#}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
     /// Every record of one shard, read from TRIM_HORIZON: `(sequence number, data)`.
     pub async fn read_shard(&self, shard: &str) -> anyhow::Result<Vec<(String, String)>> {
         let mut iterator = self

@@ -296,12 +296,7 @@ fn produce(
         while !stop.load(Ordering::SeqCst) {
             for _ in 0..10 {
                 let (pk, data) = (format!("pk-{}", n % 32), format!("eo-{n}"));
-                let mut tries = 0;
-                while let Err(e) = ctx.put_one(&pk, &data).await {
-                    tries += 1;
-                    ensure!(tries < 50, "PutRecord keeps failing: {e:#}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                ctx.put_retried(&pk, &data).await?;
                 written.push(data);
                 n += 1;
             }

@@ -38,12 +38,7 @@ fn start_writer(
             for k in 0..KEYS {
                 let pk = format!("pk-{k}");
                 let data = format!("{pk}:{round}");
-                let mut tries = 0;
-                while let Err(e) = ctx.put_one(&pk, &data).await {
-                    tries += 1;
-                    anyhow::ensure!(tries < 50, "PutRecord keeps failing: {e:#}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                ctx.put_retried(&pk, &data).await?;
                 written.push(data);
             }
             round += 1;

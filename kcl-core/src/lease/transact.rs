@@ -46,9 +46,9 @@ pub struct Commit<'a, W> {
     pub update: &'a CheckpointUpdate,
     /// The processor's writes, in record order.
     pub writes: Vec<W>,
-    /// The same for every attempt of this commit, at most 36 characters: a store that keeps
-    /// idempotency tokens (DynamoDB's `ClientRequestToken`) answers a retry of an applied
-    /// commit with success.
+    /// The same for every attempt of this commit and different for every call, at most 36
+    /// characters: a store that keeps idempotency tokens (DynamoDB's `ClientRequestToken`)
+    /// answers a retry of an applied commit with success.
     pub token: String,
 }
 
@@ -107,17 +107,22 @@ pub trait Transact: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), CommitError>> + Send;
 }
 
-/// The idempotency token of a commit: the same for every attempt, different for every
-/// shard, tenure and position (32 hex digits).
+/// The idempotency token of one commit call: the same for every attempt of it, and
+/// different for every call (32 hex digits: the commit's shard, fence and checkpoints hashed
+/// under keys drawn at random for the call). Drawn per call rather than worked out from the
+/// commit alone, because a store keeps a token for a while (DynamoDB: 10 minutes) whatever
+/// became of the row: a call with other writes at the same place (after a refusal), another
+/// application's, or one on a row deleted and made again must never be answered with an
+/// earlier call's outcome, nor refused as a mismatch.
 pub(crate) fn token(
     shard: &ShardId,
     fence: FencingToken,
     before: &Checkpoint,
     update: &CheckpointUpdate,
 ) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut a = siphasher::sip::SipHasher13::new_with_keys(0x6b63_6c2d, 0x6f75_7470);
-    let mut b = siphasher::sip::SipHasher13::new_with_keys(0x7574_732d, 0x6b63_6c21);
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut a = std::collections::hash_map::RandomState::new().build_hasher();
+    let mut b = std::collections::hash_map::RandomState::new().build_hasher();
     for h in [&mut a, &mut b] {
         shard.as_str().hash(h);
         fence.0.hash(h);

@@ -34,6 +34,8 @@ use kcl_core::{
 };
 use kcl_integration_tests::{Context, items, wait_until};
 
+use crate::latency::percentile;
+
 /// Records written before each run.
 const RECORDS: usize = 4_000;
 /// Records per batch (`max_records`): 99 puts and the lease row make one transaction.
@@ -374,8 +376,8 @@ async fn measured(
     let from = tally.calls.len().saturating_sub(quarter);
     let mut late = tally.calls.get(from..).unwrap_or_default().to_vec();
     Ok(Measured {
-        early: quantile(&mut early, 0.5),
-        late: quantile(&mut late, 0.5),
+        early: percentile(&mut early, 0.5),
+        late: percentile(&mut late, 0.5),
         records_per_s: 1000.0 / per_1000 / (last - first).as_secs_f64(),
         calls: tally.calls,
         units_per_1000: units * per_1000,
@@ -408,18 +410,6 @@ async fn count(ctx: &Context, table: &str) -> anyhow::Result<usize> {
     }
 }
 
-/// The `p`-th quantile of `values` (sorted in place), nearest rank.
-fn quantile(values: &mut [Duration], p: f64) -> Duration {
-    values.sort();
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let at = ((values.len() as f64 - 1.0) * p).round() as usize;
-    values.get(at).copied().unwrap_or_default()
-}
-
 fn median_f64(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -446,8 +436,8 @@ impl Runs {
             "| {} | {shards} | {:.0} | {} ms | {} ms | {} | {:.0} | {:.1} | {list} |",
             mode.name(),
             median_f64(&rates),
-            ms(quantile(&mut calls, 0.5)),
-            ms(quantile(&mut calls, 0.99)),
+            ms(percentile(&mut calls, 0.5)),
+            ms(percentile(&mut calls, 0.99)),
             calls.len(),
             median_f64(&units),
             median_f64(&rows),

@@ -50,7 +50,8 @@ pub(crate) async fn table(worker: &str, runs: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn percentile(values: &mut [Duration], p: f64) -> Duration {
+/// The `p`-th quantile of `values` (sorted in place), nearest rank.
+pub(crate) fn percentile(values: &mut [Duration], p: f64) -> Duration {
     values.sort();
     #[allow(
         clippy::cast_possible_truncation,
