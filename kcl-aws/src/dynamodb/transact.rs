@@ -68,9 +68,14 @@ const ONE_ITEM_TWICE: &str = "multiple operations on one item";
 #[derive(Debug, Default)]
 pub(super) struct OutputKeys {
     known: RwLock<HashMap<String, Vec<String>>>,
-    /// Tables whose key could not be read.
-    failed: Mutex<BTreeSet<String>>,
+    /// Tables whose key could not be read, and when.
+    failed: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long a table whose key could not be read is left unknown before it is read again (a
+/// throttled or failed `DescribeTable` is not for good; a missing permission is said again
+/// at this pace).
+const DESCRIBE_AGAIN: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl OutputKeys {
     fn insert(&self, table: String, key: Vec<String>) {
@@ -78,7 +83,7 @@ impl OutputKeys {
         known.insert(table, key);
     }
 
-    /// Whether the key of `table` is known, or could not be read.
+    /// Whether the key of `table` is known, or could not be read lately.
     fn tried(&self, table: &str) -> bool {
         let known = self.known.read().unwrap_or_else(PoisonError::into_inner);
         known.contains_key(table)
@@ -86,13 +91,14 @@ impl OutputKeys {
                 .failed
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .contains(table)
+                .get(table)
+                .is_some_and(|at| at.elapsed() < DESCRIBE_AGAIN)
     }
 
-    /// `table`'s key could not be read: not tried again.
+    /// `table`'s key could not be read: not tried again for a while.
     fn failed(&self, table: &str) {
         let mut failed = self.failed.lock().unwrap_or_else(PoisonError::into_inner);
-        failed.insert(table.to_owned());
+        failed.insert(table.to_owned(), std::time::Instant::now());
     }
 
     fn of(&self, table: &str) -> Option<Vec<String>> {
@@ -145,8 +151,9 @@ impl DynamoDbLeaseStore {
     /// Reads the key of every table a `Put` of `writes` writes that the store does not know
     /// yet ([`describe_output_tables`](Self::describe_output_tables)), so that two `Put`s of
     /// one item go into different transactions without the application saying anything. A
-    /// table that cannot be described is said once at WARN and left unknown: its `Put`s name
-    /// no item, and two of one item in one transaction fail, naming the remedy.
+    /// table that cannot be described is said at WARN and left unknown for a minute, then
+    /// read again: meanwhile its `Put`s name no item, and two of one item in one transaction
+    /// fail, naming the remedy.
     async fn learn_put_keys(&self, writes: &[&TransactWriteItem]) {
         let unknown: BTreeSet<&str> = writes
             .iter()
