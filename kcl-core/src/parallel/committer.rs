@@ -103,7 +103,18 @@ impl Committer {
             ended: None,
             stop: stop.clone(),
         };
-        let run = committing.run(computed, drain_rx);
+        let run = async move {
+            use futures_util::FutureExt as _;
+            let run = std::panic::AssertUnwindSafe(committing.run(computed, drain_rx));
+            if let Err(panic) = run.catch_unwind().await {
+                // Said here, for nobody joins the task: the processor's next drain or
+                // checkpoint finds the committer gone and the shard restarts.
+                tracing::error!(
+                    panic = crate::task::panic_message(&*panic),
+                    "the outputs' committer panicked: nothing more commits (the shard restarts)"
+                );
+            }
+        };
         // Detached, not aborted with the processor: see `Committer`.
         drop(crate::task::spawn(run.in_current_span()));
         (settled, Self { drains, stop })
