@@ -13,8 +13,8 @@
 //! found one commit further with this tenure's owner and fence is that attempt applied.
 //!
 //! Every commit is counted once by its outcome, and every attempt retried once more
-//! ([`OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)), and its time from call to outcome
-//! measured ([`OUTPUT_COMMIT_DURATION`](crate::metrics::OUTPUT_COMMIT_DURATION)): here,
+//! ([`metrics::OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)), and its time from call to outcome
+//! measured ([`metrics::OUTPUT_COMMIT_DURATION`](crate::metrics::OUTPUT_COMMIT_DURATION)): here,
 //! where the retries happen and the outcome is learned, so that a processor's commits and
 //! `Parallel`'s committer's are counted alike.
 
@@ -230,7 +230,7 @@ impl Tenure {
 }
 
 /// The `outcome` label of a commit that came to `outcome` (see
-/// [`OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)).
+/// [`metrics::OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)).
 fn counted_as(outcome: &Result<Transacted, TenureError>) -> &'static str {
     match outcome {
         Ok(Transacted::Applied) => "committed",
