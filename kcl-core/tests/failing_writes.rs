@@ -311,3 +311,64 @@ async fn a_processor_that_commits_only_every_few_minutes_is_not_failing() {
     }
     stop(r.worker).await;
 }
+
+/// Under `Parallel::with_outputs` the committer commits for the handler, which never sees
+/// an error: a store that denies every commit makes the shard failing all the same, within
+/// the bound, and the problem goes once commits apply again.
+#[tokio::test(start_paused = true)]
+async fn parallel_outputs_whose_every_commit_the_store_denies_are_failing() {
+    let stream = MemoryStream::new(1);
+    let store = MemoryLeaseStore::new();
+    let producer = stream.clone();
+    tokio::spawn(async move {
+        for i in 0_u64.. {
+            producer.put(&format!("key-{}", i % 7), format!("record-{i}"));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let deny = Arc::new(AtomicBool::new(true));
+    let gate = Arc::new(Gate {
+        store: store.client("w"),
+        deny: deny.clone(),
+    });
+    let factory = kcl_core::Parallel::with_outputs(gate, |record: kcl_core::Record| async move {
+        let key = format!("out-{}", record.sequence_number);
+        Ok::<_, BoxError>(vec![MemoryWrite::add(key, 1)])
+    })
+    .commit_every(5)
+    .commit_interval(Duration::from_millis(500));
+    let worker = Worker::new(
+        "w",
+        config(),
+        stream.client("w"),
+        store.client("w"),
+        factory,
+    )
+    .expect("a valid config");
+    let w = Running {
+        shutdown: worker.shutdown_handle(),
+        status: worker.status(),
+        task: tokio::spawn(worker.run()),
+    };
+    let started = Instant::now();
+    let found = wait_until(Duration::from_secs(60), || failing(&w)).await;
+    assert!(found.is_some(), "{:?}", w.status.borrow());
+    let problems = reported(&w, "failing");
+    assert!(
+        problems[0].1.contains("checkpoint writes keep failing"),
+        "{problems:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    deny.store(false, Ordering::SeqCst);
+    let gone = wait_until(Duration::from_secs(20), || !failing(&w)).await;
+    assert!(gone.is_some(), "{:?}", w.status.borrow());
+    assert!(
+        !store.outputs().is_empty(),
+        "outputs committed once allowed"
+    );
+    stop(w).await;
+}

@@ -8,7 +8,7 @@ use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{Tenure, TenureError};
 use crate::mutation::{self, Mutation};
 use crate::types::{Checkpoint, ExtendedSequenceNumber, FencingToken, ShardId};
-use writes::WriteLog;
+pub(crate) use writes::WriteLog;
 
 /// Records a processor's progress in its shard's lease.
 ///

@@ -102,6 +102,7 @@ impl Committer {
             draining: false,
             ended: None,
             stop: stop.clone(),
+            writes: checkpointer.writes().clone(),
         };
         let run = async move {
             use futures_util::FutureExt as _;
@@ -166,6 +167,9 @@ struct Committing<T: Transact> {
     ended: Option<Ended>,
     /// The processor is gone: no new commit, nor part of one, starts.
     stop: CancellationToken,
+    /// Where commits that failed or applied are told, for the shard's progress (a shard
+    /// whose commits keep failing is `failing`).
+    writes: crate::checkpoint::WriteLog,
 }
 
 impl<T: Transact> Committing<T> {
@@ -230,6 +234,10 @@ impl<T: Transact> Committing<T> {
         // What could not commit yet (a key still running before it) is looked at again.
         let again = !self.computed.is_empty() && self.ended.is_none();
         self.due = again.then(|| Instant::now() + self.cadence.interval);
+        match &result {
+            Ok(()) => self.writes.applied(),
+            Err(error) => self.writes.failed(error),
+        }
         match &result {
             Ok(()) | Err(CheckpointError::LeaseLost { .. }) => {}
             Err(error @ CheckpointError::OutputRefused { .. }) => {
