@@ -302,7 +302,7 @@ fn not_ready(status: &Status, probes: Probes) -> Option<String> {
             n => format!(" and {n} more"),
         };
         return Some(format!(
-            "shard {}{more} failing: every attempt fails (see /status)",
+            "shard {}{more} failing: its attempts or its checkpoint writes keep failing (see /status)",
             first.key
         ));
     }

@@ -16,7 +16,8 @@
 //! - a held shard whose attempts keep failing: five in a row with no progress between them
 //!   (no batch processed without an error, no checkpoint moved), in `initialize`,
 //!   `process_records` or any hook, or reading; the processor is restarted at the backoff's
-//!   pace all along;
+//!   pace all along; or whose checkpoint writes keep failing (five in a row over 10 s, none
+//!   applied: a commit of outputs refused or denied), whatever its batches do;
 //! - a held shard whose reads fail in a way retrying cannot fix (a checkpoint the stream
 //!   does not have, access denied): the lease stays held and the read is retried at the
 //!   backoff's pace, so that nobody else fails on it too and a fix (`kcl-admin reset`) is
@@ -48,7 +49,8 @@ pub enum ProblemKind {
     /// [`stalled_after`](crate::WorkerConfig::stalled_after) while records past it wait.
     Stalled,
     /// A held shard whose attempts keep failing: five in a row with no progress between
-    /// them (a batch processed without an error, or the checkpoint moving).
+    /// them (a batch processed without an error, or the checkpoint moving); or whose
+    /// checkpoint writes keep failing (five in a row over 10 s, none applied).
     Failing,
 }
 
@@ -112,9 +114,11 @@ impl ProblemKind {
                  (a processor that checkpoints only when it stops: set stalled_after off)"
             }
             Self::Failing => {
-                "its processor is restarted from the last checkpoint at the backoff's pace and \
-                 fails every time (each error is logged): fix the processor or what it needs; a \
-                 record it always fails on is better set aside than failed"
+                "its processor fails every time (restarted from the last checkpoint at the \
+                 backoff's pace, each error logged), or its checkpoint writes do (a commit of \
+                 outputs refused or denied: the detail names the first error): fix the \
+                 processor or what it needs; a record it always fails on is better set aside \
+                 than failed"
             }
         }
     }
