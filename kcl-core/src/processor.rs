@@ -247,11 +247,13 @@ pub trait RecordProcessor: Send + 'static {
 
     /// Every record of the shard was delivered. The shard's children start only once this
     /// checkpoints (`checkpointer.checkpoint()` writes `SHARD_END`), which the default does.
+    /// A processor that commits outputs and keeps some across batches commits them here
+    /// (`commit_outputs` writes `SHARD_END`): the default's plain checkpoint passes them.
     fn shard_ended(
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> impl Future<Output = Result<(), BoxError>> + Send {
-        async move { checkpointer.checkpoint().await.map_err(BoxError::from) }
+        async move { checkpointer.end_shard().await.map_err(BoxError::from) }
     }
 
     /// The worker is shutting down or handing this shard to another worker: the last chance

@@ -124,6 +124,7 @@ impl Checkpointer {
                 }
             };
             self.commit_part(store, part, &update).await?;
+            self.committed = true;
         }
         Ok(())
     }

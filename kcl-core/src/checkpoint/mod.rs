@@ -49,6 +49,8 @@ pub struct Checkpointer {
     watermark: Arc<Watermark>,
     /// What became of this instance's writes, for the shard's progress.
     writes: WriteLog,
+    /// Whether this instance committed outputs ([`commit_outputs`](Self::commit_outputs)).
+    committed: bool,
 }
 
 /// A checkpoint written as pending by [`Checkpointer::prepare_checkpoint`], to be committed
@@ -76,6 +78,7 @@ impl Checkpointer {
             opened: None,
             shard_end: None,
             writes: WriteLog::default(),
+            committed: false,
         }
     }
 
@@ -158,6 +161,35 @@ impl Checkpointer {
     /// The last record handed to the processor, if any.
     pub fn last_delivered(&self) -> Option<&ExtendedSequenceNumber> {
         self.last_delivered.as_ref()
+    }
+
+    /// The default [`shard_ended`](crate::RecordProcessor::shard_ended): `SHARD_END` by
+    /// [`checkpoint`](Self::checkpoint). A processor that committed outputs and has records
+    /// delivered past its last commit is told at WARN: a plain `SHARD_END` passes them, and
+    /// writes it still holds for them are lost (it should commit them in `shard_ended`).
+    /// Not refused: a processor whose last records had no writes is right to end plainly,
+    /// and a refusal would keep the shard's children from starting for good.
+    pub(crate) async fn end_shard(&mut self) -> Result<(), CheckpointError> {
+        if self.committed
+            && let Some(last) = self.last_delivered.clone()
+        {
+            let current = self.tenure.snapshot().await.checkpoint;
+            let past = match &current {
+                Checkpoint::Sequence(at) => last > *at,
+                _ => true,
+            };
+            if past {
+                tracing::warn!(
+                    checkpoint = %current,
+                    last_delivered = %last,
+                    "the shard ended with records delivered past the last commit of outputs: \
+                     the default shard_ended checkpoints SHARD_END plainly, so writes this \
+                     processor still holds for them are lost; commit them in shard_ended \
+                     (Checkpointer::commit_outputs writes SHARD_END there)"
+                );
+            }
+        }
+        self.checkpoint().await
     }
 
     /// Checkpoints everything delivered so far ([`finished`](Self::finished) so far, when
