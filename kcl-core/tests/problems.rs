@@ -244,3 +244,48 @@ async fn a_processor_that_leaves_records_unchecked_is_reported_stalled() {
         w.task.await.unwrap().unwrap();
     }
 }
+
+/// The whole fleet cut off from the table for two failover times: every worker loses its
+/// leases and roles and fails to read the table (`store_reachable` false: `/readyz` fails).
+/// Once the table is back, a worker that ends up a plain follower holding leases reads the
+/// table only by asking which leases name it: those reads say the table is reachable again
+/// (it stayed unreachable, and the worker unready, for as long as it held leases).
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_every_worker_says_the_table_is_reachable_again() {
+    let (stream, store, seen) = world(6);
+    let b = Behaviour::default();
+    let ids = ["a", "b", "c"];
+    let workers: Vec<Running> = (ids.iter())
+        .map(|id| start(id, config(), &stream, &store, &seen, &b))
+        .collect();
+    let settled = wait_until(Duration::from_secs(60), || {
+        workers.iter().all(|w| held(w) == 2)
+    })
+    .await;
+    assert!(settled.is_some(), "the fleet did not settle");
+    for id in ids {
+        store.faults().partition(id);
+    }
+    let cut = wait_until(Duration::from_secs(60), || {
+        (workers.iter()).all(|w| held(w) == 0 && !w.status.borrow().store_reachable)
+    })
+    .await;
+    assert!(cut.is_some(), "the outage was not seen");
+    for id in ids {
+        store.faults().heal(id);
+    }
+    let back = wait_until(Duration::from_secs(120), || {
+        (workers.iter()).map(held).sum::<usize>() == 6 && workers.iter().all(|w| held(w) > 0)
+    })
+    .await;
+    assert!(back.is_some(), "the fleet did not take its leases back");
+    tokio::time::sleep(config().failover_time * 2).await;
+    for (id, w) in ids.iter().zip(&workers) {
+        let status = w.status.borrow().clone();
+        assert!(status.store_reachable, "{id} still unreachable: {status:?}");
+    }
+    for w in workers {
+        w.shutdown.shutdown();
+        let _ = w.task.await;
+    }
+}

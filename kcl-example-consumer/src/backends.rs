@@ -30,8 +30,9 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     let dead_letters = letters(&settings, Some(&sdk));
     let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
         .with_table_setup(settings.table_setup);
-    let table = exactly_once(&settings, &store).await?;
-    let factory = crate::window_counters(&settings, table);
+    let exactly_once = crate::exactly_once::setup(&settings, &store).await?;
+    let routes = exactly_once.as_ref().map(|e| e.routes.clone());
+    let factory = crate::window_counters(&settings, exactly_once.map(|e| e.table));
     match &settings.input {
         SourceSpec::Streams {
             names,
@@ -55,7 +56,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                 let name = given.get(id).cloned().unwrap_or_else(|| id.name.clone());
                 KinesisShardSource::new(&sdk, name)
             });
-            crate::run_worker(&settings, source, store, factory, dead_letters).await
+            crate::run_worker(&settings, source, store, factory, dead_letters, routes).await
         }
         SourceSpec::DynamoDbStreams {
             arns,
@@ -77,7 +78,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
                 kcl_aws::DynamoDbStreamsSource::for_stream_id(&sdk, id)
             });
-            crate::run_worker(&settings, source, store, factory, dead_letters).await
+            crate::run_worker(&settings, source, store, factory, dead_letters, routes).await
         }
         one @ (SourceSpec::Stream(_) | SourceSpec::DynamoDb { .. }) => {
             let source = open(&sdk, one).await?;
@@ -88,36 +89,9 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                     "reading a DynamoDB stream"
                 );
             }
-            crate::run_worker(&settings, source, store, factory, dead_letters).await
+            crate::run_worker(&settings, source, store, factory, dead_letters, routes).await
         }
     }
-}
-
-/// The table of `--exactly-once-table`, checked (created, under `--table-setup managed`, if
-/// it is missing): its writes commit through `store`, the worker's lease store.
-#[cfg(feature = "aws")]
-async fn exactly_once(
-    settings: &Settings,
-    store: &kcl_aws::DynamoDbLeaseStore,
-) -> anyhow::Result<Option<std::sync::Arc<dyn kcl_example_consumer::table::WindowTable>>> {
-    use kcl_example_consumer::table::dynamodb;
-    let Some(table) = &settings.exactly_once_table else {
-        return Ok(None);
-    };
-    let create = settings.table_setup == kcl_aws::TableSetup::Managed;
-    dynamodb::ensure_table(store.client(), table, create)
-        .await
-        .map_err(|e| {
-            anyhow::Error::new(e).context("invalid setting `exactly-once-table`".to_owned())
-        })?;
-    tracing::info!(
-        table,
-        "each window's counts commit with its checkpoint, exactly once"
-    );
-    Ok(Some(std::sync::Arc::new(dynamodb::windows(
-        store.clone(),
-        table,
-    ))))
 }
 
 /// The one stream `spec` names, opened: a DynamoDB table's current stream, or the stream ARN
@@ -199,6 +173,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 store.client(&worker_id),
                 factory,
                 dead_letters,
+                None,
             )
             .await;
             (producer, result)
@@ -231,6 +206,7 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                 store.client(&worker_id),
                 factory,
                 dead_letters,
+                None,
             )
             .await;
             (producer, result)

@@ -7,6 +7,8 @@ mod backends;
 mod cli;
 mod cost;
 mod demo;
+#[cfg(feature = "aws")]
+mod exactly_once;
 mod fault;
 mod settings;
 mod summary;
@@ -203,6 +205,7 @@ pub(crate) async fn run_worker<S, L, F>(
     store: L,
     factory: F,
     letters: Option<DeadLetters>,
+    routes: Option<axum::Router>,
 ) -> anyhow::Result<ExitCode>
 where
     S: ShardSource,
@@ -234,7 +237,10 @@ where
         )
     })?;
     let options = http::Options {
-        routes: summary.as_ref().and_then(|s| s.routes.clone()),
+        routes: [summary.as_ref().and_then(|s| s.routes.clone()), routes]
+            .into_iter()
+            .flatten()
+            .reduce(axum::Router::merge),
         on_signal: summary
             .as_ref()
             .map_or_else(CancellationToken::new, |s| s.stop.clone()),

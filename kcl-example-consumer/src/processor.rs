@@ -16,7 +16,9 @@
 //! With a [`WindowTable`] ([`WindowCounter::with_table`], the binary's
 //! `--exactly-once-table`), each closed window's counts are also committed in the same
 //! transaction as the checkpoint at its last record: the table holds every window's count
-//! exactly once, whatever crashes, freezes and handoffs happen (see [`crate::table`]).
+//! exactly once, whatever crashes, freezes and handoffs happen (see [`crate::table`]). On
+//! opening a shard it compares the lease's checkpoint with the table's position of the shard
+//! and reports records checkpointed without their windows ([`crate::table::step`]).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -25,11 +27,11 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use kcl_core::{
-    BoxError, CheckpointError, Checkpointer, ExtendedSequenceNumber, ProcessRecordsInput, Record,
-    RecordProcessor, ShardId,
+    BoxError, Checkpoint, CheckpointError, Checkpointer, ExtendedSequenceNumber,
+    InitializationInput, ProcessRecordsInput, Record, RecordProcessor, ShardId,
 };
 
-use crate::table::{Closed, WindowTable};
+use crate::table::{Closed, CommitFailed, Through, WindowTable};
 pub use crate::window::{KeyCount, WindowSummary};
 
 /// How long past its end a window waits, on a quiet shard, for records that arrived before
@@ -184,6 +186,8 @@ pub struct WindowCounter<S> {
     sink: S,
     clock: Clock,
     table: Option<Arc<dyn WindowTable>>,
+    /// The lease's checkpoint, as opened and then committed.
+    stored: Checkpoint,
 }
 
 /// The wall clock, read as its value at the processor's start plus the monotonic time since
@@ -212,6 +216,7 @@ impl<S: WindowSink> WindowCounter<S> {
                 start: tokio::time::Instant::now(),
             },
             table: None,
+            stored: Checkpoint::TrimHorizon,
         }
     }
 
@@ -223,26 +228,39 @@ impl<S: WindowSink> WindowCounter<S> {
         self
     }
 
-    /// Emits `closed` windows, then checkpoints at `position` (`None`: everything delivered),
-    /// committing the windows with the checkpoint when there is a table.
+    /// Emits `closed` windows, then checkpoints `through`, committing the windows with the
+    /// checkpoint when there is a table.
     async fn emit_and_commit(
-        &self,
+        &mut self,
         checkpointer: &mut Checkpointer,
         closed: Vec<Closed>,
-        position: Option<ExtendedSequenceNumber>,
-    ) -> Result<Result<(), CheckpointError>, BoxError> {
+        through: Through,
+    ) -> Result<Result<(), CommitFailed>, BoxError> {
         for (summary, _) in &closed {
             self.sink.emit(summary)?;
         }
-        Ok(match (&self.table, position) {
-            (Some(table), position) => table.commit(checkpointer, closed, position).await,
-            (None, Some(position)) => checkpointer.checkpoint_at(position).await,
-            (None, None) => checkpointer.checkpoint().await,
-        })
+        let Some(table) = self.table.clone() else {
+            let plain = match through {
+                Through::Record(position) => checkpointer.checkpoint_at(position).await,
+                Through::Delivered | Through::ShardEnd => checkpointer.checkpoint().await,
+            };
+            return Ok(plain.map_err(CommitFailed::from));
+        };
+        Ok(table
+            .commit(checkpointer, closed, &mut self.stored, through)
+            .await)
     }
 }
 
 impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
+    async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
+        self.stored = input.checkpoint.clone();
+        if let Some(table) = &self.table {
+            table.open(&input.shard_id, &input.checkpoint).await?;
+        }
+        Ok(())
+    }
+
     async fn process_records(
         &mut self,
         input: ProcessRecordsInput<'_>,
@@ -267,7 +285,7 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         let emitted = closed.len();
         if let Some(position) = closed.last().map(|(_, last)| last.clone()) {
             checkpoint(
-                self.emit_and_commit(checkpointer, closed, Some(position))
+                self.emit_and_commit(checkpointer, closed, Through::Record(position))
                     .await?,
             )?;
         }
@@ -299,7 +317,8 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
         let closed = self.windows.close(true).into_iter().collect();
         // SHARD_END: lets the child shards start.
-        self.emit_and_commit(checkpointer, closed, None).await??;
+        self.emit_and_commit(checkpointer, closed, Through::ShardEnd)
+            .await??;
         Ok(())
     }
 
@@ -308,15 +327,18 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let closed = self.windows.close(false).into_iter().collect();
-        checkpoint(self.emit_and_commit(checkpointer, closed, None).await?)
+        checkpoint(
+            self.emit_and_commit(checkpointer, closed, Through::Delivered)
+                .await?,
+        )
     }
 }
 
 /// A lost lease is not a processor failure: the worker notices and stops the shard.
-fn checkpoint(result: Result<(), CheckpointError>) -> Result<(), BoxError> {
+fn checkpoint(result: Result<(), CommitFailed>) -> Result<(), BoxError> {
     match result {
         Ok(()) => Ok(()),
-        Err(CheckpointError::LeaseLost { shard }) => {
+        Err(CommitFailed::Checkpoint(CheckpointError::LeaseLost { shard })) => {
             tracing::warn!(%shard, "checkpoint refused: lease lost");
             Ok(())
         }
@@ -326,7 +348,7 @@ fn checkpoint(result: Result<(), CheckpointError>) -> Result<(), BoxError> {
 
 #[cfg(test)]
 #[allow(clippy::panic)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Mutex;
 
     use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
@@ -393,8 +415,9 @@ mod tests {
         assert!(w.close(true).is_none());
     }
 
+    /// Collects the window lines.
     #[derive(Debug, Default)]
-    struct Collect(Mutex<Vec<WindowSummary>>);
+    pub(crate) struct Collect(pub(crate) Mutex<Vec<WindowSummary>>);
 
     impl WindowSink for Collect {
         fn emit(&self, summary: &WindowSummary) -> Result<(), BoxError> {
@@ -454,70 +477,6 @@ mod tests {
         assert!(matches!(running.await, Ok(Ok(()))));
         let after = sink.0.lock().map(|v| v.len()).unwrap_or_default();
         assert_eq!(after, 1, "nothing left open at shutdown");
-    }
-
-    /// With a table: each window's count commits with its checkpoint. A graceful stop in the
-    /// middle of a window emits it early and commits what it counted; the next worker adds
-    /// the rest to the same item. The table ends with every record counted once, each
-    /// window's item holding what its lines say.
-    #[tokio::test(start_paused = true)]
-    async fn a_table_counts_each_record_once_across_a_handoff() {
-        use kcl_core::memory::MemoryWrite;
-
-        use crate::table::{Transactional, WindowTable};
-
-        let stream = MemoryStream::new(2);
-        let store = MemoryLeaseStore::new();
-        let sink = Arc::new(Collect::default());
-        let key = |w: &WindowSummary| format!("{}/{}", w.shard, w.window_start.timestamp_millis());
-        let table: Arc<dyn WindowTable> = Arc::new(Transactional::new(store.clone(), move |w| {
-            MemoryWrite::add(key(w), i64::try_from(w.records).unwrap_or(i64::MAX))
-        }));
-        let config = WorkerConfig::default()
-            .failover_time(Duration::from_secs(3))
-            .idle_time_between_reads(Duration::from_millis(100));
-        let mut produced = 0u64;
-        for worker in ["a", "b"] {
-            let factory = {
-                let (sink, table) = (sink.clone(), table.clone());
-                move |shard: &ShardId| {
-                    WindowCounter::new(shard, Duration::from_secs(2), 10, sink.clone())
-                        .with_table(table.clone())
-                }
-            };
-            let worker = Worker::new(
-                worker,
-                config.clone(),
-                stream.clone(),
-                store.clone(),
-                factory,
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
-            let shutdown = worker.shutdown_handle();
-            let running = tokio::spawn(worker.run());
-            for i in 0..30 {
-                stream.put(&format!("{}-key", i % 7), format!("record-{produced}"));
-                produced += 1;
-                tokio::time::sleep(Duration::from_millis(130)).await;
-            }
-            shutdown.shutdown();
-            assert!(matches!(running.await, Ok(Ok(()))));
-        }
-        let lines = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
-        let items = store.outputs();
-        let counted: i64 = items.values().map(|item| item.count).sum();
-        assert_eq!(counted, i64::try_from(produced).unwrap_or(0), "{items:?}");
-        let mut by_window: HashMap<String, i64> = HashMap::new();
-        for line in &lines {
-            *by_window.entry(key(line)).or_default() += i64::try_from(line.records).unwrap_or(0);
-        }
-        let table_counts: HashMap<String, i64> =
-            items.into_iter().map(|(k, item)| (k, item.count)).collect();
-        assert_eq!(by_window, table_counts);
-        assert!(
-            lines.iter().any(|w| !w.complete),
-            "a window was emitted early at the stop: {lines:?}"
-        );
     }
 
     /// Through a real worker: windows close as time passes, every record is counted once,

@@ -4,10 +4,21 @@
 //! time), then is stopped with SIGTERM (its open windows emitted early and committed): the
 //! table counts every record exactly once, while the window lines on stdout, printed before
 //! each commit, may count some twice (reported).
+//!
+//! And against an operator's mistakes: a worker of the application without the flag (its
+//! records' windows missing, reported by the next worker with it), a second application on
+//! the same table (refused, and writing nothing even once the table's application item is
+//! deleted), a table of another key (refused at start, naming the attribute), a missing table
+//! (named at start) and one deleted while running (the shard's checkpoint stays, and every
+//! record after it is counted once the table is back).
 
 #![allow(clippy::print_stderr)]
 
 mod common;
+#[path = "exactly_once_table/mistakes.rs"]
+mod mistakes;
+#[path = "exactly_once_table/procs.rs"]
+mod procs;
 
 use std::time::Duration;
 

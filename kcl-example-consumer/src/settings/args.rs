@@ -271,7 +271,10 @@ pub(crate) struct RunArgs {
     /// checkpoint at the window's last record, conditioned on this worker's lease, so no
     /// crash, freeze or handoff adds a record twice or loses one. The table is the lease
     /// table's account and region; created on demand (partition key `shard`, sort key
-    /// `window_start`) unless --table-setup is external. Off unless set; needs backend aws.
+    /// `window_start`, both strings) unless --table-setup is external. It belongs to one
+    /// application (another is refused), and holds each shard's position, against which
+    /// records checkpointed by a worker without this flag are reported (`GET
+    /// /exactly-once`). Off unless set; needs backend aws.
     #[arg(long, value_name = "TABLE")]
     pub(crate) exactly_once_table: Option<String>,
 

@@ -81,9 +81,15 @@ impl Following {
             Err(error) if error.kind().is_permanent() => return Err(Error::Store(error)),
             Err(error) => {
                 tracing::warn!(%error, "reading which leases name this worker failed");
+                w.report.reachable(false);
                 return Ok(());
             }
         };
+        // A follower holding leases reads the table only this way: it says the table can
+        // be read again here, or a failed read of the whole table from before it held
+        // them would keep it unready for as long as it holds them.
+        w.report.reachable(true);
+        w.report.solved();
         self.owner_query_at = Some(Instant::now());
         roles.assigned(&mine);
         adopt(w, state.taking(), mine).await;
