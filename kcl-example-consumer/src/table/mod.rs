@@ -154,7 +154,7 @@ pub trait Items: Send + Sync + fmt::Debug + 'static {
     /// Moves the position item of `mismatch`'s shard from the table's position it found to
     /// its lease's checkpoint, recording the mismatch; false if the item changed meanwhile.
     fn realign<'a>(&'a self, mismatch: &'a Mismatch) -> BoxFuture<'a, Result<bool, TableError>>;
-    /// After a commit of `shard` failed in the store: [`TableError::Gone`] if the table is.
+    /// After a commit of `shard` failed: [`TableError::Gone`] if the table is.
     fn diagnose<'a>(&'a self, shard: &'a ShardId) -> BoxFuture<'a, Option<TableError>>;
 }
 
@@ -233,8 +233,9 @@ impl<I: Items> Transactional<I> {
     async fn explain(&self, shard: &ShardId, source: CheckpointError) -> CommitFailed {
         let table = match &source {
             CheckpointError::OutputRefused { .. } => self.other_application(shard).await,
-            CheckpointError::Store { .. } => self.items.diagnose(shard).await,
-            _ => None,
+            CheckpointError::LeaseLost { .. } | CheckpointError::Backwards { .. } => None,
+            // The store's error (a table missing is one), or any other.
+            _ => self.items.diagnose(shard).await,
         };
         match table {
             Some(table) => CommitFailed::Table { table, source },
