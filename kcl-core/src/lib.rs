@@ -93,6 +93,10 @@ mod worker;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod memory;
 
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
+
 pub use autoscale::FleetSignals;
 pub use checkpoint::{Checkpointer, PreparedCheckpoint};
 pub use config::{
