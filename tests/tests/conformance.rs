@@ -3,9 +3,9 @@
 //! own (with the owner index and a stream, read as the change feed), and the commit checks
 //! of its exactly-once outputs (`TransactWriteItems`) on an output table beside it.
 //!
-//! Where DynamoDB's store does not do what the in-memory store (the reference) does, the
-//! check is listed in `known_failures`: it still runs, says how it fails, and fails the day
-//! it passes.
+//! Where a store does not do what the in-memory store (the reference) does, the check can be
+//! listed in `known_failures`: it still runs, says how it fails, and fails the day it passes.
+//! DynamoDB's store conforms in full.
 
 #![allow(clippy::expect_used, clippy::panic)]
 
@@ -26,15 +26,7 @@ async fn fresh_store() -> Option<DynamoDbLeaseStore> {
     }
 }
 
-kcl_core::lease_store_conformance!(fresh_store().await; known_failures = [
-    // An UpdateItem conditioned on `attribute_not_exists(leaseOwner)` holds for an item
-    // that does not exist: DynamoDB creates a row of `leaseKey` and `handoffTo` alone,
-    // which no reader can parse (the call answers Fatal, not Conflict).
-    "request_handoff_on_a_missing_row_is_refused",
-    // The take's `REMOVE restartGraceMillis` and the update's `SET restartGraceMillis` in
-    // one UpdateItem: DynamoDB refuses the expression (two document paths overlap).
-    "reset_keeps_a_restart_grace_its_update_sets",
-]);
+kcl_core::lease_store_conformance!(fresh_store().await);
 
 /// DynamoDB's commits, on an output table keyed by `id` whose items count in `n`.
 #[derive(Debug)]

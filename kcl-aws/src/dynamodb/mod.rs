@@ -498,6 +498,10 @@ impl LeaseStore for DynamoDbLeaseStore {
         to: Option<&WorkerId>,
     ) -> Result<(), BackendError> {
         let mut e = Expr::owner_as(observed);
+        // A missing row has no owner either: without this, an unowned `observed` would make
+        // a row of the key and `handoffTo` alone, which no reader can parse.
+        let key = e.name(schema::LEASE_KEY);
+        e.and(&format!("attribute_exists({key})"));
         match to {
             Some(to) => e.set(HANDOFF_TO, AttributeValue::S(to.as_str().to_owned())),
             None => e.remove(HANDOFF_TO),
@@ -534,8 +538,12 @@ impl LeaseStore for DynamoDbLeaseStore {
         e.set(LEASE_OWNER, AttributeValue::S(owner.as_str().to_owned()))
             .set(schema::FENCE, schema::number(observed.counter + 1))
             .remove(HANDOFF_TO)
-            .remove(CHECKPOINT_OWNER)
-            .remove(schema::RESTART_GRACE);
+            .remove(CHECKPOINT_OWNER);
+        // A take ends a restart grace, unless the update sets one (one path cannot be both
+        // set and removed in an expression).
+        if update.restart_grace.is_none() {
+            e.remove(schema::RESTART_GRACE);
+        }
         e.checkpoint(&observed.key, update, observed.counter);
         self.update(Operation::Reset, &observed.key, e).await
     }
