@@ -1,0 +1,253 @@
+//! Postgres and pool errors → [`ErrorKind`], in one place.
+//!
+//! The worker's retry decisions depend only on the [`ErrorKind`] of a [`BackendError`]. An
+//! error is first reduced to a [`Cause`] (from its SQLSTATE, or what failed when the server
+//! never answered), and the cause mapped with one exhaustive `match`: adding a cause forces a
+//! decision about its kind, whether the connection is worth keeping, and what to tell the
+//! operator. A refused condition is no error here: a conditional statement that matched no
+//! row is [`ErrorKind::Conflict`], decided by the store.
+//!
+//! No message carries the connection string: tokio-postgres's errors do not include it, and
+//! the context added here is the operation, the application and the lease key.
+
+use deadpool_postgres::{PoolError, TimeoutType};
+use kcl_core::{BackendError, ErrorKind};
+
+/// What an error means, whatever the statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The connection could not be made or broke, or the server is going away (SQLSTATE
+    /// class 08, 57P01–57P03, an I/O error): try again on another connection.
+    Connection,
+    /// The pool had no free connection in time: too many calls at once.
+    PoolBusy,
+    /// A serialization failure or deadlock (40001, 40P01), a lock not available (55P03,
+    /// 55006), a statement ended by `statement_timeout` (57014), an object created by
+    /// another worker at the same instant (23505, 42P07, 42710), the server's internal
+    /// errors (58, XX): try again.
+    Transient,
+    /// The server is short of connections, memory or disk (class 53): back off.
+    Resources,
+    /// The connection is to a server that cannot write (25006: a standby, after a
+    /// failover): try again on a new connection.
+    ReadOnly,
+    /// A prepared statement no longer matches the table (0A000 "cached plan must not change
+    /// result type", after the table was changed): try again on a new connection.
+    StalePlan,
+    /// The lease table does not exist (42P01).
+    NoTable,
+    /// The table lacks a column this crate uses (42703): older than this crate.
+    OldTable,
+    /// The role lacks a privilege (42501).
+    Privilege,
+    /// Authentication failed or the role may not connect (class 28).
+    Auth,
+    /// The database named does not exist (3D000).
+    NoDatabase,
+    /// The server's certificate was refused.
+    Certificate,
+    /// Anything else: an invalid statement or value, a pool that was closed.
+    Invalid,
+}
+
+impl Cause {
+    /// Classifies a SQLSTATE, with the server's message for the one code that needs it.
+    pub(crate) fn of_sqlstate(code: &str, message: &str) -> Self {
+        match code {
+            "40001" | "40P01" | "55P03" | "55006" | "57014" => Self::Transient,
+            "23505" | "42P07" | "42710" => Self::Transient,
+            "25006" => Self::ReadOnly,
+            "57P01" | "57P02" | "57P03" => Self::Connection,
+            "0A000" if message.contains("cached plan must not change result type") => {
+                Self::StalePlan
+            }
+            "42P01" => Self::NoTable,
+            "42703" => Self::OldTable,
+            "42501" => Self::Privilege,
+            "3D000" => Self::NoDatabase,
+            _ => match code.get(..2) {
+                Some("08") => Self::Connection,
+                Some("53") => Self::Resources,
+                Some("28") => Self::Auth,
+                Some("58" | "XX") => Self::Transient,
+                _ => Self::Invalid,
+            },
+        }
+    }
+
+    /// Classifies an error of tokio-postgres.
+    pub(crate) fn of(error: &tokio_postgres::Error) -> Self {
+        match error.as_db_error() {
+            Some(db) => Self::of_sqlstate(db.code().code(), db.message()),
+            None if refused_certificate(error) => Self::Certificate,
+            // No answer from the server: connecting, TLS, I/O, a closed connection.
+            None => Self::Connection,
+        }
+    }
+
+    /// Classifies an error of the pool.
+    pub(crate) fn of_pool(error: &PoolError) -> Self {
+        match error {
+            PoolError::Timeout(TimeoutType::Wait) => Self::PoolBusy,
+            PoolError::Timeout(TimeoutType::Create | TimeoutType::Recycle) => Self::Connection,
+            PoolError::Backend(e) => Self::of(e),
+            PoolError::PostCreateHook(_) | PoolError::Closed | PoolError::NoRuntimeSpecified => {
+                Self::Invalid
+            }
+        }
+    }
+
+    /// The core's kind for this cause, whether the connection that met it is to be dropped
+    /// rather than reused, and what to tell the operator. The one exhaustive match.
+    pub(crate) fn decide(self) -> (ErrorKind, bool, &'static str) {
+        match self {
+            Self::Connection => (ErrorKind::Retryable, true, ""),
+            Self::PoolBusy => (
+                ErrorKind::Throttled,
+                false,
+                " (every connection of the pool was busy: a larger pool_size, or a longer pool_wait)",
+            ),
+            Self::Transient => (ErrorKind::Retryable, false, ""),
+            Self::Resources => (ErrorKind::Throttled, false, ""),
+            Self::ReadOnly => (
+                ErrorKind::Retryable,
+                true,
+                " (a read-only server: after a failover, target_session_attrs=read-write on the URL finds the new primary)",
+            ),
+            Self::StalePlan => (ErrorKind::Retryable, true, ""),
+            Self::NoTable => (
+                ErrorKind::NotFound,
+                false,
+                " (create it: ensure_table does under TableSetup::Managed, or apply kcl-postgres/schema.sql)",
+            ),
+            Self::OldTable => (
+                ErrorKind::Fatal,
+                false,
+                " (the table is older than this kcl-postgres: apply its kcl-postgres/schema.sql)",
+            ),
+            Self::Privilege => (
+                ErrorKind::Fatal,
+                false,
+                " (the role needs SELECT, INSERT, UPDATE, DELETE on kcl_leases, and CREATE on its schema under TableSetup::Managed)",
+            ),
+            Self::Auth => (
+                ErrorKind::Fatal,
+                false,
+                " (check the user and password of the connection string, and pg_hba.conf)",
+            ),
+            Self::NoDatabase => (
+                ErrorKind::Fatal,
+                false,
+                " (create the database, or name another in the connection string)",
+            ),
+            Self::Certificate => (
+                ErrorKind::Fatal,
+                false,
+                " (the server's certificate was refused: give its CA with sslrootcert, or sslmode=require to encrypt without verifying)",
+            ),
+            Self::Invalid => (ErrorKind::Fatal, false, ""),
+        }
+    }
+}
+
+/// Whether a rustls error is in `error`'s chain (tokio-rustls wraps it in an `io::Error`,
+/// whose `source` skips it).
+fn refused_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        if e.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// What failed, for the error's message: the operation's object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Subject<'a> {
+    pub(crate) application: &'a str,
+    pub(crate) key: Option<&'a str>,
+}
+
+impl std::fmt::Display for Subject<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.key {
+            Some(key) => write!(
+                f,
+                "lease {key} of application {} in kcl_leases",
+                self.application
+            ),
+            None => write!(f, "application {} in kcl_leases", self.application),
+        }
+    }
+}
+
+/// What the server said (its message and SQLSTATE), or what failed before it could answer.
+pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => kcl_core::error_chain(error),
+    }
+}
+
+/// What failed before the pool could lend a connection.
+pub(crate) fn describe_pool(error: &PoolError) -> String {
+    match error {
+        PoolError::Backend(e) => describe(e),
+        other => other.to_string(),
+    }
+}
+
+/// A failed call: its kind, and whether its connection is to be dropped.
+pub(crate) fn backend_error(
+    operation: &'static str,
+    subject: Subject<'_>,
+    cause: Cause,
+    detail: &str,
+    source: impl Into<kcl_core::BoxError>,
+) -> (BackendError, bool) {
+    let (kind, drop_connection, hint) = cause.decide();
+    let message = format!("{subject}: {detail}{hint}");
+    let error = BackendError::new(kind, operation, message).with_source(source);
+    (error, drop_connection)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_map_to_kinds() {
+        let kind = |code: &str| Cause::of_sqlstate(code, "").decide().0;
+        assert_eq!(kind("40001"), ErrorKind::Retryable, "serialization failure");
+        assert_eq!(kind("40P01"), ErrorKind::Retryable, "deadlock");
+        assert_eq!(kind("08006"), ErrorKind::Retryable, "connection failure");
+        assert_eq!(kind("57P01"), ErrorKind::Retryable, "admin shutdown");
+        assert_eq!(kind("57014"), ErrorKind::Retryable, "statement timeout");
+        assert_eq!(kind("53300"), ErrorKind::Throttled, "too many connections");
+        assert_eq!(kind("42P01"), ErrorKind::NotFound, "no table");
+        assert_eq!(kind("42703"), ErrorKind::Fatal, "no column");
+        assert_eq!(kind("28P01"), ErrorKind::Fatal, "bad password");
+        assert_eq!(kind("42601"), ErrorKind::Fatal, "syntax error");
+        assert_eq!(kind("22003"), ErrorKind::Fatal, "out of range");
+        assert_eq!(kind("XX000"), ErrorKind::Retryable, "internal error");
+        assert_eq!(kind("25006"), ErrorKind::Retryable, "read-only");
+        let stale = Cause::of_sqlstate("0A000", "cached plan must not change result type");
+        assert_eq!(stale.decide().0, ErrorKind::Retryable);
+        assert!(stale.decide().1, "a stale plan's connection is dropped");
+        assert_eq!(kind("0A000"), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn a_busy_pool_is_throttled() {
+        let busy = Cause::of_pool(&PoolError::Timeout(TimeoutType::Wait));
+        assert_eq!(busy.decide().0, ErrorKind::Throttled);
+        let slow = Cause::of_pool(&PoolError::Timeout(TimeoutType::Create));
+        assert_eq!(slow.decide().0, ErrorKind::Retryable);
+    }
+}

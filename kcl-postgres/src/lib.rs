@@ -1,0 +1,110 @@
+//! A [`kcl_core::LeaseStore`] on Postgres: a fleet keeps its leases and checkpoints in a
+//! Postgres table instead of DynamoDB, and runs with Kinesis and Postgres only.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), kcl_core::BackendError> {
+//! use kcl_postgres::PostgresLeaseStore;
+//! // The URL from the application's own settings (this crate reads no environment).
+//! let url = "postgres://kcl:secret@db.internal:5432/kcl?sslmode=verify-full";
+//! let leases = PostgresLeaseStore::connect(url, "orders-app").await?;
+//! // Worker::builder(stream, leases) … as with any store.
+//! # Ok(()) }
+//! ```
+//!
+//! Why it is written the way it is:
+//! - **One table for every application**, `kcl_leases`, keyed by (application, lease key),
+//!   with every field of a lease a typed column ([`SCHEMA_SQL`], shipped as
+//!   `kcl-postgres/schema.sql` for teams that run their own migrations). The store creates
+//!   it on [`ensure_table`](kcl_core::LeaseStore::ensure_table) unless told
+//!   [`TableSetup::External`].
+//! - **Every write is one conditional statement** (`UPDATE … WHERE owner IS NOT DISTINCT
+//!   FROM $ AND counter = $ … RETURNING …`), autocommitted: no read-modify-write, no
+//!   transaction held across a round trip. Under READ COMMITTED (the default) the row lock
+//!   serialises two writers and the second re-checks its condition against the first's row,
+//!   so exactly one of two takes wins. A statement that matched no row is
+//!   [`ErrorKind::Conflict`](kcl_core::ErrorKind::Conflict).
+//! - **The owner index** is a partial index on (application, owner); `owned_by` queries it
+//!   and is current, not eventually consistent. **No change feed**: observers read the
+//!   application's rows whole (see `extras` for why LISTEN/NOTIFY does not fit).
+//! - **Every request is counted** by operation ([`kcl_core::lease::usage`]), with the rows
+//!   reads returned; Postgres bills no capacity units, so those stay zero.
+//! - **Errors** are mapped from SQLSTATE in one match (see `error`), with the operation,
+//!   application and lease key; never the connection string.
+//!
+//! The client: [tokio-postgres](https://docs.rs/tokio-postgres), the Postgres client most
+//! async Rust services use, plain SQL and no ORM, prepared statements and SQLSTATE codes as
+//! typed values; its pool is [deadpool-postgres](https://docs.rs/deadpool-postgres) (small,
+//! tokio-only, caches prepared statements per connection). TLS is rustls with aws-lc-rs
+//! through tokio-postgres-rustls, the provider the AWS SDK already builds, with libpq's
+//! `sslmode` meanings ([`TlsMode`]). sqlx was the other candidate: its pool and TLS are
+//! built in, but it brings its own runtime layer, many more crates, and its query macros'
+//! appeal (checking SQL at build time) needs a database at build time; eleven constant
+//! statements do not need it.
+
+mod call;
+mod config;
+mod error;
+mod extras;
+mod schema;
+mod sql;
+mod store;
+mod tls;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use deadpool_postgres::Pool;
+use kcl_core::BackendError;
+use kcl_core::lease::usage::Usage;
+
+pub use self::config::{PostgresLeaseStoreBuilder, TableSetup};
+pub use self::schema::SCHEMA_SQL;
+pub use self::tls::TlsMode;
+
+/// A [`LeaseStore`](kcl_core::LeaseStore) on a Postgres table shared by applications. See
+/// the crate docs. Clones share the pool, the counts and the unreadable rows.
+#[derive(Debug, Clone)]
+pub struct PostgresLeaseStore {
+    pool: Pool,
+    application: Arc<str>,
+    setup: TableSetup,
+    usage: Usage,
+    /// Rows the last whole read could not parse, by key.
+    unreadable: Arc<Mutex<BTreeMap<Option<String>, String>>>,
+}
+
+impl PostgresLeaseStore {
+    /// A store of `application`'s leases in the database of `url`, once one connection could
+    /// be opened; the defaults of [`builder`](Self::builder). `url` is a libpq connection
+    /// string (`postgres://user:password@host:port/database?sslmode=verify-full`, or
+    /// `host=… user=…` words).
+    pub async fn connect(url: &str, application: &str) -> Result<Self, BackendError> {
+        Self::builder(url, application).connect().await
+    }
+
+    /// A builder of a store of `application`'s leases in the database of `url`: the pool's
+    /// size, TLS, timeouts and who looks after the table.
+    pub fn builder(url: &str, application: &str) -> PostgresLeaseStoreBuilder {
+        PostgresLeaseStoreBuilder::new(url, application)
+    }
+
+    pub(crate) fn new(pool: Pool, application: String, setup: TableSetup) -> Self {
+        Self {
+            pool,
+            application: application.into(),
+            setup,
+            usage: Usage::default(),
+            unreadable: Arc::default(),
+        }
+    }
+
+    /// The application whose leases this store reads and writes.
+    pub fn application(&self) -> &str {
+        &self.application
+    }
+
+    /// Opens a connection (or finds one open): the server answers and takes the credentials.
+    pub(crate) async fn check_connection(&self) -> Result<(), BackendError> {
+        self.lend("connect", None).await.map(call::Lent::give_back)
+    }
+}
