@@ -75,6 +75,19 @@ impl PostgresLeaseStore {
         })
     }
 
+    /// One row.
+    async fn read_one(
+        &self,
+        operation: Operation,
+        key: &ShardId,
+    ) -> Result<Option<Lease>, BackendError> {
+        let params: crate::call::Params<'_> = &[&&*self.application, &key.as_str()];
+        let rows = self.query(operation, Some(key), sql::GET, params).await?;
+        rows.first()
+            .map(|row| self.written(operation, key, row))
+            .transpose()
+    }
+
     /// Every row of the application; those that cannot be read are kept for `unreadable`.
     async fn read_all(&self, operation: Operation) -> Result<Vec<Lease>, BackendError> {
         let rows = self
@@ -144,13 +157,12 @@ impl LeaseStore for PostgresLeaseStore {
     }
 
     async fn get(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
-        let params: crate::call::Params<'_> = &[&&*self.application, &key.as_str()];
-        let rows = self
-            .query(Operation::Get, Some(key), sql::GET, params)
-            .await?;
-        rows.first()
-            .map(|row| self.written(Operation::Get, key, row))
-            .transpose()
+        self.read_one(Operation::Get, key).await
+    }
+
+    /// The same read as [`get`](LeaseStore::get), counted as a peek.
+    async fn peek(&self, key: &ShardId) -> Result<Option<Lease>, BackendError> {
+        self.read_one(Operation::Peek, key).await
     }
 
     async fn create(&self, lease: &Lease) -> Result<bool, BackendError> {
