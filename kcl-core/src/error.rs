@@ -198,6 +198,23 @@ pub enum CheckpointError {
         /// What the store said.
         reason: String,
     },
+    /// The store refused an output of this record as invalid (DynamoDB: an item over 400 KB,
+    /// a malformed key or number, two writes of one item), so its transaction did not apply
+    /// and never can: the outputs and checkpoint stand where the transactions before it left
+    /// them, the records before it included when the store did not say which write it was
+    /// (each record's writes were then committed alone until one failed). Give the record up
+    /// (dead-letter it, skip it) or fix the processor.
+    #[error(
+        "an output of record {record} on shard {shard} was refused by the store as invalid: {reason}"
+    )]
+    OutputInvalid {
+        /// The shard.
+        shard: ShardId,
+        /// The output's record.
+        record: ExtendedSequenceNumber,
+        /// What the store said.
+        reason: String,
+    },
     /// The write failed for a reason other than a lost lease; the caller may retry.
     #[error("checkpoint write on shard {shard} failed")]
     Store {

@@ -70,7 +70,8 @@ pub const LEASES_RELEASED: &str = "kcl_leases_released_total";
 pub const CHECKPOINTS: &str = "kcl_checkpoints_total";
 /// Transactional checkpoints ([`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs),
 /// [`Parallel::with_outputs`](crate::Parallel::with_outputs)) by outcome (counter, `outcome`:
-/// `committed`, `refused` by an output's own condition, `lease_lost`, `behind`: the row's
+/// `committed`, `refused` by an output's own condition, `invalid`: refused by the store as
+/// invalid, `lease_lost`, `behind`: the row's
 /// checkpoint had moved, nothing applied; `failed`: the store's error, after the retries;
 /// and `retried`, once per attempt retried after a retryable error or a conflict, so that
 /// the other outcomes count each commit once).

@@ -282,6 +282,60 @@ async fn a_write_refused_by_its_condition_refuses_the_whole_commit() -> anyhow::
     .await
 }
 
+/// 3b. An item over 400 KB: DynamoDB (moto too) refuses the whole request with a
+/// `ValidationException`, naming no write. The part is committed again one record at a time:
+/// the record before it commits, the one over the limit is named, nothing after it applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_over_400_kb_is_found_and_named_by_its_record() -> anyhow::Result<()> {
+    test("transact-invalid", 90, async |ctx| {
+        let setup = Setup {
+            shards: 1,
+            records: records("v", 3),
+            failover: Duration::from_secs(30),
+            commit_after: vec![3],
+            keys: Keys::Told,
+            permits: 1,
+        };
+        let mut run = start(&ctx, setup, |t, data, fence| {
+            let mut write = add(t, &format!("rec-{data}"), fence);
+            if data == "v1" {
+                let put = aws_sdk_dynamodb::types::Put::builder()
+                    .table_name(t)
+                    .item("id", AttributeValue::S("rec-v1".into()))
+                    .item("body", AttributeValue::S("x".repeat(410 * 1024)))
+                    .build()
+                    .unwrap();
+                write = aws_sdk_dynamodb::types::TransactWriteItem::builder()
+                    .put(put)
+                    .build();
+            }
+            vec![write]
+        })
+        .await?;
+        let (_, _, outcome) = run.committed().await?;
+        assert_eq!(outcome, Outcome::Invalid("v1".into()));
+        let attempts = run.faults.attempts();
+        let shapes: Vec<(usize, &Answer)> =
+            attempts.iter().map(|a| (a.actions, &a.answer)).collect();
+        let invalid = Answer::Failed("ValidationException".into());
+        assert_eq!(
+            shapes,
+            vec![(4, &invalid), (2, &Answer::Applied), (2, &invalid)],
+            "the part whole, then v0 alone, then v1 alone; never retried"
+        );
+        let outputs = run.outputs().await?;
+        assert_eq!(outputs.keys().collect::<Vec<_>>(), vec!["rec-v0"]);
+        assert_eq!(n(&outputs["rec-v0"]), 1);
+        let shard = ShardId::new("shardId-000000000000");
+        assert_eq!(
+            run.row(&shard).await?.checkpoint.to_string(),
+            attempts[1].checkpoint
+        );
+        run.stop().await
+    })
+    .await
+}
+
 /// 4. More writes than a transaction holds commit in parts through the checkpointer: whole
 /// records, two writes of one item in different parts, each part checkpointing its last
 /// record, the last part the last record; every write applied once.

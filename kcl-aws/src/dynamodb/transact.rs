@@ -20,8 +20,13 @@
 //!   table it knows nothing of names no item.
 //! - **A cancelled transaction is read off its cancellation reasons** in one place
 //!   ([`Verdict`]): the lease row's failed condition is the lease moved (or the commit applied
-//!   earlier), a write's failed condition is that write refused, a conflict with another
-//!   write in progress is retried, as is throttling. The other side of a conflict, a
+//!   earlier), a write's failed condition is that write refused, a write's `ValidationError`
+//!   is that write invalid, a conflict with another write in progress is retried, as is
+//!   throttling. A request refused whole with a `ValidationException` (an item over 400 KB, a
+//!   malformed key or number, two actions on one item) is invalid without a write named: the
+//!   core commits its records one at a time to find the one at fault. A table missing, a
+//!   token reused, access denied are not the writes' fault: an outage, failed as the store's
+//!   error, never a record given up. The other side of a conflict, a
 //!   renewal's `UpdateItem` refused with `TransactionConflictException` while another
 //!   process's transaction holds the row, is `Retryable` as every such error is (`error`):
 //!   the renewer keeps the lease while it is valid and tries again a quarter interval later.
@@ -356,14 +361,22 @@ enum Verdict {
     LeaseRow,
     /// Output write `index`'s own condition failed; nothing applied.
     Refused { index: usize, reason: String },
+    /// DynamoDB refuses the writes as invalid (write `index`, if a cancellation reason named
+    /// one; a request's `ValidationException` names none): nothing applied, and the same
+    /// writes never can.
+    Invalid {
+        index: Option<usize>,
+        reason: String,
+    },
     /// Another write to one of the items was in progress (`TransactionConflict`, on the
     /// lease row a renewal of another process or an operator's write): retried.
     Conflict(String),
     /// Capacity (`ProvisionedThroughputExceeded`, `ThrottlingError`): retried, slower.
     Throttled(String),
-    /// Retrying the same request cannot help: a `ValidationError` (an item too large, two
-    /// actions on one item, a malformed expression), a token reused for another request.
-    Invalid(String),
+    /// Retrying the same request cannot help, and no write of the processor's is at fault: a
+    /// table missing, a token reused for another request, the lease row's update invalid, a
+    /// cancellation reason this code does not know.
+    Fatal(String),
     /// Not a cancellation: the error as every other call of the store maps it.
     Other(BackendError),
 }
@@ -376,7 +389,11 @@ enum Reason {
     Conflict,
     Throttled,
     ConditionFailed,
+    /// `ValidationError`: this action is invalid.
     Invalid,
+    /// Nothing a retry or a record's give-up fixes (`ItemCollectionSizeLimitExceeded`, a code
+    /// newer than this code).
+    Fatal,
 }
 
 impl Reason {
@@ -388,9 +405,10 @@ impl Reason {
                 Self::Throttled
             }
             Some("ConditionalCheckFailed") => Self::ConditionFailed,
-            // `ValidationError`, `ItemCollectionSizeLimitExceeded`, and codes newer than
-            // this code: nothing says a retry could pass.
-            Some(_) => Self::Invalid,
+            Some("ValidationError") => Self::Invalid,
+            // `ItemCollectionSizeLimitExceeded` (a table's limit, not a record's fault), and
+            // codes newer than this code: nothing says a retry could pass.
+            Some(_) => Self::Fatal,
         }
     }
 }
@@ -414,31 +432,39 @@ impl Verdict {
                     e.message().unwrap_or("TransactionInProgressException")
                 ))
             }
-            Some(TransactWriteItemsError::ResourceNotFoundException(e)) => Self::Invalid(format!(
+            // An outage (a table deleted, a wrong name in a deploy), never a record at fault.
+            Some(TransactWriteItemsError::ResourceNotFoundException(e)) => Self::Fatal(format!(
                 "a table written does not exist, the lease table or an output table ({})",
                 e.message().unwrap_or("ResourceNotFoundException")
             )),
             Some(TransactWriteItemsError::IdempotentParameterMismatchException(e)) => {
-                Self::Invalid(format!(
+                Self::Fatal(format!(
                     "idempotency token {token} was used within 10 minutes by a transaction with \
                      other writes ({}): a commit's writes must be the same at every attempt",
                     e.message()
                         .unwrap_or("IdempotentParameterMismatchException")
                 ))
             }
-            _ => match error.message() {
-                Some(detail) if detail.contains(ONE_ITEM_TWICE) => {
-                    Self::Invalid(format!("ValidationException: {detail}"))
+            // The request refused whole: an item over 400 KB, a malformed key or number, two
+            // actions on one item (a `Put` to a table whose key the store does not know).
+            _ if error.code() == Some("ValidationException")
+                || error.message().is_some_and(|m| m.contains(ONE_ITEM_TWICE)) =>
+            {
+                let detail = error.message().unwrap_or("(no message)");
+                Self::Invalid {
+                    index: None,
+                    reason: format!("ValidationException: {detail}"),
                 }
-                _ => Self::Other(backend_error(OPERATION, what, error)),
-            },
+            }
+            _ => Self::Other(backend_error(OPERATION, what, error)),
         }
     }
 
     /// Reads the reasons of a cancelled transaction of `writes` output writes and the lease
     /// row (the last action). The lease row's failed condition wins over everything (the
-    /// tenure is over, whatever else was wrong); then a reason no retry can fix; then the
-    /// first write refused by its condition; then throttling; then a conflict.
+    /// tenure is over, whatever else was wrong); then a reason no retry can fix (one that is
+    /// no write's fault first, then the first invalid write); then the first write refused
+    /// by its condition; then throttling; then a conflict.
     fn cancelled(reasons: &[CancellationReason], writes: usize) -> Self {
         let read = |i: usize| {
             reasons
@@ -461,9 +487,17 @@ impl Verdict {
         };
         let worst = (0..=writes).max_by_key(|&i| (read(i), std::cmp::Reverse(i)));
         match worst.map(|i| (i, read(i))) {
-            Some((i, Reason::Invalid)) => {
-                Self::Invalid(format!("transaction cancelled: {}", message(i)))
+            Some((i, Reason::Fatal)) => {
+                Self::Fatal(format!("transaction cancelled: {}", message(i)))
             }
+            // The lease row's update invalid: no write of the processor's is at fault.
+            Some((i, Reason::Invalid)) if i == writes => {
+                Self::Fatal(format!("transaction cancelled: {}", message(i)))
+            }
+            Some((index, Reason::Invalid)) => Self::Invalid {
+                index: Some(index),
+                reason: format!("transaction cancelled: {}", message(index)),
+            },
             Some((index, Reason::ConditionFailed)) => Self::Refused {
                 index,
                 reason: message(index),
@@ -488,9 +522,13 @@ impl Verdict {
         match self {
             Self::LeaseRow => CommitError::LeaseRow,
             Self::Refused { index, reason } => CommitError::Refused { index, reason },
+            Self::Invalid { index, reason } => CommitError::Invalid {
+                index,
+                reason: hinted(reason),
+            },
             Self::Conflict(message) => store(ErrorKind::Retryable, message),
             Self::Throttled(message) => store(ErrorKind::Throttled, message),
-            Self::Invalid(message) => store(ErrorKind::Fatal, hinted(message)),
+            Self::Fatal(message) => store(ErrorKind::Fatal, message),
             Self::Other(error) => CommitError::Store(error),
         }
     }

@@ -25,7 +25,10 @@ impl Checkpointer {
     /// output of a record at or before the stored checkpoint or past the position;
     /// [`CheckpointError::OutputsTooLarge`] if one record's writes exceed a transaction (both
     /// before anything is written); [`CheckpointError::OutputRefused`] when a write's own
-    /// condition fails (the parts before it stay committed). On
+    /// condition fails (the parts before it stay committed); [`CheckpointError::OutputInvalid`]
+    /// when the store refuses a record's writes as invalid (the parts before it stay
+    /// committed; if the store did not say which write, the records of that part before it
+    /// too: each was committed alone). On
     /// [`CheckpointError::LeaseLost`] nothing more is written: the new holder redoes what
     /// was not committed.
     pub async fn commit_outputs<T: Transact>(
@@ -105,28 +108,69 @@ impl Checkpointer {
                 }
             })?;
         for part in parts {
-            let own = part
-                .through
-                .clone()
-                .filter(|_| !mutation::on(Mutation::PartsCheckpointTheStretch));
-            let update = match (&own, &last, &self.shard_end) {
-                (Some(through), _, _) => {
-                    CheckpointUpdate::new(Checkpoint::Sequence(through.clone()))
-                }
-                (None, Some(position), _) => {
-                    CheckpointUpdate::new(Checkpoint::Sequence(position.clone()))
-                }
-                (None, None, children) => {
-                    self.check_shard_end()?;
-                    let mut update = CheckpointUpdate::new(Checkpoint::ShardEnd);
-                    update.child_shard_ids = children.clone().unwrap_or_default();
-                    update
-                }
-            };
-            self.commit_part(store, part, &update).await?;
-            self.committed = true;
+            self.commit_isolating(store, part, last.as_ref()).await?;
         }
         Ok(())
+    }
+
+    /// The checkpoint of a part that checkpoints `through` (`None`: the position asked for,
+    /// `last`, or `SHARD_END` when that is `None` too).
+    fn part_update(
+        &self,
+        through: Option<&ExtendedSequenceNumber>,
+        last: Option<&ExtendedSequenceNumber>,
+    ) -> Result<CheckpointUpdate, CheckpointError> {
+        let own = through.filter(|_| !mutation::on(Mutation::PartsCheckpointTheStretch));
+        Ok(match (own.or(last), &self.shard_end) {
+            (Some(at), _) => CheckpointUpdate::new(Checkpoint::Sequence(at.clone())),
+            (None, children) => {
+                self.check_shard_end()?;
+                let mut update = CheckpointUpdate::new(Checkpoint::ShardEnd);
+                update.child_shard_ids = children.clone().unwrap_or_default();
+                update
+            }
+        })
+    }
+
+    /// Commits `part`. Refused as invalid without the store naming the write, a part of
+    /// several records is committed again one record at a time (see
+    /// [`outputs`](crate::outputs)): the records before the one at fault commit, and the one
+    /// whose writes fail alone is named.
+    async fn commit_isolating<T: Transact>(
+        &mut self,
+        store: &T,
+        part: Part<T::Write>,
+        last: Option<&ExtendedSequenceNumber>,
+    ) -> Result<(), CheckpointError> {
+        let update = self.part_update(part.through.as_ref(), last)?;
+        let (part, reason) = match self.commit_part(store, part, &update).await? {
+            None => return Ok(()),
+            Some(unnamed) if unnamed.0.several_records() => unnamed,
+            Some((part, reason)) => return Err(self.invalid(&part, reason)),
+        };
+        tracing::info!(
+            %reason,
+            writes = part.writes.len(),
+            "the store refused a part of the outputs as invalid without naming the write: \
+             committing its records one at a time"
+        );
+        for alone in part.by_record() {
+            let update = self.part_update(alone.through.as_ref(), last)?;
+            if let Some((alone, reason)) = self.commit_part(store, alone, &update).await? {
+                return Err(self.invalid(&alone, reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// `part`'s record (its first) was refused as invalid.
+    fn invalid<W>(&self, part: &Part<W>, reason: String) -> CheckpointError {
+        let record = part.writes.first().map(|(record, _)| record.clone());
+        CheckpointError::OutputInvalid {
+            shard: self.shard_id().clone(),
+            record: record.unwrap_or_else(|| ExtendedSequenceNumber::new(SequenceNumber::from(0))),
+            reason,
+        }
     }
 
     /// Refuses outputs of records at or before `current` or after `last`.
@@ -169,41 +213,56 @@ impl Checkpointer {
     }
 
     /// One transaction: `part`'s writes with `update` (a plain checkpoint without writes).
+    /// `Some`, with the part and what the store said, if the store refused it as invalid
+    /// without naming the write.
     async fn commit_part<T: Transact>(
         &mut self,
         store: &T,
         part: Part<T::Write>,
         update: &CheckpointUpdate,
-    ) -> Result<(), CheckpointError> {
+    ) -> Result<Option<(Part<T::Write>, String)>, CheckpointError> {
         // A part without writes is a transaction too: a plain checkpoint is conditioned on
         // the counter, which commits leave alone, so one written while an earlier commit of
         // this tenure is still in flight could land under it and move the row back behind
         // its outputs; a commit is conditioned on the checkpoint before it.
-        let last_record = part.writes.last().map(|(record, _)| record.clone());
         let update = self.with_parking(update);
+        let through = part.through;
         let (records, writes): (Vec<ExtendedSequenceNumber>, Vec<T::Write>) =
             part.writes.into_iter().unzip();
         let shard = || self.shard_id().clone();
+        let named = |index: usize| {
+            let record = records.get(index).or(records.last()).cloned();
+            record.unwrap_or_else(|| ExtendedSequenceNumber::new(SequenceNumber::from(0)))
+        };
         match self
             .tenure
-            .transact(store, &update, writes, records.first())
+            .transact(store, &update, &writes, records.first())
             .await
         {
             Ok(Transacted::Applied) => {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
                 self.watermark.parked(&update.park);
                 self.writes.applied();
-                Ok(())
+                self.committed = true;
+                Ok(None)
             }
             Ok(Transacted::Refused { index, reason }) => Err(CheckpointError::OutputRefused {
                 shard: shard(),
-                record: records
-                    .get(index)
-                    .cloned()
-                    .or(last_record)
-                    .unwrap_or_else(|| ExtendedSequenceNumber::new(SequenceNumber::from(0))),
+                record: named(index),
                 reason,
             }),
+            Ok(Transacted::Invalid {
+                index: Some(index),
+                reason,
+            }) if index < records.len() => Err(CheckpointError::OutputInvalid {
+                shard: shard(),
+                record: named(index),
+                reason,
+            }),
+            Ok(Transacted::Invalid { reason, .. }) => {
+                let writes = records.into_iter().zip(writes).collect();
+                Ok(Some((Part { writes, through }, reason)))
+            }
             Err(TenureError::Lost) => Err(self.lease_lost()),
             Err(TenureError::Behind(current)) => Err(CheckpointError::Backwards {
                 shard: shard(),

@@ -100,6 +100,7 @@ pub(crate) fn kind(error: &CheckpointError) -> Option<String> {
             Some(format!("store_error ({:?})", source.kind()).to_lowercase())
         }
         CheckpointError::OutputRefused { .. } => Some("output_refused".to_owned()),
+        CheckpointError::OutputInvalid { .. } => Some("output_invalid".to_owned()),
         CheckpointError::OutputsTooLarge { .. } => Some("outputs_too_large".to_owned()),
         CheckpointError::OutputsAcknowledgedLater { .. } => {
             Some("outputs_acknowledged_later".to_owned())

@@ -68,6 +68,20 @@ pub enum CommitError {
         /// What the store said.
         reason: String,
     },
+    /// The store refuses the commit as invalid (DynamoDB's `ValidationException`, or a
+    /// cancellation reason `ValidationError`: an item over 400 KB, a malformed key or number,
+    /// two writes of one item); nothing applied, and a retry of the same request cannot pass.
+    /// Not a store that cannot work (a table missing, access denied): that is
+    /// [`Store`](Self::Store), an outage rather than a record at fault.
+    #[error("the store refused the commit as invalid{}: {reason}", .index.map_or_else(String::new, |i| format!(" (output write {i})")))]
+    Invalid {
+        /// The index in [`Commit::writes`] of the write at fault, when the store names it;
+        /// `None` when it refuses the request as a whole (the write at fault is then found by
+        /// committing each record's writes alone).
+        index: Option<usize>,
+        /// What the store said.
+        reason: String,
+    },
     /// The store failed (a `Retryable` or `Throttled` kind is retried, a cancelled
     /// transaction among them); the commit may or may not have applied.
     #[error(transparent)]
@@ -99,8 +113,9 @@ pub trait Transact: Send + Sync + 'static {
     /// Applies `commit.writes` and the checkpoint in one transaction, conditioned on the
     /// lease row holding `commit.owner`, `commit.fence` and `commit.before`; leaves the
     /// counter alone. A cancellation because of the row's condition is
-    /// [`CommitError::LeaseRow`], one because of a write's is [`CommitError::Refused`];
-    /// a conflict with another write in progress is a `Retryable` store error.
+    /// [`CommitError::LeaseRow`], one because of a write's is [`CommitError::Refused`], a
+    /// write or request the store refuses as invalid is [`CommitError::Invalid`]; a conflict
+    /// with another write in progress is a `Retryable` store error.
     fn commit(
         &self,
         commit: Commit<'_, Self::Write>,

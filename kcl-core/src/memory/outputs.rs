@@ -33,97 +33,15 @@ use crate::mutation::{self, Mutation};
 use crate::outputs::{Commit, CommitError, Limits, Measure, Transact};
 use crate::types::{Checkpoint, FencingToken, ShardId, WorkerId};
 
+mod write;
+
+pub use write::{Condition, MemoryWrite, WriteAction};
+
 /// The operation name of a commit, for faults and errors.
 const OPERATION: &str = "transact";
 
 /// How long an applied commit's token is remembered by default (DynamoDB's window).
 const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(600);
-
-/// One write of a processor's to the output table: what it does to one key, and the
-/// condition the item must meet (as it was before the commit) for the commit to apply.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MemoryWrite {
-    /// The item's key.
-    pub key: String,
-    /// What the write does.
-    pub action: WriteAction,
-    /// Its own condition, if any: when it fails, nothing of the commit applies.
-    pub condition: Option<Condition>,
-}
-
-/// What a [`MemoryWrite`] does to its item.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum WriteAction {
-    /// Sets the item's value (its count stays).
-    Put(String),
-    /// Adds to the item's count, creating the item at 0 first if absent (DynamoDB's `ADD`).
-    Add(i64),
-    /// Removes the item.
-    Delete,
-    /// Changes nothing: only its condition counts (a `ConditionCheck`).
-    Check,
-}
-
-/// A condition on an item as it was before the commit.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Condition {
-    /// The item does not exist.
-    Absent,
-    /// The item exists.
-    Present,
-    /// The item exists with this value.
-    ValueIs(String),
-    /// The item exists with this count.
-    CountIs(i64),
-}
-
-impl MemoryWrite {
-    /// Sets `key`'s value.
-    pub fn put(key: impl Into<String>, value: impl Into<String>) -> Self {
-        Self::new(key, WriteAction::Put(value.into()))
-    }
-
-    /// Adds `by` to `key`'s count: an output written once per record counts each commit of
-    /// it.
-    pub fn add(key: impl Into<String>, by: i64) -> Self {
-        Self::new(key, WriteAction::Add(by))
-    }
-
-    /// Removes `key`.
-    pub fn delete(key: impl Into<String>) -> Self {
-        Self::new(key, WriteAction::Delete)
-    }
-
-    /// Checks `condition` on `key` without writing it.
-    pub fn check(key: impl Into<String>, condition: Condition) -> Self {
-        Self::new(key, WriteAction::Check).when(condition)
-    }
-
-    /// The same write, applied only if `condition` holds.
-    #[must_use]
-    pub fn when(mut self, condition: Condition) -> Self {
-        self.condition = Some(condition);
-        self
-    }
-
-    fn new(key: impl Into<String>, action: WriteAction) -> Self {
-        Self {
-            key: key.into(),
-            action,
-            condition: None,
-        }
-    }
-
-    /// Its size, as [`Limits::bytes`] counts it: key, value and 16 bytes of attributes.
-    fn bytes(&self) -> usize {
-        let value = match &self.action {
-            WriteAction::Put(v) => v.len(),
-            WriteAction::Add(_) => 8,
-            WriteAction::Delete | WriteAction::Check => 0,
-        };
-        self.key.len() + value + 16
-    }
-}
 
 /// An item of the output table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -177,6 +95,12 @@ pub enum Refusal {
     Conflict,
     /// The token was used by another commit within the window.
     TokenMismatch,
+    /// Refused as invalid (see [`MemoryLeaseStore::refuse_as_invalid`]; also a commit over
+    /// the limits or writing one item twice): write `index`, if the store named it.
+    Invalid {
+        /// Its index in the commit, if named.
+        index: Option<usize>,
+    },
 }
 
 /// A commit the store turned down, nothing of it applied.
@@ -227,6 +151,8 @@ pub(in crate::memory) struct OutputTable {
     seen: u64,
     conflicts: usize,
     replays: usize,
+    /// Keys whose writes are refused as invalid, and whether the refusal names the write.
+    invalid: BTreeMap<String, bool>,
 }
 
 impl Default for OutputTable {
@@ -246,6 +172,7 @@ impl Default for OutputTable {
             seen: 0,
             conflicts: 0,
             replays: 0,
+            invalid: BTreeMap::new(),
         }
     }
 }
@@ -290,12 +217,16 @@ impl Prepared {
 }
 
 impl OutputTable {
-    /// Refuses, as DynamoDB's validation does, a commit over the limits or writing one item
-    /// twice: a request error, not retryable.
-    fn validate(&self, p: &Prepared) -> Result<(), CommitError> {
+    /// Refuses, as DynamoDB's validation does (a `ValidationException`), a commit over the
+    /// limits, writing one item twice, or holding a write refused as invalid without naming
+    /// it: nothing applied, and the same commit can never apply.
+    fn validate(&mut self, p: &Prepared) -> Result<(), CommitError> {
         let bytes: usize = p.writes.iter().map(MemoryWrite::bytes).sum();
         let keys: BTreeSet<&String> = p.writes.iter().map(|w| &w.key).collect();
-        let why = if p.writes.len() > self.limits.writes {
+        let unnamed = (p.writes.iter()).find(|w| self.invalid.get(&w.key) == Some(&false));
+        let why = if let Some(write) = unnamed {
+            format!("{} is invalid", write.key)
+        } else if p.writes.len() > self.limits.writes {
             format!("{} writes, at most {}", p.writes.len(), self.limits.writes)
         } else if bytes > self.limits.bytes {
             format!("{bytes} bytes, at most {}", self.limits.bytes)
@@ -304,11 +235,11 @@ impl OutputTable {
         } else {
             return Ok(());
         };
-        Err(CommitError::Store(BackendError::new(
-            ErrorKind::Fatal,
-            OPERATION,
-            format!("ValidationException on {}: {why}", p.shard),
-        )))
+        self.refuse(p, Refusal::Invalid { index: None }, true);
+        Err(CommitError::Invalid {
+            index: None,
+            reason: format!("ValidationException on {}: {why}", p.shard),
+        })
     }
 
     /// Applies `p` with `row` (see the module docs); returns its answer and whether it wrote
@@ -342,6 +273,13 @@ impl OutputTable {
         if !holds && !mutation::on(Mutation::CommitUnfenced) {
             self.refuse(p, Refusal::LeaseRow, reported);
             return (Err(CommitError::LeaseRow), false);
+        }
+        let named = (p.writes.iter()).position(|w| self.invalid.get(&w.key) == Some(&true));
+        if let Some(index) = named {
+            self.refuse(p, Refusal::Invalid { index: Some(index) }, reported);
+            let reason = format!("ValidationError: {} is invalid", p.writes[index].key);
+            let index = Some(index);
+            return (Err(CommitError::Invalid { index, reason }), false);
         }
         if let Some((index, reason)) = self.first_refused(&p.writes) {
             self.refuse(p, Refusal::Write { index }, reported);
@@ -531,6 +469,15 @@ impl MemoryLeaseStore {
             o.window = window;
             o.tokens.clear();
         });
+    }
+
+    /// Commits holding a write to `key` are refused as invalid from now on, as DynamoDB
+    /// refuses an item over 400 KB or a malformed number: nothing of them applies, and they
+    /// fail with [`CommitError::Invalid`] naming the write's index if `named` (a cancellation
+    /// reason `ValidationError`, after the lease row's condition), else not (a request's
+    /// `ValidationException`, before anything).
+    pub fn refuse_as_invalid(&self, key: impl Into<String>, named: bool) {
+        self.with_outputs(|o| o.invalid.insert(key.into(), named));
     }
 
     /// The next `n` commits are cancelled with a `TransactionConflict` (a retryable error,
@@ -734,6 +681,52 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_write_refused_as_invalid_applies_nothing_named_or_not() {
+        let store = held().await;
+        store.refuse_as_invalid("bad", true);
+        store.refuse_as_invalid("worse", false);
+        let writes = |bad: &str| vec![MemoryWrite::add("a", 1), MemoryWrite::add(bad, 1)];
+        let named = commit(&store, "w", (1, 2), writes("bad")).await;
+        assert!(
+            matches!(named, Err(CommitError::Invalid { index: Some(1), .. })),
+            "{named:?}"
+        );
+        let unnamed = commit(&store, "w", (1, 2), writes("worse")).await;
+        assert!(
+            matches!(unnamed, Err(CommitError::Invalid { index: None, .. })),
+            "{unnamed:?}"
+        );
+        // The lease row's condition is read first; a request's validation before anything.
+        assert!(matches!(
+            commit(&store, "v", (1, 2), writes("bad")).await,
+            Err(CommitError::LeaseRow)
+        ));
+        assert!(matches!(
+            commit(&store, "v", (1, 2), writes("worse")).await,
+            Err(CommitError::Invalid { index: None, .. })
+        ));
+        assert!(store.outputs().is_empty());
+        assert_eq!(row(&store).checkpoint, at(1));
+        let reasons: Vec<Refusal> = store
+            .refused_commits()
+            .into_iter()
+            .map(|r| r.reason)
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                Refusal::Invalid { index: Some(1) },
+                Refusal::Invalid { index: None },
+                Refusal::LeaseRow,
+                Refusal::Invalid { index: None },
+            ]
+        );
+        commit(&store, "w", (1, 2), vec![MemoryWrite::add("a", 1)])
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn conflicts_limits_and_lost_answers() {
         let store = held().await;
         store.inject_conflicts(1);
@@ -749,7 +742,10 @@ mod tests {
         });
         let two = vec![MemoryWrite::add("a", 1), MemoryWrite::add("b", 1)];
         let large = commit(&store, "w", (1, 2), two).await;
-        assert!(matches!(large, Err(CommitError::Store(ref e)) if e.kind() == ErrorKind::Fatal));
+        assert!(
+            matches!(large, Err(CommitError::Invalid { index: None, .. })),
+            "{large:?}"
+        );
         store.faults().set_ambiguous_rate(1.0);
         let lost = commit(&store, "w", (1, 2), vec![MemoryWrite::add("a", 1)]).await;
         assert!(matches!(lost, Err(CommitError::Store(ref e)) if e.kind() == ErrorKind::Retryable));

@@ -26,6 +26,16 @@
 //! every committed write at or before the checkpoint and every checkpointed record's writes
 //! committed. The writes of one record always commit together.
 //!
+//! A write the store refuses, by its own condition or as invalid ([`CommitError::Invalid`]:
+//! an item over 400 KB, a malformed key), fails its record, not the commit: nothing of its
+//! part applied, and a retry of the same writes cannot pass. `commit_outputs` names the record
+//! ([`CheckpointError::OutputInvalid`](crate::CheckpointError::OutputInvalid)); under
+//! [`Parallel::with_outputs`](crate::Parallel::with_outputs) the failure policy gives it up.
+//! A part refused as invalid without the store naming the write is committed again one record
+//! at a time, so that the records before the one at fault commit and only it fails. A store
+//! that cannot work (a table missing, access denied) is no record's fault: its error is the
+//! store's, and no record is given up for it.
+//!
 //! A backend implements [`Transact`]; a processor collects its writes per record in
 //! [`Outputs`] and hands them to
 //! [`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs).

@@ -4,6 +4,12 @@
 //! write no item the part writes already; the next record that does not fit starts the next
 //! part. Each part but the last checkpoints its last record; the last one checkpoints the
 //! position the processor asked for (records with no writes after the last write included).
+//!
+//! A part the store refuses as invalid without naming the write at fault (DynamoDB's
+//! `ValidationException` for an item over 400 KB) is committed again one record at a time
+//! ([`Part::by_record`]): the records before the one at fault commit, and the record whose
+//! writes fail alone is the one to give up. Each of those parts checkpoints its own record, so
+//! outputs and checkpoint stay in step between them as between any two parts.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +22,41 @@ pub(crate) struct Part<W> {
     /// The writes, each with its record.
     pub(crate) writes: Vec<(ExtendedSequenceNumber, W)>,
     pub(crate) through: Option<ExtendedSequenceNumber>,
+}
+
+impl<W> Part<W> {
+    /// Whether its writes belong to more than one record.
+    pub(crate) fn several_records(&self) -> bool {
+        let mut records = self.writes.iter().map(|(record, _)| record);
+        let first = records.next();
+        records.any(|record| Some(record) != first)
+    }
+
+    /// The same writes, one record's per part (in record order, as [`split`] leaves them):
+    /// each part checkpoints its record, the last one what this part checkpoints.
+    pub(crate) fn by_record(self) -> Vec<Part<W>> {
+        let Part { writes, through } = self;
+        let mut parts: Vec<Part<W>> = Vec::new();
+        for (record, write) in writes {
+            match parts.last_mut() {
+                Some(part) if part.through.as_ref() == Some(&record) => {
+                    part.writes.push((record, write));
+                }
+                _ => parts.push(Part {
+                    through: Some(record.clone()),
+                    writes: vec![(record, write)],
+                }),
+            }
+        }
+        match parts.last_mut() {
+            Some(last) => last.through = through,
+            None => parts.push(Part {
+                writes: Vec::new(),
+                through,
+            }),
+        }
+        parts
+    }
 }
 
 /// A record whose writes alone exceed one transaction: nothing can commit them.
@@ -176,6 +217,45 @@ mod tests {
         );
         let twice = vec![(at(1), (1, "k")), (at(1), (1, "k"))];
         assert!(split(twice, measure, LIMITS).is_err());
+    }
+
+    #[test]
+    fn a_part_by_record_checkpoints_each_record_and_the_last_as_the_part_did() {
+        let shapes = |parts: Vec<Part<(u64, &'static str)>>| -> Vec<_> {
+            parts
+                .into_iter()
+                .map(|p| {
+                    (
+                        p.writes.iter().map(|w| w.1.0).collect::<Vec<_>>(),
+                        p.through,
+                    )
+                })
+                .collect()
+        };
+        let writes = vec![
+            (at(1), (1, "a")),
+            (at(1), (1, "b")),
+            (at(2), (2, "c")),
+            (at(3), (3, "d")),
+        ];
+        let part = split(writes, measure, LIMITS).unwrap().remove(0);
+        assert!(part.several_records());
+        let parts = part.by_record();
+        assert_eq!(
+            shapes(parts),
+            vec![
+                (vec![1, 1], Some(at(1))),
+                (vec![2], Some(at(2))),
+                (vec![3], None),
+            ]
+        );
+        // A part that checkpoints its last record keeps that checkpoint.
+        let one = Part {
+            writes: vec![(at(4), (4, "")), (at(4), (4, ""))],
+            through: Some(at(4)),
+        };
+        assert!(!one.several_records());
+        assert_eq!(shapes(one.by_record()), vec![(vec![4, 4], Some(at(4)))]);
     }
 
     #[test]

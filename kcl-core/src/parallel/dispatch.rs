@@ -324,7 +324,9 @@ impl<H: Work> Dispatcher<H> {
                 self.finish(key);
             }
             Ran::Done => {
-                if let Some(failing) = &self.failing {
+                if let Some(failing) = &self.failing
+                    && self.handler.succeeds_when_run()
+                {
                     failing.handling.succeeded();
                 }
                 self.finish(key);

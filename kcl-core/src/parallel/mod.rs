@@ -298,7 +298,8 @@ impl<H: Work> ParallelProcessor<H> {
                 }
                 _ => None,
             };
-            let started = handler.start(checkpointer);
+            let policy = work::Policy(failing.as_ref().map(|f| f.handling.clone()));
+            let started = handler.start(checkpointer, &policy);
             self.committer = started.committer;
             let work = (handler.clone(), started.done);
             let run = dispatch::run(rx, work, *max_in_flight, key.clone(), failing);

@@ -27,11 +27,15 @@
 //!   finished without being written again.
 //! - **A commit refused because the lease moved is the lease lost**: nothing more commits,
 //!   and the records computed but not committed are delivered again to the next holder (their
-//!   writes never applied). A write refused by its own condition fails its record: the shard
-//!   restarts from the watermark, as under [`FailurePolicy::block`](crate::failure::FailurePolicy::block).
+//!   writes never applied).
 //! - **A record given up on** (dead-lettered or skipped by the failure policy) has no writes.
 //!   A record whose writes alone exceed one transaction of the store fails as a
-//!   [`Permanent`] failure, for the policy to give up on.
+//!   [`Permanent`] failure, for the policy to give up on; so does one whose write is refused
+//!   by its own condition or refused by the store as invalid, found when its part commits
+//!   (a part refused as invalid without the store naming the write is committed again one
+//!   record at a time, so that only the record at fault fails). Given up, it commits without
+//!   writes; under [`FailurePolicy::block`](crate::failure::FailurePolicy::block), or in an
+//!   outage, the shard restarts from the watermark.
 //!
 //! Commits come once [`commit_every`](Parallel::commit_every) records were computed or
 //! [`commit_interval`](Parallel::commit_interval) after the oldest one waiting (by default the
@@ -52,7 +56,7 @@ use std::time::Duration;
 
 use super::Parallel;
 use super::committer::{Cadence, Committer, Computed};
-use super::work::{Started, Work};
+use super::work::{Policy, Started, Work};
 use crate::ack::Ack;
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
@@ -153,11 +157,12 @@ impl<T: Transact, O: OutputHandler<T::Write>> Parallel<WithOutputs<T, O>> {
 }
 
 impl<T: Transact, O: OutputHandler<T::Write>> Work for WithOutputs<T, O> {
-    type Output = Vec<T::Write>;
+    /// The record (kept for the failure policy, should its writes not commit) and its writes.
+    type Output = (Record, Vec<T::Write>);
 
-    async fn run(&self, record: Record) -> Result<Vec<T::Write>, BoxError> {
+    async fn run(&self, record: Record) -> Result<(Record, Vec<T::Write>), BoxError> {
         let position = record.position();
-        let writes = self.handler.handle(record).await?;
+        let writes = self.handler.handle(record.clone()).await?;
         // What `measure` needs (a table's key) is learnt here, once per table, and kept for
         // the commit's own split.
         self.store.prepare(&writes.iter().collect::<Vec<_>>()).await;
@@ -170,23 +175,31 @@ impl<T: Transact, O: OutputHandler<T::Write>> Work for WithOutputs<T, O> {
                     large.writes, large.bytes
                 ))
             })?;
-        Ok(parts
-            .into_iter()
-            .flat_map(|p| p.writes)
-            .map(|(_, w)| w)
-            .collect())
+        let writes = parts.into_iter().flat_map(|p| p.writes).map(|(_, w)| w);
+        Ok((record, writes.collect()))
     }
 
-    fn start(&self, checkpointer: &Checkpointer) -> Started<Vec<T::Write>> {
-        let (settled, committer) = Committer::spawn(self.store.clone(), checkpointer, self.cadence);
-        let done = move |position: ExtendedSequenceNumber, writes: Option<_>, ack: Ack| {
-            let given_up = writes.is_none();
+    fn start(
+        &self,
+        checkpointer: &Checkpointer,
+        policy: &Policy,
+    ) -> Started<(Record, Vec<T::Write>)> {
+        let store = self.store.clone();
+        let (settled, committer) =
+            Committer::spawn(store, checkpointer, self.cadence, policy.0.clone());
+        let done = move |position: ExtendedSequenceNumber, output: Option<_>, ack: Ack| {
+            let given_up = output.is_none();
+            let (record, writes) = match output {
+                Some((record, writes)) => (Some(record), writes),
+                None => (None, Vec::new()),
+            };
             // A committer gone drops the Ack: a failure, so the shard restarts.
             let _ = settled.send(Computed {
                 position,
-                writes: writes.unwrap_or_default(),
+                writes,
                 ack,
                 given_up,
+                record,
             });
         };
         Started {
@@ -196,6 +209,11 @@ impl<T: Transact, O: OutputHandler<T::Write>> Work for WithOutputs<T, O> {
     }
 
     fn replays(&self) -> bool {
+        false
+    }
+
+    /// A record succeeds once its outputs committed (its `Ack` done then counts it).
+    fn succeeds_when_run(&self) -> bool {
         false
     }
 

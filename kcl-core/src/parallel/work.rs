@@ -14,6 +14,7 @@ use super::committer::Committer;
 use crate::ack::Ack;
 use crate::checkpoint::Checkpointer;
 use crate::error::BoxError;
+use crate::failure::Handling;
 use crate::types::{ExtendedSequenceNumber, Record};
 
 /// What becomes of the record at a position once it succeeded with an output, or was given
@@ -37,6 +38,11 @@ impl<O> std::fmt::Debug for Started<O> {
     }
 }
 
+/// A processor's failure policy, if it gives records up (none: a record that fails restarts
+/// the shard): for a success that turns out to fail later (outputs that cannot commit).
+#[derive(Debug, Default)]
+pub struct Policy(pub(super) Option<Handling>);
+
 /// The work [`Parallel`](super::Parallel) runs on a record; sealed (see the module docs).
 pub trait Work: Send + Sync + 'static {
     /// What a successful run yields.
@@ -47,7 +53,15 @@ pub trait Work: Send + Sync + 'static {
 
     /// Where one processor's successes go, from its first batch on (`checkpointer` is its
     /// own).
-    fn start(&self, checkpointer: &Checkpointer) -> Started<Self::Output>;
+    fn start(&self, checkpointer: &Checkpointer, policy: &Policy) -> Started<Self::Output>;
+
+    /// Whether a record succeeds, for the failure policy's count of records given up in a
+    /// row ([`outage_after`](crate::failure::FailurePolicy::outage_after)), when its run
+    /// returns: not when it only counts once its `Ack` is done (outputs, which may still fail
+    /// to commit: a processor whose every output is refused must show as an outage).
+    fn succeeds_when_run(&self) -> bool {
+        true
+    }
 
     /// Whether a parked key's letters may be replayed through [`run`](Self::run) (a
     /// redrive): not when their outputs would have to commit outside the shard's checkpoint.
@@ -69,7 +83,7 @@ impl<H: RecordHandler> Work for H {
         self.handle(record)
     }
 
-    fn start(&self, _checkpointer: &Checkpointer) -> Started<()> {
+    fn start(&self, _checkpointer: &Checkpointer, _policy: &Policy) -> Started<()> {
         Started {
             done: Arc::new(|_, output: Option<()>, ack: Ack| match output {
                 Some(()) => ack.done(),

@@ -28,6 +28,8 @@ pub(crate) enum Outcome {
     LeaseLost,
     /// Refused by the condition of a write of this record (its data).
     Refused(String),
+    /// Refused by the store as invalid, a write of this record (its data).
+    Invalid(String),
     Failed(String),
 }
 
@@ -115,6 +117,9 @@ impl RecordProcessor for Committer {
             Err(CheckpointError::LeaseLost { .. }) => Outcome::LeaseLost,
             Err(CheckpointError::OutputRefused { record, .. }) => {
                 Outcome::Refused(data_of(&record))
+            }
+            Err(CheckpointError::OutputInvalid { record, .. }) => {
+                Outcome::Invalid(data_of(&record))
             }
             Err(other) => Outcome::Failed(kcl_core::error_chain(&other)),
         };

@@ -223,32 +223,114 @@ fn cancellation_reasons_decide_the_answer() {
         matches!(refused, CommitError::Refused { index: 1, .. }),
         "{refused:?}"
     );
-    // Nothing a retry can fix: fatal, named.
+    // An invalid write: named by its index, over a write refused by its condition.
     let invalid = read(
         &["None", "ValidationError", "ConditionalCheckFailed", "None"],
         3,
     );
-    assert_eq!(kind(&invalid), Some(ErrorKind::Fatal));
-    assert!(
-        invalid
-            .to_string()
-            .contains("output write 1: ValidationError"),
-        "{invalid}"
-    );
-    assert_eq!(
-        kind(&read(&["ItemCollectionSizeLimitExceeded", "None"], 1)),
-        Some(ErrorKind::Fatal)
-    );
+    match &invalid {
+        CommitError::Invalid {
+            index: Some(1),
+            reason,
+        } => assert!(
+            reason.contains("output write 1: ValidationError m"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Nothing a retry can fix and no write's fault: the store's error (an outage), over an
+    // invalid write too; the lease row's update invalid is no write's fault either.
+    for codes in [
+        &["ItemCollectionSizeLimitExceeded", "None"][..],
+        &["ValidationError", "SomethingNew", "None"],
+        &["None", "ValidationError"],
+    ] {
+        let error = read(codes, codes.len() - 1);
+        assert_eq!(kind(&error), Some(ErrorKind::Fatal), "{codes:?}: {error:?}");
+    }
     // No reason at all: retried, then the core reads the row.
     assert_eq!(kind(&read(&[], 1)), Some(ErrorKind::Retryable));
 }
 
-#[test]
-fn two_writes_of_one_item_say_how_to_avoid_them() {
-    let error = Verdict::Invalid(format!(
-        "ValidationException: Transaction request cannot include {ONE_ITEM_TWICE}"
-    ))
-    .into_error("test");
-    assert_eq!(kind(&error), Some(ErrorKind::Fatal));
-    assert!(error.to_string().contains("with_output_table"), "{error}");
+/// A client whose `TransactWriteItems` answers `status` with `body` (DynamoDB's JSON error),
+/// through the SDK's own deserializer.
+fn answering(status: u16, body: String) -> Client {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_smithy_mocks::{MockResponseInterceptor, RuleMode, create_mock_http_client, mock};
+    let rule = mock!(Client::transact_write_items).then_http_response(move || {
+        let status = aws_smithy_runtime_api::http::StatusCode::try_from(status).unwrap();
+        HttpResponse::new(status, aws_smithy_types::body::SdkBody::from(body.clone()))
+    });
+    let interceptor = MockResponseInterceptor::new()
+        .rule_mode(RuleMode::MatchAny)
+        .with_rule(&rule);
+    let config = Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+        .http_client(create_mock_http_client())
+        .interceptor(interceptor)
+        .build();
+    Client::from_conf(config)
+}
+
+/// What a commit of two output writes and the lease row maps DynamoDB's answer to.
+async fn answer(status: u16, code: &str, extra: &str) -> CommitError {
+    let body = format!(
+        r#"{{"__type":"com.amazonaws.dynamodb.v20120810#{code}","message":"from the test"{extra}}}"#
+    );
+    let sent = answering(status, body)
+        .transact_write_items()
+        .set_transact_items(Some(vec![
+            add("out", "a"),
+            add("out", "b"),
+            add("app", "s"),
+        ]))
+        .send()
+        .await;
+    let error = sent.expect_err("an error answer");
+    Verdict::of(error, 2, "token", "test").into_error("test")
+}
+
+#[tokio::test]
+async fn validation_exceptions_are_invalid_and_outages_are_the_stores_error() {
+    // The request refused whole: invalid, no write named.
+    let large = answer(400, "ValidationException", "").await;
+    assert!(
+        matches!(&large, CommitError::Invalid { index: None, reason } if reason.contains("ValidationException: from the test")),
+        "{large:?}"
+    );
+    // Two actions on one item: invalid too, saying how to avoid it.
+    let body = format!(r#","Message":"Transaction request cannot include {ONE_ITEM_TWICE}""#);
+    let twice = answer(400, "ValidationException", &body).await;
+    match &twice {
+        CommitError::Invalid {
+            index: None,
+            reason,
+        } => assert!(reason.contains("with_output_table"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // A cancellation reason naming the write.
+    let reasons = r#","CancellationReasons":[{"Code":"None"},{"Code":"ValidationError","Message":"Item size has exceeded the maximum allowed size"},{"Code":"None"}]"#;
+    let named = answer(400, "TransactionCanceledException", reasons).await;
+    match &named {
+        CommitError::Invalid {
+            index: Some(1),
+            reason,
+        } => assert!(reason.contains("Item size has exceeded"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // A table missing, a token reused, access denied: an outage, the store's error, whose
+    // records must not be given up.
+    for code in [
+        "ResourceNotFoundException",
+        "IdempotentParameterMismatchException",
+        "AccessDeniedException",
+    ] {
+        let error = answer(400, code, "").await;
+        assert_eq!(kind(&error), Some(ErrorKind::Fatal), "{code}: {error:?}");
+    }
+    let busy = answer(500, "InternalServerError", "").await;
+    assert_eq!(kind(&busy), Some(ErrorKind::Retryable), "{busy:?}");
 }

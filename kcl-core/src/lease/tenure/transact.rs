@@ -10,7 +10,11 @@
 //! checkpoints of the lease never race it (the lock is let go between attempts, so that a
 //! commit retried under throttling does not hold renewals back). An attempt whose outcome is unknown (a timeout, a lost answer)
 //! is retried with the same token and the same `before`: it applies at most once, and a row
-//! found one commit further with this tenure's owner and fence is that attempt applied.
+//! found one commit further with this tenure's owner and fence is that attempt applied. A
+//! commit refused by a write's own condition, or refused as invalid, is definite: nothing
+//! applied, so it is neither retried nor read back; the caller learns which write, when the
+//! store said (an invalid checkpoint without writes is the store's error: no record is at
+//! fault).
 //!
 //! Every commit is counted once by its outcome, and every attempt retried once more
 //! ([`metrics::OUTPUT_COMMITS`](crate::metrics::OUTPUT_COMMITS)), and its time from call to outcome
@@ -24,7 +28,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::Instant;
 
 use super::{Held, Tenure, TenureError};
-use crate::error::ErrorKind;
+use crate::error::{BackendError, ErrorKind};
 use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
 use crate::metrics::{OUTPUT_COMMIT_DURATION, OUTPUT_COMMITS};
@@ -38,6 +42,12 @@ pub(crate) enum Transacted {
     Applied,
     /// Write `index` failed its own condition: nothing applied.
     Refused { index: usize, reason: String },
+    /// The store refused the writes as invalid (write `index`, if it named one): nothing
+    /// applied, and the same writes can never apply.
+    Invalid {
+        index: Option<usize>,
+        reason: String,
+    },
 }
 
 /// Attempts of one commit before its error is the caller's.
@@ -50,7 +60,7 @@ impl Tenure {
         &self,
         store: &T,
         update: &CheckpointUpdate,
-        writes: Vec<T::Write>,
+        writes: &[T::Write],
         first: Option<&ExtendedSequenceNumber>,
     ) -> Result<Transacted, TenureError> {
         let started = Instant::now();
@@ -65,7 +75,7 @@ impl Tenure {
         &self,
         store: &T,
         update: &CheckpointUpdate,
-        writes: Vec<T::Write>,
+        writes: &[T::Write],
         first: Option<&ExtendedSequenceNumber>,
     ) -> Result<Transacted, TenureError> {
         let before = self.before(update, first).await?;
@@ -95,7 +105,7 @@ impl Tenure {
                 fence: self.fence,
                 before: &before,
                 update,
-                writes: writes.clone(),
+                writes: writes.to_vec(),
                 token: token.clone(),
             };
             let sent = bounded(self.call_timeout, "transact", async {
@@ -109,6 +119,13 @@ impl Tenure {
                 }
                 Ok(Err(CommitError::Refused { index, reason })) => {
                     return Ok(Transacted::Refused { index, reason });
+                }
+                // Definite, as a refusal: nothing applied, so no retry and no read of the row.
+                Ok(Err(CommitError::Invalid { index, reason })) if !writes.is_empty() => {
+                    return Ok(Transacted::Invalid { index, reason });
+                }
+                Ok(Err(CommitError::Invalid { reason, .. })) => {
+                    return Err(self.checkpoint_invalid(&reason));
                 }
                 Ok(Err(CommitError::LeaseRow)) => {
                     return self.settle_commit(&mut held.lease, update).await;
@@ -125,6 +142,16 @@ impl Tenure {
                 None => return self.give_up(&mut held, update, error).await,
             }
         }
+    }
+
+    /// A commit without writes refused as invalid: the checkpoint alone, so no record's
+    /// writes are at fault; the store's error.
+    fn checkpoint_invalid(&self, reason: &str) -> TenureError {
+        let what = format!(
+            "the checkpoint of lease {} refused as invalid: {reason}",
+            self.shard
+        );
+        TenureError::Store(BackendError::new(ErrorKind::Fatal, "transact", what))
     }
 
     /// The checkpoint a commit of `update` must find: the one this tenure knows, refused if
@@ -151,7 +178,7 @@ impl Tenure {
         &self,
         held: &mut Held,
         update: &CheckpointUpdate,
-        error: crate::error::BackendError,
+        error: BackendError,
     ) -> Result<Transacted, TenureError> {
         match self.settle_commit(&mut held.lease, update).await {
             Ok(applied) => Ok(applied),
@@ -235,6 +262,7 @@ fn counted_as(outcome: &Result<Transacted, TenureError>) -> &'static str {
     match outcome {
         Ok(Transacted::Applied) => "committed",
         Ok(Transacted::Refused { .. }) => "refused",
+        Ok(Transacted::Invalid { .. }) => "invalid",
         Err(TenureError::Lost) => "lease_lost",
         Err(TenureError::Behind(_)) => "behind",
         Err(TenureError::Store(_)) => "failed",
