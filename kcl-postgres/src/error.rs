@@ -143,7 +143,7 @@ impl Cause {
             Self::Certificate => (
                 ErrorKind::Fatal,
                 false,
-                " (the server's certificate was refused: give its CA with sslrootcert, or sslmode=require to encrypt without verifying)",
+                " (the server's certificate was refused: give its CA with sslrootcert, connect by a name the certificate has or with sslmode=verify-ca, or sslmode=require to encrypt without verifying)",
             ),
             Self::Invalid => (ErrorKind::Fatal, false, ""),
         }

@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use kcl_core::{ErrorKind, LeaseStore, ShardId, TableFeatures};
 use kcl_postgres::{PostgresLeaseStore, SCHEMA_SQL, TableSetup};
 
@@ -155,4 +157,32 @@ async fn a_server_that_is_not_there_is_retryable() {
     let error = PostgresLeaseStore::connect(&url, "app").await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Retryable, "{error}");
     assert!(!kcl_core::error_chain(&error).contains("secret-pw"));
+}
+
+#[tokio::test]
+async fn a_statement_held_up_past_its_timeout_is_retryable() {
+    let Some(url) = common::url() else {
+        return;
+    };
+    let app = common::unique("held_up");
+    let store = PostgresLeaseStore::builder(&url, &app)
+        .statement_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    store.ensure_table(TableFeatures::ALL).await.unwrap();
+    let lease = common::held(&store, "shard-1", "a").await;
+    // Another session holds the row's lock: the renewal waits, until the server ends it.
+    let mut blocker = common::raw(&url).await;
+    let lock = blocker.transaction().await.unwrap();
+    let select = "SELECT 1 FROM kcl_leases WHERE application = $1 FOR UPDATE";
+    lock.execute(select, &[&app]).await.unwrap();
+    let renewal = tokio::time::timeout(Duration::from_secs(5), store.renew(&lease)).await;
+    let error = renewal
+        .expect("ended by the statement timeout")
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Retryable, "{error}");
+    assert!(error.to_string().contains("57014"), "{error}");
+    lock.rollback().await.unwrap();
+    // The connection is sound, and the renewal goes through now.
+    store.renew(&lease).await.unwrap();
 }
