@@ -7,10 +7,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, Pool, Runtime};
-use kcl_core::{BackendError, ErrorKind, ParseModeError};
+use kcl_core::{BackendError, ParseModeError};
 use percent_encoding::percent_decode_str;
 
 use crate::PostgresLeaseStore;
+use crate::error::ConfigError;
 use crate::tls::{self, TlsMode};
 
 /// Who looks after the lease table's shape.
@@ -41,36 +42,6 @@ impl FromStr for TableSetup {
                 expected: "managed or external",
             }),
         }
-    }
-}
-
-/// Why a store could not be built from what it was given.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub(crate) enum ConfigError {
-    #[error("the connection string cannot be read: {0}")]
-    Url(#[source] tokio_postgres::Error),
-    #[error("sslmode: {0}")]
-    SslMode(#[source] ParseModeError),
-    #[error("sslrootcert {path}: {source}")]
-    RootFile {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("root certificates: {0}")]
-    Roots(String),
-    #[error("TLS: {0}")]
-    Tls(#[source] rustls::Error),
-    #[error("the application name is empty")]
-    NoApplication,
-    #[error("the connection pool: {0}")]
-    Pool(#[source] deadpool_postgres::BuildError),
-}
-
-impl ConfigError {
-    fn into_backend(self) -> BackendError {
-        BackendError::new(ErrorKind::Fatal, "connect", self.to_string()).with_source(self)
     }
 }
 
@@ -333,6 +304,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use kcl_core::ErrorKind;
 
     #[test]
     fn tls_params_come_off_a_url() {

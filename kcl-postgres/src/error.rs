@@ -217,6 +217,36 @@ pub(crate) fn backend_error(
     (error, drop_connection)
 }
 
+/// Why a store could not be built from what it was given.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum ConfigError {
+    #[error("the connection string cannot be read: {0}")]
+    Url(#[source] tokio_postgres::Error),
+    #[error("sslmode: {0}")]
+    SslMode(#[source] kcl_core::ParseModeError),
+    #[error("sslrootcert {path}: {source}")]
+    RootFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("root certificates: {0}")]
+    Roots(String),
+    #[error("TLS: {0}")]
+    Tls(#[source] rustls::Error),
+    #[error("the application name is empty")]
+    NoApplication,
+    #[error("the connection pool: {0}")]
+    Pool(#[source] deadpool_postgres::BuildError),
+}
+
+impl ConfigError {
+    pub(crate) fn into_backend(self) -> BackendError {
+        BackendError::new(ErrorKind::Fatal, "connect", self.to_string()).with_source(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

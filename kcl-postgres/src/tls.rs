@@ -23,7 +23,7 @@ use rustls::{
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 
 /// How a connection is encrypted and what the server's certificate must prove: libpq's
 /// `sslmode`, read from the URL's `sslmode` or set with
