@@ -121,4 +121,50 @@ impl<L: LeaseStore> LeaseStoreExtras for std::sync::Arc<L> {
     ) -> impl Future<Output = Result<(), BackendError>> + Send {
         (**self).unpark(key, entries)
     }
+
+    fn request_redrive(
+        &self,
+        key: &ShardId,
+        parked: &str,
+        request: &str,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        (**self).request_redrive(key, parked, request)
+    }
+}
+
+#[cfg(all(test, feature = "test-util"))]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use super::LeaseStoreExtras;
+    use crate::lease::{Lease, LeaseStore};
+    use crate::memory::MemoryLeaseStore;
+    use crate::types::{Checkpoint, ShardId};
+
+    /// A shared store passes every extra through (a redrive's request through an `Arc` was
+    /// answered "keeps no parked keys").
+    #[tokio::test]
+    async fn a_shared_store_passes_every_extra_through() {
+        let store = Arc::new(MemoryLeaseStore::new());
+        store
+            .ensure_table(crate::lease::TableFeatures::NONE)
+            .await
+            .unwrap();
+        let mut lease = Lease::new(ShardId::new("s"), Checkpoint::TrimHorizon);
+        lease.parked_keys = vec!["k@1".to_owned()];
+        assert!(store.create(&lease).await.unwrap());
+        let key = ShardId::new("s");
+        assert!(
+            store
+                .request_redrive(&key, "k@1", "redrive:k@1")
+                .await
+                .unwrap()
+        );
+        store.unpark(&key, &["k@1".to_owned()]).await.unwrap();
+        let row = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(row.parked_keys, vec!["redrive:k@1".to_owned()]);
+        assert!(store.usage().is_some());
+    }
 }
