@@ -288,6 +288,40 @@ pub fn item_size(lease: &Lease) -> usize {
     if let Some(acked) = &lease.acked {
         size += text("kclAcked", acked);
     }
+    size + kcl_attributes(lease)
+}
+
+/// The size of kcl's own attributes other than `kclAcked`, as [`item_size`] counts.
+fn kcl_attributes(lease: &Lease) -> usize {
+    let text = |name: &str, value: &str| name.len() + value.len() + 3;
+    let number = |name: &str, value: u64| {
+        let digits = value.checked_ilog10().map_or(1, |d| d as usize + 1);
+        name.len() + digits.div_ceil(2) + 2
+    };
+    let mut size = 0;
+    if let Some(fence) = lease.fence {
+        size += number("kclFence", fence.0);
+    }
+    for (name, value) in [
+        ("kclEndpoint", &lease.endpoint),
+        ("kclSignals", &lease.signals),
+    ] {
+        size += value.as_deref().map_or(0, |v| text(name, v));
+    }
+    if let Some(carrier) = &lease.carrier {
+        size += text("kclCarrier", carrier.as_str());
+    }
+    if !lease.parked_keys.is_empty() {
+        let entries: usize = lease.parked_keys.iter().map(|k| k.len() + 1).sum();
+        size += "parkedKeys".len() + entries + 3;
+    }
+    if let Some(load) = &lease.load {
+        size += number("kclLoad", load.milli.into())
+            + number("kclCapacity", load.capacity_milli.into());
+        if let Some(flow) = &load.flow {
+            size += text("kclFlow", &flow.encode());
+        }
+    }
     size
 }
 
