@@ -177,6 +177,9 @@ pub enum Mutation {
     ArrivalsBalancedOnto,
     /// The damper follows a rise at once, whatever `scale_up_window` is configured.
     ScaleUpWindowIgnored,
+    /// A processor opening a shard ignores the records its lease row says finished past the
+    /// checkpoint (`kclAcked`): it is handed them again.
+    AckedIgnoredOnOpen,
 }
 
 impl Mutation {
@@ -251,6 +254,7 @@ impl Mutation {
         Self::StepDownIgnored,
         Self::ScaleUpWindowIgnored,
         Self::PlacedOnMostLoaded,
+        Self::AckedIgnoredOnOpen,
     ];
 }
 

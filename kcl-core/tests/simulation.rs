@@ -15,7 +15,9 @@
 //! Every worker is also a candidate for a singleton task that is slow to stop. In half the
 //! seeds with batch processors and no failure policy, processors commit their records'
 //! outputs with their checkpoints, exactly once (`sim/outputs.rs`, `output-once` and
-//! `output-in-step`).
+//! `output-in-step`). No processor is handed a record its lease row said had finished
+//! (sparse acknowledgements, `acked-skipped`), and the summary counts what each change of
+//! tenure under `Parallel` delivers again, by why (`sim/checks/acks.rs`).
 //!
 //! `cargo test -p kcl-core --test simulation` runs 200 seeds; `SIM_SEEDS=N` runs N;
 //! `SIM_SEED=S` replays one seed with the same schedule. A seed's run depends on the seed
@@ -457,6 +459,16 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.refused_stragglers,
         stats.conflicts,
         stats.replays,
+    );
+    let acked_violations = results
+        .iter()
+        .flat_map(|(_, o)| &o.violations)
+        .filter(|v| v.starts_with("acked-skipped:"))
+        .count();
+    let again = stats.again;
+    println!(
+        "sparse acks: {} records delivered again after takeovers under Parallel ({} unfinished, {} finished after the row's last write, {} recorded as finished); {} without them; {acked_violations} violations of [acked-skipped]",
+        again.total, again.unfinished, again.lagging, again.recorded, again.without,
     );
     let leading_violations = results
         .iter()

@@ -168,6 +168,11 @@ pub fn parallel(
     poison: Option<&Poison>,
 ) -> AnyProcessor {
     let key_panics = handler.poison.clone().filter(|p| p.key_panics);
+    let who = Who {
+        instance: handler.instance,
+        worker: handler.worker.clone(),
+        log: handler.log.clone(),
+    };
     let mut factory = Parallel::new(handler).max_in_flight(max_in_flight);
     if let Some(poison) = poison {
         factory = factory
@@ -184,22 +189,37 @@ pub fn parallel(
             record.partition_key.clone()
         });
     }
-    AnyProcessor::Parallel(Box::new(factory.create(shard)))
+    AnyProcessor::Parallel(Box::new(factory.create(shard)), who)
 }
 
 /// What the fleet's factories hand out.
 #[derive(Debug)]
 pub enum AnyProcessor {
     Plain(Box<SimProcessor>),
-    Parallel(Box<ParallelProcessor<SimHandler>>),
+    Parallel(Box<ParallelProcessor<SimHandler>>, Who),
     HandsOff(Box<HandsOff>),
+}
+
+/// Which instance of which worker a processor is, and where it journals.
+#[derive(Debug)]
+pub struct Who {
+    pub instance: u64,
+    pub worker: String,
+    pub log: Log,
 }
 
 impl RecordProcessor for AnyProcessor {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
+        // Under which tenure it opened the shard (`acked-skipped`).
+        let (instance, worker, log) = match self {
+            Self::Plain(p) => p.who(),
+            Self::Parallel(_, who) => (who.instance, who.worker.as_str(), &who.log),
+            Self::HandsOff(p) => (p.instance, p.worker.as_str(), &p.log),
+        };
+        log.opened(instance, worker, &input.shard_id, input.fencing_token.0);
         match self {
             Self::Plain(p) => p.initialize(input).await,
-            Self::Parallel(p) => p.initialize(input).await,
+            Self::Parallel(p, _) => p.initialize(input).await,
             Self::HandsOff(p) => p.initialize(input).await,
         }
     }
@@ -211,7 +231,7 @@ impl RecordProcessor for AnyProcessor {
     ) -> Result<(), BoxError> {
         match self {
             Self::Plain(p) => p.process_records(input, checkpointer).await,
-            Self::Parallel(p) => p.process_records(input, checkpointer).await,
+            Self::Parallel(p, _) => p.process_records(input, checkpointer).await,
             Self::HandsOff(p) => p.process_records(input, checkpointer).await,
         }
     }
@@ -219,7 +239,7 @@ impl RecordProcessor for AnyProcessor {
     async fn lease_lost(&mut self) {
         match self {
             Self::Plain(p) => p.lease_lost().await,
-            Self::Parallel(p) => p.lease_lost().await,
+            Self::Parallel(p, _) => p.lease_lost().await,
             Self::HandsOff(p) => p.lease_lost().await,
         }
     }
@@ -227,7 +247,7 @@ impl RecordProcessor for AnyProcessor {
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
         match self {
             Self::Plain(p) => p.shard_ended(checkpointer).await,
-            Self::Parallel(p) => p.shard_ended(checkpointer).await,
+            Self::Parallel(p, _) => p.shard_ended(checkpointer).await,
             Self::HandsOff(p) => p.shard_ended(checkpointer).await,
         }
     }
@@ -238,7 +258,7 @@ impl RecordProcessor for AnyProcessor {
     ) -> Result<(), BoxError> {
         match self {
             Self::Plain(p) => p.shutdown_requested(checkpointer).await,
-            Self::Parallel(p) => p.shutdown_requested(checkpointer).await,
+            Self::Parallel(p, _) => p.shutdown_requested(checkpointer).await,
             Self::HandsOff(p) => p.shutdown_requested(checkpointer).await,
         }
     }

@@ -79,6 +79,7 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("NoStickiness", 15),
         ("RelativeBand", 47),
         ("NoMoveBudget", 47),
+        ("AckedIgnoredOnOpen", 9),
     ];
     let name = format!("{m:?}");
     HINTS

@@ -59,6 +59,18 @@ pub struct Attempt {
 #[derive(Debug, Clone)]
 pub struct Instance {
     pub created_seq: u64,
+    /// When `initialize` was called, and in which tenure; `None` if it never was.
+    pub opened: Option<Opened>,
+}
+
+/// A processor instance's `initialize`: where it reads, and under which tenure (its fencing
+/// token, the counter its holder's take wrote).
+#[derive(Debug, Clone)]
+pub struct Opened {
+    pub seq: u64,
+    pub worker: String,
+    pub shard: ShardId,
+    pub fence: u64,
 }
 
 /// One run of the fleet's singleton task: who, from when, and when it last executed
@@ -204,6 +216,19 @@ impl Log {
         j.singleton_runs.len() - 1
     }
 
+    /// Processor `instance` of `worker` opened `shard` under the tenure of fencing token
+    /// `fence` (its `initialize`).
+    pub fn opened(&self, instance: u64, worker: &str, shard: &ShardId, fence: u64) {
+        if let Some(i) = self.lock().instances.get_mut(&instance) {
+            i.opened = Some(Opened {
+                seq: next_event_seq(),
+                worker: worker.to_owned(),
+                shard: shard.clone(),
+                fence,
+            });
+        }
+    }
+
     /// The periodic job runs for period `index`.
     pub fn period_ran(&self, worker: &str, index: u64) {
         self.lock().periodic_runs.push(PeriodicRun {
@@ -257,6 +282,7 @@ impl Factory {
             instance,
             Instance {
                 created_seq: next_event_seq(),
+                opened: None,
             },
         );
         if let Some(n) = self.parallel {
@@ -330,6 +356,11 @@ pub struct SimProcessor {
 }
 
 impl SimProcessor {
+    /// Its instance, its worker and its journal.
+    pub fn who(&self) -> (u64, &str, &Log) {
+        (self.instance, &self.worker, &self.log)
+    }
+
     /// `Style::Explicit`: first, now and then, a position past the last delivered record
     /// (the next user record of its aggregate, or the next sequence number), which must be
     /// refused; then a delivered position drawn at random.

@@ -213,6 +213,9 @@ pub struct Stats {
     pub refused_stragglers: usize,
     pub conflicts: usize,
     pub replays: usize,
+    /// Under `Parallel`: records handled again after a change of tenure, by why, and how
+    /// many would have been without sparse acknowledgements (`checks/acks.rs`).
+    pub again: checks::Again,
 }
 
 impl Outcome {
@@ -305,6 +308,7 @@ impl std::ops::AddAssign for Stats {
         self.refused_stragglers += o.refused_stragglers;
         self.conflicts += o.conflicts;
         self.replays += o.replays;
+        self.again += o.again;
     }
 }
 
@@ -820,6 +824,7 @@ fn judge(
         transactional: fleet.outputs.is_some(),
     };
     stats.stall_windows = checks::stalls(&evidence).len();
+    stats.again = checks::again(&evidence);
     stats.kept_judged = checks::kept_judged(&evidence);
     checks::check(&evidence)
 }

@@ -26,6 +26,9 @@ pub(super) fn open(watermark: &Watermark, lease: &Lease) {
     let Some(value) = &lease.acked else {
         return;
     };
+    if crate::mutation::on(crate::mutation::Mutation::AckedIgnoredOnOpen) {
+        return;
+    }
     match SparseAcks::decode(value, &lease.checkpoint) {
         Ok(acks) => {
             tracing::info!(

@@ -1,5 +1,6 @@
 //! The invariants every simulated run must keep, each named in the summary line.
 
+mod acks;
 mod leading;
 mod leases;
 mod outputs;
@@ -10,6 +11,7 @@ mod records;
 mod restarts;
 mod singletons;
 
+pub use acks::{Again, again};
 pub use problems::stalls;
 pub use records::{Openings, undelivered};
 pub use restarts::kept_judged;
@@ -60,6 +62,7 @@ pub const INVARIANTS: &[&str] = &[
     "leaderless",
     "output-once",
     "output-in-step",
+    "acked-skipped",
 ];
 
 /// How the fleet started reading.
@@ -184,5 +187,6 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
     if e.transactional {
         outputs::outputs(e, &mut v);
     }
+    acks::acked_skipped(e, &mut v);
     v
 }
