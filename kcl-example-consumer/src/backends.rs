@@ -31,7 +31,9 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
     let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
         .with_table_setup(settings.table_setup);
     let exactly_once = crate::exactly_once::setup(&settings, &store).await?;
-    let routes = exactly_once.as_ref().map(|e| e.routes.clone());
+    let served = exactly_once
+        .as_ref()
+        .map(crate::exactly_once::ExactlyOnce::served);
     let factory = crate::window_counters(&settings, exactly_once.map(|e| e.table));
     match &settings.input {
         SourceSpec::Streams {
@@ -56,7 +58,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                 let name = given.get(id).cloned().unwrap_or_else(|| id.name.clone());
                 KinesisShardSource::new(&sdk, name)
             });
-            crate::run_worker(&settings, source, store, factory, dead_letters, routes).await
+            crate::run_worker(&settings, source, store, factory, dead_letters, served).await
         }
         SourceSpec::DynamoDbStreams {
             arns,
@@ -78,7 +80,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
             let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
                 kcl_aws::DynamoDbStreamsSource::for_stream_id(&sdk, id)
             });
-            crate::run_worker(&settings, source, store, factory, dead_letters, routes).await
+            crate::run_worker(&settings, source, store, factory, dead_letters, served).await
         }
         one @ (SourceSpec::Stream(_) | SourceSpec::DynamoDb { .. }) => {
             let source = open(&sdk, one).await?;
@@ -89,7 +91,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                     "reading a DynamoDB stream"
                 );
             }
-            crate::run_worker(&settings, source, store, factory, dead_letters, routes).await
+            crate::run_worker(&settings, source, store, factory, dead_letters, served).await
         }
     }
 }

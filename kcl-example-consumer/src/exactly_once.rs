@@ -1,6 +1,8 @@
 //! `--exactly-once-table` at start: the table checked (created under `--table-setup
 //! managed`), claimed for this application, the lease table compared with it at once and
-//! every few minutes, and `GET /exactly-once` to show what was found.
+//! every minute; the shards found ahead of the table listed as problems on `/status`
+//! (`outputs_out_of_step`), and `GET /exactly-once` to show everything found (shards behind
+//! included, which are not problems: their records are skipped, the table stays exact).
 //!
 //! Why a worker that finds records checkpointed without their windows does not fail its
 //! readiness, nor refuse to start: the windows are missing already, and no restart brings them
@@ -8,8 +10,9 @@
 //! flagged worker that stops (or a rollout that stalls on it) only leaves the shards longer
 //! to the worker at fault. What an operator needs is to learn it at once and where they look:
 //! an ERROR line naming the shard, the table and both positions, the counter and the gauge of
-//! [`step`](kcl_example_consumer::table::step) (an alert on either), this route, and the
-//! position item of the shard, which records the gap for whoever reads the table. A table of
+//! [`step`](kcl_example_consumer::table::step) (an alert on either), a problem on `/status`
+//! (never in readiness, for the reasons above), this route, and the position item of the
+//! shard, which records the gap for whoever reads the table. A table of
 //! another application, or of another key, is refused at start: nothing would be right.
 
 use std::sync::Arc;
@@ -25,6 +28,24 @@ use crate::settings::Settings;
 pub(crate) struct ExactlyOnce {
     pub(crate) table: Arc<dyn WindowTable>,
     pub(crate) routes: Router,
+}
+
+impl ExactlyOnce {
+    /// Its route, and the shards found ahead of the table as problems on `/status`.
+    pub(crate) fn served(&self) -> crate::Served {
+        let table = self.table.clone();
+        let problems = kcl_serve::AppProblems::new(move || {
+            let found = table.mismatches().problems();
+            found
+                .into_iter()
+                .map(|(kind, shard, detail)| kcl_serve::AppProblem::new(kind, shard, detail))
+                .collect()
+        });
+        crate::Served {
+            routes: self.routes.clone(),
+            problems,
+        }
+    }
 }
 
 /// Sets the table of `--exactly-once-table` up, if there is one: its writes commit through

@@ -6,6 +6,7 @@
 //! signal handling and the `demo`.
 
 pub mod processor;
+mod resume;
 pub mod table;
 pub mod window;
 

@@ -197,6 +197,14 @@ pub(crate) fn window_counters(
     }
 }
 
+/// What a run serves beside the probes and metrics: routes, and problems for `/status`
+/// (`--exactly-once-table`'s).
+#[derive(Debug)]
+pub(crate) struct Served {
+    pub(crate) routes: axum::Router,
+    pub(crate) problems: http::AppProblems,
+}
+
 /// Runs a worker on any backends with everything `run` promises: metrics and health over
 /// HTTP, graceful shutdown on the first SIGTERM/SIGINT, forced on the second.
 pub(crate) async fn run_worker<S, L, F>(
@@ -205,7 +213,7 @@ pub(crate) async fn run_worker<S, L, F>(
     store: L,
     factory: F,
     letters: Option<DeadLetters>,
-    routes: Option<axum::Router>,
+    served: Option<Served>,
 ) -> anyhow::Result<ExitCode>
 where
     S: ShardSource,
@@ -236,11 +244,13 @@ where
             e.reason
         )
     })?;
+    let (routes, problems) = served.map(|s| (s.routes, s.problems)).unzip();
     let options = http::Options {
         routes: [summary.as_ref().and_then(|s| s.routes.clone()), routes]
             .into_iter()
             .flatten()
             .reduce(axum::Router::merge),
+        problems,
         on_signal: summary
             .as_ref()
             .map_or_else(CancellationToken::new, |s| s.stop.clone()),
@@ -252,6 +262,22 @@ where
         application = %settings.application_name,
         "starting"
     );
+    warn_unstable_id(settings);
+    let ended = serving
+        .run(worker, settings.worker_id.clone(), options)
+        .await;
+    if let Some(summary) = summary {
+        let _ = tokio::time::timeout(Duration::from_secs(5), summary.task).await;
+    }
+    match ended {
+        http::Ended::Stopped => Ok(ExitCode::SUCCESS),
+        http::Ended::Forced | http::Ended::Exited => Ok(ExitCode::from(130)),
+        http::Ended::Failed(e) => Err(anyhow::Error::new(e).context("the worker failed")),
+    }
+}
+
+/// Warns when `restart_grace` is set for a worker whose id the next start will not have.
+fn warn_unstable_id(settings: &Settings) {
     let generated = settings
         .effective
         .get("worker_id")
@@ -265,16 +291,5 @@ where
              the grace for a worker that never comes; give a stable --worker-id (a \
              StatefulSet's POD_NAME), or turn restart_grace off"
         );
-    }
-    let ended = serving
-        .run(worker, settings.worker_id.clone(), options)
-        .await;
-    if let Some(summary) = summary {
-        let _ = tokio::time::timeout(Duration::from_secs(5), summary.task).await;
-    }
-    match ended {
-        http::Ended::Stopped => Ok(ExitCode::SUCCESS),
-        http::Ended::Forced | http::Ended::Exited => Ok(ExitCode::from(130)),
-        http::Ended::Failed(e) => Err(anyhow::Error::new(e).context("the worker failed")),
     }
 }

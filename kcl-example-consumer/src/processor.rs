@@ -8,35 +8,40 @@
 //! stream that goes quiet shows too. The processor then emits it and checkpoints at its last
 //! record, so after a failover the next owner recounts only the window that was still open.
 //! A record that arrives later than that for a closed window (its arrival time set by the
-//! service, more than [`CLOSE_AFTER`] before it could be read) gets a line of its own. Emission is at least once: a window emitted just before a
-//! crash, and not yet checkpointed, is emitted again by the next owner. A graceful shutdown
-//! or handoff emits the open window early, marked `"complete": false`, and checkpoints
-//! everything, so nothing is counted twice.
+//! service, more than [`CLOSE_AFTER`] before it could be read) gets a line of its own.
+//! Emission is at least once: a window emitted just before a crash, and not yet
+//! checkpointed, is emitted again by the next owner. A graceful shutdown or handoff emits the
+//! open window early, marked `"complete": false`, and checkpoints everything, so nothing is
+//! counted twice.
+//!
+//! A call of `process_records` that fails changes nothing: under a failure policy other than
+//! `block` its records come back to this same processor (see [`crate::window`]), so what it
+//! counted is taken out again and the window it closed put back open.
 //!
 //! With a [`WindowTable`] ([`WindowCounter::with_table`], the binary's
 //! `--exactly-once-table`), each closed window's counts are also committed in the same
 //! transaction as the checkpoint at its last record: the table holds every window's count
-//! exactly once, whatever crashes, freezes and handoffs happen (see [`crate::table`]). On
-//! opening a shard it compares the lease's checkpoint with the table's position of the shard
-//! and reports records checkpointed without their windows ([`crate::table::step`]).
+//! exactly once, whatever crashes, freezes, handoffs and failed calls happen (see
+//! [`crate::table`]). On opening a shard it compares the lease's checkpoint with the table's
+//! position of the shard, reports records checkpointed without their windows
+//! ([`crate::table::step`]), and resumes from the later of the two: records at or before
+//! the table's position (a lease moved back) are counted already, and skipped (said once at
+//! WARN). After a failed commit it reads the position back, since a commit
+//! whose answer was lost may have applied.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, TimeDelta, Utc};
 use kcl_core::{
-    BoxError, Checkpoint, CheckpointError, Checkpointer, ExtendedSequenceNumber,
-    InitializationInput, ProcessRecordsInput, Record, RecordProcessor, ShardId,
+    BoxError, CheckpointError, Checkpointer, InitializationInput, ProcessRecordsInput, Record,
+    RecordProcessor, ShardId,
 };
 
-use crate::table::{Closed, CommitFailed, Through, WindowTable};
-pub use crate::window::{KeyCount, WindowSummary};
-
-/// How long past its end a window waits, on a quiet shard, for records that arrived before
-/// its end and are not readable yet, before it closes on time.
-pub const CLOSE_AFTER: Duration = Duration::from_secs(2);
+use crate::resume::Replay;
+use crate::table::{Closed, CommitFailed, Committed, Through, WindowTable};
+pub use crate::window::{CLOSE_AFTER, KeyCount, WindowSummary, Windows};
 
 /// Where window lines go.
 pub trait WindowSink: Send + Sync + 'static {
@@ -64,120 +69,6 @@ impl<T: WindowSink> WindowSink for Arc<T> {
     }
 }
 
-/// The counting state of one shard, without any I/O.
-#[derive(Debug)]
-pub struct Windows {
-    shard: String,
-    length: TimeDelta,
-    top_keys: usize,
-    open: Option<OpenWindow>,
-}
-
-#[derive(Debug)]
-struct OpenWindow {
-    start: DateTime<Utc>,
-    records: u64,
-    bytes: u64,
-    keys: HashMap<String, (u64, u64)>,
-    last: ExtendedSequenceNumber,
-}
-
-impl Windows {
-    /// Windows of `length` (at least 1 ms) for `shard`, listing up to `top_keys` keys each.
-    pub fn new(shard: &ShardId, length: Duration, top_keys: usize) -> Self {
-        let length = TimeDelta::from_std(length)
-            .unwrap_or(TimeDelta::MAX)
-            .max(TimeDelta::milliseconds(1));
-        Self {
-            shard: shard.to_string(),
-            length,
-            top_keys,
-            open: None,
-        }
-    }
-
-    /// The start of the window `at` falls in.
-    pub fn window_of(&self, at: DateTime<Utc>) -> DateTime<Utc> {
-        let len = self.length.num_milliseconds().max(1);
-        let ms = at.timestamp_millis();
-        DateTime::from_timestamp_millis(ms - ms.rem_euclid(len)).unwrap_or(at)
-    }
-
-    /// Counts `record`. If it belongs to a later window than the open one, the open window
-    /// is closed first and returned with its last record's position.
-    pub fn add(&mut self, record: &Record) -> Option<(WindowSummary, ExtendedSequenceNumber)> {
-        let start = self.window_of(record.approximate_arrival);
-        // Arrival times can step back slightly within a shard: such records count in the
-        // open window rather than reopening an emitted one.
-        let closed = match &self.open {
-            Some(open) if start > open.start => self.close(true),
-            _ => None,
-        };
-        let open = self.open.get_or_insert_with(|| OpenWindow {
-            start,
-            records: 0,
-            bytes: 0,
-            keys: HashMap::new(),
-            last: record.position(),
-        });
-        let bytes = record.data.len() as u64;
-        open.records += 1;
-        open.bytes += bytes;
-        let key = open.keys.entry(record.partition_key.clone()).or_default();
-        key.0 += 1;
-        key.1 += bytes;
-        open.last = record.position();
-        closed
-    }
-
-    /// Closes the open window if `now` is [`CLOSE_AFTER`] past its end (call it only when the
-    /// shard is read to its tip).
-    pub fn close_due(
-        &mut self,
-        now: DateTime<Utc>,
-    ) -> Option<(WindowSummary, ExtendedSequenceNumber)> {
-        let open = self.open.as_ref()?;
-        let due = open.start + self.length + TimeDelta::from_std(CLOSE_AFTER).unwrap_or_default();
-        if now < due {
-            return None;
-        }
-        self.close(true)
-    }
-
-    /// Closes the open window, if any.
-    pub fn close(&mut self, complete: bool) -> Option<(WindowSummary, ExtendedSequenceNumber)> {
-        let open = self.open.take()?;
-        let mut keys: Vec<KeyCount> = open
-            .keys
-            .into_iter()
-            .map(|(key, (records, bytes))| KeyCount {
-                key,
-                records,
-                bytes,
-            })
-            .collect();
-        let distinct_keys = keys.len();
-        keys.sort_by(|a, b| b.records.cmp(&a.records).then_with(|| a.key.cmp(&b.key)));
-        keys.truncate(self.top_keys);
-        let summary = WindowSummary {
-            shard: self.shard.clone(),
-            window_start: open.start,
-            window_end: open.start + self.length,
-            complete,
-            records: open.records,
-            bytes: open.bytes,
-            distinct_keys,
-            top_keys: keys,
-        };
-        Some((summary, open.last))
-    }
-
-    /// Forgets the open window (the lease was lost: the next owner recounts it).
-    pub fn discard(&mut self) -> Option<u64> {
-        self.open.take().map(|w| w.records)
-    }
-}
-
 /// The [`RecordProcessor`]: [`Windows`] plus a [`WindowSink`] plus checkpoints, and with a
 /// [`WindowTable`] each window's counts committed with its checkpoint, exactly once.
 #[derive(Debug)]
@@ -186,8 +77,12 @@ pub struct WindowCounter<S> {
     sink: S,
     clock: Clock,
     table: Option<Arc<dyn WindowTable>>,
-    /// The lease's checkpoint, as opened and then committed.
-    stored: Checkpoint,
+    /// What the lease and the table hold, as opened and then committed.
+    committed: Committed,
+    /// Records delivered again after the lease was moved back behind the table's position.
+    replay: Option<Replay>,
+    /// A commit failed and its outcome could not be read back: read it before the next call.
+    unsettled: bool,
 }
 
 /// The wall clock, read as its value at the processor's start plus the monotonic time since
@@ -216,7 +111,9 @@ impl<S: WindowSink> WindowCounter<S> {
                 start: tokio::time::Instant::now(),
             },
             table: None,
-            stored: Checkpoint::TrimHorizon,
+            committed: Committed::new(kcl_core::Checkpoint::TrimHorizon),
+            replay: None,
+            unsettled: false,
         }
     }
 
@@ -229,7 +126,7 @@ impl<S: WindowSink> WindowCounter<S> {
     }
 
     /// Emits `closed` windows, then checkpoints `through`, committing the windows with the
-    /// checkpoint when there is a table.
+    /// checkpoint when there is a table. The outer error: nothing was written.
     async fn emit_and_commit(
         &mut self,
         checkpointer: &mut Checkpointer,
@@ -247,16 +144,133 @@ impl<S: WindowSink> WindowCounter<S> {
             return Ok(plain.map_err(CommitFailed::from));
         };
         Ok(table
-            .commit(checkpointer, closed, &mut self.stored, through)
+            .commit(checkpointer, closed, &mut self.committed, through)
             .await)
+    }
+
+    /// The records of `input` not counted in the table already, the others counted as such.
+    fn fresh<'r>(&mut self, records: &'r [Record]) -> Vec<&'r Record> {
+        // A batch is in order: what the table counts is a prefix of it.
+        let skipped = records.partition_point(|r| self.committed.covers(&r.position()));
+        let kept: Vec<&Record> = records[skipped..].iter().collect();
+        if skipped > 0
+            && let Some(table) = &self.table
+        {
+            table.mismatches().already_counted(skipped as u64);
+        }
+        if let Some(replay) = &mut self.replay {
+            replay.skipped(&records[..skipped]);
+        }
+        if !kept.is_empty()
+            && let Some(replay) = self.replay.take()
+        {
+            replay.done("the records after it are counted from here");
+        }
+        kept
+    }
+
+    /// Counts `records` (an empty batch: the shard is quiet) and commits the windows they
+    /// close; how many. On an error nothing changed: see [`Self::undo`].
+    async fn count(
+        &mut self,
+        records: &[&Record],
+        quiet: bool,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<usize, BoxError> {
+        let before = self.committed.clone();
+        self.windows.begin();
+        let mut closed = Vec::new();
+        for record in records {
+            closed.extend(self.windows.add(record));
+        }
+        if quiet {
+            closed.extend(self.windows.close_due(self.clock.now()));
+        }
+        let emitted = closed.len();
+        if let Some(position) = closed.last().map(|(_, last)| last.clone()) {
+            let through = Through::Record(position);
+            let outcome = match self.emit_and_commit(checkpointer, closed, through).await {
+                Ok(committed) => checkpoint(committed).map_err(|e| (e, true)),
+                Err(error) => Err((error, false)),
+            };
+            if let Err((error, tried)) = outcome {
+                self.undo(before, records, tried.then_some(checkpointer.shard_id()))
+                    .await;
+                return Err(error);
+            }
+        }
+        self.windows.settle();
+        Ok(emitted)
+    }
+
+    /// A call failed: back to `before`, as if it had not happened. When a commit was tried
+    /// (`shard`), the table's position says what applied all the same: the parts before the
+    /// one that failed, or a commit whose answer was lost. Read back now, or before the next
+    /// call if the read fails too.
+    async fn undo(&mut self, before: Committed, counted: &[&Record], shard: Option<&ShardId>) {
+        self.windows.rollback(counted.iter().copied());
+        self.committed = before;
+        if let Some(shard) = shard
+            && self.table.is_some()
+            && let Err(error) = self.settle(shard).await
+        {
+            tracing::warn!(
+                %shard,
+                error = format!("{error:#}"),
+                "a commit failed and the table's position cannot be read: read again first \
+                 at the next batch"
+            );
+            self.unsettled = true;
+        }
+    }
+
+    /// Reads the table's position of `shard`: further on than what this processor knows,
+    /// a commit it saw fail applied after all, and what it counted up to there is in the
+    /// table (the records after it are delivered again: the failed ones).
+    async fn settle(&mut self, shard: &ShardId) -> Result<(), BoxError> {
+        let Some(table) = &self.table else {
+            return Ok(());
+        };
+        let position = table.position(shard).await?;
+        self.unsettled = false;
+        if let Some(position) = position
+            && crate::table::further(&position, &self.committed.counted)
+        {
+            let dropped = self.windows.forget();
+            tracing::info!(
+                %shard,
+                %position,
+                was = %self.committed.counted,
+                dropped,
+                "a commit that failed applied after all: the table counts up to its position"
+            );
+            self.committed = Committed::new(position);
+        }
+        Ok(())
+    }
+
+    /// Says what a replay skipped, if one is under way as the processor stops.
+    fn stopping(&mut self) {
+        if let Some(replay) = self.replay.take() {
+            replay.done("the processor stops before the records after it");
+        }
     }
 }
 
 impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
-        self.stored = input.checkpoint.clone();
-        if let Some(table) = &self.table {
-            table.open(&input.shard_id, &input.checkpoint).await?;
+        self.committed = Committed::new(input.checkpoint.clone());
+        if let Some(table) = &self.table
+            && let Some(position) = table.open(&input.shard_id, &input.checkpoint).await?
+        {
+            // The lease was moved back: resume after what the table counts.
+            self.replay = Some(Replay::new(
+                &input.shard_id,
+                table.name(),
+                &input.checkpoint,
+                &position,
+            ));
+            self.committed.counted = position;
         }
         Ok(())
     }
@@ -267,34 +281,24 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
         let started = Instant::now();
+        if self.unsettled {
+            self.settle(checkpointer.shard_id()).await?;
+        }
         let delay = input.records().first().map(|r| {
             (self.clock.now() - r.approximate_arrival)
                 .num_milliseconds()
                 .max(0)
         });
-        let mut bytes = 0usize;
-        let mut closed = Vec::new();
-        for record in input.records() {
-            bytes += record.data.len();
-            closed.extend(self.windows.add(record));
-        }
-        // An empty batch: the shard is quiet and read to its tip.
-        if input.records().is_empty() {
-            closed.extend(self.windows.close_due(self.clock.now()));
-        }
-        let emitted = closed.len();
-        if let Some(position) = closed.last().map(|(_, last)| last.clone()) {
-            checkpoint(
-                self.emit_and_commit(checkpointer, closed, Through::Record(position))
-                    .await?,
-            )?;
-        }
-        if input.records().is_empty() && emitted == 0 {
+        let records = self.fresh(input.records());
+        let bytes: usize = records.iter().map(|r| r.data.len()).sum();
+        let quiet = input.records().is_empty();
+        let emitted = self.count(&records, quiet, checkpointer).await?;
+        if records.is_empty() && emitted == 0 {
             return Ok(());
         }
         tracing::info!(
             shard = %checkpointer.shard_id(),
-            records = input.records().len(),
+            records = records.len(),
             bytes,
             windows_emitted = emitted,
             processing_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -306,6 +310,7 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     }
 
     async fn lease_lost(&mut self) {
+        self.stopping();
         if let Some(records) = self.windows.discard() {
             tracing::info!(
                 records,
@@ -315,6 +320,7 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     }
 
     async fn shard_ended(&mut self, checkpointer: &mut Checkpointer) -> Result<(), BoxError> {
+        self.stopping();
         let closed = self.windows.close(true).into_iter().collect();
         // SHARD_END: lets the child shards start.
         self.emit_and_commit(checkpointer, closed, Through::ShardEnd)
@@ -326,6 +332,7 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
         &mut self,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
+        self.stopping();
         let closed = self.windows.close(false).into_iter().collect();
         checkpoint(
             self.emit_and_commit(checkpointer, closed, Through::Delivered)

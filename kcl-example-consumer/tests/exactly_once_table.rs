@@ -10,7 +10,9 @@
 //! the same table (refused, and writing nothing even once the table's application item is
 //! deleted), a table of another key (refused at start, naming the attribute), a missing table
 //! (named at start) and one deleted while running (the shard's checkpoint stays, and every
-//! record after it is counted once the table is back).
+//! record after it is counted once the table is back); a lease reset backwards while the
+//! consumer runs (the records up to the table's position skipped, none counted twice), and
+//! a shard left ahead by a worker without the flag (a problem on `/status`).
 
 #![allow(clippy::print_stderr)]
 
@@ -19,6 +21,8 @@ mod common;
 mod mistakes;
 #[path = "exactly_once_table/procs.rs"]
 mod procs;
+#[path = "exactly_once_table/reset.rs"]
+mod reset;
 
 use std::time::Duration;
 

@@ -12,6 +12,8 @@
 //!   attempts keep failing ([`ProblemKind::Failing`]: a rollout of a processor that cannot
 //!   work stops at its first pod); the body says which. Other problems (a shard stalled, a
 //!   row kcl cannot read) are in its body as `problem="…"`, and leave it ready.
+//! - `/status` lists every problem: the worker's, and the process's own
+//!   ([`Options::problems`], see [`problems`]), which never touch readiness.
 //! - `/metrics` drops counters and gauges not refreshed for 10 taker intervals (at least
 //!   10 s): kcl-core refreshes every series it owns every taker interval, and a shard's only
 //!   while this worker holds it, so the series of a shard that moved away disappear then.
@@ -25,6 +27,7 @@ pub mod drain;
 pub mod messenger;
 #[cfg(feature = "otlp")]
 mod otlp;
+pub mod problems;
 mod run;
 pub mod server;
 mod signals;
@@ -33,6 +36,7 @@ pub mod source;
 pub use messenger::HttpMessenger;
 #[cfg(feature = "otlp")]
 pub use otlp::Otlp;
+pub use problems::{AppProblem, AppProblems};
 pub use run::{Ended, Options, Serving};
 pub use server::ServeError;
 pub use signals::{LogFormat, init_logging, on_signals};
@@ -190,6 +194,8 @@ struct AppState {
     status: watch::Receiver<Status>,
     metrics: PrometheusHandle,
     probes: Probes,
+    /// The process's own problems, listed in `/status` after the worker's.
+    extra: Option<AppProblems>,
 }
 
 /// The router; `status` is the worker's [`status`](kcl_core::Worker::status) watch.
@@ -198,6 +204,17 @@ pub fn router(
     status: watch::Receiver<Status>,
     metrics: PrometheusHandle,
     probes: Probes,
+) -> Router {
+    router_with(worker_id, status, metrics, probes, None)
+}
+
+/// As [`router`], `/status` listing the process's own problems too.
+pub fn router_with(
+    worker_id: String,
+    status: watch::Receiver<Status>,
+    metrics: PrometheusHandle,
+    probes: Probes,
+    extra: Option<AppProblems>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
@@ -209,6 +226,7 @@ pub fn router(
             status,
             metrics,
             probes,
+            extra,
         })
 }
 
@@ -354,6 +372,11 @@ async fn prometheus(State(state): State<AppState>) -> Response {
 
 async fn status_json(State(state): State<AppState>) -> Response {
     let status = state.status.borrow().clone();
+    let extra = state
+        .extra
+        .as_ref()
+        .map(AppProblems::list)
+        .unwrap_or_default();
     axum::Json(serde_json::json!({
         "worker_id": state.worker_id,
         "phase": phase_name(status.phase),
@@ -364,7 +387,11 @@ async fn status_json(State(state): State<AppState>) -> Response {
             "kind": p.kind.as_str(),
             "key": p.key,
             "detail": p.detail,
-        })).collect::<Vec<_>>(),
+        })).chain(extra.iter().map(|p| serde_json::json!({
+            "kind": p.kind,
+            "key": p.key,
+            "detail": p.detail,
+        }))).collect::<Vec<_>>(),
         "leases": status.held.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "leader": status.leader.as_ref().map(ToString::to_string),
         "leading": status.leading,
@@ -399,7 +426,7 @@ mod tests {
 
     use super::*;
 
-    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    pub(crate) async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         let mut conn = tokio::net::TcpStream::connect(addr)
             .await
             .unwrap_or_else(|e| panic!("{e}"));

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::drain;
 use crate::{
-    Metrics, OtlpSettings, Probes, ServeError, install_metrics, on_signals, router, server,
+    Metrics, OtlpSettings, Probes, ServeError, install_metrics, on_signals, router_with, server,
 };
 
 /// How long a forced shutdown may take before the run ends regardless.
@@ -53,6 +53,9 @@ pub struct Options {
     /// exited non-zero", "children exited non-zero")`), after the records processed and the
     /// leases handed back or over.
     pub summary: Vec<(&'static str, &'static str, &'static str)>,
+    /// The process's own problems, listed in `/status` with the worker's (never in
+    /// readiness; see [`problems`](crate::problems)).
+    pub problems: Option<crate::AppProblems>,
 }
 
 /// How a run ended.
@@ -177,11 +180,12 @@ impl Serving {
     {
         let handle = worker.shutdown_handle();
         let token = self.drain_token();
-        let mut routes = router(
+        let mut routes = router_with(
             worker_id,
             worker.status(),
             self.metrics.prometheus.clone(),
             self.probes,
+            options.problems.clone(),
         )
         .merge(drain::routes(drain::Setup {
             handle: handle.clone(),

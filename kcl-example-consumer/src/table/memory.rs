@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use kcl_core::memory::{MemoryLeaseStore, MemoryWrite, OutputItem};
 use kcl_core::{Checkpoint, FencingToken, ShardId};
 
-use super::step::Mismatch;
+use super::step::{Mismatch, Step};
 use super::{Items, Position, TableError};
 use crate::window::WindowSummary;
 
@@ -89,6 +89,10 @@ impl Items for MemoryItems {
     }
 
     fn realign<'a>(&'a self, mismatch: &'a Mismatch) -> BoxFuture<'a, Result<bool, TableError>> {
+        if mismatch.step == Step::Behind {
+            // The position stays: nothing else is recorded on this store.
+            return Box::pin(async { Ok(true) });
+        }
         let item = OutputItem {
             value: Some(self.value(&mismatch.lease)),
             count: 0,

@@ -15,8 +15,11 @@
 //! What the transaction cannot see, the table is made to show:
 //! - **the shard's position**: every commit also writes the checkpoint it commits to the
 //!   shard's position item, in the same transaction. A lease found ahead of it was
-//!   checkpointed by a worker without the table (see [`step`]); it is also where a sink's own
-//!   resume point would be read (issue 52).
+//!   checkpointed by a worker without the table (see [`step`]). A lease found behind it was
+//!   moved back (`kcl-admin reset`): the records up to the position are counted already, and
+//!   the processor resumes from the later of the two, skipping them ([`Committed`]). It is
+//!   also what a failed commit is read back from: a commit whose answer was lost may have
+//!   applied, and the position says whether it did.
 //! - **the application**: the table's application item names the one application (lease
 //!   table) it belongs to, checked at start; each position item names it too, and every commit
 //!   is conditioned on it, so a second application's worker writes nothing to the table.
@@ -31,6 +34,8 @@ pub mod step;
 pub mod dynamodb;
 #[cfg(test)]
 pub(crate) mod memory;
+#[cfg(test)]
+mod failed_tests;
 #[cfg(test)]
 mod tests;
 
@@ -48,10 +53,8 @@ use kcl_core::{
 
 pub use self::error::{CommitFailed, TableError};
 use self::step::{Found, Mismatch, Mismatches, Step};
+pub use crate::window::Closed;
 use crate::window::WindowSummary;
-
-/// A closed window and the position of its last record.
-pub type Closed = (WindowSummary, ExtendedSequenceNumber);
 
 /// What a commit checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +67,44 @@ pub enum Through {
     ShardEnd,
 }
 
+/// What a shard's commits have written, as its processor knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The lease's checkpoint: as opened, then as commits move it.
+    pub lease: Checkpoint,
+    /// The later of the lease's checkpoint and the table's position of the shard: the
+    /// records at or before it are counted in the table already. Ahead of the lease only
+    /// after the lease was moved back (a reset backwards), until a commit passes it.
+    pub counted: Checkpoint,
+}
+
+impl Committed {
+    /// A shard opened at `lease`, in step with the table.
+    pub fn new(lease: Checkpoint) -> Self {
+        Self {
+            counted: lease.clone(),
+            lease,
+        }
+    }
+
+    /// Whether `record` is counted in the table already (at or before [`Self::counted`]).
+    pub fn covers(&self, record: &ExtendedSequenceNumber) -> bool {
+        !after(record, &self.counted)
+    }
+}
+
+/// Whether the table's `position` is further on than `counted`: a commit applied that the
+/// processor did not know of.
+pub fn further(position: &Checkpoint, counted: &Checkpoint) -> bool {
+    match (position, counted) {
+        (_, Checkpoint::ShardEnd) => false,
+        (Checkpoint::ShardEnd, _) => true,
+        (Checkpoint::Sequence(p), Checkpoint::Sequence(c)) => p > c,
+        (Checkpoint::Sequence(_), _) => true,
+        _ => false,
+    }
+}
+
 /// Where closed windows are committed with the checkpoint that covers them.
 pub trait WindowTable: Send + Sync + fmt::Debug + 'static {
     /// The table's name, for messages.
@@ -71,7 +112,8 @@ pub trait WindowTable: Send + Sync + fmt::Debug + 'static {
 
     /// A processor opens `shard` after `lease` (its lease's checkpoint): compares it with the
     /// table's position of the shard, reports a mismatch ([`step`]) and records it in the
-    /// table.
+    /// table. Returns the table's position when it is ahead of the lease (the lease was moved
+    /// back): the records up to it are counted already.
     ///
     /// # Errors
     /// [`TableError::Gone`], [`TableError::OtherApplication`], or the read's error: the
@@ -80,11 +122,21 @@ pub trait WindowTable: Send + Sync + fmt::Debug + 'static {
         &'a self,
         shard: &'a ShardId,
         lease: &'a Checkpoint,
-    ) -> BoxFuture<'a, Result<(), TableError>>;
+    ) -> BoxFuture<'a, Result<Option<Checkpoint>, TableError>>;
+
+    /// The table's position of `shard`, read consistently: where its last commit went.
+    ///
+    /// # Errors
+    /// The read's.
+    fn position<'a>(
+        &'a self,
+        shard: &'a ShardId,
+    ) -> BoxFuture<'a, Result<Option<Checkpoint>, TableError>>;
 
     /// Checkpoints `through`, with `windows` written in the same transaction (or several, each
-    /// with the checkpoint of its last window) and the shard's position with each. `stored`
-    /// is the checkpoint the lease holds, moved as commits apply.
+    /// with the checkpoint of its last window) and the shard's position with each (never
+    /// moving it back: a checkpoint before [`Committed::counted`] goes without it).
+    /// `committed` is moved as commits apply.
     ///
     /// # Errors
     /// [`CommitFailed`]: as [`Checkpointer::commit_outputs`]
@@ -95,7 +147,7 @@ pub trait WindowTable: Send + Sync + fmt::Debug + 'static {
         &'a self,
         checkpointer: &'a mut Checkpointer,
         windows: Vec<Closed>,
-        stored: &'a mut Checkpoint,
+        committed: &'a mut Committed,
         through: Through,
     ) -> BoxFuture<'a, Result<(), CommitFailed>>;
 
@@ -151,8 +203,10 @@ pub trait Items: Send + Sync + fmt::Debug + 'static {
         &'a self,
         shards: &'a [ShardId],
     ) -> BoxFuture<'a, Result<HashMap<ShardId, Position>, TableError>>;
-    /// Moves the position item of `mismatch`'s shard from the table's position it found to
-    /// its lease's checkpoint, recording the mismatch; false if the item changed meanwhile.
+    /// Records `mismatch` in the position item of its shard, if the item still holds the
+    /// table's position it found (false if it changed meanwhile): a lease ahead moves the
+    /// position to the lease's checkpoint (the table counts from there); a lease behind leaves
+    /// it (the records up to it are counted, and skipped).
     fn realign<'a>(&'a self, mismatch: &'a Mismatch) -> BoxFuture<'a, Result<bool, TableError>>;
     /// After a commit of `shard` failed: [`TableError::Gone`] if the table is.
     fn diagnose<'a>(&'a self, shard: &'a ShardId) -> BoxFuture<'a, Option<TableError>>;
@@ -185,7 +239,7 @@ impl<I: Items> Transactional<I> {
         &self,
         checkpointer: &mut Checkpointer,
         windows: Vec<Closed>,
-        stored: &mut Checkpoint,
+        committed: &mut Committed,
         through: &Through,
     ) -> Result<(), CommitFailed> {
         let shard = checkpointer.shard_id().clone();
@@ -197,13 +251,17 @@ impl<I: Items> Transactional<I> {
             Through::Record(p) => (Checkpoint::Sequence(p.clone()), Some(p.clone())),
             Through::Delivered => match checkpointer.finished() {
                 Some(p) => (Checkpoint::Sequence(p.clone()), Some(p)),
-                None => (stored.clone(), None),
+                None => (committed.lease.clone(), None),
             },
             Through::ShardEnd => (Checkpoint::ShardEnd, checkpointer.last_delivered().cloned()),
         };
         // The position goes with the record the checkpoint covers; none if it does not move
-        // (a write must belong to a record after the stored checkpoint).
-        if let Some(tag) = tag.filter(|t| after(t, stored)) {
+        // past what is counted (a write must belong to a record after the stored checkpoint,
+        // and the position never goes back: after a reset backwards, the lease catches up
+        // with it first).
+        let tag = tag.filter(|t| after(t, &committed.counted));
+        let moves = tag.is_some();
+        if let Some(tag) = tag {
             let write = self
                 .items
                 .position(&shard, &target, checkpointer.fencing_token());
@@ -222,7 +280,10 @@ impl<I: Items> Transactional<I> {
         };
         match result {
             Ok(()) => {
-                *stored = target;
+                if moves {
+                    committed.counted = target.clone();
+                }
+                committed.lease = target;
                 Ok(())
             }
             Err(source) => Err(self.explain(&shard, source).await),
@@ -256,7 +317,49 @@ impl<I: Items> Transactional<I> {
         })
     }
 
-    async fn open_shard(&self, shard: &ShardId, lease: &Checkpoint) -> Result<(), TableError> {
+    async fn open_shard(
+        &self,
+        shard: &ShardId,
+        lease: &Checkpoint,
+    ) -> Result<Option<Checkpoint>, TableError> {
+        let position = self.read_position(shard).await?;
+        let table = position.map(|p| p.checkpoint);
+        let step = step::compare(lease, table.as_ref());
+        if step == Step::InStep {
+            self.found.mark(shard, None);
+            return Ok(None);
+        }
+        let mismatch = Mismatch {
+            shard: shard.clone(),
+            lease: lease.clone(),
+            table,
+            step,
+            found: Found::Open,
+            at: Utc::now(),
+        };
+        self.found.report(self.items.table(), &mismatch);
+        // Recorded in the table; a lease ahead is in step from here: the next opening
+        // reports nothing.
+        match self.items.realign(&mismatch).await {
+            Ok(realigned) => {
+                let ahead = step == Step::Missing && !realigned;
+                self.found.mark(shard, ahead.then_some(&mismatch));
+            }
+            Err(error) => tracing::warn!(
+                %shard,
+                error = format!("{error:#}"),
+                "cannot record the mismatch in the position item"
+            ),
+        }
+        // A lease behind: the processor resumes after the table's position.
+        Ok(match step {
+            Step::Behind => mismatch.table,
+            Step::Missing | Step::InStep => None,
+        })
+    }
+
+    /// `shard`'s position, refused if its item names another application.
+    async fn read_position(&self, shard: &ShardId) -> Result<Option<Position>, TableError> {
         let shards = [shard.clone()];
         let position = self.items.read_positions(&shards).await?.remove(shard);
         if let Some(theirs) = position.as_ref().and_then(|p| p.application.clone())
@@ -269,31 +372,7 @@ impl<I: Items> Transactional<I> {
                 shard: Some(shard.clone()),
             });
         }
-        let table = position.map(|p| p.checkpoint);
-        let step = step::compare(lease, table.as_ref());
-        if step == Step::InStep {
-            self.found.mark(shard, false);
-            return Ok(());
-        }
-        let mismatch = Mismatch {
-            shard: shard.clone(),
-            lease: lease.clone(),
-            table,
-            step,
-            found: Found::Open,
-            at: Utc::now(),
-        };
-        self.found.report(self.items.table(), &mismatch);
-        // Recorded in the table, and in step from here: the next opening reports nothing.
-        match self.items.realign(&mismatch).await {
-            Ok(realigned) => self.found.mark(shard, step == Step::Missing && !realigned),
-            Err(error) => tracing::warn!(
-                %shard,
-                error = format!("{error:#}"),
-                "cannot record the mismatch in the position item"
-            ),
-        }
-        Ok(())
+        Ok(position)
     }
 
     async fn check_leases(
@@ -327,20 +406,21 @@ impl<I: Items> Transactional<I> {
             let table = positions.get(&lease.key).map(|p| p.checkpoint.clone());
             // Only ahead: the leases were read before the positions, so a commit between the
             // two reads can only make the table look further on.
-            let missing = step::compare(&lease.checkpoint, table.as_ref()) == Step::Missing;
-            self.found.mark(&lease.key, missing);
-            if missing {
-                ahead += 1;
-                let mismatch = Mismatch {
-                    shard: lease.key.clone(),
-                    lease: lease.checkpoint.clone(),
-                    table,
-                    step: Step::Missing,
-                    found: Found::Check,
-                    at: Utc::now(),
-                };
-                self.found.report(self.items.table(), &mismatch);
+            if step::compare(&lease.checkpoint, table.as_ref()) != Step::Missing {
+                self.found.mark(&lease.key, None);
+                continue;
             }
+            ahead += 1;
+            let mismatch = Mismatch {
+                shard: lease.key.clone(),
+                lease: lease.checkpoint.clone(),
+                table,
+                step: Step::Missing,
+                found: Found::Check,
+                at: Utc::now(),
+            };
+            self.found.mark(&lease.key, Some(&mismatch));
+            self.found.report(self.items.table(), &mismatch);
         }
         Ok(ahead)
     }
@@ -372,15 +452,22 @@ impl<I: Items> WindowTable for Transactional<I> {
         &'a self,
         shard: &'a ShardId,
         lease: &'a Checkpoint,
-    ) -> BoxFuture<'a, Result<(), TableError>> {
+    ) -> BoxFuture<'a, Result<Option<Checkpoint>, TableError>> {
         Box::pin(self.open_shard(shard, lease))
+    }
+
+    fn position<'a>(
+        &'a self,
+        shard: &'a ShardId,
+    ) -> BoxFuture<'a, Result<Option<Checkpoint>, TableError>> {
+        Box::pin(async move { Ok(self.read_position(shard).await?.map(|p| p.checkpoint)) })
     }
 
     fn commit<'a>(
         &'a self,
         checkpointer: &'a mut Checkpointer,
         windows: Vec<Closed>,
-        stored: &'a mut Checkpoint,
+        committed: &'a mut Committed,
         through: Through,
     ) -> BoxFuture<'a, Result<(), CommitFailed>> {
         // A transaction's writes less the position's, so that each carries its position.
@@ -394,7 +481,8 @@ impl<I: Items> WindowTable for Transactional<I> {
                     Some((_, at)) if !last => Through::Record(at.clone()),
                     _ => through.clone(),
                 };
-                self.commit_part(checkpointer, part, stored, &step).await?;
+                self.commit_part(checkpointer, part, committed, &step)
+                    .await?;
                 if last {
                     return Ok(());
                 }

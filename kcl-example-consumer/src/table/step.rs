@@ -5,17 +5,20 @@
 //! table checkpoint. A lease **ahead** of the table's position was checkpointed without the
 //! windows of the records between: by a worker of the application running without
 //! `--exactly-once-table` (a mixed fleet), or by `kcl-admin reset` forwards; those windows
-//! are missing from the table for good. A lease **behind** it was moved back (`kcl-admin
-//! reset` backwards, a lease row deleted and created again): the records between are
-//! counted again. Neither can be undone by the worker that finds it, so it is reported where
-//! an operator looks: one ERROR line naming the shard, the table and both positions, a
-//! counter, the `/exactly-once` route; and recorded in the position item itself (see
-//! [`super::dynamodb`]).
+//! are missing from the table for good, and no worker that finds it can undo it, so it is
+//! reported where an operator looks: one ERROR line naming the shard, the table and both
+//! positions, a counter, a gauge of the shards still ahead, a problem on `/status`, the
+//! `/exactly-once` route; and recorded in the position item itself (see
+//! [`super::dynamodb`]). A lease **behind** it was moved back (`kcl-admin reset` backwards,
+//! a lease row deleted and created again): the records between are delivered again, and are
+//! counted in the table already. The processor skips them (it resumes from the later of the
+//! two, see [`super::Committed`]): the table stays exact, and the replay is counted and said
+//! at WARN, not reported as an error.
 //!
 //! A shard's end is not compared: `SHARD_END` is committed with the position only when a
 //! record came after the last window, and a finished shard is never opened again.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Mutex;
 
@@ -23,13 +26,19 @@ use chrono::{DateTime, Utc};
 use kcl_core::{Checkpoint, ShardId};
 
 /// Counter: shards found out of step with the table, by `kind` (`missing`: lease ahead, the
-/// windows between are not in the table; `recounted`: lease behind, they will count twice).
-/// Each (shard, lease checkpoint, table position) counts once in a process.
+/// windows between are not in the table; `behind`: lease behind, the records between are
+/// delivered again and skipped). Each (shard, lease checkpoint, table position) counts once
+/// in a process.
 pub const OUT_OF_STEP: &str = "kcl_example_exactly_once_out_of_step_total";
 /// Gauge: shards whose lease was last found ahead of the table's position (at a check, or
 /// when this worker opened them) and not found in step since: a worker without the flag is
 /// checkpointing them, or did, and no worker with it has opened them since.
 pub const SHARDS_AHEAD: &str = "kcl_example_exactly_once_shards_ahead";
+/// Counter: records delivered again that the table counts already (at or before the shard's
+/// position: a lease moved back), skipped rather than counted twice.
+pub const ALREADY_COUNTED: &str = "kcl_example_exactly_once_records_already_counted_total";
+/// The kind of problem a shard ahead is on `/status`.
+pub const PROBLEM: &str = "outputs_out_of_step";
 
 /// How a shard's lease stands against the table's position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +47,8 @@ pub enum Step {
     InStep,
     /// The lease is ahead: the records between were checkpointed without their windows.
     Missing,
-    /// The lease is behind: the records between are counted again.
-    Recounted,
+    /// The lease is behind: the records between are delivered again (and skipped).
+    Behind,
 }
 
 impl Found {
@@ -53,12 +62,12 @@ impl Found {
 }
 
 impl Step {
-    /// `missing` or `recounted` (`in_step`), as in the counter's label and `/exactly-once`.
+    /// `missing` or `behind` (`in_step`), as in the counter's label and `/exactly-once`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::InStep => "in_step",
             Self::Missing => "missing",
-            Self::Recounted => "recounted",
+            Self::Behind => "behind",
         }
     }
 }
@@ -71,14 +80,14 @@ pub fn compare(lease: &Checkpoint, table: Option<&Checkpoint>) -> Step {
         (ShardEnd, _) => Step::InStep,
         (Sequence(l), Some(Sequence(t))) => match l.cmp(t) {
             std::cmp::Ordering::Greater => Step::Missing,
-            std::cmp::Ordering::Less => Step::Recounted,
+            std::cmp::Ordering::Less => Step::Behind,
             std::cmp::Ordering::Equal => Step::InStep,
         },
-        (Sequence(_), Some(ShardEnd)) => Step::Recounted,
+        (Sequence(_), Some(ShardEnd)) => Step::Behind,
         // No position, or one from before the first record (a baseline of a new lease).
         (Sequence(_), _) => Step::Missing,
         // The lease is back at its initial position.
-        (_, Some(Sequence(_) | ShardEnd)) => Step::Recounted,
+        (_, Some(Sequence(_) | ShardEnd)) => Step::Behind,
         _ => Step::InStep,
     }
 }
@@ -136,12 +145,12 @@ impl fmt::Display for Mismatch {
                  --exactly-once-table (or a kcl-admin reset forwards); their counts are \
                  missing from the table. Run every worker with the flag"
             ),
-            Step::Recounted => write!(
+            Step::Behind => write!(
                 f,
                 "shard {shard}: its lease's checkpoint {lease} is behind the position the \
-                 table holds for it ({table}): the records between are processed again (a \
-                 kcl-admin reset backwards, or a lease row created again) and their windows \
-                 will count them twice"
+                 table holds for it ({table}): the records between are delivered again (a \
+                 kcl-admin reset backwards, or a lease row created again); the table counts \
+                 them already, so they are skipped"
             ),
             Step::InStep => write!(f, "shard {shard}: in step at {lease}"),
         }
@@ -160,19 +169,23 @@ struct Inner {
     /// The last one reported per shard: the same again is not reported again.
     last: HashMap<ShardId, (Checkpoint, Option<Checkpoint>)>,
     recent: VecDeque<Mismatch>,
-    /// Shards last found with their lease ahead of the table, not found in step since.
-    ahead: BTreeSet<ShardId>,
+    /// Shards last found with their lease ahead of the table, not found in step since, with
+    /// what was found.
+    ahead: BTreeMap<ShardId, Mismatch>,
     /// Reported so far: lease ahead, lease behind.
     missing: u64,
-    recounted: u64,
+    behind: u64,
+    /// Records skipped as counted already.
+    already_counted: u64,
 }
 
 /// How many mismatches `/exactly-once` lists.
 const RECENT: usize = 100;
 
 impl Mismatches {
-    /// Reports `mismatch` of `table` (ERROR line, counter) unless it was reported already;
-    /// true if it was new.
+    /// Reports `mismatch` of `table` unless it was reported already (the counter; an ERROR
+    /// line for a lease ahead, INFO for one behind: its processor says at WARN what it
+    /// skipped); true if it was new.
     pub fn report(&self, table: &str, mismatch: &Mismatch) -> bool {
         let mut inner = self.lock();
         let key = (mismatch.lease.clone(), mismatch.table.clone());
@@ -186,29 +199,44 @@ impl Mismatches {
         inner.recent.push_back(mismatch.clone());
         match mismatch.step {
             Step::Missing => inner.missing += 1,
-            Step::Recounted => inner.recounted += 1,
+            Step::Behind => inner.behind += 1,
             Step::InStep => {}
         }
         inner.publish();
         drop(inner);
-        tracing::error!(
-            table,
-            shard = %mismatch.shard,
-            lease_checkpoint = %mismatch.lease,
-            table_position = %mismatch.table_position(),
-            kind = mismatch.step.as_str(),
-            "exactly-once table {table} out of step: {mismatch}"
-        );
+        let (shard, lease) = (&mismatch.shard, &mismatch.lease);
+        let (position, kind) = (mismatch.table_position(), mismatch.step.as_str());
+        if mismatch.step == Step::Behind {
+            tracing::info!(
+                table,
+                %shard,
+                lease_checkpoint = %lease,
+                table_position = %position,
+                kind,
+                "exactly-once table {table}: {mismatch}"
+            );
+        } else {
+            tracing::error!(
+                table,
+                %shard,
+                lease_checkpoint = %lease,
+                table_position = %position,
+                kind,
+                "exactly-once table {table} out of step: {mismatch}"
+            );
+        }
         true
     }
 
-    /// Notes whether `shard`'s lease was last found ahead of the table.
-    pub fn mark(&self, shard: &ShardId, ahead: bool) {
+    /// Notes whether `shard`'s lease was last found ahead of the table (`Some`: as found).
+    pub fn mark(&self, shard: &ShardId, ahead: Option<&Mismatch>) {
         let mut inner = self.lock();
-        let changed = if ahead {
-            inner.ahead.insert(shard.clone())
-        } else {
-            inner.ahead.remove(shard)
+        let changed = match ahead {
+            Some(found) => inner
+                .ahead
+                .insert(shard.clone(), found.clone())
+                .is_none_or(|was| was != *found),
+            None => inner.ahead.remove(shard).is_some(),
         };
         if changed {
             inner.publish();
@@ -217,7 +245,26 @@ impl Mismatches {
 
     /// The shards last found with their lease ahead of the table, and not in step since.
     pub fn ahead(&self) -> Vec<ShardId> {
-        self.lock().ahead.iter().cloned().collect()
+        self.lock().ahead.keys().cloned().collect()
+    }
+
+    /// The shards last found ahead, as problems for `/status`: (kind, shard, what was found
+    /// and what to do).
+    pub fn problems(&self) -> Vec<(&'static str, String, String)> {
+        let inner = self.lock();
+        let found = inner.ahead.values();
+        found
+            .map(|m| (PROBLEM, m.shard.to_string(), m.to_string()))
+            .collect()
+    }
+
+    /// Counts `n` records skipped as counted already.
+    pub fn already_counted(&self, n: u64) {
+        if n > 0 {
+            let mut inner = self.lock();
+            inner.already_counted += n;
+            inner.publish();
+        }
     }
 
     /// The recent mismatches, oldest first.
@@ -244,8 +291,8 @@ impl Inner {
     #[allow(clippy::cast_precision_loss)]
     fn publish(&self) {
         ::metrics::counter!(OUT_OF_STEP, "kind" => Step::Missing.as_str()).absolute(self.missing);
-        ::metrics::counter!(OUT_OF_STEP, "kind" => Step::Recounted.as_str())
-            .absolute(self.recounted);
+        ::metrics::counter!(OUT_OF_STEP, "kind" => Step::Behind.as_str()).absolute(self.behind);
+        ::metrics::counter!(ALREADY_COUNTED).absolute(self.already_counted);
         ::metrics::gauge!(SHARDS_AHEAD).set(self.ahead.len() as f64);
     }
 }
@@ -255,12 +302,18 @@ fn describe() {
     ::metrics::describe_counter!(
         OUT_OF_STEP,
         "Shards found out of step with the exactly-once table, by kind: missing (the lease is \
-         ahead: records checkpointed without their windows), recounted (the lease is behind)"
+         ahead: records checkpointed without their windows), behind (the lease was moved back: \
+         the records up to the table's position are skipped)"
     );
     ::metrics::describe_gauge!(
         SHARDS_AHEAD,
         "Shards whose lease was last found ahead of the exactly-once table's position, and \
          not in step since: a worker without --exactly-once-table checkpointed them"
+    );
+    ::metrics::describe_counter!(
+        ALREADY_COUNTED,
+        "Records delivered again that the exactly-once table counts already (a lease moved \
+         back), skipped"
     );
 }
 
@@ -277,18 +330,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_ahead_misses_windows_and_one_behind_recounts_them() {
+    fn a_lease_ahead_misses_windows_and_one_behind_replays_them() {
         use Checkpoint::{Latest, ShardEnd, TrimHorizon};
         let cases = [
             (at(5), Some(at(5)), Step::InStep),
             (at(7), Some(at(5)), Step::Missing),
-            (at(5), Some(at(7)), Step::Recounted),
+            (at(5), Some(at(7)), Step::Behind),
             (at(5), None, Step::Missing),
             (at(5), Some(TrimHorizon), Step::Missing),
             (TrimHorizon, None, Step::InStep),
             (Latest, Some(TrimHorizon), Step::InStep),
-            (TrimHorizon, Some(at(5)), Step::Recounted),
-            (at(5), Some(ShardEnd), Step::Recounted),
+            (TrimHorizon, Some(at(5)), Step::Behind),
+            (at(5), Some(ShardEnd), Step::Behind),
             (ShardEnd, Some(at(5)), Step::InStep),
             (ShardEnd, None, Step::InStep),
         ];

@@ -22,7 +22,7 @@ use super::{Transactional, WindowTable};
 use crate::processor::WindowCounter;
 use crate::processor::tests::Collect;
 
-fn table(store: &MemoryLeaseStore) -> Arc<dyn WindowTable> {
+pub(super) fn table(store: &MemoryLeaseStore) -> Arc<dyn WindowTable> {
     let items = MemoryItems {
         store: store.clone(),
         application: "app".to_owned(),
@@ -31,7 +31,7 @@ fn table(store: &MemoryLeaseStore) -> Arc<dyn WindowTable> {
 }
 
 /// The position item of `shard`'s checkpoint, if any.
-fn position(store: &MemoryLeaseStore, shard: &ShardId) -> Option<Checkpoint> {
+pub(super) fn position(store: &MemoryLeaseStore, shard: &ShardId) -> Option<Checkpoint> {
     let item = store.output(&position_key(shard))?;
     Some(parse(&item.value?)?.checkpoint)
 }
@@ -112,20 +112,23 @@ async fn a_table_counts_each_record_once_across_a_handoff() {
     assert!(table.mismatches().recent().is_empty());
 }
 
-fn record(seq: u64, at_ms: i64) -> Record {
+pub(super) fn record(seq: u64, at_ms: i64) -> Record {
     let sequence = SequenceNumber::parse(seq.to_string()).unwrap_or_else(|| panic!("digits"));
     let at = DateTime::from_timestamp_millis(at_ms).unwrap_or_else(|| panic!("time"));
     Record::new(sequence, "key", format!("record {seq}")).with_approximate_arrival(at)
 }
 
 /// `n` records from sequence number `from`, 10 ms apart from `from × 10` ms: one window each.
-fn spread(from: u64, n: u64) -> Vec<Record> {
+pub(super) fn spread(from: u64, n: u64) -> Vec<Record> {
     (from..from + n)
         .map(|i| record(i, i64::try_from(i * 10).unwrap_or(0)))
         .collect()
 }
 
-fn counter(shard: &ShardId, table: Option<&Arc<dyn WindowTable>>) -> WindowCounter<Arc<Collect>> {
+pub(super) fn counter(
+    shard: &ShardId,
+    table: Option<&Arc<dyn WindowTable>>,
+) -> WindowCounter<Arc<Collect>> {
     let counter = WindowCounter::new(
         shard,
         Duration::from_millis(10),
@@ -267,7 +270,7 @@ async fn sampled_checks_go_round_the_lease_table() {
     );
 }
 
-fn at(n: u64) -> Checkpoint {
+pub(super) fn at(n: u64) -> Checkpoint {
     let sequence = SequenceNumber::parse(n.to_string()).unwrap_or_else(|| panic!("digits"));
     Checkpoint::Sequence(kcl_core::ExtendedSequenceNumber::new(sequence))
 }

@@ -14,7 +14,7 @@ use crate::procs::{Proc, by_shard, checkpoints, counted, create_table, position}
 const POLL: Duration = Duration::from_millis(250);
 
 /// A test's world, or `None` without the emulators.
-async fn world(name: &str, shards: i32) -> anyhow::Result<Option<(Context, String)>> {
+pub(crate) async fn world(name: &str, shards: i32) -> anyhow::Result<Option<(Context, String)>> {
     let Some(ctx) = Context::new(name).await? else {
         return Ok(None);
     };
@@ -24,7 +24,7 @@ async fn world(name: &str, shards: i32) -> anyhow::Result<Option<(Context, Strin
 }
 
 /// The value of the series `name` (labels included) on `/metrics`.
-fn metric(proc: &Proc, name: &str) -> Option<f64> {
+pub(crate) fn metric(proc: &Proc, name: &str) -> Option<f64> {
     let (_, body) = proc.get("/metrics")?;
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())

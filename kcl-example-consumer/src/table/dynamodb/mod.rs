@@ -10,9 +10,10 @@
 //!   last commit wrote, in the same transaction as its windows; `application`, `fence` (the
 //!   committing tenure's fencing token), `updated_at`. When a worker finds the shard's lease
 //!   out of step with it ([`step`](super::step)), it moves it to the lease's checkpoint and
-//!   records what it found: `gaps` and `last_gap` (the lease was ahead: windows missing),
-//!   `recounts` and `last_recount` (behind: counted twice). This is the position a sink's
-//!   own resume would read (issue 52).
+//!   records what it found: `gaps` and `last_gap` (the lease was ahead: windows missing;
+//!   the position moves to the lease), `replays` and `last_replay` (behind: the records up to
+//!   the position are delivered again and skipped; the position stays). This is the
+//!   position a sink's own resume reads (issue 52).
 //! - **the application item** ([`APPLICATION`], both keys): `application`, the one
 //!   application (lease table) the table belongs to, `created_by`, `created_at`, and
 //!   `baseline` (`pending`, then `done` once the positions of the shards leased at the first
@@ -130,8 +131,8 @@ pub struct PositionItem {
     pub gaps: u64,
     /// `last_gap`.
     pub last_gap: Option<String>,
-    /// `recounts`: times the lease was found behind.
-    pub recounts: u64,
+    /// `replays`: times the lease was found behind.
+    pub replays: u64,
 }
 
 impl PositionItem {
@@ -149,7 +150,7 @@ impl PositionItem {
             fence: n("fence"),
             gaps: n("gaps").unwrap_or(0),
             last_gap: s("last_gap"),
-            recounts: n("recounts").unwrap_or(0),
+            replays: n("replays").unwrap_or(0),
         }
     }
 }
@@ -308,12 +309,12 @@ impl Items for DynamoDbItems {
     }
 }
 
-/// [`Items::realign`]: the position item moved to the lease's checkpoint if it still holds
-/// what was found, with the mismatch counted and described in it.
+/// [`Items::realign`]: the mismatch counted and described in the position item, if it still
+/// holds what was found; a lease ahead also moves it to the lease's checkpoint.
 async fn realign(items: &DynamoDbItems, mismatch: &Mismatch) -> Result<bool, TableError> {
-    let (count, last) = match mismatch.step {
-        Step::Recounted => ("recounts", "last_recount"),
-        Step::Missing | Step::InStep => ("gaps", "last_gap"),
+    let (count, last, set) = match mismatch.step {
+        Step::Behind => ("replays", "last_replay", ""),
+        Step::Missing | Step::InStep => ("gaps", "last_gap", "#cp = :cp, #sub = :sub, "),
     };
     let found = match &mismatch.table {
         None => "attribute_not_exists(#cp)",
@@ -332,9 +333,9 @@ async fn realign(items: &DynamoDbItems, mismatch: &Mismatch) -> Result<bool, Tab
         .table_name(&items.table)
         .key(SHARD, text(mismatch.shard.as_str()))
         .key(WINDOW_START, text(POSITION))
-        .update_expression(
-            "SET #cp = :cp, #sub = :sub, #app = :app, #at = :at, #last = :last ADD #count :one",
-        )
+        .update_expression(format!(
+            "SET {set}#app = :app, #at = :at, #last = :last ADD #count :one"
+        ))
         .condition_expression(format!(
             "({found}) AND (attribute_not_exists(#app) OR #app = :app)"
         ))
@@ -344,12 +345,15 @@ async fn realign(items: &DynamoDbItems, mismatch: &Mismatch) -> Result<bool, Tab
         .expression_attribute_names("#at", "updated_at")
         .expression_attribute_names("#last", last)
         .expression_attribute_names("#count", count)
-        .expression_attribute_values(":cp", text(mismatch.lease.as_str()))
-        .expression_attribute_values(":sub", number(mismatch.lease.sub_sequence()))
         .expression_attribute_values(":app", text(&items.application))
         .expression_attribute_values(":at", now())
         .expression_attribute_values(":last", text(&description))
         .expression_attribute_values(":one", number(1));
+    if !set.is_empty() {
+        update = update
+            .expression_attribute_values(":cp", text(mismatch.lease.as_str()))
+            .expression_attribute_values(":sub", number(mismatch.lease.sub_sequence()));
+    }
     if let Some(was) = &mismatch.table {
         update = update
             .expression_attribute_values(":was", text(was.as_str()))
