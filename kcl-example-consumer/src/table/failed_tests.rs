@@ -56,9 +56,9 @@ fn expected(shard: &ShardId, records: &[Record], length: Duration) -> BTreeMap<S
 /// Under `--on-failure skip` (a failure policy that retries and bisects a failed batch on the
 /// same processor), the table's commits fail for 10 s, after the store's retries under its
 /// errors: each failed call is undone (the window it closed open again, its records taken
-/// out), and the batch delivered again, whole or in parts, counts once. Every window item
-/// ends with exactly its records; the lines on stdout show the retries (windows emitted
-/// more than once).
+/// out), and the batch delivered again, bisected (a batch of 5 failing, then its 2, then 1)
+/// and retried, counts once. Every window item ends with exactly its records; the lines on
+/// stdout show the retries (windows emitted more than once).
 #[tokio::test(start_paused = true)]
 async fn failed_commits_retried_by_the_failure_policy_count_each_record_once() {
     let stream = MemoryStream::new(1);
@@ -78,21 +78,24 @@ async fn failed_commits_retried_by_the_failure_policy_count_each_record_once() {
         .unwrap_or_else(|e| panic!("{e}"));
     let shutdown = worker.shutdown_handle();
     let running = tokio::spawn(worker.run());
-    for i in 0..200 {
+    // 5 records every 100 ms: batches of several records, which a failure bisects.
+    for i in 0..1_000 {
         match i {
-            30 => store.faults().partition("table"),
-            130 => store.faults().heal("table"),
+            150 => store.faults().partition("table"),
+            650 => store.faults().heal("table"),
             _ => {}
         }
         stream.put(&format!("key-{}", i % 7), format!("record-{i}"));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if i % 5 == 4 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     shutdown.shutdown();
     assert!(matches!(running.await, Ok(Ok(()))));
     let shard = ShardId::from("shardId-000000000000");
     let want = expected(&shard, &stream.records(&shard), length);
-    assert_eq!(want.values().sum::<i64>(), 200);
+    assert_eq!(want.values().sum::<i64>(), 1_000);
     assert_eq!(counted(&store), want, "each window's records counted once");
     let lines = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
     let mut emitted: BTreeMap<String, usize> = BTreeMap::new();
