@@ -33,9 +33,9 @@ pub mod step;
 #[cfg(feature = "aws")]
 pub mod dynamodb;
 #[cfg(test)]
-pub(crate) mod memory;
-#[cfg(test)]
 mod failed_tests;
+#[cfg(test)]
+pub(crate) mod memory;
 #[cfg(test)]
 mod tests;
 
