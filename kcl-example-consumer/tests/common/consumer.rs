@@ -27,12 +27,32 @@ impl Consumer {
     /// A consumer with `args` (the streams, and more) on top of the test's settings: the
     /// test's table, 3 s failover, 1 s windows listing every key, JSON logs.
     pub(crate) fn spawn_with(ctx: &Context, id: &str, args: &[&str]) -> anyhow::Result<Self> {
+        Self::start(ctx, id, &ctx.table, args)
+    }
+
+    /// A consumer of the test's stream for `application` rather than the test's, with
+    /// `args` on top of the test's settings.
+    pub(crate) fn spawn_for(
+        ctx: &Context,
+        id: &str,
+        application: &str,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
+        Self::start(
+            ctx,
+            id,
+            application,
+            &[&["--stream", &ctx.stream], args].concat(),
+        )
+    }
+
+    fn start(ctx: &Context, id: &str, application: &str, args: &[&str]) -> anyhow::Result<Self> {
         let addr = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let stdout = ctx.path(&format!("{id}.windows.jsonl"));
         let log = ctx.path(&format!("{id}.log"));
         let child = Command::new(BIN)
             .args(args)
-            .args(["--application-name", &ctx.table])
+            .args(["--application-name", application])
             .args(["--worker-id", id, "--listen", &addr.to_string()])
             .args([
                 "--failover-time",
@@ -121,6 +141,20 @@ impl Consumer {
             .iter()
             .map(|w| w["shard"].as_str().unwrap_or_default().to_owned())
             .collect())
+    }
+
+    /// Its log lines.
+    pub(crate) fn log(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// Its log lines at ERROR that contain every one of `words`.
+    pub(crate) fn errors_with(&self, words: &[&str]) -> Vec<String> {
+        self.log()
+            .into_iter()
+            .filter(|l| l.contains("\"ERROR\"") && words.iter().all(|w| l.contains(w)))
+            .collect()
     }
 
     pub(crate) fn log_tail(&self) -> String {

@@ -45,7 +45,7 @@ async fn a_worker_without_the_flag_is_reported_by_the_next_one_with_it() -> anyh
 async fn mixed_fleet(ctx: Context, table: String) -> anyhow::Result<()> {
     let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table.as_str()]);
     let producer = Producer::start(&ctx, "mixed-", 5, Duration::from_millis(200));
-    let mut with = Proc::spawn(&ctx, "with-a", &app, &flag)?;
+    let mut with = Proc::spawn_for(&ctx, "with-a", &app, &flag)?;
     let long = Duration::from_secs(60);
     wait_until("windows committed", long, POLL, async || {
         Ok(counted(&ctx, &table).await >= 10)
@@ -54,7 +54,7 @@ async fn mixed_fleet(ctx: Context, table: String) -> anyhow::Result<()> {
     .with_context(|| with.log_tail())?;
     with.stop().await?;
     let committed = checkpoints(&ctx, &app).await?;
-    let mut without = Proc::spawn(&ctx, "without-b", &app, &[])?;
+    let mut without = Proc::spawn_for(&ctx, "without-b", &app, &[])?;
     wait_until(
         "both shards checkpointed without the flag",
         long,
@@ -73,7 +73,7 @@ async fn mixed_fleet(ctx: Context, table: String) -> anyhow::Result<()> {
         let item = position(&ctx, &table, shard).await?.unwrap_or_default();
         positions.insert(shard.clone(), item.checkpoint.context("a position")?);
     }
-    let next = Proc::spawn(&ctx, "with-c", &app, &flag)?;
+    let next = Proc::spawn_for(&ctx, "with-c", &app, &flag)?;
     for (shard, lease) in &leases {
         let (lease, at) = (lease.to_string(), positions[shard].to_string());
         let words = [shard.as_str(), &lease, &at, &table, "out of step"];
@@ -143,7 +143,7 @@ async fn two_apps(ctx: Context, table: String) -> anyhow::Result<()> {
     let (first, second) = (ctx.table.clone(), format!("{}-other", ctx.table));
     let flag = ["--exactly-once-table", table.as_str()];
     let producer = Producer::start(&ctx, "two-", 5, Duration::from_millis(200));
-    let mut one = Proc::spawn(&ctx, "first", &first, &flag)?;
+    let mut one = Proc::spawn_for(&ctx, "first", &first, &flag)?;
     wait_until(
         "windows committed",
         Duration::from_secs(60),
@@ -154,7 +154,7 @@ async fn two_apps(ctx: Context, table: String) -> anyhow::Result<()> {
     .with_context(|| one.log_tail())?;
     one.stop().await?;
     let before = counted(&ctx, &table).await;
-    let mut two = Proc::spawn(&ctx, "second", &second, &flag)?;
+    let mut two = Proc::spawn_for(&ctx, "second", &second, &flag)?;
     let status = two.wait_exit(Duration::from_secs(30)).await?;
     let words = [table.as_str(), &first, &second, "belongs to application"];
     ensure!(
@@ -170,7 +170,7 @@ async fn two_apps(ctx: Context, table: String) -> anyhow::Result<()> {
         .key(WINDOW_START, AttributeValue::S(APPLICATION.to_owned()))
         .send()
         .await?;
-    let two = Proc::spawn(&ctx, "second-again", &second, &flag)?;
+    let two = Proc::spawn_for(&ctx, "second-again", &second, &flag)?;
     let words = [table.as_str(), &first, &second, "shardId-000000000000"];
     wait_until(
         "the shard refused",
@@ -217,7 +217,7 @@ async fn other_keys(ctx: Context) -> anyhow::Result<()> {
         (&names, vec!["partition key is `pk`, expected `shard`"]),
     ];
     for (table, words) in cases {
-        let mut proc = Proc::spawn(&ctx, table, &ctx.table, &["--exactly-once-table", table])?;
+        let mut proc = Proc::spawn_for(&ctx, table, &ctx.table, &["--exactly-once-table", table])?;
         let status = proc.wait_exit(Duration::from_secs(30)).await?;
         let words: Vec<&str> = words.into_iter().chain([table.as_str()]).collect();
         ensure!(
@@ -244,7 +244,7 @@ async fn a_deleted_table_loses_no_window() -> anyhow::Result<()> {
 async fn deleted(ctx: Context, table: String) -> anyhow::Result<()> {
     let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table.as_str()]);
     let external = [flag[0], flag[1], "--table-setup", "external"];
-    let mut proc = Proc::spawn(&ctx, "external", &app, &external)?;
+    let mut proc = Proc::spawn_for(&ctx, "external", &app, &external)?;
     let status = proc.wait_exit(Duration::from_secs(30)).await?;
     let words = [table.as_str(), "does not exist", "--table-setup managed"];
     ensure!(
@@ -253,7 +253,7 @@ async fn deleted(ctx: Context, table: String) -> anyhow::Result<()> {
         proc.log_tail()
     );
     let producer = Producer::start(&ctx, "deleted-", 5, Duration::from_millis(200));
-    let mut proc = Proc::spawn(&ctx, "managed", &app, &flag)?;
+    let mut proc = Proc::spawn_for(&ctx, "managed", &app, &flag)?;
     let long = Duration::from_secs(60);
     wait_until("windows committed", long, POLL, async || {
         Ok(counted(&ctx, &table).await >= 10)

@@ -30,7 +30,7 @@ async fn a_reset_backwards_counts_nothing_twice() -> anyhow::Result<()> {
 async fn reset_back(ctx: Context, table: String) -> anyhow::Result<()> {
     let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table.as_str()]);
     let producer = Producer::start(&ctx, "reset-", 5, Duration::from_millis(200));
-    let mut proc = Proc::spawn(&ctx, "resets", &app, &flag)?;
+    let mut proc = Proc::spawn_for(&ctx, "resets", &app, &flag)?;
     wait_until("windows committed", LONG, POLL, async || {
         Ok(counted(&ctx, &table).await >= 20)
     })
@@ -107,7 +107,7 @@ async fn a_shard_ahead_is_a_problem_on_status() -> anyhow::Result<()> {
 async fn status(ctx: Context, table: String) -> anyhow::Result<()> {
     let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table.as_str()]);
     let producer = Producer::start(&ctx, "status-", 5, Duration::from_millis(200));
-    let mut with = Proc::spawn(&ctx, "status-a", &app, &flag)?;
+    let mut with = Proc::spawn_for(&ctx, "status-a", &app, &flag)?;
     wait_until("windows committed", LONG, POLL, async || {
         Ok(counted(&ctx, &table).await >= 10)
     })
@@ -115,7 +115,7 @@ async fn status(ctx: Context, table: String) -> anyhow::Result<()> {
     .with_context(|| with.log_tail())?;
     with.stop().await?;
     let committed = checkpoints(&ctx, &app).await?;
-    let mut without = Proc::spawn(&ctx, "status-b", &app, &[])?;
+    let mut without = Proc::spawn_for(&ctx, "status-b", &app, &[])?;
     wait_until(
         "both shards checkpointed without the flag",
         LONG,
@@ -128,7 +128,7 @@ async fn status(ctx: Context, table: String) -> anyhow::Result<()> {
     .await
     .with_context(|| without.log_tail())?;
     // The worker without the flag keeps its shards: the next one with it finds them ahead.
-    let next = Proc::spawn(&ctx, "status-c", &app, &flag)?;
+    let next = Proc::spawn_for(&ctx, "status-c", &app, &flag)?;
     let mut listed = Vec::new();
     wait_until("a shard ahead listed on /status", LONG, POLL, async || {
         let Some((200, body)) = next.get("/status") else {
