@@ -93,6 +93,32 @@ impl Handling {
         }
     }
 
+    /// A record's outputs could not commit (`Parallel::with_outputs`): whether that makes
+    /// more than [`FailurePolicy::outage_after`] in a row, none committing between them: an
+    /// outage (every write refused: a bad deploy, a table of another shape), in which no
+    /// record is given up for it. Kept across the shard's processors, as the give-ups are.
+    pub(crate) fn output_refused(&self) -> bool {
+        let in_row = self.origin.tally.output_refused();
+        let Some(limit) = self.policy.outage_after else {
+            return false;
+        };
+        if in_row == limit.saturating_add(1) {
+            tracing::error!(
+                refused_in_a_row = in_row,
+                "outputs of this many records in a row could not commit, none committing \
+                 between them: taken as an outage (a bad deploy, a table of another shape), not \
+                 as poison records; none is given up until one commits \
+                 (FailurePolicy::outage_after)"
+            );
+        }
+        in_row > limit
+    }
+
+    /// A record's outputs committed.
+    pub(crate) fn output_committed(&self) {
+        self.origin.tally.output_committed();
+    }
+
     /// A bisect split a failing batch.
     pub(crate) fn bisected(&self) {
         ::metrics::counter!(crate::metrics::BISECTS, "shard" => self.shard.clone()).increment(1);

@@ -54,6 +54,10 @@ pub(crate) struct Tally {
     outage: AtomicBool,
     /// When the outage began, or a record was last given up in it.
     probed: Mutex<Option<Instant>>,
+    /// Records whose outputs could not commit in a row, none committing since
+    /// (`Parallel::with_outputs`): kept apart from `given_up_in_row`, which a handler's
+    /// success ends before its outputs are tried.
+    refused_in_row: AtomicU32,
 }
 
 impl Tally {
@@ -122,6 +126,20 @@ impl Tally {
             self.given_up_in_row.store(0, Ordering::Release);
         }
         self.outage.load(Ordering::Acquire) && self.outage.swap(false, Ordering::AcqRel)
+    }
+
+    /// A record's outputs could not commit: how many in a row now.
+    pub(crate) fn output_refused(&self) -> u32 {
+        self.refused_in_row
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1)
+    }
+
+    /// A record's outputs committed: the run of refusals ends.
+    pub(crate) fn output_committed(&self) {
+        if self.refused_in_row.load(Ordering::Acquire) != 0 {
+            self.refused_in_row.store(0, Ordering::Release);
+        }
     }
 
     pub(crate) fn snapshot(&self) -> RecordFailures {

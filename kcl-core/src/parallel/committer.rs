@@ -512,7 +512,9 @@ impl<T: Transact> Committing<T> {
         };
         let failure: BoxError = Permanent::new(error.to_string()).into();
         let mut tries = Tries::default();
+        let outage = self.handling.as_ref().is_some_and(Handling::output_refused);
         let given_up = match (&self.handling, computed.record.take()) {
+            (Some(_), Some(_)) if outage => None,
             (Some(handling), Some(record)) => {
                 match tries.failed(&handling.policy, &record, &failure) {
                     Next::GiveUp(reason) if handling.may_give_up() => {
@@ -564,6 +566,11 @@ impl<T: Transact> Committing<T> {
             .collect();
         for index in passed {
             if let Some(computed) = self.computed.remove(&index) {
+                // A record whose outputs committed ends a run of refusals (one given up and
+                // committed without them does not).
+                if let (false, Some(handling)) = (computed.given_up, &self.handling) {
+                    handling.output_committed();
+                }
                 computed.finish();
             }
         }

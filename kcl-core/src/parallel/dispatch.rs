@@ -324,9 +324,7 @@ impl<H: Work> Dispatcher<H> {
                 self.finish(key);
             }
             Ran::Done => {
-                if let Some(failing) = &self.failing
-                    && self.handler.succeeds_when_run()
-                {
+                if let Some(failing) = &self.failing {
                     failing.handling.succeeded();
                 }
                 self.finish(key);

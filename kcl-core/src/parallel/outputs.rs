@@ -212,11 +212,6 @@ impl<T: Transact, O: OutputHandler<T::Write>> Work for WithOutputs<T, O> {
         false
     }
 
-    /// A record succeeds once its outputs committed (its `Ack` done then counts it).
-    fn succeeds_when_run(&self) -> bool {
-        false
-    }
-
     fn check(&self, park_keys: bool) -> Result<(), crate::ConfigError> {
         if park_keys {
             return Err(crate::ConfigError {

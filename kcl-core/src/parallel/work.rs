@@ -55,14 +55,6 @@ pub trait Work: Send + Sync + 'static {
     /// own).
     fn start(&self, checkpointer: &Checkpointer, policy: &Policy) -> Started<Self::Output>;
 
-    /// Whether a record succeeds, for the failure policy's count of records given up in a
-    /// row ([`outage_after`](crate::failure::FailurePolicy::outage_after)), when its run
-    /// returns: not when it only counts once its `Ack` is done (outputs, which may still fail
-    /// to commit: a processor whose every output is refused must show as an outage).
-    fn succeeds_when_run(&self) -> bool {
-        true
-    }
-
     /// Whether a parked key's letters may be replayed through [`run`](Self::run) (a
     /// redrive): not when their outputs would have to commit outside the shard's checkpoint.
     fn replays(&self) -> bool {
