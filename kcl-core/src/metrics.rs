@@ -291,7 +291,7 @@ pub const ALL: [(&str, Kind, Option<Unit>, &str); 50] = [
         OUTPUT_COMMITS,
         Kind::Counter,
         Some(Unit::Count),
-        "Transactional checkpoints by outcome (committed, refused, lease_lost, behind, failed; retried: attempts retried)",
+        "Transactional checkpoints by outcome (committed, refused, invalid, lease_lost, behind, failed; retried: attempts retried)",
     ),
     (
         OUTPUT_COMMIT_DURATION,
@@ -489,10 +489,11 @@ pub fn describe() {
 /// Label values of [`LEASES_TAKEN`].
 pub(crate) const TAKEN_FROM: [&str; 4] = ["unowned", "expired", "handoff", "restart"];
 /// Label values of [`OUTPUT_COMMITS`].
-pub(crate) const COMMIT_OUTCOMES: [&str; 6] = [
+pub(crate) const COMMIT_OUTCOMES: [&str; 7] = [
     "committed",
     "retried",
     "refused",
+    "invalid",
     "lease_lost",
     "behind",
     "failed",

@@ -188,11 +188,13 @@ impl DynamoDbLeaseStore {
     }
 
     /// Refuses, before anything is sent, a write without an action and a write to the lease
-    /// table (its rows are kcl's).
+    /// table (its rows are kcl's): invalid, naming the write, so that its record fails
+    /// rather than the commit for ever.
     fn check_writes(&self, writes: &[TransactWriteItem]) -> Result<(), CommitError> {
         for (index, write) in writes.iter().enumerate() {
-            let fatal = |message: String| {
-                CommitError::Store(BackendError::new(ErrorKind::Fatal, OPERATION, message))
+            let fatal = |reason: String| CommitError::Invalid {
+                index: Some(index),
+                reason,
             };
             match action(write) {
                 None => {

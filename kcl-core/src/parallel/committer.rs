@@ -280,8 +280,10 @@ impl<T: Transact> Committing<T> {
         // A record whose writes could not commit, handed to the failure policy (said in
         // `refuse`): no failed write, and the rest commits once it comes back.
         let handed = self.ended.is_none() && result.as_ref().is_err_and(cannot_commit);
+        // (A commit that applied says so where it applied: a round with nothing to commit,
+        // or cut short by a stop, applied nothing.)
         match &result {
-            Ok(()) => self.writes.applied(),
+            Ok(()) => {}
             Err(_) if handed => return Ok(()),
             Err(error) => self.writes.failed(error),
         }
@@ -434,6 +436,7 @@ impl<T: Transact> Committing<T> {
                 metrics::counter!(crate::metrics::CHECKPOINTS).increment(1);
                 self.watermark.parked(&update.park);
                 self.finish_through(&update.checkpoint);
+                self.writes.applied();
                 Ok(Committed::Applied)
             }
             Ok(Transacted::Refused { index, reason }) => {

@@ -119,8 +119,12 @@ fn a_write_names_its_item_by_table_and_key() {
 #[test]
 fn writes_to_the_lease_table_are_refused_before_sending() {
     let store = store();
+    // Invalid, naming the write: its record fails, not the commit for ever.
     let fatal = |writes: &[TransactWriteItem]| match store.check_writes(writes) {
-        Err(CommitError::Store(e)) if e.kind() == ErrorKind::Fatal => e.to_string(),
+        Err(CommitError::Invalid {
+            index: Some(_),
+            reason,
+        }) => reason,
         other => panic!("{other:?}"),
     };
     let message = fatal(&[add("out", "a"), put("app", "shardId-0", &[])]);
