@@ -17,6 +17,7 @@ pub mod fixture;
 pub mod http;
 pub mod items;
 pub mod journal;
+pub mod leases;
 pub mod letters;
 pub mod meter;
 pub mod process;
@@ -34,9 +35,9 @@ use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{ShardIteratorType, StreamStatus};
 use kcl_aws::DynamoDbLeaseStore;
-use kcl_core::LeaseStore;
 
 pub use journal::{Event, read_events};
+pub use leases::Leases;
 pub use process::WorkerProcess;
 
 /// Where the emulators answer.
@@ -184,6 +185,9 @@ pub struct Context {
     pub dynamodb: aws_sdk_dynamodb::Client,
     /// A fresh folder for journals and logs.
     pub dir: PathBuf,
+    /// Where the leases are: this test's DynamoDB table, unless made by
+    /// [`new_postgres`](Self::new_postgres).
+    pub leases: Leases,
 }
 
 impl Context {
@@ -217,10 +221,12 @@ impl Context {
             kinesis,
             dynamodb,
             dir,
+            leases: Leases::DynamoDb,
         }))
     }
 
-    /// A lease store on this test's table.
+    /// A lease store on this test's DynamoDB table (whatever [`leases`](Self::leases) says:
+    /// see [`list`](Self::list) for the rows the workers use).
     pub fn store(&self) -> DynamoDbLeaseStore {
         DynamoDbLeaseStore::from_client(self.dynamodb.clone(), self.table.clone())
     }
@@ -429,10 +435,10 @@ impl Context {
         Ok(records)
     }
 
-    /// The owner of every shard lease, by lease key (singleton rows left out).
+    /// The owner of every shard lease, by lease key (singleton rows left out), from the
+    /// store the workers use ([`leases`](Self::leases)).
     pub async fn owners(&self) -> anyhow::Result<BTreeMap<String, Option<String>>> {
         Ok(self
-            .store()
             .list()
             .await?
             .into_iter()

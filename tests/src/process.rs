@@ -41,7 +41,8 @@ pub fn retrieval() -> String {
 
 impl WorkerProcess {
     /// Starts `bin` (pass `env!("CARGO_BIN_EXE_kcl-test-worker")`) as worker `id` on the
-    /// context's stream and table, with `extra` command-line arguments.
+    /// context's stream and table (its leases in the context's store: DynamoDB, or Postgres
+    /// for a context of [`Context::new_postgres`]), with `extra` command-line arguments.
     pub fn spawn(bin: &str, ctx: &Context, id: &str, extra: &[&str]) -> anyhow::Result<Self> {
         Self::spawn_in(&coordination(), bin, ctx, id, extra)
     }
@@ -70,6 +71,7 @@ impl WorkerProcess {
                 "--worker-id",
                 id,
             ])
+            .args(ctx.lease_store_args())
             .arg("--out")
             .arg(&journal)
             .arg("--coordination")

@@ -1,5 +1,6 @@
 //! Two worker processes share 8 shards 4/4 within two taker cycles of the second one
-//! starting, and stay balanced.
+//! starting, and stay balanced; a capped worker settles without churn. Each with the leases
+//! in DynamoDB, then in Postgres.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -14,6 +15,14 @@ const TAKER: Duration = Duration::from_secs(1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_split_eight_shards_evenly() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("balance").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), run(ctx)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_split_eight_shards_evenly_with_leases_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("balance-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(120), run(ctx)).await
@@ -89,6 +98,14 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_capped_worker_settles_without_churn() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("balance-capped").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(120), capped(ctx)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_worker_settles_without_churn_with_leases_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("balance-capped-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(120), capped(ctx)).await

@@ -1,5 +1,6 @@
 //! Fencing: a worker whose lease was taken over gets `LeaseLost` on checkpoint, its
-//! processor is told `lease_lost`, and it delivers nothing more from that shard.
+//! processor is told `lease_lost`, and it delivers nothing more from that shard. With the
+//! leases in DynamoDB, then in Postgres.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -55,10 +56,21 @@ async fn checkpoint_after_takeover_is_refused() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("fencing").await? else {
         return Ok(());
     };
-    with_timeout(Duration::from_secs(90), Box::pin(run(ctx))).await
+    let store = ctx.store();
+    with_timeout(Duration::from_secs(90), Box::pin(run(ctx, store))).await
 }
 
-async fn run(ctx: Context) -> anyhow::Result<()> {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_after_takeover_is_refused_with_leases_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("fencing-pg").await? else {
+        return Ok(());
+    };
+    let store = ctx.postgres().cloned().expect("a Postgres context");
+    with_timeout(Duration::from_secs(90), Box::pin(run(ctx, store))).await
+}
+
+/// The test on `store`, the store of `ctx`'s leases.
+async fn run<L: LeaseStore + Clone>(ctx: Context, store: L) -> anyhow::Result<()> {
     ctx.create_stream(1).await?;
     let records: Vec<(String, String)> =
         (0..5).map(|i| (format!("k{i}"), format!("f{i}"))).collect();
@@ -80,7 +92,6 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         .taker_interval(Duration::from_millis(500))
         .idle_time_between_reads(Duration::from_millis(200));
     let source = KinesisShardSource::from_client(ctx.kinesis.clone(), ctx.stream.clone());
-    let store = ctx.store();
     let worker = Worker::new("fenced", config, source, store.clone(), factory)?;
     let shutdown = worker.shutdown_handle();
     let running = tokio::spawn(worker.run());

@@ -1,5 +1,6 @@
 //! SIGTERM one of two worker processes: its leases are handed back and the survivor resumes
 //! them within one taker cycle (no expiry wait), after the `shutdown_requested` checkpoints.
+//! With the leases in DynamoDB, then in Postgres.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -20,6 +21,14 @@ const TAKER: Duration = Duration::from_secs(1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_are_handed_back_and_resumed_after_the_shutdown_checkpoints() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("sigterm").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(150), run(ctx)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_handed_back_and_resumed_with_leases_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("sigterm-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(150), run(ctx)).await

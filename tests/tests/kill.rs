@@ -1,5 +1,6 @@
-//! SIGKILL one of two worker processes mid-stream: the survivor owns all 8 shards within the
-//! failover time plus one taker cycle, and together they delivered every record.
+//! SIGKILL one of two worker processes mid-stream (under a leader, the leader): the survivor
+//! owns all 8 shards within the failover time plus one taker cycle, and together they
+//! delivered every record. With the leases in DynamoDB, then in Postgres.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -13,10 +14,19 @@ use kcl_integration_tests::{
 const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
 const FAILOVER: Duration = Duration::from_secs(3);
 const TAKER: Duration = Duration::from_secs(1);
+const LEADER_ROW: &str = "kcl-coordination/worker-leader";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survivor_takes_over_and_nothing_is_lost() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("kill").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(150), run(ctx)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survivor_takes_over_and_nothing_is_lost_with_leases_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("kill-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(150), run(ctx)).await
@@ -44,6 +54,12 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
     // must take over its role and its leases as fast as any survivor takes a dead worker's.
     let leader = kcl_integration_tests::process::coordination() == "leader";
     let (mut victim, mut survivor) = if leader { (a, b) } else { (b, a) };
+    if leader {
+        let rows = ctx.list().await?;
+        let row = rows.iter().find(|l| l.key.as_str() == LEADER_ROW);
+        let holder = row.and_then(|l| l.owner.as_ref()).map(|o| o.as_str());
+        assert_eq!(holder, Some(victim.id.as_str()), "the leader row: {row:?}");
+    }
     assert!(
         victim.events()?.iter().any(|e| e.event == "record"),
         "{} delivered nothing before the kill",

@@ -7,7 +7,8 @@
 //! failover time, exactly one leads within the failover time of each change and at the end,
 //! and the fleet is never without a leader for longer than three failover times and four
 //! taker intervals (docs/guarantees.md). Records flow throughout, and every one written is
-//! delivered.
+//! delivered. With the leases in DynamoDB, then in Postgres (the rows deleted and put back
+//! with plain SQL, as an operator would in `psql`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -16,11 +17,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
 use kcl_integration_tests::http::http_get;
 use kcl_integration_tests::journal::delivered_set;
 use kcl_integration_tests::process::WorkerProcess;
-use kcl_integration_tests::{Context, Producer, wait_until, with_timeout};
+use kcl_integration_tests::{Context, Leases, Producer, wait_until, with_timeout};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
 const IDS: [&str; 3] = ["w1", "w2", "w3"];
@@ -32,6 +33,14 @@ const STANDBY: &str = "kcl-coordination/worker-standby";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_worker_leads_after_the_role_rows_are_deleted_by_hand() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("leader-rows").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(300), Box::pin(run(ctx))).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_leads_after_the_role_rows_are_deleted_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("leader-rows-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(300), Box::pin(run(ctx))).await
@@ -171,19 +180,45 @@ fn key(row: &str) -> HashMap<String, AttributeValue> {
     HashMap::from([("leaseKey".to_owned(), AttributeValue::S(row.to_owned()))])
 }
 
-/// Deletes `row` as an operator would in the console: unconditionally.
+/// Deletes `row` as an operator would in the console (or `psql`): unconditionally. Fails
+/// if there was no such row (the test would judge a fleet nobody disturbed).
 async fn delete(ctx: &Context, row: &str) -> anyhow::Result<()> {
-    ctx.dynamodb
+    if let Leases::Postgres(pg) = &ctx.leases {
+        let sql = "DELETE FROM kcl_leases WHERE application = $1 AND lease_key = $2";
+        let deleted = psql(&pg.url)
+            .await?
+            .execute(sql, &[&ctx.table, &row])
+            .await?;
+        ensure!(deleted == 1, "no row {row} to delete");
+        return Ok(());
+    }
+    let out = ctx
+        .dynamodb
         .delete_item()
         .table_name(&ctx.table)
         .set_key(Some(key(row)))
+        .return_values(ReturnValue::AllOld)
         .send()
         .await?;
+    ensure!(out.attributes.is_some(), "no row {row} to delete");
     Ok(())
 }
 
-/// Puts `row` back as a fresh, unowned lease row.
+/// Puts `row` back as a fresh, unowned lease row, in place of any row of that key (as
+/// DynamoDB's `PutItem` does: in Postgres, a delete and an insert in one transaction).
 async fn put_unowned(ctx: &Context, row: &str) -> anyhow::Result<()> {
+    if let Leases::Postgres(pg) = &ctx.leases {
+        let mut client = psql(&pg.url).await?;
+        let replace = client.transaction().await?;
+        let (app, key): (&str, &str) = (&ctx.table, row);
+        let delete = "DELETE FROM kcl_leases WHERE application = $1 AND lease_key = $2";
+        replace.execute(delete, &[&app, &key]).await?;
+        let insert = "INSERT INTO kcl_leases (application, lease_key, checkpoint) \
+                      VALUES ($1, $2, 'TRIM_HORIZON')";
+        replace.execute(insert, &[&app, &key]).await?;
+        replace.commit().await?;
+        return Ok(());
+    }
     let mut item = key(row);
     item.insert("leaseCounter".to_owned(), AttributeValue::N("0".to_owned()));
     item.insert(
@@ -205,4 +240,11 @@ async fn put_unowned(ctx: &Context, row: &str) -> anyhow::Result<()> {
         .send()
         .await?;
     Ok(())
+}
+
+/// A plain connection to the test's Postgres server, as `psql` would open.
+async fn psql(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
 }

@@ -1,5 +1,6 @@
 //! Resharding while records are written: SplitShard, then MergeShards. Children are processed
-//! only after their parents reached SHARD_END, no record is lost, per-key order holds.
+//! only after their parents reached SHARD_END, no record is lost, per-key order holds. With
+//! the leases in DynamoDB, then in Postgres.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -19,6 +20,15 @@ const KEYS: usize = 8;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_and_merge_keep_order_and_lose_nothing() -> anyhow::Result<()> {
     let Some(ctx) = Context::new("reshard").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(180), run(ctx)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_and_merge_keep_order_and_lose_nothing_with_leases_in_postgres() -> anyhow::Result<()>
+{
+    let Some(ctx) = Context::new_postgres("reshard-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(180), run(ctx)).await

@@ -3,6 +3,7 @@
 //! longer than the failover time, and starts again under the same id. No lease ever names
 //! another worker (nor nobody), each restarted process resumes its own leases at once, every
 //! record is processed, and none is delivered again before the shutdown checkpoint it left.
+//! With the leases in DynamoDB, then in Postgres.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -10,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kcl_core::{LeaseStore, SequenceNumber};
+use kcl_core::SequenceNumber;
 use kcl_integration_tests::journal::{Event, delivered_set};
 use kcl_integration_tests::process::WorkerProcess;
 use kcl_integration_tests::{Context, Producer, count_by_owner, wait_until, with_timeout};
@@ -25,6 +26,14 @@ const IDS: [&str; 3] = ["stable-0", "stable-1", "stable-2"];
 async fn a_rolling_restart_with_stable_ids_moves_no_lease_and_loses_nothing() -> anyhow::Result<()>
 {
     let Some(ctx) = Context::new("rolling-restart").await? else {
+        return Ok(());
+    };
+    with_timeout(Duration::from_secs(240), run(ctx)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_moves_no_lease_with_leases_in_postgres() -> anyhow::Result<()> {
+    let Some(ctx) = Context::new_postgres("rolling-restart-pg").await? else {
         return Ok(());
     };
     with_timeout(Duration::from_secs(240), run(ctx)).await
@@ -90,7 +99,7 @@ async fn run(ctx: Context) -> anyhow::Result<()> {
         let kept = ctx.path(&format!("{id}-before-restart.jsonl"));
         std::fs::rename(&old.journal, &kept)?;
         old.journal = kept;
-        let rows = ctx.store().list().await?;
+        let rows = ctx.list().await?;
         for key in &mine {
             let row = rows.iter().find(|l| l.key.as_str() == key).unwrap();
             assert_eq!(row.owner.as_ref().map(|o| o.as_str()), Some(*id), "{key}");

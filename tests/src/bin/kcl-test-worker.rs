@@ -1,7 +1,9 @@
 //! A worker process for the integration tests.
 //!
 //! Runs one [`kcl_core::Worker`] on the AWS backends (endpoints, region and credentials from
-//! the standard environment) and appends what happens to a JSONL file, one object a line:
+//! the standard environment), its leases in DynamoDB or, with `--lease-store postgres://…`,
+//! in Postgres (the same code, generic over the store; only `--outputs-table` and
+//! `--plain-table`, which commit in DynamoDB transactions, need DynamoDB), and appends what happens to a JSONL file, one object a line:
 //! `started`, `init`, `record` (shard, sequence and sub-sequence number, partition key, data), `checkpoint`,
 //! `checkpoint_failed`, `shard_end`, `shutdown_checkpoint`, `lease_lost`, `stopped`. Every
 //! line carries the worker id, a global line number and a wall-clock time in milliseconds.
@@ -24,222 +26,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Parser;
 use kcl_aws::{DynamoDbLeaseStore, DynamoDbStreamsSource, KinesisShardSource};
 use kcl_core::multi_stream::{MultiStreamSource, StreamFactories, StreamId};
 use kcl_core::parallel::ParallelProcessor;
 use kcl_core::singleton::{Singleton, SingletonConfig, TaskContext};
 use kcl_core::{
-    Autoscaling, BalanceBy, Balancing, BoxError, CheckpointError, Checkpointer, Coordination,
-    ExtendedSequenceNumber, InitialPosition, InitializationInput, LeaseStore, Liveness, Parallel,
-    ProcessRecordsInput, ProcessorFactory, RecordHandler, RecordProcessor, RetrievalMode, ShardId,
-    ShardSource, Worker, WorkerConfig,
+    BoxError, CheckpointError, Checkpointer, ExtendedSequenceNumber, InitializationInput,
+    LeaseStore, Parallel, ProcessRecordsInput, ProcessorFactory, RecordHandler, RecordProcessor,
+    ShardId, ShardSource, Worker, WorkerConfig,
 };
 use kcl_integration_tests::tracker::FileTracker;
+use kcl_postgres::PostgresLeaseStore;
 use kcl_serve::HttpMessenger;
 use kcl_serve::messenger::Limits;
 use serde_json::{Value, json};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+#[path = "kcl-test-worker/args.rs"]
+mod args;
 #[path = "kcl-test-worker/outputs.rs"]
 mod outputs;
 
+use args::{Args, LeaseStoreArg};
 use outputs::OutputTables;
-
-/// Command line of the test worker.
-#[derive(Debug, Parser)]
-struct Args {
-    /// Stream name or ARN.
-    #[arg(long)]
-    stream: String,
-    /// Lease table (application) name.
-    #[arg(long)]
-    table: String,
-    /// Worker id.
-    #[arg(long)]
-    worker_id: String,
-    /// JSONL file to append events to.
-    #[arg(long)]
-    out: PathBuf,
-    /// Failover time in milliseconds.
-    #[arg(long, default_value_t = 3000)]
-    failover_ms: u64,
-    /// Taker interval in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    taker_ms: u64,
-    /// Pause after an empty read, in milliseconds.
-    #[arg(long, default_value_t = 500)]
-    idle_ms: u64,
-    /// Shard sync interval in milliseconds.
-    #[arg(long, default_value_t = 2000)]
-    shard_sync_ms: u64,
-    /// Records per GetRecords.
-    #[arg(long, default_value_t = 100)]
-    max_records: u32,
-    /// Most handoffs asked for in one taker cycle.
-    #[arg(long, default_value_t = 1)]
-    max_steal: usize,
-    /// Most leases this worker holds (`max_leases`); unlimited if not given.
-    #[arg(long)]
-    max_leases: Option<usize>,
-    /// Do not checkpoint after each batch (only at shard end and shutdown).
-    #[arg(long)]
-    no_batch_checkpoint: bool,
-    /// Sleep this long in each batch before checkpointing, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    batch_delay_ms: u64,
-    /// Sleep this long after journaling each record, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    record_delay_ms: u64,
-    /// Also checkpoint at every N-th record of the shard (inside batches, so inside KPL
-    /// aggregates); 0: never.
-    #[arg(long, default_value_t = 0)]
-    checkpoint_every: u64,
-    /// Where a shard without a checkpoint starts: `trim-horizon` or `latest`.
-    #[arg(long, default_value = "trim-horizon")]
-    initial_position: String,
-    /// `every-worker` or `leader`.
-    #[arg(long, default_value = "leader")]
-    coordination: Coordination,
-    /// `per-lease` or `heartbeat`.
-    #[arg(long, default_value = "per-lease")]
-    liveness: Liveness,
-    /// `polling` or `fan-out` (a stream consumer named after the table).
-    #[arg(long, default_value = "polling")]
-    retrieval: RetrievalMode,
-    /// The call timeout in milliseconds (also how long a subscription may stay silent).
-    #[arg(long, default_value_t = 15_000)]
-    call_timeout_ms: u64,
-    /// Multi-stream mode: the streams to consume, one name a line (`name LATEST` to start a
-    /// new stream at LATEST), read at every shard sync; `--stream` is then ignored. Journal
-    /// lines name shards by their lease keys (`account:stream:epoch:shardId`).
-    #[arg(long)]
-    streams_file: Option<PathBuf>,
-    /// Multi-stream mode: how long a stream gone from the file is still read before its
-    /// leases are deleted, in milliseconds.
-    #[arg(long, default_value_t = 300_000)]
-    stream_removal_grace_ms: u64,
-    /// Also compete for the singleton task NAME (lines `singleton_start` with its fencing
-    /// token and `singleton_stop`); its failover time is the worker's.
-    #[arg(long)]
-    singleton: Option<String>,
-    /// How often singleton candidates read the row, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    singleton_poll_ms: u64,
-    /// With `--singleton`: take messages for it over HTTP on a free local port, with this
-    /// shared secret (lines `message` with the text and the fencing token).
-    #[arg(long)]
-    messenger_secret: Option<String>,
-    /// Journal one `batch` line per batch (shard, record count, first record's payload)
-    /// instead of a line per record: for measuring the worker's own cost.
-    #[arg(long)]
-    journal_batches: bool,
-    /// Process with `kcl_core::Parallel`, this many records of a shard at once, in order per
-    /// partition key: a `record_start` line when a record's handler starts, its `record` line
-    /// when it finishes, after a pause of up to twice `--record-delay-ms`, or for one record in
-    /// ten, ten times it (drawn from the record's sequence number).
-    #[arg(long)]
-    parallel: Option<usize>,
-    /// Under `--parallel`: the first record of this partition key the handler gets never
-    /// finishes (it waits for ever), so the key's later records wait behind it and the shard's
-    /// checkpoint stays before it while the other keys' records finish.
-    #[arg(long)]
-    stuck_pk: Option<String>,
-    /// Read this DynamoDB table's stream (`kcl_aws::DynamoDbStreamsSource`) instead of
-    /// `--stream`; a record's data is the adapter's JSON.
-    #[arg(long)]
-    dynamodb_streams_table: Option<String>,
-    /// Keep the leases through a restart for this long beyond the failover time
-    /// (`restart_grace`), in milliseconds; released at once when not given.
-    #[arg(long)]
-    restart_grace_ms: Option<u64>,
-    /// Checkpoint acknowledged records after this many (`ack_checkpoint_every`).
-    #[arg(long, default_value_t = 1000)]
-    ack_checkpoint_every: u64,
-    /// ... or this long, in milliseconds (`ack_checkpoint_interval`).
-    #[arg(long, default_value_t = 5000)]
-    ack_checkpoint_ms: u64,
-    /// `load` or `count` (`Balancing::by`).
-    #[arg(long, default_value = "count", value_parser = ["load", "count"])]
-    balance_by: String,
-    /// This worker's capacity (`Balancing::capacity`).
-    #[arg(long, default_value_t = 1.0)]
-    capacity: f64,
-    /// The load figures' time constant, in milliseconds (`Balancing::smoothing`).
-    #[arg(long, default_value_t = 60_000)]
-    smoothing_ms: u64,
-    /// The move budget's window, in milliseconds (`Balancing::move_window`).
-    #[arg(long, default_value_t = 60_000)]
-    move_window_ms: u64,
-    /// `Balancing::stickiness`, in milliseconds.
-    #[arg(long, default_value_t = 600_000)]
-    stickiness_ms: u64,
-    /// A file naming hot shards, one id a line, read at each batch: each record of a hot
-    /// shard costs `--hot-record-ms` of busy time, slept after journaling it.
-    #[arg(long)]
-    hot_shards_file: Option<PathBuf>,
-    /// What one record of a hot shard costs, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    hot_record_ms: u64,
-    /// Serve as a deployed process does (kcl-serve): `/healthz`, `/metrics`, `/status` and
-    /// `POST /drain` on a free local port, and KEDA's external scaler on another; a `serving`
-    /// line names both (`http`, `scaler`). Signals are then kcl-serve's.
-    #[arg(long)]
-    http: bool,
-    /// `Autoscaling::catch_up`, in milliseconds.
-    #[arg(long, default_value_t = 300_000)]
-    catch_up_ms: u64,
-    /// `Autoscaling::min_workers`.
-    #[arg(long, default_value_t = 1)]
-    min_workers: u32,
-    /// `Autoscaling::scale_down_window`, in milliseconds.
-    #[arg(long, default_value_t = 300_000)]
-    scale_down_window_ms: u64,
-    /// `Autoscaling::publish_interval`, in milliseconds; not published when not given.
-    #[arg(long)]
-    publish_ms: Option<u64>,
-    /// Commit each record's output (`ADD n :1` on the item `shard/seq/sub`) into this table
-    /// with the batch's checkpoint, exactly once (`Checkpointer::commit_outputs`), instead of
-    /// checkpointing after each batch; journal `work`, then `committed`, `commit_refused`
-    /// (the lease was lost) or `commit_failed` (see the `outputs` module).
-    #[arg(long)]
-    outputs_table: Option<String>,
-    /// Also write each record's output into this table with a plain `UpdateItem`, before the
-    /// checkpoint: at least once.
-    #[arg(long)]
-    plain_table: Option<String>,
-    /// With `--outputs-table` or `--plain-table`: each batch works this long on its thread
-    /// (blocking it) before its commit, in milliseconds.
-    #[arg(long, default_value_t = 0)]
-    work_ms: u64,
-}
-
-/// The autoscaling of `--catch-up-ms`, `--min-workers`, `--scale-down-window-ms` and
-/// `--publish-ms` (the rest as default).
-fn autoscaling(args: &Args) -> Autoscaling {
-    let ms = Duration::from_millis;
-    Autoscaling::default()
-        .catch_up(ms(args.catch_up_ms))
-        .workers(args.min_workers, None)
-        .windows(Duration::ZERO, ms(args.scale_down_window_ms))
-        .publish_interval(args.publish_ms.map(ms))
-}
-
-/// The balancing of `--balance-by`, `--capacity`, `--smoothing-ms`, `--move-window-ms` and
-/// `--stickiness-ms` (budget and band as default).
-fn balancing(args: &Args) -> Balancing {
-    let by = match args.balance_by.as_str() {
-        "count" => BalanceBy::Count,
-        _ => BalanceBy::Load,
-    };
-    let (mut b, ms) = (Balancing::default(), Duration::from_millis);
-    b.move_window = ms(args.move_window_ms);
-    b.by(by)
-        .capacity(args.capacity)
-        .smoothing(ms(args.smoothing_ms))
-        .stickiness(ms(args.stickiness_ms))
-}
 
 /// Appends JSON lines; shared by every processor of the process.
 #[derive(Debug, Clone)]
@@ -487,74 +299,87 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let journal = Journal::open(&args.out, &args.worker_id)?;
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let retrieval = args.retrieval.with_consumer(args.table.clone());
-    // As a user builds it: what the coordination uses of the table is the store's default.
-    let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
-    let config = WorkerConfig::default()
-        .failover_time(Duration::from_millis(args.failover_ms))
-        .taker_interval(Duration::from_millis(args.taker_ms))
-        .idle_time_between_reads(Duration::from_millis(args.idle_ms))
-        .shard_sync_interval(Duration::from_millis(args.shard_sync_ms))
-        .parent_poll_interval(Duration::from_millis(200))
-        .max_records(args.max_records)
-        .max_leases_to_steal(args.max_steal)
-        .max_leases(args.max_leases.unwrap_or(usize::MAX))
-        .max_backoff(Duration::from_secs(1))
-        .shutdown_timeout(Duration::from_secs(10))
-        .coordination(args.coordination)
-        .liveness(args.liveness)
-        .retrieval(retrieval)
-        .call_timeout(Duration::from_millis(args.call_timeout_ms))
-        .ack_checkpoint_every(args.ack_checkpoint_every)
-        .ack_checkpoint_interval(Duration::from_millis(args.ack_checkpoint_ms))
-        .restart_grace(args.restart_grace_ms.map(Duration::from_millis))
-        .balancing(balancing(&args))
-        .autoscaling(autoscaling(&args))
-        .initial_position(match args.initial_position.as_str() {
-            "latest" => InitialPosition::Latest,
-            "trim-horizon" => InitialPosition::TrimHorizon,
-            other => anyhow::bail!("invalid --initial-position {other}"),
-        });
-    let recorder = {
-        let journal = journal.clone();
-        let batch_checkpoint = !args.no_batch_checkpoint;
-        let batch_delay = Duration::from_millis(args.batch_delay_ms);
-        let record_delay = Duration::from_millis(args.record_delay_ms);
-        let checkpoint_every = args.checkpoint_every;
-        let journal_batches = args.journal_batches;
-        let parallel = args.parallel;
-        let stuck_pk = args.stuck_pk.clone();
-        let hot_cost = Duration::from_millis(args.hot_record_ms);
-        let hot = (args.hot_shards_file.clone()).map(|file| (Arc::new(file), hot_cost));
-        let outputs =
-            (args.outputs_table.is_some() || args.plain_table.is_some()).then(|| OutputTables {
-                store: store.clone(),
-                exactly: args.outputs_table.clone(),
-                plain: args.plain_table.clone(),
-                work: Duration::from_millis(args.work_ms),
+    let config = args::worker_config(&args)?;
+    match args.lease_store.clone() {
+        LeaseStoreArg::DynamoDb => {
+            // As a user builds it: what the coordination uses of the table is the store's
+            // default.
+            let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
+            let outputs = (args.outputs_table.is_some() || args.plain_table.is_some()).then(|| {
+                OutputTables {
+                    store: store.clone(),
+                    exactly: args.outputs_table.clone(),
+                    plain: args.plain_table.clone(),
+                    work: Duration::from_millis(args.work_ms),
+                }
             });
-        move |shard: ShardId| Recorder {
-            outputs: outputs.clone(),
-            hot: hot.clone(),
-            parallel: parallel.map(|n| {
-                let handler = Handler {
-                    shard: shard.clone(),
-                    journal: journal.clone(),
-                    delay: record_delay,
-                    stuck: stuck_pk.clone(),
-                };
-                Parallel::new(handler).max_in_flight(n).create(&shard)
-            }),
-            shard,
-            journal: journal.clone(),
-            batch_checkpoint,
-            batch_delay,
-            record_delay,
-            checkpoint_every,
-            seen: 0,
-            journal_batches,
+            Box::pin(start(args, sdk, journal, config, store, outputs)).await
         }
-    };
+        LeaseStoreArg::Postgres(url) => {
+            // The outputs commit in a DynamoDB transaction with the lease row's checkpoint:
+            // the row must be in DynamoDB too.
+            anyhow::ensure!(
+                args.outputs_table.is_none() && args.plain_table.is_none(),
+                "--outputs-table and --plain-table commit with the checkpoint in one DynamoDB \
+                 transaction: they need the leases in DynamoDB, not --lease-store postgres://…"
+            );
+            let store = PostgresLeaseStore::connect(&url, &args.table)
+                .await
+                .with_context(|| format!("the Postgres lease store of {}", args.table))?;
+            Box::pin(start(args, sdk, journal, config, store, None)).await
+        }
+    }
+}
+
+/// The recorder of each shard's records, as the command line says.
+fn recorders(
+    args: &Args,
+    journal: &Journal,
+    outputs: Option<OutputTables>,
+) -> impl Fn(ShardId) -> Recorder + Send + Sync + 'static {
+    let journal = journal.clone();
+    let batch_checkpoint = !args.no_batch_checkpoint;
+    let batch_delay = Duration::from_millis(args.batch_delay_ms);
+    let record_delay = Duration::from_millis(args.record_delay_ms);
+    let checkpoint_every = args.checkpoint_every;
+    let journal_batches = args.journal_batches;
+    let parallel = args.parallel;
+    let stuck_pk = args.stuck_pk.clone();
+    let hot_cost = Duration::from_millis(args.hot_record_ms);
+    let hot = (args.hot_shards_file.clone()).map(|file| (Arc::new(file), hot_cost));
+    move |shard: ShardId| Recorder {
+        outputs: outputs.clone(),
+        hot: hot.clone(),
+        parallel: parallel.map(|n| {
+            let handler = Handler {
+                shard: shard.clone(),
+                journal: journal.clone(),
+                delay: record_delay,
+                stuck: stuck_pk.clone(),
+            };
+            Parallel::new(handler).max_in_flight(n).create(&shard)
+        }),
+        shard,
+        journal: journal.clone(),
+        batch_checkpoint,
+        batch_delay,
+        record_delay,
+        checkpoint_every,
+        seen: 0,
+        journal_batches,
+    }
+}
+
+/// Runs the worker on `store`, whichever store it is, with what runs beside it.
+async fn start<L: LeaseStore + Clone>(
+    args: Args,
+    sdk: aws_config::SdkConfig,
+    journal: Journal,
+    config: WorkerConfig,
+    store: L,
+    outputs: Option<OutputTables>,
+) -> anyhow::Result<()> {
+    let recorder = recorders(&args, &journal, outputs);
     let id = args.worker_id.as_str();
     let singleton = match &args.singleton {
         Some(name) => {
@@ -577,7 +402,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let extra = Extra {
-        journal: journal.clone(),
+        journal,
         singleton,
         serving,
     };
@@ -616,16 +441,16 @@ async fn serve_messages(secret: &str) -> anyhow::Result<HttpMessenger> {
 }
 
 /// What runs beside the worker.
-struct Extra {
+struct Extra<L> {
     journal: Journal,
-    singleton: Option<Singleton<DynamoDbLeaseStore>>,
+    singleton: Option<Singleton<L>>,
     /// `--http`: kcl-serve runs the worker.
     serving: Option<kcl_serve::Serving>,
 }
 
 /// Competes for the singleton until `stop`, journaling each run.
-async fn compete(
-    singleton: Singleton<DynamoDbLeaseStore>,
+async fn compete<L: LeaseStore>(
+    singleton: Singleton<L>,
     journal: Journal,
     stop: CancellationToken,
 ) {
@@ -657,7 +482,7 @@ async fn compete(
 /// Runs `worker` until it stops: SIGTERM or SIGINT shut it down gracefully, a second forces.
 async fn drive<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
     worker: Worker<S, L, F>,
-    extra: Extra,
+    extra: Extra<L>,
 ) -> anyhow::Result<()> {
     let journal = extra.journal;
     let handle = worker.shutdown_handle();
