@@ -55,8 +55,9 @@ fn measure(workers: usize, shards: u32, config: &WorkerConfig) -> Measured {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (store, stops, row_bytes) = idle_fleet::start(shards, workers, config);
+        let (store, stops) = idle_fleet::start(shards, workers, config);
         tokio::time::sleep(SETTLE).await;
+        let row_bytes = idle_fleet::row_bytes(&store);
         let before = store.table_usage().by_operation();
         tokio::time::sleep(WINDOW).await;
         let after = store.table_usage().by_operation();

@@ -19,8 +19,9 @@ const WINDOW: Duration = Duration::from_secs(120);
 /// The load of `workers` idle workers over `shards` in `config`, measured over the window,
 /// and the average row size.
 async fn measured(shards: u32, workers: usize, config: &WorkerConfig) -> (Load, u32) {
-    let (store, stops, row_bytes) = idle_fleet::start(shards, workers, config);
+    let (store, stops) = idle_fleet::start(shards, workers, config);
     tokio::time::sleep(SETTLE).await;
+    let row_bytes = idle_fleet::row_bytes(&store);
     let before = store.table_usage();
     let (total, feed) = (before.total(), before.of(Operation::ReadChanges));
     tokio::time::sleep(WINDOW).await;

@@ -5,14 +5,20 @@ use kcl_core::lease::usage::item_size;
 use kcl_core::memory::{IdleProcessor, MemoryLeaseStore, MemoryStream};
 use kcl_core::{Checkpoint, Lease, ShardId, ShutdownHandle, Worker, WorkerConfig, WorkerId};
 
+/// The average size of the store's rows in bytes, as DynamoDB counts them: measured once the
+/// fleet settled (a take writes `kclFence`, renewals the load).
+pub(crate) fn row_bytes(store: &MemoryLeaseStore) -> usize {
+    let rows = store.leases();
+    rows.iter().map(item_size).sum::<usize>() / rows.len().max(1)
+}
+
 /// `workers` idle workers running over `shards` shards whose leases they already hold in
-/// turn: the store (which counts every request), the workers' stop handles and the average
-/// row size in bytes.
+/// turn: the store (which counts every request) and the workers' stop handles.
 pub(crate) fn start(
     shards: u32,
     workers: usize,
     config: &WorkerConfig,
-) -> (MemoryLeaseStore, Vec<ShutdownHandle>, usize) {
+) -> (MemoryLeaseStore, Vec<ShutdownHandle>) {
     let stream = MemoryStream::new(shards);
     let store = MemoryLeaseStore::new();
     let ids: Vec<WorkerId> = (0..workers)
@@ -24,8 +30,6 @@ pub(crate) fn start(
         lease.owner = Some(ids[i % workers].clone());
         store.insert(lease);
     }
-    let rows = store.leases();
-    let row_bytes = rows.iter().map(item_size).sum::<usize>() / rows.len().max(1);
     let mut stops = Vec::new();
     for id in &ids {
         let worker = Worker::new(
@@ -39,5 +43,5 @@ pub(crate) fn start(
         stops.push(worker.shutdown_handle());
         tokio::spawn(worker.run());
     }
-    (store, stops, row_bytes)
+    (store, stops)
 }
