@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::wait_until;
+use common::{fill_numbered, numbered, outputs_config, wait_until};
 use kcl_core::failure::{DeadLetters, FailurePolicy, Reason};
 use kcl_core::memory::{
     Condition, MemoryLeaseStore, MemorySink, MemoryStream, MemoryWrite, Refusal,
@@ -22,34 +22,11 @@ use kcl_core::memory::{
 use kcl_core::outputs::Outputs;
 use kcl_core::{
     BoxError, Checkpoint, CheckpointError, Checkpointer, ExtendedSequenceNumber, Parallel,
-    ProcessRecordsInput, Record, RecordProcessor, ShardId, Worker, WorkerConfig,
+    ProcessRecordsInput, Record, RecordProcessor, ShardId, Worker,
 };
 
 const SHARD: &str = "shardId-000000000000";
 const RECORDS: usize = 30;
-
-fn config() -> WorkerConfig {
-    WorkerConfig::default()
-        .failover_time(Duration::from_secs(6))
-        .taker_interval(Duration::from_millis(500))
-        .idle_time_between_reads(Duration::from_millis(200))
-        .ack_checkpoint_interval(Duration::from_millis(500))
-}
-
-/// Records `0..n`, record `i` with data `i` and key `key-{i % 6}`; their positions.
-fn fill(stream: &MemoryStream, n: usize) -> Vec<ExtendedSequenceNumber> {
-    (0..n)
-        .map(|i| {
-            stream
-                .put(&format!("key-{}", i % 6), format!("{i}"))
-                .position()
-        })
-        .collect()
-}
-
-fn data(record: &Record) -> usize {
-    std::str::from_utf8(&record.data).unwrap().parse().unwrap()
-}
 
 fn out(i: usize) -> String {
     format!("out-{i}")
@@ -103,13 +80,13 @@ enum Fault {
 async fn a_record_that_cannot_commit_is_dead_lettered(fault: Fault) {
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
-    let positions = fill(&stream, RECORDS);
+    let positions = fill_numbered(&stream, RECORDS);
     if fault != Fault::Condition {
         store.refuse_as_invalid(out(7), fault == Fault::Named);
     }
     let handler = move |record: Record| async move {
-        let write = MemoryWrite::add(out(data(&record)), 1);
-        match (data(&record), fault) {
+        let write = MemoryWrite::add(out(numbered(&record)), 1);
+        match (numbered(&record), fault) {
             (7, Fault::Condition) => Ok::<_, BoxError>(vec![write.when(Condition::Present)]),
             _ => Ok(vec![write]),
         }
@@ -124,7 +101,7 @@ async fn a_record_that_cannot_commit_is_dead_lettered(fault: Fault) {
     let sink = MemorySink::new();
     let worker = Worker::builder(stream.client("a"), store.client("a"))
         .id("a")
-        .config(config())
+        .config(outputs_config())
         .dead_letters(DeadLetters::new(sink.clone()))
         .build_with(factory)
         .unwrap();
@@ -140,7 +117,7 @@ async fn a_record_that_cannot_commit_is_dead_lettered(fault: Fault) {
         sink.letters().len()
     );
     let letters = sink.letters();
-    let dead: Vec<usize> = letters.iter().map(|l| data(&l.record)).collect();
+    let dead: Vec<usize> = letters.iter().map(|l| numbered(&l.record)).collect();
     assert_eq!(dead, vec![7], "only the record at fault");
     assert_eq!(letters[0].reason, Reason::Permanent);
     let why = match fault {
@@ -193,12 +170,12 @@ async fn parallel_dead_letters_a_record_whose_write_its_condition_refuses() {
 async fn parallel_outputs_all_invalid_are_an_outage_not_a_stream_dead_lettered() {
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
-    let positions = fill(&stream, RECORDS);
+    let positions = fill_numbered(&stream, RECORDS);
     for i in 0..RECORDS {
         store.refuse_as_invalid(out(i), true);
     }
     let handler = |record: Record| async move {
-        Ok::<_, BoxError>(vec![MemoryWrite::add(out(data(&record)), 1)])
+        Ok::<_, BoxError>(vec![MemoryWrite::add(out(numbered(&record)), 1)])
     };
     let policy = FailurePolicy::dead_letter(1).outage_after(Some(3));
     let factory = Parallel::with_outputs(Arc::new(store.client("a")), handler)
@@ -208,7 +185,7 @@ async fn parallel_outputs_all_invalid_are_an_outage_not_a_stream_dead_lettered()
     let sink = MemorySink::new();
     let worker = Worker::builder(stream.client("a"), store.client("a"))
         .id("a")
-        .config(config())
+        .config(outputs_config())
         .dead_letters(DeadLetters::new(sink.clone()))
         .build_with(factory)
         .unwrap();
@@ -216,7 +193,7 @@ async fn parallel_outputs_all_invalid_are_an_outage_not_a_stream_dead_lettered()
     let task = tokio::spawn(worker.run());
     // Within the outage's probe interval (60 s): no record given up past the three.
     tokio::time::sleep(Duration::from_secs(50)).await;
-    let letters: Vec<usize> = sink.letters().iter().map(|l| data(&l.record)).collect();
+    let letters: Vec<usize> = sink.letters().iter().map(|l| numbered(&l.record)).collect();
     assert_eq!(letters, [0, 1, 2], "three given up, then an outage");
     assert!(store.outputs().is_empty());
     let at = checkpoint(&store);
@@ -251,7 +228,7 @@ impl RecordProcessor for Batch {
     ) -> Result<(), BoxError> {
         for record in input.records() {
             self.outputs
-                .push(record, MemoryWrite::add(out(data(record)), 1));
+                .push(record, MemoryWrite::add(out(numbered(record)), 1));
             self.delivered += 1;
         }
         if self.delivered == self.at {
@@ -278,7 +255,7 @@ async fn batch_commit_with_record_3_invalid(
 ) {
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
-    let positions = fill(&stream, 6);
+    let positions = fill_numbered(&stream, 6);
     store.refuse_as_invalid(out(3), named);
     let errors = Errors::default();
     let factory = {
@@ -293,7 +270,7 @@ async fn batch_commit_with_record_3_invalid(
     };
     let worker = Worker::new(
         "a",
-        config(),
+        outputs_config(),
         stream.client("a"),
         store.client("a"),
         factory,

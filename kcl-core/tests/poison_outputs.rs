@@ -12,37 +12,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::wait_until;
+use common::{fill_numbered, numbered, outputs_config, wait_until};
 use kcl_core::failure::{DeadLetters, FailurePolicy, Permanent};
 use kcl_core::memory::{MemoryLeaseStore, MemorySink, MemoryStream, MemoryWrite};
-use kcl_core::{
-    BoxError, Checkpoint, ExtendedSequenceNumber, Parallel, Record, Worker, WorkerConfig,
-};
+use kcl_core::{BoxError, Checkpoint, Parallel, Record, Worker};
 
 const SHARD: &str = "shardId-000000000000";
 const RECORDS: usize = 200;
-
-fn config() -> WorkerConfig {
-    WorkerConfig::default()
-        .failover_time(Duration::from_secs(6))
-        .taker_interval(Duration::from_millis(500))
-        .idle_time_between_reads(Duration::from_millis(200))
-        .ack_checkpoint_interval(Duration::from_millis(500))
-}
-
-fn fill(stream: &MemoryStream, n: usize) -> Vec<ExtendedSequenceNumber> {
-    (0..n)
-        .map(|i| {
-            stream
-                .put(&format!("key-{}", i % 6), format!("{i}"))
-                .position()
-        })
-        .collect()
-}
-
-fn data(record: &Record) -> usize {
-    std::str::from_utf8(&record.data).unwrap().parse().unwrap()
-}
 
 fn poison(i: usize) -> bool {
     i % 10 == 1
@@ -56,17 +32,17 @@ fn checkpoint(store: &MemoryLeaseStore) -> Checkpoint {
 async fn run(outputs: bool) {
     let stream = MemoryStream::new(1);
     let store = MemoryLeaseStore::new();
-    let positions = fill(&stream, RECORDS);
+    let positions = fill_numbered(&stream, RECORDS);
     // Defaults but for the sink: attempts 3, backoff 1 s, outage_after 10.
     let policy = FailurePolicy::dead_letter(3);
     let sink = MemorySink::new();
     let builder = Worker::builder(stream.client("a"), store.client("a"))
         .id("a")
-        .config(config())
+        .config(outputs_config())
         .dead_letters(DeadLetters::new(sink.clone()));
     let (shutdown, task) = if outputs {
         let handler = |record: Record| async move {
-            let i = data(&record);
+            let i = numbered(&record);
             if poison(i) {
                 return Err::<Vec<MemoryWrite>, BoxError>(Permanent::new("malformed").into());
             }
@@ -79,7 +55,7 @@ async fn run(outputs: bool) {
         (w.shutdown_handle(), tokio::spawn(w.run()))
     } else {
         let handler = |record: Record| async move {
-            if poison(data(&record)) {
+            if poison(numbered(&record)) {
                 return Err::<(), BoxError>(Permanent::new("malformed").into());
             }
             Ok(())
@@ -92,7 +68,7 @@ async fn run(outputs: bool) {
     let done = wait_until(Duration::from_secs(300), || checkpoint(&store) == last).await;
     let mut letters: BTreeMap<usize, usize> = BTreeMap::new();
     for l in sink.letters() {
-        *letters.entry(data(&l.record)).or_default() += 1;
+        *letters.entry(numbered(&l.record)).or_default() += 1;
     }
     let outs: BTreeMap<String, i64> = (store.outputs().into_iter())
         .map(|(k, v)| (k, v.count))

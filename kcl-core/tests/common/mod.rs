@@ -192,3 +192,31 @@ pub fn delivered_of(seen: &Seen, old: &[SequenceNumber]) -> usize {
         .filter(|(_, _, q)| old.contains(q))
         .count()
 }
+
+/// Records `0..n`, record `i` with data `i` and key `key-{i % 6}`; their positions (the
+/// outputs tests' stream: `numbered` reads a record's `i` back).
+pub fn fill_numbered(stream: &MemoryStream, n: usize) -> Vec<kcl_core::ExtendedSequenceNumber> {
+    (0..n)
+        .map(|i| {
+            stream
+                .put(&format!("key-{}", i % 6), format!("{i}"))
+                .position()
+        })
+        .collect()
+}
+
+/// The `i` a record of [`fill_numbered`] carries.
+pub fn numbered(record: &kcl_core::Record) -> usize {
+    let text = std::str::from_utf8(&record.data).expect("a record of fill_numbered");
+    text.parse().expect("a record of fill_numbered")
+}
+
+/// The outputs tests' worker timing: 6 s failover, 0.5 s taker interval and acknowledgement
+/// checkpoints.
+pub fn outputs_config() -> WorkerConfig {
+    WorkerConfig::default()
+        .failover_time(Duration::from_secs(6))
+        .taker_interval(Duration::from_millis(500))
+        .idle_time_between_reads(Duration::from_millis(200))
+        .ack_checkpoint_interval(Duration::from_millis(500))
+}
