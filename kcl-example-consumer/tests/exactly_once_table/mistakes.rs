@@ -9,7 +9,9 @@ use kcl_core::{Checkpoint, SequenceNumber, ShardId};
 use kcl_example_consumer::table::dynamodb::{APPLICATION, SHARD, WINDOW_START};
 use kcl_integration_tests::{Context, Producer, wait_until, with_timeout};
 
-use crate::procs::{Proc, by_shard, checkpoints, counted, create_table, position};
+use crate::procs::{
+    Proc, by_shard, checkpointed_without_the_flag, checkpoints, counted, create_table, position,
+};
 
 const POLL: Duration = Duration::from_millis(250);
 
@@ -44,28 +46,8 @@ async fn a_worker_without_the_flag_is_reported_by_the_next_one_with_it() -> anyh
 
 async fn mixed_fleet(ctx: Context, table: String) -> anyhow::Result<()> {
     let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table.as_str()]);
-    let producer = Producer::start(&ctx, "mixed-", 5, Duration::from_millis(200));
-    let mut with = Proc::spawn_for(&ctx, "with-a", &app, &flag)?;
     let long = Duration::from_secs(60);
-    wait_until("windows committed", long, POLL, async || {
-        Ok(counted(&ctx, &table).await >= 10)
-    })
-    .await
-    .with_context(|| with.log_tail())?;
-    with.stop().await?;
-    let committed = checkpoints(&ctx, &app).await?;
-    let mut without = Proc::spawn_for(&ctx, "without-b", &app, &[])?;
-    wait_until(
-        "both shards checkpointed without the flag",
-        long,
-        POLL,
-        async || {
-            let now = checkpoints(&ctx, &app).await?;
-            Ok(now.len() == 2 && now.iter().all(|(s, c)| committed.get(s) != Some(c)))
-        },
-    )
-    .await
-    .with_context(|| without.log_tail())?;
+    let (producer, mut without) = checkpointed_without_the_flag(&ctx, &table, "mixed").await?;
     without.stop().await?;
     let leases = checkpoints(&ctx, &app).await?;
     let mut positions = BTreeMap::new();
@@ -73,7 +55,7 @@ async fn mixed_fleet(ctx: Context, table: String) -> anyhow::Result<()> {
         let item = position(&ctx, &table, shard).await?.unwrap_or_default();
         positions.insert(shard.clone(), item.checkpoint.context("a position")?);
     }
-    let next = Proc::spawn_for(&ctx, "with-c", &app, &flag)?;
+    let next = Proc::spawn_for(&ctx, "mixed-c", &app, &flag)?;
     for (shard, lease) in &leases {
         let (lease, at) = (lease.to_string(), positions[shard].to_string());
         let words = [shard.as_str(), &lease, &at, &table, "out of step"];

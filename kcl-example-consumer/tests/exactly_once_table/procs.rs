@@ -86,3 +86,43 @@ pub(crate) async fn create_table(
         .await?;
     Ok(())
 }
+
+/// A mixed fleet's start, written with `prefix`: a consumer of the test's application with
+/// `--exactly-once-table table` until windows are committed, stopped; then one without the
+/// flag until both shards' checkpoints moved past what was committed. The producer, still
+/// writing, and the consumer without the flag, still running.
+pub(crate) async fn checkpointed_without_the_flag(
+    ctx: &Context,
+    table: &str,
+    prefix: &str,
+) -> anyhow::Result<(kcl_integration_tests::Producer, Proc)> {
+    use anyhow::Context as _;
+    let (poll, long) = (
+        std::time::Duration::from_millis(250),
+        std::time::Duration::from_secs(60),
+    );
+    let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table]);
+    let every = std::time::Duration::from_millis(200);
+    let producer = kcl_integration_tests::Producer::start(ctx, &format!("{prefix}-"), 5, every);
+    let mut with = Proc::spawn_for(ctx, &format!("{prefix}-a"), &app, &flag)?;
+    kcl_integration_tests::wait_until("windows committed", long, poll, async || {
+        Ok(counted(ctx, table).await >= 10)
+    })
+    .await
+    .with_context(|| with.log_tail())?;
+    with.stop().await?;
+    let committed = checkpoints(ctx, &app).await?;
+    let without = Proc::spawn_for(ctx, &format!("{prefix}-b"), &app, &[])?;
+    kcl_integration_tests::wait_until(
+        "both shards checkpointed without the flag",
+        long,
+        poll,
+        async || {
+            let now = checkpoints(ctx, &app).await?;
+            Ok(now.len() == 2 && now.iter().all(|(s, c)| committed.get(s) != Some(c)))
+        },
+    )
+    .await
+    .with_context(|| without.log_tail())?;
+    Ok((producer, without))
+}

@@ -9,7 +9,7 @@ use kcl_core::{Checkpoint, ShardId};
 use kcl_integration_tests::{Context, Producer, wait_until, with_timeout};
 
 use crate::mistakes::{metric, world};
-use crate::procs::{Proc, checkpoints, counted, position};
+use crate::procs::{Proc, checkpointed_without_the_flag, checkpoints, counted, position};
 
 const POLL: Duration = Duration::from_millis(250);
 const LONG: Duration = Duration::from_secs(60);
@@ -106,27 +106,7 @@ async fn a_shard_ahead_is_a_problem_on_status() -> anyhow::Result<()> {
 
 async fn status(ctx: Context, table: String) -> anyhow::Result<()> {
     let (app, flag) = (ctx.table.clone(), ["--exactly-once-table", table.as_str()]);
-    let producer = Producer::start(&ctx, "status-", 5, Duration::from_millis(200));
-    let mut with = Proc::spawn_for(&ctx, "status-a", &app, &flag)?;
-    wait_until("windows committed", LONG, POLL, async || {
-        Ok(counted(&ctx, &table).await >= 10)
-    })
-    .await
-    .with_context(|| with.log_tail())?;
-    with.stop().await?;
-    let committed = checkpoints(&ctx, &app).await?;
-    let mut without = Proc::spawn_for(&ctx, "status-b", &app, &[])?;
-    wait_until(
-        "both shards checkpointed without the flag",
-        LONG,
-        POLL,
-        async || {
-            let now = checkpoints(&ctx, &app).await?;
-            Ok(now.len() == 2 && now.iter().all(|(s, c)| committed.get(s) != Some(c)))
-        },
-    )
-    .await
-    .with_context(|| without.log_tail())?;
+    let (producer, mut without) = checkpointed_without_the_flag(&ctx, &table, "status").await?;
     // The worker without the flag keeps its shards: the next one with it finds them ahead.
     let next = Proc::spawn_for(&ctx, "status-c", &app, &flag)?;
     let mut listed = Vec::new();
