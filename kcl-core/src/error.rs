@@ -187,6 +187,19 @@ pub enum CheckpointError {
         /// The shard.
         shard: ShardId,
     },
+    /// `commit_outputs` into a sink that keeps its own position
+    /// ([`Transact::keeps_position`](crate::outputs::Transact::keeps_position)) on a worker
+    /// not given it ([`WorkerBuilder::positions`](crate::WorkerBuilder::positions)): the sink
+    /// was never fenced for this tenure, nor the shard resumed from its position. Nothing
+    /// was written.
+    #[error(
+        "commit_outputs on shard {shard} into a sink that keeps its own position, which the \
+         worker was not given: build the worker with WorkerBuilder::positions(sink)"
+    )]
+    PositionsNotOpened {
+        /// The shard.
+        shard: ShardId,
+    },
     /// An output's own condition failed, so its transaction did not apply: the outputs and
     /// checkpoint stand where the transactions before it left them.
     #[error("an output of record {record} on shard {shard} was refused by its condition: {reason}")]

@@ -180,6 +180,12 @@ pub enum Mutation {
     /// A processor opening a shard ignores the records its lease row says finished past the
     /// checkpoint (`kclAcked`): it is handed them again.
     AckedIgnoredOnOpen,
+    /// A shard opening on a worker whose sink keeps positions resumes from the lease's
+    /// checkpoint even when the sink's position is ahead of it.
+    SinkPositionIgnored,
+    /// The in-memory sink that keeps positions commits without checking that its row names
+    /// the committing tenure.
+    SinkUnfenced,
 }
 
 impl Mutation {
@@ -255,6 +261,8 @@ impl Mutation {
         Self::ScaleUpWindowIgnored,
         Self::PlacedOnMostLoaded,
         Self::AckedIgnoredOnOpen,
+        Self::SinkPositionIgnored,
+        Self::SinkUnfenced,
     ];
 }
 

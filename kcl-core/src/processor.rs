@@ -285,6 +285,14 @@ pub trait ProcessorFactory: Send + Sync + 'static {
         false
     }
 
+    /// Whether its processors commit outputs into a sink that keeps its own position
+    /// ([`Parallel::with_outputs`](crate::Parallel::with_outputs) over one), so that the
+    /// worker can check it was given the sink ([`WorkerBuilder::positions`](crate::WorkerBuilder::positions)).
+    #[doc(hidden)]
+    fn needs_positions(&self) -> bool {
+        false
+    }
+
     /// Checks the factory's own settings when the worker is built
     /// ([`Parallel`](crate::Parallel)'s); the error names the setting.
     #[doc(hidden)]

@@ -92,6 +92,11 @@ impl Checkpointer {
                 shard: self.shard_id().clone(),
             });
         }
+        if store.keeps_position() && !self.sink_opened {
+            return Err(CheckpointError::PositionsNotOpened {
+                shard: self.shard_id().clone(),
+            });
+        }
         let current = match &last {
             Some(position) => self.validate(position).await?,
             None => self.tenure.snapshot().await.checkpoint,

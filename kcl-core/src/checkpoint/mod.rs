@@ -51,6 +51,9 @@ pub struct Checkpointer {
     writes: WriteLog,
     /// Whether this instance committed outputs ([`commit_outputs`](Self::commit_outputs)).
     committed: bool,
+    /// Whether the worker's sink that keeps positions was fenced for this tenure when the
+    /// shard opened ([`WorkerBuilder::positions`](crate::WorkerBuilder::positions)).
+    pub(crate) sink_opened: bool,
 }
 
 /// A checkpoint written as pending by [`Checkpointer::prepare_checkpoint`], to be committed
@@ -79,6 +82,7 @@ impl Checkpointer {
             shard_end: None,
             writes: WriteLog::default(),
             committed: false,
+            sink_opened: false,
         }
     }
 

@@ -105,6 +105,7 @@ pub(crate) fn kind(error: &CheckpointError) -> Option<String> {
         CheckpointError::OutputsAcknowledgedLater { .. } => {
             Some("outputs_acknowledged_later".to_owned())
         }
+        CheckpointError::PositionsNotOpened { .. } => Some("positions_not_opened".to_owned()),
         CheckpointError::LeaseLost { .. }
         | CheckpointError::NotDelivered { .. }
         | CheckpointError::Unfinished { .. }

@@ -110,6 +110,16 @@ pub trait Transact: Send + Sync + 'static {
         std::future::ready(())
     }
 
+    /// Whether the store keeps each shard's position apart from the lease row: a sink in
+    /// another system than the lease store (see [`Positions`](crate::outputs::Positions)).
+    /// Then its commit conditions on and writes its own position row, the lease row's
+    /// checkpoint follows each applied commit as a plain write, and the worker must have been
+    /// given the sink ([`WorkerBuilder::positions`](crate::WorkerBuilder::positions)). By
+    /// default false: the store holds the lease rows and commits the checkpoint into them.
+    fn keeps_position(&self) -> bool {
+        false
+    }
+
     /// Applies `commit.writes` and the checkpoint in one transaction, conditioned on the
     /// lease row holding `commit.owner`, `commit.fence` and `commit.before`; leaves the
     /// counter alone. A cancellation because of the row's condition is

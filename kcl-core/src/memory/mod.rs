@@ -18,6 +18,7 @@ mod feed;
 mod harness;
 mod messenger;
 mod outputs;
+mod positions;
 mod process;
 mod sink;
 mod store;
@@ -32,6 +33,7 @@ pub use outputs::{
     AppliedCommit, Condition, MemoryWrite, OutputCounts, OutputItem, Refusal, RefusedCommit,
     WriteAction,
 };
+pub use positions::{MemoryPositionSink, PositionRow, SinkCommit};
 pub use sink::MemorySink;
 pub use store::{MemoryLeaseStore, StoreEvent};
 pub use stream::MemoryStream;

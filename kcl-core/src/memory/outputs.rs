@@ -33,7 +33,7 @@ use crate::mutation::{self, Mutation};
 use crate::outputs::{Commit, CommitError, Limits, Measure, Transact};
 use crate::types::{Checkpoint, FencingToken, ShardId, WorkerId};
 
-mod write;
+pub(in crate::memory) mod write;
 
 pub use write::{Condition, MemoryWrite, WriteAction};
 
@@ -281,12 +281,12 @@ impl OutputTable {
             let index = Some(index);
             return (Err(CommitError::Invalid { index, reason }), false);
         }
-        if let Some((index, reason)) = self.first_refused(&p.writes) {
+        if let Some((index, reason)) = write::first_refused(&self.items, &p.writes) {
             self.refuse(p, Refusal::Write { index }, reported);
             return (Err(CommitError::Refused { index, reason }), false);
         }
         for write in &p.writes {
-            self.apply(write);
+            write::apply(&mut self.items, write);
         }
         let wrote = row.map(|r| p.update.apply_to(r)).is_some();
         if self.window.is_some() {
@@ -334,37 +334,6 @@ impl OutputTable {
                 p.shard, p.token
             ),
         ))))
-    }
-
-    /// The first write whose condition fails, with why.
-    fn first_refused(&self, writes: &[MemoryWrite]) -> Option<(usize, String)> {
-        writes.iter().enumerate().find_map(|(index, w)| {
-            let condition = w.condition.as_ref()?;
-            let item = self.items.get(&w.key);
-            let holds = match condition {
-                Condition::Absent => item.is_none(),
-                Condition::Present => item.is_some(),
-                Condition::ValueIs(v) => item.is_some_and(|i| i.value.as_ref() == Some(v)),
-                Condition::CountIs(n) => item.is_some_and(|i| i.count == *n),
-            };
-            (!holds).then(|| {
-                let reason = format!("ConditionalCheckFailed: {} is not {condition:?}", w.key);
-                (index, reason)
-            })
-        })
-    }
-
-    fn apply(&mut self, write: &MemoryWrite) {
-        match &write.action {
-            WriteAction::Put(value) => {
-                self.items.entry(write.key.clone()).or_default().value = Some(value.clone());
-            }
-            WriteAction::Add(by) => self.items.entry(write.key.clone()).or_default().count += by,
-            WriteAction::Delete => {
-                self.items.remove(&write.key);
-            }
-            WriteAction::Check => {}
-        }
     }
 
     fn refuse(&mut self, p: &Prepared, reason: Refusal, reported: bool) {

@@ -41,8 +41,11 @@
 //! [`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs).
 
 mod parts;
+mod positions;
 
 pub(crate) use parts::{Part, split};
+pub(crate) use positions::Sink;
+pub use positions::Positions;
 
 pub use crate::lease::transact::{Commit, CommitError, Limits, Measure, Transact};
 use crate::types::{ExtendedSequenceNumber, Record};

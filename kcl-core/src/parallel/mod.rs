@@ -235,6 +235,10 @@ impl<H: Work> ProcessorFactory for Parallel<H> {
         self.failure.exhausted == Exhausted::DeadLetter
     }
 
+    fn needs_positions(&self) -> bool {
+        self.handler.needs_positions()
+    }
+
     fn check(&self) -> Result<(), crate::ConfigError> {
         self.failure
             .check(["Parallel::on_failure", "Parallel::on_failure"])?;

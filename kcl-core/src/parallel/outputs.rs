@@ -212,6 +212,10 @@ impl<T: Transact, O: OutputHandler<T::Write>> Work for WithOutputs<T, O> {
         false
     }
 
+    fn needs_positions(&self) -> bool {
+        self.store.keeps_position()
+    }
+
     fn check(&self, park_keys: bool) -> Result<(), crate::ConfigError> {
         if park_keys {
             return Err(crate::ConfigError {

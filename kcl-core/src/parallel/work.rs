@@ -61,6 +61,11 @@ pub trait Work: Send + Sync + 'static {
         true
     }
 
+    /// Whether its outputs commit into a sink that keeps its own position.
+    fn needs_positions(&self) -> bool {
+        false
+    }
+
     /// Checks the settings that depend on the work.
     fn check(&self, park_keys: bool) -> Result<(), crate::ConfigError> {
         let _ = park_keys;

@@ -16,6 +16,7 @@ use crate::error::ConfigError;
 use crate::failure::{DeadLetters, Exhausted};
 use crate::lease::LeaseStore;
 use crate::lease::load::Meters;
+use crate::outputs::{Positions, Sink};
 use crate::processor::{ProcessorFactory, RecordProcessor};
 use crate::source::ShardSource;
 use crate::types::{ShardId, WorkerId};
@@ -48,6 +49,7 @@ pub struct WorkerBuilder<S, L> {
     config: WorkerConfig,
     handle: ShutdownHandle,
     dead_letters: Option<DeadLetters>,
+    positions: Option<Sink>,
 }
 
 impl<S: ShardSource, L: LeaseStore> Worker<S, L, ()> {
@@ -60,6 +62,7 @@ impl<S: ShardSource, L: LeaseStore> Worker<S, L, ()> {
             config: WorkerConfig::default(),
             handle: ShutdownHandle::default(),
             dead_letters: None,
+            positions: None,
         }
     }
 }
@@ -84,6 +87,17 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
     /// A policy that dead-letters without a sink is refused by `build`.
     pub fn dead_letters(mut self, letters: DeadLetters) -> Self {
         self.dead_letters = Some(letters);
+        self
+    }
+
+    /// The sink that keeps each shard's position with the outputs committed into it
+    /// ([`Positions`], for a [`Transact`](crate::outputs::Transact) whose
+    /// [`keeps_position`](crate::outputs::Transact::keeps_position) is true): before a
+    /// processor starts on a shard, the sink is fenced for the new tenure and the shard
+    /// resumes from the later of the lease's checkpoint and the sink's position (see
+    /// [`outputs`](crate::outputs)).
+    pub fn positions(mut self, sink: impl Positions) -> Self {
+        self.positions = Some(Sink(Arc::new(sink)));
         self
     }
 
@@ -117,6 +131,14 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
             });
         }
         factory.check()?;
+        if factory.needs_positions() && self.positions.is_none() {
+            return Err(ConfigError {
+                key: "Parallel::with_outputs",
+                reason: "commits into a sink that keeps its own position, but the worker was \
+                         not given it (WorkerBuilder::positions)"
+                    .into(),
+            });
+        }
         if self.dead_letters.is_none() {
             let needs = [
                 (
@@ -138,6 +160,7 @@ impl<S: ShardSource, L: LeaseStore> WorkerBuilder<S, L> {
         }
         Ok(Worker {
             dead_letters: self.dead_letters,
+            positions: self.positions,
             table: Table {
                 me: id,
                 meters: Meters::new(self.config.balancing.capacity_milli()),

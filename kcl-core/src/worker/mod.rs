@@ -42,6 +42,7 @@ use self::table::Table;
 use crate::config::WorkerConfig;
 use crate::error::{ConfigError, Error};
 use crate::failure::DeadLetters;
+use crate::outputs::Sink;
 use crate::lease::LeaseStore;
 use crate::processor::ProcessorFactory;
 use crate::singleton::is_coordination_key;
@@ -159,6 +160,8 @@ pub struct Worker<S, L, F> {
     report: Report,
     /// Where given-up records go ([`WorkerBuilder::dead_letters`]).
     dead_letters: Option<DeadLetters>,
+    /// The sink that keeps shards' positions ([`WorkerBuilder::positions`]).
+    positions: Option<Sink>,
 }
 
 impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
@@ -232,6 +235,7 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                 consumer,
             )
             .dead_letters(self.dead_letters.clone())
+            .positions(self.positions.clone())
             .drain_on(self.handle.release.clone()),
         );
         // What this worker renews anyway, which carries its roles (see `roles`).

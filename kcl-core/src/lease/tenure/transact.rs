@@ -113,6 +113,11 @@ impl Tenure {
             })
             .await;
             let error = match sent {
+                Ok(Ok(())) if store.keeps_position() => {
+                    drop(held);
+                    self.follow(update).await;
+                    return Ok(Transacted::Applied);
+                }
                 Ok(Ok(())) => {
                     update.apply_to(&mut held.lease);
                     return Ok(Transacted::Applied);
@@ -141,6 +146,21 @@ impl Tenure {
                 }
                 None => return self.give_up(&mut held, update, error).await,
             }
+        }
+    }
+
+    /// After a commit into a sink that keeps its own position: the lease row's checkpoint
+    /// follows, as a plain write (see [`Positions`](crate::outputs::Positions)). If it
+    /// fails, the sink still holds the commit: the lease row trails it until the next
+    /// commit's refusal restarts the processor, whose open brings the row up to the sink.
+    async fn follow(&self, update: &CheckpointUpdate) {
+        if let Err(error) = self.checkpoint(update).await {
+            tracing::warn!(
+                shard = %self.shard,
+                ?error,
+                "the lease's checkpoint did not follow a commit into the sink that keeps the \
+                 shard's position; the shard resumes from the sink's position"
+            );
         }
     }
 

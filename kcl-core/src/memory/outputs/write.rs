@@ -1,6 +1,10 @@
 //! A processor's writes to the in-memory output table: what each does to one item, and the
 //! condition it is applied under.
 
+use std::collections::BTreeMap;
+
+use super::OutputItem;
+
 /// One write of a processor's to the output table: what it does to one key, and the
 /// condition the item must meet (as it was before the commit) for the commit to apply.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -78,12 +82,47 @@ impl MemoryWrite {
 
     /// Its size, as [`Limits::bytes`](crate::outputs::Limits::bytes) counts it: key, value
     /// and 16 bytes of attributes.
-    pub(super) fn bytes(&self) -> usize {
+    pub(in crate::memory) fn bytes(&self) -> usize {
         let value = match &self.action {
             WriteAction::Put(v) => v.len(),
             WriteAction::Add(_) => 8,
             WriteAction::Delete | WriteAction::Check => 0,
         };
         self.key.len() + value + 16
+    }
+}
+
+/// The first of `writes` whose condition fails on `items`, with why.
+pub(in crate::memory) fn first_refused(
+    items: &BTreeMap<String, OutputItem>,
+    writes: &[MemoryWrite],
+) -> Option<(usize, String)> {
+    writes.iter().enumerate().find_map(|(index, w)| {
+        let condition = w.condition.as_ref()?;
+        let item = items.get(&w.key);
+        let holds = match condition {
+            Condition::Absent => item.is_none(),
+            Condition::Present => item.is_some(),
+            Condition::ValueIs(v) => item.is_some_and(|i| i.value.as_ref() == Some(v)),
+            Condition::CountIs(n) => item.is_some_and(|i| i.count == *n),
+        };
+        (!holds).then(|| {
+            let reason = format!("ConditionalCheckFailed: {} is not {condition:?}", w.key);
+            (index, reason)
+        })
+    })
+}
+
+/// Applies `write` to `items`.
+pub(in crate::memory) fn apply(items: &mut BTreeMap<String, OutputItem>, write: &MemoryWrite) {
+    match &write.action {
+        WriteAction::Put(value) => {
+            items.entry(write.key.clone()).or_default().value = Some(value.clone());
+        }
+        WriteAction::Add(by) => items.entry(write.key.clone()).or_default().count += by,
+        WriteAction::Delete => {
+            items.remove(&write.key);
+        }
+        WriteAction::Check => {}
     }
 }

@@ -50,6 +50,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     };
     // 4. Batches, until the shard ends or something stops them.
     let mut checkpointer = Checkpointer::new(tenure.clone());
+    checkpointer.sink_opened = ctx.positions.is_some();
     checkpointer
         .watermark()
         .count_successes(control.failures.clone());
@@ -87,6 +88,9 @@ async fn initialize<S: ShardSource>(
     (tenure, control): (&Arc<Tenure>, &Control),
     processor: &mut impl RecordProcessor,
 ) -> Result<Result<(Lease, Start), Stop>, Failure> {
+    if let Some(stop) = super::sink::open(ctx, tenure).await? {
+        return Ok(Err(stop));
+    }
     let lease = tenure.snapshot().await;
     let start = match position::open(ctx, tenure, &lease).await? {
         Opened::Finished => return Ok(Err(Stop::Finished)),

@@ -40,6 +40,7 @@ mod control;
 mod position;
 mod prefetch;
 mod progress;
+mod sink;
 mod skip;
 mod walk;
 
@@ -63,6 +64,7 @@ use crate::failure::{DeadLetters, Origin};
 use crate::lease::renewer;
 use crate::lease::tenure::Tenure;
 use crate::metrics;
+use crate::outputs::Sink;
 use crate::processor::ProcessorFactory;
 use crate::source::ShardSource;
 use crate::types::{ConsumerId, ShardId, WorkerId};
@@ -79,6 +81,8 @@ pub(crate) struct ShardContext<S, F> {
     pub(crate) consumer: Option<ConsumerId>,
     /// Where the worker's dead letters go (see [`failure`](crate::failure)).
     pub(crate) dead_letters: Option<DeadLetters>,
+    /// The sink that keeps shards' positions, fenced and read on every open.
+    pub(crate) positions: Option<Sink>,
     /// Cancelled when the worker drains ([`ShutdownHandle::drain`](crate::ShutdownHandle::drain)):
     /// leases are released, never kept for a restart.
     pub(crate) drain: CancellationToken,
@@ -101,6 +105,7 @@ impl<S, F> ShardContext<S, F> {
             reads: Arc::new(tokio::sync::Semaphore::new(reads)),
             consumer,
             dead_letters: None,
+            positions: None,
             drain: CancellationToken::new(),
         }
     }
@@ -108,6 +113,12 @@ impl<S, F> ShardContext<S, F> {
     /// Leases are released, whatever `restart_grace` says, once `drain` is cancelled.
     pub(crate) fn drain_on(mut self, drain: CancellationToken) -> Self {
         self.drain = drain;
+        self
+    }
+
+    /// The worker's shards keep their positions in `sink` too.
+    pub(crate) fn positions(mut self, sink: Option<Sink>) -> Self {
+        self.positions = sink;
         self
     }
 
@@ -179,6 +190,8 @@ enum Failure {
     Inherit(#[source] BackendError),
     #[error("settling a lease write whose outcome is unknown failed")]
     Settle(#[source] BackendError),
+    #[error("fencing the sink that keeps the shard's position, or reading it, failed")]
+    Positions(#[source] BackendError),
     #[error("shard_ended returned without checkpointing SHARD_END")]
     ShardEndNotCheckpointed,
     /// Retrying cannot fix it: restarted at the backoff's pace, and reported.
@@ -197,6 +210,7 @@ impl Failure {
             | Self::Pin(_)
             | Self::Inherit(_)
             | Self::Settle(_)
+            | Self::Positions(_)
             | Self::Fatal(_) => metrics::READ_FAILURES,
         }
     }
