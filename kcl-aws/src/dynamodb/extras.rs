@@ -10,6 +10,11 @@ use super::{DynamoDbLeaseStore, schema};
 use crate::error::backend_error;
 
 impl LeaseStoreExtras for DynamoDbLeaseStore {
+    /// The table's stream (`StreamSpecification`), enabled by `ensure_table`.
+    fn offers_change_feed(&self) -> bool {
+        true
+    }
+
     /// `DELETE parkedKeys :entries`, on the row if it exists: the counter is left alone, so
     /// the holder's fenced writes go on; it sees the change in its next renewal.
     async fn unpark(&self, key: &ShardId, entries: &[String]) -> Result<(), BackendError> {

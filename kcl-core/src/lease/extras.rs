@@ -45,6 +45,14 @@ pub trait LeaseStoreExtras: Send + Sync + 'static {
         std::future::ready(Ok(FeedRead::Unavailable))
     }
 
+    /// Whether the store can keep a feed of its table's changes at all (DynamoDB: the
+    /// table's stream), whether or not this table has one. By default false: a worker whose
+    /// table lacks the feed then says once, at INFO, that its leader reads the table whole,
+    /// rather than warning of a feed nobody can enable (Postgres).
+    fn offers_change_feed(&self) -> bool {
+        false
+    }
+
     /// The requests and capacity units this handle has spent so far, if it counts them. See
     /// [`usage`](super::usage). By default `None`: the worker's request metrics stay at zero.
     fn usage(&self) -> Option<Usage> {
@@ -104,6 +112,10 @@ impl<L: LeaseStore> LeaseStoreExtras for std::sync::Arc<L> {
         from: Option<&FeedPosition>,
     ) -> impl Future<Output = Result<FeedRead, BackendError>> + Send {
         (**self).changes(from)
+    }
+
+    fn offers_change_feed(&self) -> bool {
+        (**self).offers_change_feed()
     }
 
     fn usage(&self) -> Option<Usage> {

@@ -59,7 +59,12 @@ impl<S: ShardSource, L: LeaseStore, F: ProcessorFactory> Worker<S, L, F> {
                  per lease; let the store add the index, or add it where the table is managed"
             );
         }
-        if wanted.change_feed && !table.change_feed {
+        if wanted.change_feed && !table.change_feed && !self.table.store.offers_change_feed() {
+            tracing::info!(
+                "this lease store keeps no change feed: as leader or standby this worker reads \
+                 the whole table every taker interval"
+            );
+        } else if wanted.change_feed && !table.change_feed {
             tracing::warn!(
                 "the lease table has no change feed: as leader or standby this worker reads the \
                  whole table every taker interval; let the store enable the table's stream, or \

@@ -276,6 +276,10 @@ impl LeaseStore for MemoryLeaseStore {
 }
 
 impl LeaseStoreExtras for MemoryLeaseStore {
+    fn offers_change_feed(&self) -> bool {
+        true
+    }
+
     async fn request_redrive(
         &self,
         key: &ShardId,
