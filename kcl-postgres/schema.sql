@@ -20,14 +20,15 @@
 -- REPEATABLE READ or SERIALIZABLE the second fails with 40001, which the store reports as
 -- retryable (and the retry then finds the condition false).
 --
--- Exactly-once outputs (later): a processor's transaction writes its rows and moves the
--- checkpoint of its lease row in the same transaction, with
+-- Exactly-once outputs (`kcl_postgres::Sql`, `PostgresLeaseStore` as `Transact`): a
+-- processor's transaction moves the checkpoint of its lease row and runs its statements,
+-- the row's update first:
 --   UPDATE kcl_leases SET checkpoint = $, checkpoint_sub = $, ...
 --    WHERE application = $ AND lease_key = $ AND owner = $ AND fence = $
 --      AND checkpoint = $ AND checkpoint_sub = $
 -- (never the counter, which renewals move), so a zombie's transaction updates no row and is
--- rolled back. The typed `owner`, `fence`, `checkpoint` and `checkpoint_sub` columns are
--- that condition.
+-- rolled back before any statement of its own runs. The typed `owner`, `fence`,
+-- `checkpoint` and `checkpoint_sub` columns are that condition.
 
 CREATE TABLE IF NOT EXISTS kcl_leases (
     -- The fleet (KCL Java: the application name, which names its DynamoDB table).
@@ -91,3 +92,30 @@ WITH (fillfactor = 70);
 -- not.
 CREATE INDEX IF NOT EXISTS kcl_leases_owner ON kcl_leases (application, owner)
     WHERE owner IS NOT NULL;
+
+-- kcl_positions: where `PostgresSink` keeps each shard's position beside the outputs, when
+-- the leases live elsewhere (DynamoDB). `PostgresSink::ensure_table` runs this file from this
+-- comment on (the lease store runs all of it, so this table exists, empty, beside
+-- kcl_leases).
+--
+-- A row names the tenure that opened the shard last (the lease's owner and fence when its
+-- processor started): only that tenure commits. A commit locks the row (`SELECT ... FOR
+-- UPDATE`), checks the tenure and the position, runs the processor's statements and moves
+-- the position, in one transaction; an open (`INSERT ... ON CONFLICT DO UPDATE`) waits for a
+-- commit in flight, so a zombie's commit lands before the next tenure reads the position,
+-- or is refused.
+CREATE TABLE IF NOT EXISTS kcl_positions (
+    application             text        NOT NULL,
+    lease_key               text        NOT NULL,
+    -- The tenure that opened last: the lease's owner and fencing token.
+    owner                   text        NOT NULL,
+    fence                   bigint      NOT NULL,
+    -- The checkpoint of the last commit (as kcl_leases.checkpoint); NULL before the first.
+    checkpoint              text,
+    checkpoint_sub          bigint      NOT NULL DEFAULT 0 CHECK (checkpoint_sub >= 0),
+    -- When the row was last written (for operators; kcl never reads it).
+    updated_at              timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (application, lease_key)
+)
+-- Every commit rewrites its row and no indexed column: room for HOT updates, as kcl_leases.
+WITH (fillfactor = 70);

@@ -65,6 +65,7 @@ impl PostgresLeaseStore {
         Subject {
             application: &self.application,
             key: key.map(ShardId::as_str),
+            table: self.table,
         }
     }
 
@@ -161,7 +162,7 @@ impl PostgresLeaseStore {
     }
 
     /// Counts one request that reached the server (reads with the rows they returned).
-    fn count(&self, operation: Operation, rows: usize) {
+    pub(crate) fn count(&self, operation: Operation, rows: usize) {
         if operation.is_read() {
             let rows = u64::try_from(rows).unwrap_or(u64::MAX);
             self.usage.record_read(operation, rows, 0.0, 0.0);

@@ -150,6 +150,103 @@ impl Cause {
     }
 }
 
+/// What a failing statement of a processor's commit means (`outputs`): the write's own
+/// fault, which fails its record and only it, or the store's, which fails no record.
+///
+/// Only what a retry of the same statement can never pass is the write's: its own condition
+/// (class 23, a constraint), its values (class 22), the statement as written. Everything
+/// else is the store's, mapped as any call's ([`Cause`]): a table or another object missing
+/// and a privilege denied are deployments to fix (an outage must never make records be
+/// given up), a serialization failure, deadlock or lock timeout is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Its own condition failed: a unique, check, foreign key, not-null or exclusion
+    /// constraint (class 23), a view's `WITH CHECK OPTION` (class 44), a trigger's
+    /// `RAISE` (P0001) or `ASSERT` (P0004).
+    Refused,
+    /// The statement or its values cannot run as written: a data exception (class 22:
+    /// a value out of range, too long, malformed), a cardinality violation (class 21: an
+    /// `ON CONFLICT DO UPDATE` reaching one row twice), a statement error (syntax, an
+    /// undefined column or function, mismatched types, an ambiguous name), a program
+    /// limit (class 54), a feature not supported.
+    Invalid,
+    /// Not the statement's fault: the store's, as for any call.
+    Store(Cause),
+}
+
+impl Fault {
+    /// Classifies the SQLSTATE of a processor's failing statement. The one match.
+    pub(crate) fn of_sqlstate(code: &str, message: &str) -> Self {
+        match (code.get(..2), code) {
+            (Some("23" | "44"), _) | (_, "P0001" | "P0004") => Self::Refused,
+            (Some("21" | "22" | "54"), _) => Self::Invalid,
+            // The statement as written: syntax, undefined column, ambiguous column, datatype
+            // mismatch, undefined function, ambiguous function, undefined parameter,
+            // ambiguous parameter, indeterminate datatype, grouping, invalid column
+            // reference, cannot coerce, wrong object type, invalid recursion.
+            (
+                _,
+                "42601" | "42703" | "42702" | "42804" | "42883" | "42725" | "42P02" | "42P08"
+                | "42P18" | "42803" | "42P10" | "42846" | "42809" | "42P19",
+            ) => Self::Invalid,
+            (_, "0A000") => match Cause::of_sqlstate(code, message) {
+                Cause::StalePlan => Self::Store(Cause::StalePlan),
+                _ => Self::Invalid,
+            },
+            // A table or another object missing (42P01, 42704), a privilege (42501), the
+            // connection, a conflict, resources: the store's.
+            _ => Self::Store(Cause::of_sqlstate(code, message)),
+        }
+    }
+
+    /// Classifies a processor's failing statement.
+    pub(crate) fn of(error: &tokio_postgres::Error) -> Self {
+        match error.as_db_error() {
+            Some(db) => Self::of_sqlstate(db.code().code(), db.message()),
+            None => Self::Store(Cause::of(error)),
+        }
+    }
+}
+
+/// What the server said of a processor's failing statement, safe to show: its message and
+/// SQLSTATE, never the error's detail (which shows the row: `Key (id)=(42)`), and a data
+/// exception's quoted values left out (`invalid input syntax for type integer: "…"`).
+/// A failure before the server answered is described by what failed.
+pub(crate) fn describe_write(error: &tokio_postgres::Error) -> String {
+    let Some(db) = error.as_db_error() else {
+        return kcl_core::error_chain(error);
+    };
+    let code = db.code().code();
+    let message = match code.get(..2) {
+        Some("22") => unquoted(db.message()),
+        _ => db.message().to_owned(),
+    };
+    let mut said = format!("{message} (SQLSTATE {code}");
+    for (what, name) in [
+        ("table", db.table()),
+        ("column", db.column()),
+        ("constraint", db.constraint()),
+    ] {
+        if let Some(name) = name {
+            said.push_str(&format!(", {what} {name}"));
+        }
+    }
+    said.push(')');
+    said
+}
+
+/// `message` with what lies between its first and its last double quote left out: a data
+/// exception quotes the value at fault, and does not escape the quotes a value holds.
+fn unquoted(message: &str) -> String {
+    match (message.find('"'), message.rfind('"')) {
+        (Some(first), Some(last)) if first < last => {
+            format!("{}…{}", &message[..=first], &message[last..])
+        }
+        (Some(first), _) => format!("{}…", &message[..=first]),
+        _ => message.to_owned(),
+    }
+}
+
 /// Whether a rustls error is in `error`'s chain (tokio-rustls wraps it in an `io::Error`,
 /// whose `source` skips it).
 fn refused_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
@@ -172,6 +269,8 @@ fn refused_certificate(error: &(dyn std::error::Error + 'static)) -> bool {
 pub(crate) struct Subject<'a> {
     pub(crate) application: &'a str,
     pub(crate) key: Option<&'a str>,
+    /// `kcl_leases`, or `kcl_positions` for a sink's calls.
+    pub(crate) table: &'static str,
 }
 
 impl std::fmt::Display for Subject<'_> {
@@ -179,10 +278,10 @@ impl std::fmt::Display for Subject<'_> {
         match self.key {
             Some(key) => write!(
                 f,
-                "lease {key} of application {} in kcl_leases",
-                self.application
+                "lease {key} of application {} in {}",
+                self.application, self.table
             ),
-            None => write!(f, "application {} in kcl_leases", self.application),
+            None => write!(f, "application {} in {}", self.application, self.table),
         }
     }
 }
@@ -271,6 +370,49 @@ mod tests {
         assert_eq!(stale.decide().0, ErrorKind::Retryable);
         assert!(stale.decide().1, "a stale plan's connection is dropped");
         assert_eq!(kind("0A000"), ErrorKind::Fatal);
+    }
+
+    #[test]
+    fn a_failing_statement_is_its_writes_fault_or_the_stores() {
+        let fault = |code: &str| Fault::of_sqlstate(code, "");
+        for refused in [
+            "23505", "23503", "23514", "23502", "23P01", "44000", "P0001",
+        ] {
+            assert_eq!(fault(refused), Fault::Refused, "{refused}");
+        }
+        for invalid in [
+            "22P02", "22003", "22001", "21000", "42601", "42703", "42804", "42883", "54000",
+            "0A000",
+        ] {
+            assert_eq!(fault(invalid), Fault::Invalid, "{invalid}");
+        }
+        let kind = |code: &str| match fault(code) {
+            Fault::Store(cause) => Some(cause.decide().0),
+            _ => None,
+        };
+        assert_eq!(kind("42P01"), Some(ErrorKind::NotFound), "no table");
+        assert_eq!(kind("42501"), Some(ErrorKind::Fatal), "no privilege");
+        assert_eq!(kind("42704"), Some(ErrorKind::Fatal), "no object");
+        for retried in ["40001", "40P01", "55P03", "57014", "57P01", "08006"] {
+            assert_eq!(kind(retried), Some(ErrorKind::Retryable), "{retried}");
+        }
+        assert_eq!(
+            kind("53300"),
+            Some(ErrorKind::Throttled),
+            "too many connections"
+        );
+        let stale = Fault::of_sqlstate("0A000", "cached plan must not change result type");
+        assert_eq!(stale, Fault::Store(Cause::StalePlan));
+    }
+
+    #[test]
+    fn a_data_exception_is_said_without_its_values() {
+        let said = unquoted(r#"value "12345678901" is out of range for type integer"#);
+        assert_eq!(said, r#"value "…" is out of range for type integer"#);
+        let said = unquoted(r#"invalid input syntax for type integer: "a"b""#);
+        assert_eq!(said, r#"invalid input syntax for type integer: "…""#);
+        let said = unquoted(r#"malformed array literal: "{1,"#);
+        assert_eq!(said, r#"malformed array literal: "…"#);
     }
 
     #[test]

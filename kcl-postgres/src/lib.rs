@@ -45,6 +45,7 @@ mod call;
 mod config;
 mod error;
 mod extras;
+mod outputs;
 mod schema;
 mod sql;
 mod store;
@@ -58,6 +59,7 @@ use kcl_core::BackendError;
 use kcl_core::lease::usage::Usage;
 
 pub use self::config::{PostgresLeaseStoreBuilder, TableSetup};
+pub use self::outputs::{COMMIT_LIMITS, PostgresSink, PostgresSinkBuilder, Sql};
 pub use self::schema::SCHEMA_SQL;
 pub use self::tls::TlsMode;
 
@@ -71,6 +73,8 @@ pub struct PostgresLeaseStore {
     usage: Usage,
     /// Rows the last whole read could not parse, by key.
     unreadable: Arc<Mutex<BTreeMap<Option<String>, String>>>,
+    /// The table named in errors: `kcl_leases`, or `kcl_positions` for a sink's pool.
+    table: &'static str,
 }
 
 impl PostgresLeaseStore {
@@ -95,7 +99,14 @@ impl PostgresLeaseStore {
             setup,
             usage: Usage::default(),
             unreadable: Arc::default(),
+            table: "kcl_leases",
         }
+    }
+
+    /// The same pool and application, its errors naming `table` (a sink's `kcl_positions`).
+    pub(crate) fn on_table(mut self, table: &'static str) -> Self {
+        self.table = table;
+        self
     }
 
     /// The application whose leases this store reads and writes.

@@ -18,6 +18,17 @@ use tokio_postgres::types::ToSql;
 /// and shipped as `kcl-postgres/schema.sql`.
 pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
 
+/// Where the part of `schema.sql` that creates `kcl_positions` begins.
+const POSITIONS_PART: &str = "-- kcl_positions: where";
+
+/// The part of `schema.sql` that creates `kcl_positions` (a `PostgresSink`'s table), from
+/// its comment to the end of the file.
+pub(crate) fn positions_sql() -> &'static str {
+    SCHEMA_SQL
+        .find(POSITIONS_PART)
+        .map_or(SCHEMA_SQL, |at| &SCHEMA_SQL[at..])
+}
+
 /// A value kcl counts that Postgres cannot hold.
 #[derive(Debug, thiserror::Error)]
 #[error("{field} {value} is past what a bigint column holds")]
@@ -311,4 +322,19 @@ pub(crate) fn lease(row: &Row) -> Result<Lease, String> {
     lease.signals = get(row, "signals")?;
     lease.acked = get(row, "acked")?;
     Ok(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_positions_part_creates_only_kcl_positions() {
+        let part = super::positions_sql();
+        assert!(
+            part.len() < super::SCHEMA_SQL.len(),
+            "the part's comment is missing"
+        );
+        assert!(part.contains("CREATE TABLE IF NOT EXISTS kcl_positions"));
+        assert!(!part.contains("CREATE TABLE IF NOT EXISTS kcl_leases"));
+        assert!(!part.contains("CREATE INDEX"));
+    }
 }

@@ -145,6 +145,18 @@ pub(crate) const CHECKPOINT: &str = concat!(
     columns!()
 );
 
+/// A processor's commit (`outputs`): the checkpoint's writes, while the row is the tenure
+/// of owner `$3` and fence `$4` and still at checkpoint `$20`/`$21`. The counter is left
+/// alone (renewals move it; see `kcl_core::outputs`). The first statement of the commit's
+/// transaction: it locks the row, so a second commit of the shard waits here for the first
+/// and then finds the checkpoint moved.
+pub(crate) const COMMIT: &str = concat!(
+    "UPDATE kcl_leases SET restart_grace_ms = COALESCE($13, restart_grace_ms), ",
+    checkpoint_writes!(),
+    " WHERE application = $1 AND lease_key = $2 AND owner = $3 AND fence = $4 \
+     AND checkpoint = $20 AND checkpoint_sub = $21"
+);
+
 /// `reset` to owner `$20`: a take and a checkpoint in one write (the restart grace is the
 /// update's, or none).
 pub(crate) const RESET: &str = concat!(
@@ -171,3 +183,26 @@ pub(crate) const REQUEST_REDRIVE: &str = "UPDATE kcl_leases SET parked_keys = \
        CASE WHEN $4::text = ANY(parked_keys) THEN parked_keys ELSE parked_keys || $4::text END, \
        updated_at = now() \
      WHERE application = $1 AND lease_key = $2 AND $3::text = ANY(parked_keys)";
+
+/// `PostgresSink::open`: the shard's position row made, or handed to the tenure of owner `$3`
+/// and fence `$4` whatever it named (a lease table made again starts its fences over); its
+/// position returned. Waits on the lock of a commit in flight, so that commit lands first
+/// (and its position is returned) or finds the row handed over and is refused.
+pub(crate) const OPEN_POSITION: &str = "INSERT INTO kcl_positions (application, lease_key, \
+     owner, fence) VALUES ($1, $2, $3, $4) \
+     ON CONFLICT (application, lease_key) DO UPDATE SET owner = EXCLUDED.owner, \
+     fence = EXCLUDED.fence, updated_at = now() \
+     RETURNING checkpoint, checkpoint_sub";
+
+/// A sink's commit, first: the position row, locked until the commit ends.
+pub(crate) const LOCK_POSITION: &str = "SELECT owner, fence, checkpoint, checkpoint_sub \
+     FROM kcl_positions WHERE application = $1 AND lease_key = $2 FOR UPDATE";
+
+/// A sink's commit, last: the position moved to the commit's checkpoint `$3`/`$4` (the row
+/// is locked, and was found to be the committing tenure's).
+pub(crate) const ADVANCE_POSITION: &str = "UPDATE kcl_positions SET checkpoint = $3, \
+     checkpoint_sub = $4, updated_at = now() WHERE application = $1 AND lease_key = $2";
+
+/// Checks that `kcl_positions` has every column the sink uses.
+pub(crate) const PROBE_POSITIONS: &str = "SELECT application, lease_key, owner, fence, \
+     checkpoint, checkpoint_sub, updated_at FROM kcl_positions LIMIT 0";
