@@ -31,9 +31,17 @@ pub(crate) struct Args {
     /// rows.
     #[arg(long, value_parser = humantime::parse_duration)]
     failover_time: Duration,
+    /// Refused but for `dynamodb` (the default): the way back to KCL Java is from a DynamoDB
+    /// lease table.
+    #[command(flatten)]
+    leases: crate::lease_store::StoreArgs,
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
+    args.leases.dynamodb_only(
+        "remove-kcl-rows",
+        "it readies a DynamoDB table for KCL Java, which keeps its leases nowhere else",
+    )?;
     let store = crate::store(sdk, &args.application_name);
     let watch = liveness::watch_time(args.failover_time);
     report(&format!(

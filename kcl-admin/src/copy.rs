@@ -35,9 +35,17 @@ pub(crate) struct Args {
     /// snapshot, and the new fleet repeats (at least once) what the old one does after it.
     #[arg(long)]
     force: bool,
+    /// Refused but for `dynamodb` (the default): copy works on DynamoDB lease tables only.
+    #[command(flatten)]
+    leases: crate::lease_store::StoreArgs,
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
+    args.leases.dynamodb_only(
+        "copy",
+        "it copies one DynamoDB table's rows into another's; in Postgres every application's \
+         rows share kcl_leases",
+    )?;
     anyhow::ensure!(
         args.from_application != args.to_application,
         "--from-application and --to-application are the same table"

@@ -22,17 +22,21 @@ use chrono::{DateTime, Utc};
 use kcl_core::lease::UnreadableRow;
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{heartbeat_key, is_coordination_key};
-use kcl_core::{
-    Checkpoint, Lease, LeaseStore, LeaseStoreExtras, Shard, ShardId, ShardSource, StartingPosition,
-};
+use kcl_core::{Checkpoint, Lease, LeaseStore, Shard, ShardId, ShardSource, StartingPosition};
 use serde_json::json;
+
+use crate::lease_store::Store;
 
 /// Arguments of `kcl-admin leases`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The application: the lease table's name.
+    /// The application: the lease table's name (with `--lease-store postgres://…`, whose
+    /// rows of kcl_leases).
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
+    /// Where the leases are.
+    #[command(flatten)]
+    leases: crate::lease_store::StoreArgs,
     /// The stream: adds shards without a lease, whether each is open, and how far behind.
     #[command(flatten)]
     stream: crate::source::StreamArgs,
@@ -77,8 +81,25 @@ struct Behind {
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
     // A mistake in the stream flags, before any call.
     args.stream.spec()?;
-    let store = crate::store(sdk, &args.application_name);
+    match args.leases.open(sdk, &args.application_name).await? {
+        Store::DynamoDb(store) => run_on(sdk, &args, &store).await,
+        Store::Postgres(store) => run_on(sdk, &args, &store).await,
+    }
+}
+
+async fn run_on(
+    sdk: &aws_config::SdkConfig,
+    args: &Args,
+    store: &impl LeaseStore,
+) -> anyhow::Result<()> {
     let leases = store.list().await?;
+    if leases.is_empty() {
+        let place = args.leases.describe(&args.application_name);
+        warn(&format!(
+            "kcl-admin: no lease rows in {place}: no worker of it has started yet, or \
+             --application-name (or --lease-store) is not the fleet's"
+        ));
+    }
     let unreadable = store.unreadable();
     // The stream named, checked against the table before anything is shown of it.
     let source = match args.stream.open(sdk).await? {
@@ -91,7 +112,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         }
         None => None,
     };
-    let moving = watch(&store, &leases, args.observe).await?;
+    let moving = watch(store, &leases, args.observe).await?;
     let drains = crate::drains::rows(&leases, &moving);
     let mut lines = lease_lines(leases, &moving, &args.stream);
     if let Some((source, shards)) = &source {
@@ -187,6 +208,11 @@ fn lease_key_of(
 #[allow(clippy::print_stdout)]
 fn print(text: &str) {
     print!("{text}");
+}
+
+#[allow(clippy::print_stderr)]
+fn warn(line: &str) {
+    eprintln!("{line}");
 }
 
 /// Reads the table again after `observe`: which counters moved.

@@ -19,6 +19,11 @@
 //! - `dead-letters list|show|redrive`: the records a failure policy gave up on, where the
 //!   fleet's dead-letter sink put them, and back into their stream.
 //!
+//! `leases`, `reset` and `release` also run on leases in Postgres, `--lease-store
+//! postgres://…` (or `KCL_LEASE_STORE`): generic over [`kcl_core::LeaseStore`], they read
+//! and write the application's rows of `kcl_leases` and Kinesis as before; `copy` and
+//! `remove-kcl-rows` refuse it (`lease_store`).
+//!
 //! Anchored on `kafka-consumer-groups --describe / --reset-offsets`, which users know.
 
 mod belongs;
@@ -26,6 +31,7 @@ mod cleanup;
 mod copy;
 mod dead_letters;
 mod drains;
+mod lease_store;
 mod leases;
 mod liveness;
 mod release;

@@ -10,12 +10,18 @@ use std::time::{Duration, Instant};
 use kcl_core::singleton::is_coordination_key;
 use kcl_core::{LeaseStore, ShardId, WorkerId};
 
+use crate::lease_store::Store;
+
 /// Arguments of `kcl-admin release`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct Args {
-    /// The application: the lease table's name.
+    /// The application: the lease table's name (with `--lease-store postgres://…`, whose
+    /// rows of kcl_leases).
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
+    /// Where the leases are.
+    #[command(flatten)]
+    leases: crate::lease_store::StoreArgs,
     /// The worker to drain (its `leaseOwner`, the worker id).
     #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     worker: String,
@@ -34,12 +40,18 @@ pub(crate) struct Args {
 }
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
-    let store = crate::store(sdk, &args.application_name);
+    match args.leases.open(sdk, &args.application_name).await? {
+        Store::DynamoDb(store) => run_on(&args, &store).await,
+        Store::Postgres(store) => run_on(&args, &store).await,
+    }
+}
+
+async fn run_on(args: &Args, store: &impl LeaseStore) -> anyhow::Result<()> {
     let worker = WorkerId::new(args.worker.clone());
     if args.undo {
         let key = kcl_core::admin::drain_row(&worker);
         anyhow::ensure!(
-            kcl_core::admin::undo_release(&store, &worker).await?,
+            kcl_core::admin::undo_release(store, &worker).await?,
             "{worker} has no drain row ({key}): nothing to undo"
         );
         report(&format!(
@@ -47,7 +59,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         ));
         return Ok(());
     }
-    let asked = kcl_core::admin::release(&store, &worker).await?;
+    let asked = kcl_core::admin::release(store, &worker).await?;
     for (shard, to) in &asked {
         report(&format!("{shard}: {worker} asked to hand it to {to}"));
     }

@@ -13,13 +13,19 @@ use kcl_core::{
     ShardSource,
 };
 
+use crate::lease_store::Store;
+
 /// Arguments of `kcl-admin reset`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["shard", "all"])))]
 pub(crate) struct Args {
-    /// The application: the lease table's name.
+    /// The application: the lease table's name (with `--lease-store postgres://…`, whose
+    /// rows of kcl_leases).
     #[arg(long, env = "KCL_APPLICATION_NAME")]
     application_name: String,
+    /// Where the leases are.
+    #[command(flatten)]
+    leases: crate::lease_store::StoreArgs,
     /// The stream the leases are of.
     #[command(flatten)]
     stream: crate::source::StreamArgs,
@@ -79,7 +85,18 @@ fn target(to: &[String], now: DateTime<Utc>) -> anyhow::Result<ResetTo> {
 
 pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Result<()> {
     let to = target(&args.to, Utc::now())?;
-    let store = crate::store(sdk, &args.application_name);
+    match args.leases.open(sdk, &args.application_name).await? {
+        Store::DynamoDb(store) => run_on(sdk, &args, &to, &store).await,
+        Store::Postgres(store) => run_on(sdk, &args, &to, &store).await,
+    }
+}
+
+async fn run_on(
+    sdk: &aws_config::SdkConfig,
+    args: &Args,
+    to: &ResetTo,
+    store: &impl LeaseStore,
+) -> anyhow::Result<()> {
     let Some(source) = args.stream.open(sdk).await? else {
         anyhow::bail!("--stream is required (or --table with --source dynamodb-streams)");
     };
@@ -87,7 +104,7 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
     let leases = store.list().await?;
     let application = &args.application_name;
     crate::belongs::check(sdk, application, &args.stream, &source, &listed, &leases).await?;
-    let shards = shards(&args, &to, &source, &listed, &leases).await?;
+    let shards = shards(args, to, &source, &listed, &leases).await?;
     report(&format!(
         "resetting {} shard(s) of {} to {}",
         shards.len(),
@@ -95,11 +112,11 @@ pub(crate) async fn run(sdk: &aws_config::SdkConfig, args: Args) -> anyhow::Resu
         args.to.join(" ")
     ));
     if args.dry_run {
-        return dry_run(&store, &source, &shards, &to).await;
+        return dry_run(store, &source, &shards, to).await;
     }
     let mut failed = 0;
     for shard in &shards {
-        match admin::reset(&store, shard, &to).await {
+        match admin::reset(store, shard, to).await {
             Ok(done) => report(&format!(
                 "  {shard}: checkpoint {} (counter {}), was {} (to undo: --to {})",
                 shown(&done.after),

@@ -63,6 +63,22 @@ pub use self::outputs::{COMMIT_LIMITS, PostgresSink, PostgresSinkBuilder, Sql};
 pub use self::schema::SCHEMA_SQL;
 pub use self::tls::TlsMode;
 
+/// A connection string as it may be shown (in an error, a log line, a printed
+/// configuration): a `postgres://` URL without its user information and its query
+/// (`postgres://db.internal:5432/kcl`), either of which may hold the password; libpq's
+/// `key=value` words as `<connection string>`. Everything up to the last `@` goes (a
+/// password may hold `?`, `#` or `/`): hiding too much is harmless, showing part of a
+/// password is not.
+pub fn redacted_url(url: &str) -> String {
+    let url = url.trim();
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<connection string>".to_owned();
+    };
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    format!("{scheme}://{rest}")
+}
+
 /// A [`LeaseStore`](kcl_core::LeaseStore) on a Postgres table shared by applications. See
 /// the crate docs. Clones share the pool, the counts and the unreadable rows.
 #[derive(Debug, Clone)]
@@ -117,5 +133,20 @@ impl PostgresLeaseStore {
     /// Opens a connection (or finds one open): the server answers and takes the credentials.
     pub(crate) async fn check_connection(&self) -> Result<(), BackendError> {
         self.lend("connect", None).await.map(call::Lent::give_back)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted_url;
+
+    #[test]
+    fn a_redacted_url_has_no_credentials() {
+        let shown =
+            redacted_url("postgres://kcl:p?w/d#x@db:5432/kcl?password=hunter2&sslmode=require");
+        assert_eq!(shown, "postgres://db:5432/kcl");
+        assert_eq!(redacted_url("postgresql://db/kcl"), "postgresql://db/kcl");
+        let words = redacted_url("host=db password=hunter2");
+        assert_eq!(words, "<connection string>");
     }
 }
