@@ -192,6 +192,14 @@ impl PostgresLeaseStoreBuilder {
             let ours = format!("-c statement_timeout={ms}");
             pg.options(format!("{options} {ours}").trim());
         }
+        // A commit's transaction whose client went silent (a partition, a stopped process)
+        // would hold its rows' locks, the lease row's among them, until TCP gave up on it.
+        let options = pg.get_options().unwrap_or_default().to_owned();
+        if !options.contains("idle_in_transaction_session_timeout") {
+            let ms = crate::outputs::IDLE_IN_COMMIT.as_millis();
+            let ours = format!("-c idle_in_transaction_session_timeout={ms}");
+            pg.options(format!("{options} {ours}").trim());
+        }
         let connect = tls::connector(mode, roots.as_deref())?;
         let create = *pg.get_connect_timeout().unwrap_or(&self.connect_timeout);
         Pool::builder(Manager::new(pg, connect))

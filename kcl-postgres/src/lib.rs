@@ -40,6 +40,90 @@
 //! built in, but it brings its own runtime layer, many more crates, and its query macros'
 //! appeal (checking SQL at build time) needs a database at build time; eleven constant
 //! statements do not need it.
+//!
+//! # Exactly-once outputs
+//!
+//! A processor's SQL statements ([`Sql`]: a statement and its values) commit in one
+//! transaction with the checkpoint of the records they are outputs of, fenced by the lease
+//! (`kcl_core::outputs` says why that is exactly once): a replay starts after the
+//! checkpoint, and a worker that lost the lease commits nothing. Two ways, by where the
+//! leases live:
+//! - **Leases in Postgres too**: [`PostgresLeaseStore`] is the
+//!   [`Transact`](kcl_core::outputs::Transact). The transaction updates the lease row's
+//!   checkpoint on the tenure's owner, fence and checkpoint before (first, so a zombie stops
+//!   there), then runs the statements.
+//! - **Leases in DynamoDB**: [`PostgresSink`] keeps each shard's position in its own table,
+//!   `kcl_positions`, beside the outputs; the worker fences it for each tenure
+//!   ([`WorkerBuilder::positions`](kcl_core::WorkerBuilder::positions)) and the lease row's
+//!   checkpoint follows each commit.
+//!
+//! A statement refused by its own constraint fails its record
+//! ([`CheckpointError::OutputRefused`](kcl_core::CheckpointError::OutputRefused)), as does
+//! one that cannot run as written (a bad column, a value of the wrong type:
+//! [`OutputInvalid`](kcl_core::CheckpointError::OutputInvalid)); a missing table or
+//! privilege, a lost connection or a serialization failure is the store's error and gives no
+//! record up. A commit holds at most [`COMMIT_LIMITS`]; a longer stretch commits in parts.
+//!
+//! ```no_run
+//! use kcl_core::outputs::{Outputs, Transact};
+//! use kcl_core::{
+//!     BoxError, Checkpointer, LeaseStore, ProcessRecordsInput, RecordProcessor, ShardSource,
+//!     Worker,
+//! };
+//! use kcl_postgres::{PostgresLeaseStore, PostgresSink, Sql};
+//!
+//! /// Writes one row per order event, exactly once, into `outputs`.
+//! struct Orders<T> {
+//!     outputs: T,
+//! }
+//!
+//! impl<T: Transact<Write = Sql>> RecordProcessor for Orders<T> {
+//!     async fn process_records(
+//!         &mut self,
+//!         input: ProcessRecordsInput<'_>,
+//!         cp: &mut Checkpointer,
+//!     ) -> Result<(), BoxError> {
+//!         let mut outputs = Outputs::new();
+//!         for record in input.records() {
+//!             let write = Sql::new(
+//!                 "INSERT INTO order_events (position, body) VALUES ($1, $2) \
+//!                  ON CONFLICT (position) DO NOTHING",
+//!             )
+//!             .bind(record.position().to_string())
+//!             .bind(record.data.to_vec());
+//!             outputs.push(record, write);
+//!         }
+//!         // The rows and the checkpoint, in one transaction fenced by the lease.
+//!         Ok(cp.commit_outputs(&self.outputs, outputs).await?)
+//!     }
+//! }
+//!
+//! /// Leases in Postgres too: the lease store commits the outputs.
+//! async fn leases_in_postgres(stream: impl ShardSource, url: &str) -> Result<(), BoxError> {
+//!     let leases = PostgresLeaseStore::connect(url, "orders-app").await?;
+//!     let outputs = leases.clone();
+//!     let worker = Worker::builder(stream, leases)
+//!         .build(move |_shard| Orders { outputs: outputs.clone() })?;
+//!     # let _ = worker;
+//!     Ok(())
+//! }
+//!
+//! /// Leases in DynamoDB (`dynamodb`: kcl-aws's store): the sink keeps each shard's position
+//! /// beside the outputs, and the worker fences it for each tenure.
+//! async fn leases_elsewhere(
+//!     stream: impl ShardSource,
+//!     dynamodb: impl LeaseStore,
+//!     url: &str,
+//! ) -> Result<(), BoxError> {
+//!     let sink = PostgresSink::connect(url, "orders-app").await?;
+//!     let outputs = sink.clone();
+//!     let worker = Worker::builder(stream, dynamodb)
+//!         .positions(sink)
+//!         .build(move |_shard| Orders { outputs: outputs.clone() })?;
+//!     # let _ = worker;
+//!     Ok(())
+//! }
+//! ```
 
 mod call;
 mod config;

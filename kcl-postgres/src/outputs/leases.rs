@@ -17,8 +17,8 @@ use kcl_core::lease::usage::Operation;
 use kcl_core::outputs::{Commit, CommitError, Limits, Measure, Transact};
 use tokio_postgres::types::ToSql;
 
-use super::Sql;
 use super::run::{Failed, Txn, settle};
+use super::{Request, Sql};
 use crate::PostgresLeaseStore;
 use crate::call::Lent;
 use crate::error::Subject;
@@ -35,7 +35,7 @@ struct LeaseRow {
 }
 
 impl LeaseRow {
-    fn new(commit: &Commit<'_, Sql>, subject: Subject<'_>) -> Result<Self, Failed> {
+    fn new(commit: Request<'_>, subject: Subject<'_>) -> Result<Self, Failed> {
         let range = |e: crate::schema::OutOfRange| Failed::fatal(subject, &e.to_string());
         Ok(Self {
             owner: commit.owner.as_str().to_owned(),
@@ -65,21 +65,26 @@ impl Transact for PostgresLeaseStore {
     }
 
     async fn commit(&self, commit: Commit<'_, Sql>) -> Result<(), CommitError> {
-        let subject = self.subject(Some(commit.shard));
-        let row = LeaseRow::new(&commit, subject).map_err(|f| f.error)?;
-        let mut conn = self.lend(super::run::OPERATION, Some(commit.shard)).await?;
-        let outcome = self.attempt(&mut conn, &commit, &row).await;
-        self.count(Operation::CommitOutputs, 0);
-        settle(conn, outcome)
+        self.transact(Request::of(&commit)).await
     }
 }
 
 impl PostgresLeaseStore {
+    /// [`Transact::commit`] of `commit`.
+    pub(crate) async fn transact(&self, commit: Request<'_>) -> Result<(), CommitError> {
+        let subject = self.subject(Some(commit.shard));
+        let row = LeaseRow::new(commit, subject).map_err(|f| f.error)?;
+        let mut conn = self.lend(super::run::OPERATION, Some(commit.shard)).await?;
+        let outcome = self.attempt(&mut conn, commit, &row).await;
+        self.count(Operation::CommitOutputs, 0);
+        settle(conn, outcome)
+    }
+
     /// One attempt: the lease row's update first, then the statements, then `COMMIT`.
     async fn attempt(
         &self,
         conn: &mut Lent,
-        commit: &Commit<'_, Sql>,
+        commit: Request<'_>,
         row: &LeaseRow,
     ) -> Result<(), Failed> {
         let txn = Txn::begin(conn, self.subject(Some(commit.shard))).await?;
@@ -92,7 +97,7 @@ impl PostgresLeaseStore {
             // Rolled back as the transaction drops; nothing of the processor's ran.
             return Err(Failed::definite(CommitError::LeaseRow));
         }
-        txn.run(&commit.writes).await?;
+        txn.run(commit.writes).await?;
         txn.commit().await
     }
 }

@@ -15,7 +15,7 @@ use kcl_core::{BackendError, Checkpoint, ErrorKind, FencingToken, ShardId, Worke
 use tokio_postgres::Row;
 
 use super::run::{Failed, OPERATION, Txn, settle};
-use super::{PostgresSink, Sql};
+use super::{PostgresSink, Request, Sql};
 use crate::call::{Lent, Params};
 use crate::error::{Cause, backend_error, describe};
 use crate::schema::signed;
@@ -130,7 +130,7 @@ impl PostgresSink {
     async fn attempt(
         &self,
         conn: &mut Lent,
-        commit: &Commit<'_, Sql>,
+        commit: Request<'_>,
         fence: i64,
     ) -> Result<(), Failed> {
         let subject = self.store.subject(Some(commit.shard));
@@ -158,7 +158,7 @@ impl PostgresSink {
             Decision::Ahead => return Err(Failed::definite(CommitError::LeaseRow)),
             Decision::Apply => {}
         }
-        txn.run(&commit.writes).await?;
+        txn.run(commit.writes).await?;
         let sub = signed("sub-sequence number", checkpoint.sub_sequence())
             .map_err(|e| Failed::fatal(subject, &e.to_string()))?;
         let params: Params<'_> = &[&app, &key, &checkpoint.as_str(), &sub];
@@ -213,9 +213,16 @@ impl Transact for PostgresSink {
     }
 
     async fn commit(&self, commit: Commit<'_, Sql>) -> Result<(), CommitError> {
+        self.transact(Request::of(&commit)).await
+    }
+}
+
+impl PostgresSink {
+    /// [`Transact::commit`] of `commit`.
+    pub(crate) async fn transact(&self, commit: Request<'_>) -> Result<(), CommitError> {
         let fence = self.fence(commit.shard, commit.fence, OPERATION)?;
         let mut conn = self.store.lend(OPERATION, Some(commit.shard)).await?;
-        let outcome = self.attempt(&mut conn, &commit, fence).await;
+        let outcome = self.attempt(&mut conn, commit, fence).await;
         settle(conn, outcome)
     }
 }

@@ -13,6 +13,8 @@
     clippy::print_stderr
 )]
 
+pub(crate) mod proxy;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kcl_core::{Checkpoint, Lease, LeaseStore, ShardId, TableFeatures, WorkerId};
