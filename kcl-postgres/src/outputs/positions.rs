@@ -81,6 +81,7 @@ fn position(row: &Row) -> Result<Option<Checkpoint>, String> {
         .ok_or_else(|| format!("checkpoint {value:?} is no checkpoint"))
 }
 
+/// The locked row, as [`decide`] reads it.
 fn held(row: &Row) -> Result<Held, String> {
     Ok(Held {
         owner: row.try_get("owner").map_err(|e| e.to_string())?,
