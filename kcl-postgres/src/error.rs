@@ -153,22 +153,23 @@ impl Cause {
 /// What a failing statement of a processor's commit means (`outputs`): the write's own
 /// fault, which fails its record and only it, or the store's, which fails no record.
 ///
-/// Only what a retry of the same statement can never pass is the write's: its own condition
-/// (class 23, a constraint), its values (class 22), the statement as written. Everything
-/// else is the store's, mapped as any call's ([`Cause`]): a table or another object missing
-/// and a privilege denied are deployments to fix (an outage must never make records be
-/// given up), a serialization failure, deadlock or lock timeout is retried.
+/// Only what a retry of the same statement can never pass, and what depends on the record,
+/// is the write's: its own condition (class 23, a constraint), its values (class 22). A
+/// statement that cannot run as written (class 42: syntax, an undefined column or function,
+/// mismatched types) is the same for every record: code deployed before its migration, or
+/// a bug, which must stall the shard for a fix rather than give every record up, so it is
+/// the store's, as is everything else, mapped as any call's ([`Cause`]): a table or another
+/// object missing and a privilege denied are deployments to fix (an outage must never make
+/// records be given up), a serialization failure, deadlock or lock timeout is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {
     /// Its own condition failed: a unique, check, foreign key, not-null or exclusion
     /// constraint (class 23), a view's `WITH CHECK OPTION` (class 44), a trigger's
     /// `RAISE` (P0001) or `ASSERT` (P0004).
     Refused,
-    /// The statement or its values cannot run as written: a data exception (class 22:
-    /// a value out of range, too long, malformed), a cardinality violation (class 21: an
-    /// `ON CONFLICT DO UPDATE` reaching one row twice), a statement error (syntax, an
-    /// undefined column or function, mismatched types, an ambiguous name), a program
-    /// limit (class 54), a feature not supported.
+    /// The record's values cannot be written: a data exception (class 22: a value out of
+    /// range, too long, malformed), a cardinality violation (class 21: an `ON CONFLICT DO
+    /// UPDATE` reaching one row twice), a program limit (class 54: a value too large).
     Invalid,
     /// Not the statement's fault: the store's, as for any call.
     Store(Cause),
@@ -180,21 +181,9 @@ impl Fault {
         match (code.get(..2), code) {
             (Some("23" | "44"), _) | (_, "P0001" | "P0004") => Self::Refused,
             (Some("21" | "22" | "54"), _) => Self::Invalid,
-            // The statement as written: syntax, undefined column, ambiguous column, datatype
-            // mismatch, undefined function, ambiguous function, undefined parameter,
-            // ambiguous parameter, indeterminate datatype, grouping, invalid column
-            // reference, cannot coerce, wrong object type, invalid recursion.
-            (
-                _,
-                "42601" | "42703" | "42702" | "42804" | "42883" | "42725" | "42P02" | "42P08"
-                | "42P18" | "42803" | "42P10" | "42846" | "42809" | "42P19",
-            ) => Self::Invalid,
-            (_, "0A000") => match Cause::of_sqlstate(code, message) {
-                Cause::StalePlan => Self::Store(Cause::StalePlan),
-                _ => Self::Invalid,
-            },
-            // A table or another object missing (42P01, 42704), a privilege (42501), the
-            // connection, a conflict, resources: the store's.
+            // The statement as written (class 42), a table or another object missing, a
+            // privilege, a feature not supported, the connection, a conflict, resources:
+            // the store's.
             _ => Self::Store(Cause::of_sqlstate(code, message)),
         }
     }
@@ -380,11 +369,12 @@ mod tests {
         ] {
             assert_eq!(fault(refused), Fault::Refused, "{refused}");
         }
-        for invalid in [
-            "22P02", "22003", "22001", "21000", "42601", "42703", "42804", "42883", "54000",
-            "0A000",
-        ] {
+        for invalid in ["22P02", "22003", "22001", "21000", "54000"] {
             assert_eq!(fault(invalid), Fault::Invalid, "{invalid}");
+        }
+        // The same for every record: stalls the shard, gives no record up.
+        for statement in ["42601", "42703", "42804", "42883", "0A000"] {
+            assert!(matches!(fault(statement), Fault::Store(_)), "{statement}");
         }
         let kind = |code: &str| match fault(code) {
             Fault::Store(cause) => Some(cause.decide().0),

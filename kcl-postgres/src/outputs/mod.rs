@@ -16,9 +16,10 @@
 //!
 //! Both run a commit the same way (`run`): the tenure's condition first, locking its row,
 //! then the statements in order, pipelined, then `COMMIT`; a statement refused by its own
-//! condition fails its record, as does one that cannot run as written; a missing table or
-//! privilege, a lost connection or a serialization failure is the store's error and fails
-//! no record.
+//! condition fails its record, as does one whose values cannot be written; a statement
+//! wrong for every record (class 42: a column not migrated yet, a syntax error), a missing
+//! table or privilege, a lost connection or a serialization failure is the store's error
+//! and fails no record.
 //!
 //! **How much one transaction holds** ([`COMMIT_LIMITS`]): Postgres has no limit on a
 //! transaction's statements, but a transaction holds the row locks of everything it wrote,
