@@ -32,6 +32,12 @@
 //! server started before that change must be restarted): moto's own can apply a transaction
 //! twice when another races it, the very duplicate this test looks for.
 //!
+//! The same chaos runs three ways: outputs into DynamoDB with the lease row (the first
+//! test); into Postgres tables with the leases in DynamoDB, where each commit is fenced by
+//! the shard's `kcl_positions` row (`PostgresSink`, which the worker fences on every open);
+//! and into Postgres with the leases in Postgres too, each commit fenced by the lease row
+//! in the same transaction. The three run one after another (they share the two cores).
+//!
 //! Runtime: one seed, about 45 s of chaos, 70-90 s in all. For the long version:
 //! `KCL_CHAOS_SEEDS=1,2,3` (a list) or `KCL_CHAOS_SEEDS=5` (seeds 1 to 5), and
 //! `KCL_CHAOS_SECS=300` for the chaos time per seed, e.g.
@@ -48,7 +54,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, ensure};
 use aws_sdk_dynamodb::types::{AttributeValue, TableStatus};
 use kcl_aws::KinesisShardSource;
-use kcl_core::{LeaseStore, ShardId, ShardSource};
+use kcl_core::{ShardId, ShardSource};
+use kcl_integration_tests::leases::postgres_url;
 use kcl_integration_tests::{Context, WorkerProcess, wait_until, with_timeout};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_kcl-test-worker");
@@ -57,19 +64,63 @@ const SHARDS: i32 = 4;
 const FAILOVER_MS: u64 = 3000;
 const LEADER_ROW: &str = "kcl-coordination/worker-leader";
 
+/// Where the outputs commit, and with which row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outputs {
+    /// DynamoDB tables, with the lease row in DynamoDB.
+    DynamoDb,
+    /// Postgres tables, with the shard's `kcl_positions` row; leases in DynamoDB.
+    PostgresSink,
+    /// Postgres tables, with the lease row in the same database.
+    PostgresLeases,
+}
+
+/// One chaos test at a time: each runs five processes on the two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outputs_commit_exactly_once_under_chaos() -> anyhow::Result<()> {
+    chaos(Outputs::DynamoDb).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_commit_exactly_once_into_postgres_with_leases_in_dynamodb() -> anyhow::Result<()> {
+    chaos(Outputs::PostgresSink).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_commit_exactly_once_into_postgres_with_leases_in_postgres() -> anyhow::Result<()> {
+    chaos(Outputs::PostgresLeases).await
+}
+
+async fn chaos(outputs: Outputs) -> anyhow::Result<()> {
+    let _one = ONE_AT_A_TIME.lock().await;
     let secs = std::env::var("KCL_CHAOS_SECS")
         .ok()
         .map(|s| s.parse::<u64>().context("KCL_CHAOS_SECS"))
         .transpose()?
         .unwrap_or(45);
     for seed in seeds()? {
-        let Some(ctx) = Context::new(&format!("exactly-once-s{seed}")).await? else {
+        let name = format!("exactly-once-{outputs:?}-s{seed}").to_lowercase();
+        let ctx = match outputs {
+            Outputs::PostgresLeases => Context::new_postgres(&name).await?,
+            Outputs::DynamoDb | Outputs::PostgresSink => Context::new(&name).await?,
+        };
+        let Some(ctx) = ctx else {
             return Ok(());
         };
+        let tables = match outputs {
+            Outputs::DynamoDb => Tables::dynamodb(&ctx).await?,
+            Outputs::PostgresSink | Outputs::PostgresLeases => {
+                let Some(url) = postgres_url()? else {
+                    return Ok(());
+                };
+                Tables::postgres(&url).await?
+            }
+        };
         let limit = Duration::from_secs(secs + 240);
-        with_timeout(limit, Box::pin(run(ctx, seed, Duration::from_secs(secs)))).await?;
+        let run = run(ctx, tables, seed, Duration::from_secs(secs));
+        with_timeout(limit, Box::pin(run)).await?;
     }
     Ok(())
 }
@@ -148,6 +199,9 @@ struct Fleet {
     ctx: Context,
     args: Vec<String>,
     workers: Vec<WorkerProcess>,
+    /// With the outputs in Postgres and the leases in DynamoDB: the sink's database, whose
+    /// `kcl_positions` rows say which tenure opened each shard last.
+    sink: Option<Arc<tokio_postgres::Client>>,
 }
 
 impl Fleet {
@@ -164,15 +218,12 @@ impl Fleet {
     }
 }
 
-async fn run(ctx: Context, seed: u64, chaos: Duration) -> anyhow::Result<()> {
+async fn run(ctx: Context, tables: Tables, seed: u64, chaos: Duration) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut rng = Rng(seed);
     ctx.create_stream(SHARDS).await?;
-    let exact = format!("{}-exact", ctx.table);
-    let plain = format!("{}-plain", ctx.table);
-    create_table(&ctx, &exact).await?;
-    create_table(&ctx, &plain).await?;
-    let args: Vec<String> = [
+    let (exact, plain) = (tables.exact.clone(), tables.plain.clone());
+    let mut args: Vec<String> = [
         "--failover-ms",
         &FAILOVER_MS.to_string(),
         "--taker-ms",
@@ -195,10 +246,18 @@ async fn run(ctx: Context, seed: u64, chaos: Duration) -> anyhow::Result<()> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    if let Some(pg) = &tables.postgres {
+        args.extend(["--outputs-postgres".to_owned(), pg.url.clone()]);
+    }
+    let sink = match (&tables.postgres, ctx.postgres()) {
+        (Some(pg), None) => Some(pg.client.clone()),
+        _ => None,
+    };
     let mut fleet = Fleet {
         ctx: ctx.clone(),
         args,
         workers: Vec::new(),
+        sink,
     };
     for i in 0..WORKERS {
         let worker = fleet.spawn(&format!("w{i}"))?;
@@ -240,7 +299,7 @@ async fn run(ctx: Context, seed: u64, chaos: Duration) -> anyhow::Result<()> {
     stop.store(true, Ordering::SeqCst);
     let produced = producer.await??;
     let drain = Instant::now();
-    let verdict = verify(&ctx, &fleet, &exact, &plain, &produced).await;
+    let verdict = verify(&ctx, &fleet, &tables, &produced).await;
     let drained = drain.elapsed();
     for worker in &mut fleet.workers {
         let _ = worker.terminate();
@@ -251,11 +310,12 @@ async fn run(ctx: Context, seed: u64, chaos: Duration) -> anyhow::Result<()> {
     let counts = verdict.map_err(|e| e.context(fleet.logs()))?;
     let refused = refused_total(&fleet)?;
     eprintln!(
-        "exactly-once seed {seed}: produced {} records ({} in the stream), outputs table: {} \
+        "exactly-once seed {seed}, outputs in {}: produced {} records ({} in the stream), outputs table: {} \
          items, {} missing, {} extra, {} with n != 1; plain table: {} records written twice \
          or more ({} extra writes); zombie commits refused: {refused} in all, {:?} after the \
          thaws of the freezes that caught a batch at work; {} steps in {:.0?} of chaos: {:?}; \
          drained in {drained:.0?}; {:.0?} in all",
+        tables.describe(&ctx),
         produced.len(),
         counts.stream,
         counts.exact_items,
@@ -388,9 +448,14 @@ async fn freeze(fleet: &mut Fleet, rng: &mut Rng, tally: &mut Tally) -> anyhow::
         if !wait_at_work(worker, Duration::from_secs(5)).await? {
             continue;
         }
+        let id = worker.id.clone();
+        let owners = fleet.ctx.owners().await?;
+        let held: Vec<String> = (owners.into_iter())
+            .filter(|(_, owner)| owner.as_ref() == Some(&id))
+            .map(|(shard, _)| shard)
+            .collect();
         signal(worker, "STOP")?;
         let frozen = Instant::now();
-        let id = worker.id.clone();
         // Past the failover time, and until its leases are all another's.
         tokio::time::sleep(Duration::from_millis(FAILOVER_MS + 1000)).await;
         wait_until(
@@ -403,6 +468,9 @@ async fn freeze(fleet: &mut Fleet, rng: &mut Rng, tally: &mut Tally) -> anyhow::
             },
         )
         .await?;
+        if let Some(sink) = &fleet.sink {
+            opened_by_others(&fleet.ctx, sink, &id, &held).await?;
+        }
         let thawed = chrono::Utc::now().timestamp_millis();
         signal(worker, "CONT")?;
         let held = frozen.elapsed();
@@ -424,6 +492,37 @@ async fn freeze(fleet: &mut Fleet, rng: &mut Rng, tally: &mut Tally) -> anyhow::
         return Ok(format!("SIGSTOP {id} {held:.1?}: {count} refused"));
     }
     Ok("SIGSTOP: no batch at work".to_owned())
+}
+
+/// Waits until the next tenures of the shards `frozen` held have opened them, fencing the
+/// sink's rows: a sink is fenced when a processor opens, not when its lease is taken, and a
+/// zombie's commit between the two lands (the next tenure then resumes after it), so only
+/// from then on must it be refused. A finished shard is not opened again.
+async fn opened_by_others(
+    ctx: &Context,
+    sink: &tokio_postgres::Client,
+    frozen: &str,
+    held: &[String],
+) -> anyhow::Result<()> {
+    wait_until(
+        "the frozen worker's shards opened by their next tenures",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let finished: BTreeSet<String> = (ctx.list().await?.into_iter())
+                .filter(|l| l.checkpoint == kcl_core::Checkpoint::ShardEnd)
+                .map(|l| l.key.as_str().to_owned())
+                .collect();
+            let query = "SELECT lease_key FROM kcl_positions WHERE application = $1 AND owner = $2";
+            let rows = sink.query(query, &[&ctx.table, &frozen]).await?;
+            let still: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            Ok(!held
+                .iter()
+                .any(|s| still.contains(s) && !finished.contains(s)))
+        },
+    )
+    .await
+    .map(drop)
 }
 
 fn signal(worker: &WorkerProcess, name: &str) -> anyhow::Result<()> {
@@ -504,9 +603,10 @@ fn committed_shards(fleet: &Fleet) -> anyhow::Result<usize> {
     Ok(shards.len())
 }
 
-/// The worker holding the leader row, if any.
+/// The worker holding the leader row, if any (in the store the workers use).
 async fn leader(ctx: &Context) -> anyhow::Result<Option<String>> {
-    let row = ctx.store().get(&ShardId::new(LEADER_ROW)).await?;
+    let rows = ctx.list().await?;
+    let row = rows.into_iter().find(|r| r.key == ShardId::new(LEADER_ROW));
     Ok(row.and_then(|r| r.owner).map(|o| o.as_str().to_owned()))
 }
 
@@ -574,8 +674,7 @@ struct Counts {
 async fn verify(
     ctx: &Context,
     fleet: &Fleet,
-    exact: &str,
-    plain: &str,
+    tables: &Tables,
     produced: &[String],
 ) -> anyhow::Result<Counts> {
     let stream = stream_ids(ctx).await?;
@@ -587,7 +686,7 @@ async fn verify(
         Duration::from_secs(120),
         Duration::from_secs(1),
         async || {
-            let items = scan(ctx, exact).await?;
+            let items = tables.read(ctx, &tables.exact).await?;
             Ok(stream.keys().all(|id| items.contains_key(id)))
         },
     )
@@ -595,8 +694,8 @@ async fn verify(
     .map_err(|e| e.context(fleet.logs()))?;
     // Stragglers (a zombie's commit) would land now, if they could.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let items = scan(ctx, exact).await?;
-    let plain_items = scan(ctx, plain).await?;
+    let items = tables.read(ctx, &tables.exact).await?;
+    let plain_items = tables.read(ctx, &tables.plain).await?;
     let counts = Counts {
         stream: stream.len(),
         exact_items: items.len(),
@@ -670,5 +769,92 @@ async fn scan(ctx: &Context, table: &str) -> anyhow::Result<BTreeMap<String, (u6
             Some(key) if !key.is_empty() => start = Some(key.clone()),
             _ => return Ok(items),
         }
+    }
+}
+
+/// The two output tables of a run, and the database they are in.
+struct Tables {
+    exact: String,
+    plain: String,
+    /// `None`: DynamoDB tables on the emulator.
+    postgres: Option<Postgres>,
+}
+
+struct Postgres {
+    url: String,
+    client: Arc<tokio_postgres::Client>,
+}
+
+impl Tables {
+    /// Two DynamoDB tables, named after the test.
+    async fn dynamodb(ctx: &Context) -> anyhow::Result<Self> {
+        let (exact, plain) = (
+            format!("{}-exact", ctx.table),
+            format!("{}-plain", ctx.table),
+        );
+        create_table(ctx, &exact).await?;
+        create_table(ctx, &plain).await?;
+        Ok(Self {
+            exact,
+            plain,
+            postgres: None,
+        })
+    }
+
+    /// Two Postgres tables of a unique name on the server of `url`.
+    async fn postgres(url: &str) -> anyhow::Result<Self> {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        let base = kcl_integration_tests::unique("eo").replace('-', "_");
+        let (exact, plain) = (format!("{base}_exact"), format!("{base}_plain"));
+        for table in [&exact, &plain] {
+            let create =
+                format!("CREATE TABLE {table} (id text PRIMARY KEY, n bigint NOT NULL, data text)");
+            client.batch_execute(&create).await?;
+        }
+        Ok(Self {
+            exact,
+            plain,
+            postgres: Some(Postgres {
+                url: url.to_owned(),
+                client: Arc::new(client),
+            }),
+        })
+    }
+
+    /// Where the outputs and the leases are, in a few words.
+    fn describe(&self, ctx: &Context) -> &'static str {
+        match (&self.postgres, ctx.postgres()) {
+            (None, _) => "DynamoDB (leases in DynamoDB)",
+            (Some(_), None) => "Postgres (leases in DynamoDB)",
+            (Some(_), Some(_)) => "Postgres (leases in Postgres)",
+        }
+    }
+
+    /// Every item of `table`: `id → (n, data)`.
+    async fn read(
+        &self,
+        ctx: &Context,
+        table: &str,
+    ) -> anyhow::Result<BTreeMap<String, (u64, String)>> {
+        let Some(pg) = &self.postgres else {
+            return scan(ctx, table).await;
+        };
+        let rows = pg
+            .client
+            .query(&format!("SELECT id, n, data FROM {table}"), &[])
+            .await
+            .with_context(|| format!("SELECT from {table}"))?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let n: i64 = row.get(1);
+                let data: Option<String> = row.get(2);
+                (
+                    row.get(0),
+                    (u64::try_from(n).unwrap_or(0), data.unwrap_or_default()),
+                )
+            })
+            .collect())
     }
 }

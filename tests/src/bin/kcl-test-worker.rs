@@ -2,8 +2,9 @@
 //!
 //! Runs one [`kcl_core::Worker`] on the AWS backends (endpoints, region and credentials from
 //! the standard environment), its leases in DynamoDB or, with `--lease-store postgres://…`,
-//! in Postgres (the same code, generic over the store; only `--outputs-table` and
-//! `--plain-table`, which commit in DynamoDB transactions, need DynamoDB), and appends what happens to a JSONL file, one object a line:
+//! in Postgres (the same code, generic over the store; `--outputs-table` and `--plain-table`
+//! go to DynamoDB tables, committing with the lease row, or with `--outputs-postgres` to
+//! Postgres tables), and appends what happens to a JSONL file, one object a line:
 //! `started`, `init`, `record` (shard, sequence and sub-sequence number, partition key, data), `checkpoint`,
 //! `checkpoint_failed`, `shard_end`, `shutdown_checkpoint`, `lease_lost`, `stopped`. Every
 //! line carries the worker id, a global line number and a wall-clock time in milliseconds.
@@ -38,7 +39,7 @@ use kcl_core::{
     ShardId, ShardSource, Worker, WorkerConfig,
 };
 use kcl_integration_tests::tracker::FileTracker;
-use kcl_postgres::PostgresLeaseStore;
+use kcl_postgres::{PostgresLeaseStore, PostgresSink};
 use kcl_serve::HttpMessenger;
 use kcl_serve::messenger::Limits;
 use serde_json::{Value, json};
@@ -305,30 +306,86 @@ async fn run(args: Args) -> anyhow::Result<()> {
             // As a user builds it: what the coordination uses of the table is the store's
             // default.
             let store = DynamoDbLeaseStore::new(&sdk, args.table.clone());
-            let outputs = (args.outputs_table.is_some() || args.plain_table.is_some()).then(|| {
-                OutputTables {
-                    store: store.clone(),
-                    exactly: args.outputs_table.clone(),
-                    plain: args.plain_table.clone(),
-                    work: Duration::from_millis(args.work_ms),
+            let (outputs, sink) = match &args.outputs_postgres {
+                Some(url) => postgres_outputs(&args, url, None).await?,
+                None => {
+                    let exactly = (args.outputs_table.clone())
+                        .map(|t| outputs::Exactly::DynamoDb(store.clone(), t));
+                    let client = store.client().clone();
+                    let plain =
+                        (args.plain_table.clone()).map(|t| outputs::Plain::DynamoDb(client, t));
+                    (tables(&args, exactly, plain), None)
                 }
-            });
-            Box::pin(start(args, sdk, journal, config, store, outputs)).await
+            };
+            Box::pin(start(args, sdk, journal, config, (store, sink), outputs)).await
         }
         LeaseStoreArg::Postgres(url) => {
-            // The outputs commit in a DynamoDB transaction with the lease row's checkpoint:
-            // the row must be in DynamoDB too.
-            anyhow::ensure!(
-                args.outputs_table.is_none() && args.plain_table.is_none(),
-                "--outputs-table and --plain-table commit with the checkpoint in one DynamoDB \
-                 transaction: they need the leases in DynamoDB, not --lease-store postgres://…"
-            );
             let store = PostgresLeaseStore::connect(&url, &args.table)
                 .await
                 .with_context(|| format!("the Postgres lease store of {}", args.table))?;
-            Box::pin(start(args, sdk, journal, config, store, None)).await
+            let outputs = match &args.outputs_postgres {
+                Some(at) => {
+                    // The outputs commit with the lease row: in the leases' database.
+                    anyhow::ensure!(
+                        *at == url,
+                        "--outputs-postgres must be the --lease-store database"
+                    );
+                    postgres_outputs(&args, at, Some(&store)).await?.0
+                }
+                None => {
+                    anyhow::ensure!(
+                        args.outputs_table.is_none() && args.plain_table.is_none(),
+                        "with the leases in Postgres, the output tables are Postgres's: \
+                         --outputs-postgres"
+                    );
+                    None
+                }
+            };
+            Box::pin(start(args, sdk, journal, config, (store, None), outputs)).await
         }
     }
+}
+
+/// The output tables of the command line, if any.
+fn tables(
+    args: &Args,
+    exactly: Option<outputs::Exactly>,
+    plain: Option<outputs::Plain>,
+) -> Option<OutputTables> {
+    (exactly.is_some() || plain.is_some()).then(|| OutputTables {
+        exactly,
+        plain,
+        work: Duration::from_millis(args.work_ms),
+    })
+}
+
+/// The output tables in the Postgres database of `url`: committing with `leases`' rows when
+/// given, else with a sink's position rows (returned, for `WorkerBuilder::positions`).
+async fn postgres_outputs(
+    args: &Args,
+    url: &str,
+    leases: Option<&PostgresLeaseStore>,
+) -> anyhow::Result<(Option<OutputTables>, Option<PostgresSink>)> {
+    let mut sink = None;
+    let exactly = match (args.outputs_table.clone(), leases) {
+        (None, _) => None,
+        (Some(table), Some(store)) => Some(outputs::Exactly::PostgresLeases(store.clone(), table)),
+        (Some(table), None) => {
+            let opened = PostgresSink::connect(url, &args.table)
+                .await
+                .context("the Postgres sink of the outputs")?;
+            sink = Some(opened.clone());
+            Some(outputs::Exactly::PostgresSink(opened, table))
+        }
+    };
+    let plain = match args.plain_table.clone() {
+        Some(table) => Some(outputs::Plain::Postgres(
+            outputs::plain_client(url).await?,
+            table,
+        )),
+        None => None,
+    };
+    Ok((tables(args, exactly, plain), sink))
 }
 
 /// The recorder of each shard's records, as the command line says.
@@ -370,13 +427,14 @@ fn recorders(
     }
 }
 
-/// Runs the worker on `store`, whichever store it is, with what runs beside it.
+/// Runs the worker on `store`, whichever store it is, with what runs beside it (the sink
+/// that keeps positions, if the outputs go to one).
 async fn start<L: LeaseStore + Clone>(
     args: Args,
     sdk: aws_config::SdkConfig,
     journal: Journal,
     config: WorkerConfig,
-    store: L,
+    (store, sink): (L, Option<PostgresSink>),
     outputs: Option<OutputTables>,
 ) -> anyhow::Result<()> {
     let recorder = recorders(&args, &journal, outputs);
@@ -414,16 +472,32 @@ async fn start<L: LeaseStore + Clone>(
         .removal_grace(Duration::from_millis(args.stream_removal_grace_ms));
         let factory = StreamFactories::new()
             .otherwise(move |stream: &StreamId, shard: &ShardId| recorder(stream.lease_key(shard)));
-        drive(Worker::new(id, config, source, store, factory)?, extra).await
+        drive(build(id, config, (source, store), factory, sink)?, extra).await
     } else if let Some(table) = &args.dynamodb_streams_table {
         let source = DynamoDbStreamsSource::for_table(&sdk, table).await?;
         let factory = move |shard: &ShardId| recorder(shard.clone());
-        drive(Worker::new(id, config, source, store, factory)?, extra).await
+        drive(build(id, config, (source, store), factory, sink)?, extra).await
     } else {
         let source = KinesisShardSource::new(&sdk, args.stream.clone());
         let factory = move |shard: &ShardId| recorder(shard.clone());
-        drive(Worker::new(id, config, source, store, factory)?, extra).await
+        drive(build(id, config, (source, store), factory, sink)?, extra).await
     }
+}
+
+/// The worker, given `sink` if its outputs go to one.
+fn build<S: ShardSource, L: LeaseStore, F: ProcessorFactory>(
+    id: &str,
+    config: WorkerConfig,
+    (source, store): (S, L),
+    factory: F,
+    sink: Option<PostgresSink>,
+) -> anyhow::Result<Worker<S, L, F>> {
+    let builder = Worker::builder(source, store).id(id).config(config);
+    let builder = match sink {
+        Some(sink) => builder.positions(sink),
+        None => builder,
+    };
+    Ok(builder.build_with(factory)?)
 }
 
 /// Takes singleton messages on a free local port; the messenger advertises it.

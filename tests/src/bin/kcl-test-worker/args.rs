@@ -201,6 +201,12 @@ pub(crate) struct Args {
     /// checkpoint: at least once.
     #[arg(long)]
     pub(crate) plain_table: Option<String>,
+    /// With `--outputs-table` or `--plain-table`: the tables are in this Postgres database
+    /// (made by the caller: `id text primary key, n bigint, data text`); the outputs commit
+    /// with the lease row when the leases are in this database too, else with the shard's
+    /// `kcl_positions` row (a `PostgresSink` the worker is given).
+    #[arg(long)]
+    pub(crate) outputs_postgres: Option<String>,
     /// With `--outputs-table` or `--plain-table`: each batch works this long on its thread
     /// (blocking it) before its commit, in milliseconds.
     #[arg(long, default_value_t = 0)]
