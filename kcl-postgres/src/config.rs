@@ -19,8 +19,9 @@ use crate::tls::{self, TlsMode};
 #[non_exhaustive]
 pub enum TableSetup {
     /// The default. [`ensure_table`](kcl_core::LeaseStore::ensure_table) runs `schema.sql`
-    /// (the table and its owner index, if missing) under an advisory lock. The role needs
-    /// `CREATE` on the schema.
+    /// (the tables and the owner index) under an advisory lock when one of them is missing.
+    /// The role needs `CREATE` on the schema then (and to own `kcl_leases` if it exists
+    /// without its index); once they all exist, only the External grants.
     #[default]
     Managed,
     /// The schema is managed elsewhere (migrations, a DBA applying `schema.sql`): the store

@@ -46,6 +46,14 @@ pub(crate) enum Cause {
     NoDatabase,
     /// The server's certificate was refused.
     Certificate,
+    /// A connection pooler (PgBouncer) refused a startup parameter the store sends
+    /// (`options`, for `idle_in_transaction_session_timeout`): 08P01 "unsupported startup
+    /// parameter". Retrying cannot pass.
+    StartupParameter,
+    /// A prepared statement the connection had is gone (26000): a pooler in transaction mode
+    /// that does not track prepared statements hands each transaction another server
+    /// connection.
+    LostStatement,
     /// Anything else: an invalid statement or value, a pool that was closed.
     Invalid,
 }
@@ -65,6 +73,8 @@ impl Cause {
             "42703" => Self::OldTable,
             "42501" => Self::Privilege,
             "3D000" => Self::NoDatabase,
+            "08P01" if message.contains("unsupported startup parameter") => Self::StartupParameter,
+            "26000" => Self::LostStatement,
             _ => match code.get(..2) {
                 Some("08") => Self::Connection,
                 Some("53") => Self::Resources,
@@ -144,6 +154,16 @@ impl Cause {
                 ErrorKind::Fatal,
                 false,
                 " (the server's certificate was refused: give its CA with sslrootcert, connect by a name the certificate has or with sslmode=verify-ca, or sslmode=require to encrypt without verifying)",
+            ),
+            Self::StartupParameter => (
+                ErrorKind::Fatal,
+                false,
+                " (a connection pooler refused the startup parameter `options`, which sets idle_in_transaction_session_timeout: add `options` to PgBouncer's ignore_startup_parameters and set that timeout on the role or database, or connect to Postgres directly)",
+            ),
+            Self::LostStatement => (
+                ErrorKind::Fatal,
+                true,
+                " (a prepared statement vanished from the connection: PgBouncer in transaction mode needs max_prepared_statements above 0 (1.21 and later), or session mode)",
             ),
             Self::Invalid => (ErrorKind::Fatal, false, ""),
         }
@@ -359,6 +379,19 @@ mod tests {
         assert_eq!(stale.decide().0, ErrorKind::Retryable);
         assert!(stale.decide().1, "a stale plan's connection is dropped");
         assert_eq!(kind("0A000"), ErrorKind::Fatal);
+        // What PgBouncer answers (1.18: an `options` startup parameter; transaction mode
+        // without prepared-statement tracking): not retried for ever, and said what to do.
+        let pooler = Cause::of_sqlstate("08P01", "unsupported startup parameter: options");
+        assert_eq!(pooler.decide().0, ErrorKind::Fatal);
+        assert!(pooler.decide().2.contains("ignore_startup_parameters"));
+        assert_eq!(
+            kind("08P01"),
+            ErrorKind::Retryable,
+            "another protocol violation"
+        );
+        let lost = Cause::of_sqlstate("26000", "prepared statement \"s4\" does not exist");
+        assert_eq!(lost.decide().0, ErrorKind::Fatal);
+        assert!(lost.decide().2.contains("max_prepared_statements"));
     }
 
     #[test]

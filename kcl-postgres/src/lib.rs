@@ -62,7 +62,8 @@
 //! one whose values cannot be written (a value out of range or of the wrong type:
 //! [`OutputInvalid`](kcl_core::CheckpointError::OutputInvalid)); a statement wrong for every
 //! record (a column not migrated yet, a syntax error), a missing table or privilege, a lost
-//! connection or a serialization failure is the store's error and gives no record up. A commit holds at most [`COMMIT_LIMITS`]; a longer stretch commits in parts.
+//! connection or a serialization failure is the store's error and gives no record up. A
+//! commit holds at most [`COMMIT_LIMITS`]; a longer stretch commits in parts.
 //!
 //! ```no_run
 //! use kcl_core::outputs::{Outputs, Transact};

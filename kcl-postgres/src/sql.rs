@@ -81,6 +81,14 @@ pub(crate) const OWNER_INDEX: &str = "SELECT EXISTS (SELECT 1 FROM pg_index i \
      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
      WHERE i.indrelid = to_regclass('kcl_leases') AND a.attname = 'owner')";
 
+/// Whether every object `schema.sql` creates exists already: then `ensure_table` runs none
+/// of it, so that a role without ownership of the table (or CREATE on the schema) starts on a
+/// schema another role made (`CREATE INDEX IF NOT EXISTS` needs ownership even when the index
+/// exists).
+pub(crate) const SCHEMA_PRESENT: &str = "SELECT to_regclass('kcl_leases') IS NOT NULL \
+     AND to_regclass('kcl_leases_owner') IS NOT NULL \
+     AND to_regclass('kcl_positions') IS NOT NULL";
+
 /// Serialises `schema.sql` between workers starting at once (concurrent `CREATE ... IF NOT
 /// EXISTS` of one table can fail with a duplicate key).
 pub(crate) const SCHEMA_LOCK: &str = "SELECT pg_advisory_xact_lock(7301962853390521163)";

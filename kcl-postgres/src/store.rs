@@ -132,7 +132,12 @@ impl LeaseStore for PostgresLeaseStore {
     async fn ensure_table(&self, wanted: TableFeatures) -> Result<TableFeatures, BackendError> {
         let operation = Operation::EnsureTable;
         if self.setup == TableSetup::Managed {
-            self.apply_schema().await?;
+            let present = self
+                .query(operation, None, sql::SCHEMA_PRESENT, &[])
+                .await?;
+            if present.first().and_then(|r| r.try_get::<_, bool>(0).ok()) != Some(true) {
+                self.apply_schema().await?;
+            }
         }
         self.query(operation, None, sql::PROBE, &[]).await?;
         let rows = self.query(operation, None, sql::OWNER_INDEX, &[]).await?;

@@ -94,6 +94,48 @@ async fn an_external_schema_is_checked_not_created() {
 }
 
 #[tokio::test]
+async fn a_role_that_may_not_create_starts_managed_on_a_schema_made_by_another() {
+    let Some(schema) = common::fresh_schema("granted").await else {
+        return;
+    };
+    let (url, client) = (&schema.url, &schema.client);
+    client.batch_execute(SCHEMA_SQL).await.unwrap();
+    // A role with the External grants only: no CREATE on the schema, not the table's owner.
+    let role = common::unique("kcl_worker");
+    let s = &schema.name;
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {s} TO {role}; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.kcl_leases, {s}.kcl_positions TO {role}"
+        ))
+        .await
+        .unwrap();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let host = rest.split_once('@').map_or(rest, |(_, host)| host);
+    let as_role = format!("{scheme}://{role}@{host}");
+    let store = common::store_at(&as_role, "app", TableSetup::Managed);
+    let features = store.ensure_table(TableFeatures::ALL).await.unwrap();
+    assert!(features.owner_index);
+    assert!(store.create(&common::lease("shard-1")).await.unwrap());
+    // With the index gone, completing the schema needs the table's owner: refused, fatal.
+    client
+        .batch_execute("DROP INDEX kcl_leases_owner")
+        .await
+        .unwrap();
+    let refused = store.ensure_table(TableFeatures::ALL).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Fatal, "{refused}");
+    drop(store);
+    let owned = format!("DROP OWNED BY {role}; ");
+    client.batch_execute(&owned).await.unwrap();
+    schema.drop().await;
+    let admin = common::raw(&common::url().unwrap()).await;
+    admin
+        .batch_execute(&format!("DROP ROLE {role}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
 async fn a_dropped_table_is_not_found_with_a_hint() {
     let Some(schema) = common::fresh_schema("dropped").await else {
         return;
