@@ -383,3 +383,36 @@ async fn parallel_outputs_into_a_sink_need_the_worker_to_be_given_it() {
         .unwrap_err();
     assert_eq!(error.key, "Parallel::with_outputs");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_sink_row_taken_by_a_late_opener_costs_a_restart_and_says_why() {
+    let w = World::new(1);
+    let shard = w.stream.shards()[0].id.clone();
+    let a = w.start("a", true);
+    w.fill(20);
+    w.exactly_once().await;
+    // A tenure that opened late (its lease already lost) names itself on the row; the
+    // holder's next commit is refused by the sink while its lease row is still its own.
+    let position = w.sink.rows()[&shard].position.clone();
+    let late = PositionRow {
+        owner: WorkerId::new("late"),
+        fence: FencingToken(1),
+        position,
+    };
+    w.sink.insert_row(shard.clone(), late);
+    w.fill(20);
+    w.exactly_once().await;
+    stop(a).await;
+    let errors = w.errors.lock().unwrap().clone();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the sink that keeps the position")),
+        "{errors:?}"
+    );
+    assert!(
+        !errors.iter().any(|e| e.contains("Backwards")),
+        "{errors:?}"
+    );
+    assert_eq!(w.sink.rows()[&shard].owner.as_str(), "a", "opened again");
+}

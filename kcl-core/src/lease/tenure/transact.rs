@@ -132,6 +132,9 @@ impl Tenure {
                 Ok(Err(CommitError::Invalid { reason, .. })) => {
                     return Err(self.checkpoint_invalid(&reason));
                 }
+                Ok(Err(CommitError::LeaseRow)) if store.keeps_position() => {
+                    return self.sink_refused(&mut held.lease, update).await;
+                }
                 Ok(Err(CommitError::LeaseRow)) => {
                     return self.settle_commit(&mut held.lease, update).await;
                 }
@@ -161,6 +164,33 @@ impl Tenure {
                 "the lease's checkpoint did not follow a commit into the sink that keeps the \
                  shard's position; the shard resumes from the sink's position"
             );
+        }
+    }
+
+    /// A sink that keeps its own position refused the commit (its row names another tenure,
+    /// or a position past the commit's checkpoint before; an attempt of this commit applied
+    /// earlier is answered with success by the sink itself): the lease row says whether the
+    /// lease moved; if not, the sink did (a tenure that opened it late, a position the
+    /// lease's checkpoint did not follow), and the processor's restart opens the sink again
+    /// and resumes from its position.
+    async fn sink_refused(
+        &self,
+        held: &mut Lease,
+        update: &CheckpointUpdate,
+    ) -> Result<Transacted, TenureError> {
+        match self.settle_commit(held, update).await {
+            Err(TenureError::Behind(_)) => Err(TenureError::Store(BackendError::new(
+                ErrorKind::Retryable,
+                "transact",
+                format!(
+                    "the sink that keeps the position of {} refused the commit: its row names \
+                     another tenure of the lease, or a position past the checkpoint this commit \
+                     started from; the shard resumes from the sink's position when its \
+                     processor restarts",
+                    self.shard
+                ),
+            ))),
+            other => other,
         }
     }
 
