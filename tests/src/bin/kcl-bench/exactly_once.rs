@@ -16,8 +16,16 @@
 //! a transactional write costs two units per KB of each item, the lease row's included, a
 //! standard write one. Modes alternate within one sitting (the order rotating from run to
 //! run), after a warm-up run of each.
+//!
+//! With `KCL_POSTGRES_URL` set, two more modes (issue 52, [`postgres`]): the same outputs as
+//! rows of a Postgres table, committed with the lease row (leases in Postgres) or through a
+//! `PostgresSink` (leases in DynamoDB). Their lease store's requests come from its own
+//! counts (`LeaseStoreExtras::usage`), printed by operation for every mode.
 
-use std::collections::HashMap;
+mod postgres;
+mod report;
+
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,11 +34,11 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, PutRequest, ReturnConsumedCapacity, Select, TransactWriteItem, WriteRequest,
 };
 use kcl_aws::{DynamoDbLeaseStore, KinesisShardSource};
-use kcl_core::lease::usage::{Operation, item_size, write_units};
+use kcl_core::lease::usage::{Operation, Tally as Requests, item_size, write_units};
 use kcl_core::outputs::{Outputs, Transact};
 use kcl_core::{
-    BoxError, Checkpointer, InitializationInput, LeaseStore, LeaseStoreExtras, ProcessRecordsInput,
-    Record, RecordProcessor, ShardId, Worker, WorkerConfig,
+    BoxError, Checkpointer, InitializationInput, LeaseStore, ProcessRecordsInput, Record,
+    RecordProcessor, ShardId, Worker, WorkerBuilder, WorkerConfig,
 };
 use kcl_integration_tests::{Context, items, wait_until};
 
@@ -46,7 +54,7 @@ const PAYLOAD: usize = 100;
 const BATCH_WRITE: usize = 25;
 
 /// How the processor writes its outputs and checkpoints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Mode {
     /// One `TransactWriteItems` per batch: the puts and the lease row (`commit_outputs`).
     Transactional,
@@ -54,25 +62,53 @@ enum Mode {
     PlainBatch,
     /// A `PutItem` per record, then `checkpoint()`.
     PlainEach,
+    /// Leases in Postgres: one transaction of the lease row's update and an `INSERT` per
+    /// record (`commit_outputs` into `PostgresLeaseStore`).
+    PostgresLeases,
+    /// Leases in DynamoDB: one transaction of the shard's position row and an `INSERT` per
+    /// record, then the lease row's checkpoint (`commit_outputs` into `PostgresSink`).
+    PostgresSink,
 }
 
 impl Mode {
-    const ALL: [Self; 3] = [Self::Transactional, Self::PlainBatch, Self::PlainEach];
+    const ALL: [Self; 5] = [
+        Self::Transactional,
+        Self::PlainBatch,
+        Self::PlainEach,
+        Self::PostgresLeases,
+        Self::PostgresSink,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Self::Transactional => "transactional: `commit_outputs`",
             Self::PlainBatch => "plain: `BatchWriteItem` ×4, `checkpoint()`",
             Self::PlainEach => "plain: `PutItem` ×99, `checkpoint()`",
+            Self::PostgresLeases => "Postgres, leases in Postgres: `commit_outputs`",
+            Self::PostgresSink => "Postgres sink, leases in DynamoDB: `commit_outputs`",
         }
     }
 
-    /// Units per KB of each item written.
+    fn postgres(self) -> bool {
+        matches!(self, Self::PostgresLeases | Self::PostgresSink)
+    }
+
+    /// Units per KB of each item written into DynamoDB (none: Postgres's rows).
     fn factor(self) -> f64 {
-        if self == Self::Transactional {
-            2.0
-        } else {
-            1.0
+        match self {
+            Self::Transactional => 2.0,
+            Self::PlainBatch | Self::PlainEach => 1.0,
+            Self::PostgresLeases | Self::PostgresSink => 0.0,
+        }
+    }
+
+    /// Units per KB of each lease-row write (commit or checkpoint) into DynamoDB: none with
+    /// the leases in Postgres.
+    fn row_factor(self) -> Option<f64> {
+        match self {
+            Self::Transactional => Some(2.0),
+            Self::PlainBatch | Self::PlainEach | Self::PostgresSink => Some(1.0),
+            Self::PostgresLeases => None,
         }
     }
 }
@@ -99,12 +135,15 @@ fn lock(tally: &Shared) -> std::sync::MutexGuard<'_, Tally> {
 }
 
 /// The processor: one put per record, committed per batch as its mode says.
+#[derive(Debug, Clone)]
 struct Writer {
     mode: Mode,
     store: DynamoDbLeaseStore,
     out: String,
     shard: String,
     tally: Shared,
+    /// The Postgres modes' table and store or sink.
+    pg: Option<postgres::Pg>,
 }
 
 impl RecordProcessor for Writer {
@@ -147,6 +186,12 @@ impl Writer {
         records: &[Record],
         checkpointer: &mut Checkpointer,
     ) -> anyhow::Result<(Duration, f64, f64)> {
+        if let Some(pg) = &self.pg {
+            let writes = pg.writes(&self.shard, records);
+            let started = Instant::now();
+            pg.commit(records, writes, checkpointer).await?;
+            return Ok((started.elapsed(), 0.0, 0.0));
+        }
         let writes = records
             .iter()
             .map(|r| put(&self.out, &self.shard, r))
@@ -190,6 +235,9 @@ impl Writer {
                 }
                 checkpointer.checkpoint().await?;
                 reported
+            }
+            Mode::PostgresLeases | Mode::PostgresSink => {
+                anyhow::bail!("{} without its Postgres table", self.mode.name())
             }
         };
         Ok((started.elapsed(), units, reported))
@@ -260,9 +308,13 @@ fn item_of(write: TransactWriteItem) -> HashMap<String, AttributeValue> {
 struct Measured {
     records_per_s: f64,
     calls: Vec<Duration>,
-    units_per_1000: f64,
+    /// DynamoDB write units per 1,000 records; `None` with the leases in Postgres.
+    units_per_1000: Option<f64>,
     /// Lease-row writes (transactions or checkpoints) per 1,000 records.
     row_writes_per_1000: f64,
+    /// The lease store's requests per 1,000 records by operation (its `usage`), when the
+    /// last record was committed.
+    requests_per_1000: BTreeMap<Operation, f64>,
     /// The median commit call of the run's first quarter of calls, and of its last: moto
     /// copies every table a transaction touches before it runs it, so its transactions slow
     /// down as the output table grows.
@@ -283,21 +335,28 @@ struct RowWrites {
 }
 
 impl RowWrites {
-    fn of(store: &DynamoDbLeaseStore) -> anyhow::Result<Self> {
-        let usage = store.usage().context("the store counts its requests")?;
-        let mut tally = usage.of(Operation::CommitOutputs);
-        tally += usage.of(Operation::Checkpoint);
+    fn of(usage: &BTreeMap<Operation, Requests>) -> Self {
+        let mut tally = Requests::default();
+        for operation in [Operation::CommitOutputs, Operation::Checkpoint] {
+            tally += usage.get(&operation).copied().unwrap_or_default();
+        }
         #[allow(clippy::cast_precision_loss)]
-        Ok(Self {
+        Self {
             requests: tally.requests as f64,
             reported: tally.write_units,
-        })
+        }
     }
 }
 
 /// One run: a fresh stream of `shards` shards holding [`RECORDS`] records, a worker whose
-/// processor writes them as `mode` says; until every record is committed.
-async fn run(mode: Mode, shards: i32, records: usize) -> anyhow::Result<Measured> {
+/// processor writes them as `mode` says; until every record is committed. `postgres`: the
+/// server of the Postgres modes.
+async fn run(
+    mode: Mode,
+    shards: i32,
+    records: usize,
+    postgres: Option<&str>,
+) -> anyhow::Result<Measured> {
     let ctx = Context::new("bench-exactly-once")
         .await?
         .context("the emulators are needed")?;
@@ -308,64 +367,90 @@ async fn run(mode: Mode, shards: i32, records: usize) -> anyhow::Result<Measured
         .collect();
     ctx.put(&batch).await?;
     let out = format!("{}-out", ctx.table);
-    items::create(&ctx, &out, false).await?;
     let store = ctx.store().with_output_table(out.clone(), &["id"]);
     let tally = Shared::default();
-    let factory = {
-        let (store, out, tally) = (store.clone(), out.clone(), tally.clone());
-        move |_: &ShardId| Writer {
-            mode,
-            store: store.clone(),
-            out: out.clone(),
-            shard: String::new(),
-            tally: tally.clone(),
-        }
+    let writer = Writer {
+        mode,
+        store: store.clone(),
+        out: out.clone(),
+        shard: String::new(),
+        tally: tally.clone(),
+        pg: None,
     };
+    let (usage, stored) = if mode.postgres() {
+        let url = postgres.context("the Postgres modes need KCL_POSTGRES_URL")?;
+        postgres::consume_into(mode, &ctx, url, writer, records).await?
+    } else {
+        items::create(&ctx, &out, false).await?;
+        let source = KinesisShardSource::from_client(ctx.kinesis.clone(), ctx.stream.clone());
+        let usage = consume(
+            Worker::builder(source, store.clone()),
+            &store,
+            writer,
+            records,
+        );
+        (usage.await?, count(&ctx, &out).await?)
+    };
+    anyhow::ensure!(stored == records, "{stored} outputs stored of {records}");
+    let tally = std::mem::take(&mut *lock(&tally));
+    measured(mode, &ctx, &usage, tally, records).await
+}
+
+/// Runs the worker of `builder` (its lease store `store`), one `writer` per shard, until
+/// every one of `records` records is committed; then shuts it down. The store's counts by
+/// operation at that moment, before the shutdown's own writes.
+async fn consume<L: LeaseStore>(
+    builder: WorkerBuilder<KinesisShardSource, L>,
+    store: &L,
+    writer: Writer,
+    records: usize,
+) -> anyhow::Result<BTreeMap<Operation, Requests>> {
+    let tally = writer.tally.clone();
     let config = WorkerConfig::default()
         .max_records(BATCH)
         .taker_interval(Duration::from_millis(500))
         .idle_time_between_reads(Duration::from_millis(200));
-    let source = KinesisShardSource::from_client(ctx.kinesis.clone(), ctx.stream.clone());
-    let worker = Worker::new("bench", config, source, store.clone(), factory)?;
+    let worker = (builder.id("bench").config(config)).build(move |_: &ShardId| writer.clone())?;
     let shutdown = worker.shutdown_handle();
-    let running = tokio::spawn(worker.run());
-    let waited = wait_until(
-        "every record committed",
-        Duration::from_secs(120),
-        Duration::from_millis(10),
-        async || {
-            let tally = lock(&tally);
-            anyhow::ensure!(tally.errors.is_empty(), "{:?}", tally.errors);
-            Ok(tally.committed >= records)
-        },
-    )
-    .await;
-    let rows = RowWrites::of(&store);
+    let mut running = std::pin::pin!(worker.run());
+    let waited = tokio::select! {
+        ended = &mut running => anyhow::bail!("the worker stopped before the last commit: {ended:?}"),
+        waited = wait_until(
+            "every record committed",
+            Duration::from_secs(120),
+            Duration::from_millis(10),
+            async || {
+                let tally = lock(&tally);
+                anyhow::ensure!(tally.errors.is_empty(), "{:?}", tally.errors);
+                Ok(tally.committed >= records)
+            },
+        ) => waited,
+    };
+    let usage = store.usage().map(|u| u.by_operation());
     shutdown.shutdown();
-    tokio::time::timeout(Duration::from_secs(30), running).await???;
+    tokio::time::timeout(Duration::from_secs(30), running).await??;
     waited?;
-    let stored = count(&ctx, &out).await?;
-    anyhow::ensure!(stored == records, "{stored} items stored of {records}");
-    let tally = std::mem::take(&mut *lock(&tally));
-    measured(mode, &ctx, rows?, tally, records).await
+    usage.context("the store counts its requests")
 }
 
-/// The figures of a finished run, the lease rows' units from their size now.
+/// The figures of a finished run, the DynamoDB lease rows' units from their size now.
 async fn measured(
     mode: Mode,
     ctx: &Context,
-    rows: RowWrites,
+    usage: &BTreeMap<Operation, Requests>,
     tally: Tally,
     records: usize,
 ) -> anyhow::Result<Measured> {
-    let row_units = ctx
-        .store()
-        .list()
-        .await?
-        .iter()
-        .map(|lease| write_units(item_size(lease)))
-        .fold(1.0, f64::max);
-    let units = tally.item_units + mode.factor() * row_units * rows.requests;
+    let rows = RowWrites::of(usage);
+    let units = match mode.row_factor() {
+        Some(factor) => {
+            let row_units = (ctx.store().list().await?.iter())
+                .map(|lease| write_units(item_size(lease)))
+                .fold(1.0, f64::max);
+            Some(tally.item_units + factor * row_units * rows.requests)
+        }
+        None => None,
+    };
     let (Some(first), Some(last)) = (tally.first, tally.last) else {
         anyhow::bail!("nothing delivered");
     };
@@ -375,13 +460,18 @@ async fn measured(
     let mut early = tally.calls.get(..quarter).unwrap_or_default().to_vec();
     let from = tally.calls.len().saturating_sub(quarter);
     let mut late = tally.calls.get(from..).unwrap_or_default().to_vec();
+    #[allow(clippy::cast_precision_loss)]
+    let requests_per_1000 = (usage.iter())
+        .map(|(operation, t)| (*operation, t.requests as f64 * per_1000))
+        .collect();
     Ok(Measured {
         early: percentile(&mut early, 0.5),
         late: percentile(&mut late, 0.5),
         records_per_s: 1000.0 / per_1000 / (last - first).as_secs_f64(),
         calls: tally.calls,
-        units_per_1000: units * per_1000,
+        units_per_1000: units.map(|u| u * per_1000),
         row_writes_per_1000: rows.requests * per_1000,
+        requests_per_1000,
         reported_puts_per_1000: tally.reported * per_1000,
         reported_rows_per_1000: rows.reported * per_1000,
     })
@@ -410,61 +500,19 @@ async fn count(ctx: &Context, table: &str) -> anyhow::Result<usize> {
     }
 }
 
-fn median_f64(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
-}
-
-/// Every run of one mode and shard count.
-#[derive(Debug, Default)]
-struct Runs(Vec<Measured>);
-
-impl Runs {
-    fn row(&self, mode: Mode, shards: i32) -> String {
-        let rates: Vec<f64> = self.0.iter().map(|m| m.records_per_s).collect();
-        let mut calls: Vec<Duration> = self.0.iter().flat_map(|m| m.calls.clone()).collect();
-        let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1000.0);
-        let list = rates
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let units: Vec<f64> = self.0.iter().map(|m| m.units_per_1000).collect();
-        let rows: Vec<f64> = self.0.iter().map(|m| m.row_writes_per_1000).collect();
-        format!(
-            "| {} | {shards} | {:.0} | {} ms | {} ms | {} | {:.0} | {:.1} | {list} |",
-            mode.name(),
-            median_f64(&rates),
-            ms(percentile(&mut calls, 0.5)),
-            ms(percentile(&mut calls, 0.99)),
-            calls.len(),
-            median_f64(&units),
-            median_f64(&rows),
-        )
-    }
-
-    /// What moto reported per 1,000 records: for the puts, for the lease-row writes.
-    fn reported(&self) -> (f64, f64) {
-        let puts: Vec<f64> = self.0.iter().map(|m| m.reported_puts_per_1000).collect();
-        let rows: Vec<f64> = self.0.iter().map(|m| m.reported_rows_per_1000).collect();
-        (median_f64(&puts), median_f64(&rows))
-    }
-
-    /// Medians over the runs of the first and the last quarter's median commit, in ms.
-    fn drift(&self) -> (f64, f64) {
-        let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
-        let early: Vec<f64> = self.0.iter().map(|m| ms(&m.early)).collect();
-        let late: Vec<f64> = self.0.iter().map(|m| ms(&m.late)).collect();
-        (median_f64(&early), median_f64(&late))
-    }
-}
-
 /// `--only exactly-once`: warm-up, then `runs` runs of every mode at 1 and 8 shards,
-/// alternating; prints the table.
+/// alternating; prints the tables. The Postgres modes run when `KCL_POSTGRES_URL` is set.
 pub(crate) async fn table(runs: usize) -> anyhow::Result<()> {
+    let postgres = kcl_integration_tests::leases::postgres_url()?;
+    let modes: Vec<Mode> = (Mode::ALL.into_iter())
+        .filter(|m| postgres.is_some() || !m.postgres())
+        .collect();
+    let server = match &postgres {
+        Some(url) => format!("Postgres {}", postgres::version(url).await?),
+        None => "no Postgres (KCL_POSTGRES_URL unset: its modes skipped)".to_owned(),
+    };
     println!(
-        "exactly-once outputs, {} profile, {}, {runs} runs each, {RECORDS} records of {PAYLOAD} B, batches of {BATCH}",
+        "exactly-once outputs, {} profile, {}, {runs} runs each, {RECORDS} records of {PAYLOAD} B, batches of {BATCH}, {server}",
         if cfg!(debug_assertions) {
             "dev"
         } else {
@@ -472,54 +520,30 @@ pub(crate) async fn table(runs: usize) -> anyhow::Result<()> {
         },
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
     );
-    for mode in Mode::ALL {
-        run(mode, 1, 300).await.context("warm-up")?;
+    for &mode in &modes {
+        run(mode, 1, 300, postgres.as_deref())
+            .await
+            .with_context(|| format!("warm-up of {}", mode.name()))?;
     }
     let started = Instant::now();
-    let mut all: HashMap<(usize, i32), Runs> = HashMap::new();
+    let mut all = report::All::default();
     for r in 0..runs {
         for shards in [1, 8] {
-            for k in 0..Mode::ALL.len() {
-                let i = (k + r) % Mode::ALL.len();
-                let measured = run(Mode::ALL[i], shards, RECORDS).await?;
+            for k in 0..modes.len() {
+                let mode = modes[(k + r) % modes.len()];
+                let measured = run(mode, shards, RECORDS, postgres.as_deref())
+                    .await
+                    .with_context(|| format!("run {r}, {shards} shards, {}", mode.name()))?;
                 eprintln!(
                     "run {r}, {shards} shards, {}: {:.0} records/s",
-                    Mode::ALL[i].name(),
+                    mode.name(),
                     measured.records_per_s
                 );
-                all.entry((i, shards)).or_default().0.push(measured);
+                all.add(mode, shards, measured);
             }
         }
     }
-    println!();
-    println!(
-        "| processor's writes, batches of {BATCH} | shards | records/s (median) | commit p50 | commit p99 | commit calls | write units / 1,000 records | lease-row writes / 1,000 records | records/s, each run |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
-    for shards in [1, 8] {
-        for (i, mode) in Mode::ALL.iter().enumerate() {
-            if let Some(runs) = all.get(&(i, shards)) {
-                println!("{}", runs.row(*mode, shards));
-            }
-        }
-    }
-    println!();
-    println!(
-        "| on moto | shards | write units moto reported (`ConsumedCapacity`) / 1,000 records: puts | lease-row writes | commit p50, first quarter of a run's calls | last quarter |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|");
-    for shards in [1, 8] {
-        for (i, mode) in Mode::ALL.iter().enumerate() {
-            if let Some(runs) = all.get(&(i, shards)) {
-                let (puts, rows) = runs.reported();
-                let (early, late) = runs.drift();
-                println!(
-                    "| {} | {shards} | {puts:.1} | {rows:.1} | {early:.1} ms | {late:.1} ms |",
-                    mode.name()
-                );
-            }
-        }
-    }
+    all.print(&modes);
     println!("Measured in {:.0} s.", started.elapsed().as_secs_f64());
     Ok(())
 }
