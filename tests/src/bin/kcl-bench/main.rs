@@ -43,7 +43,9 @@
 //! - **Exactly-once outputs** (`--only exactly-once`, not in the default run; no worker
 //!   process: the worker runs in this one): a processor putting one item per record and
 //!   committing them with its checkpoint (`commit_outputs`) against the same puts made plain
-//!   and `checkpoint()`, at 1 and 8 shards: records/s, commit latency, write units.
+//!   and `checkpoint()`, at 1 and 8 shards: records/s, commit latency, write units. With
+//!   `KCL_POSTGRES_URL`, the same outputs as `INSERT`s into Postgres too, committed with the
+//!   lease row (leases in Postgres) or through a `PostgresSink` (leases in DynamoDB).
 //!
 //! Timing comes from the workers' journals (wall-clock milliseconds, one machine), CPU and
 //! memory from `/proc`.
