@@ -1,10 +1,10 @@
-//! Review of exactly-once outputs into a sink that keeps positions (issue 52): paths the
-//! tests that came with it do not take (`Parallel::with_outputs` over a sink, a slow sink
-//! commit, `SHARD_END` through the sink with the lease's write after it failing, a committer
-//! over a store that is not the worker's). Each test states the property the design claims
-//! and fails where it does not hold; they are `#[ignore]`d so that the suite stays green
-//! until the findings are fixed: `cargo test -p kcl-core --test positions_review --
-//! --include-ignored`.
+//! Exactly-once outputs into a sink that keeps positions (issue 52), on the paths a review
+//! found the first tests did not take: `Parallel::with_outputs` over a sink whose row another
+//! tenure named or whose commit applied with every answer lost (the committer opens the sink
+//! again and brings the lease up to it), a slow sink commit (renewals go on meanwhile),
+//! `SHARD_END` through the sink with the lease's write after it failing (the parent's row
+//! still names its children), a committer over a store that is not the worker's (said, at
+//! once). Each failed before its fix.
 #![allow(
     missing_docs,
     clippy::unwrap_used,
@@ -132,7 +132,6 @@ async fn stop(r: Running) {
 /// `Parallel::with_outputs` only logs "trying again" and commits the same way again, for
 /// ever: nothing reopens the sink, and no record's output commits again.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding 1: fails until the committer recovers from a sink refusal"]
 async fn parallel_outputs_recover_from_a_sink_row_naming_another_tenure() {
     let w = World::new();
     let shard = w.shard();
@@ -171,7 +170,6 @@ async fn parallel_outputs_recover_from_a_sink_row_naming_another_tenure() {
 /// sink refuses it as ahead of its before, `sink_refused` makes it a store error, and so on
 /// for ever (as above). Nothing was lost or doubled, but the shard stops committing.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding 1: fails until the committer recovers from a sink ahead of the lease"]
 async fn parallel_outputs_recover_from_a_commit_applied_with_every_answer_lost() {
     let w = World::new();
     let a = w.start_parallel("a");
@@ -256,7 +254,6 @@ impl kcl_core::outputs::Transact for SlowSink {
 /// `call_timeout` and `statement_timeout`; the shard is taken again, the sink opened again,
 /// and the batch processed again.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding 2: fails while a sink commit holds the tenure lock"]
 async fn a_slow_sink_commit_does_not_cost_the_lease() {
     let w = World::new();
     let slow = SlowSink {
@@ -397,7 +394,6 @@ impl kcl_core::RecordProcessor for EndingExact {
 /// deletes it as done (`to_delete` wants them), only once the stream no longer lists the
 /// shard; tools reading `childShardIds` (KCL Java in a shared table, kcl-admin) see none.
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding 3: fails while forward writes SHARD_END without children"]
 async fn a_parent_ended_through_the_sink_keeps_its_children_on_the_lease_row() {
     let w = World::new();
     let parent = w.shard();
@@ -458,7 +454,6 @@ async fn a_parent_ended_through_the_sink_keeps_its_children_on_the_lease_row() {
 /// `Ok(())`. Nothing commits, ever, and no error is logged or reported (`writes.failed` is
 /// never told): the shard is at best "stalled".
 #[tokio::test(start_paused = true)]
-#[ignore = "review finding 4: fails while the committer takes a LeaseRow refusal at its own checkpoint as Behind"]
 async fn parallel_outputs_into_another_lease_store_say_so() {
     let w = World::new();
     // Another database's lease table, made, without this fleet's rows.

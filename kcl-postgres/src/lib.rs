@@ -59,7 +59,7 @@
 //!
 //! A statement refused by its own constraint fails its record
 //! ([`CheckpointError::OutputRefused`](kcl_core::CheckpointError::OutputRefused)), as does
-//! one whose values cannot be written (a value out of range or of the wrong type:
+//! one whose values cannot be written (a value out of range, or one that cannot be encoded:
 //! [`OutputInvalid`](kcl_core::CheckpointError::OutputInvalid)); a statement wrong for every
 //! record (a column not migrated yet, a syntax error), a missing table or privilege, a lost
 //! connection or a serialization failure is the store's error and gives no record up. A

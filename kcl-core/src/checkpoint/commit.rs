@@ -92,7 +92,7 @@ impl Checkpointer {
                 shard: self.shard_id().clone(),
             });
         }
-        if store.keeps_position() && !self.sink_opened {
+        if store.keeps_position() && self.sink.is_none() {
             return Err(CheckpointError::PositionsNotOpened {
                 shard: self.shard_id().clone(),
             });
@@ -241,7 +241,12 @@ impl Checkpointer {
         };
         match self
             .tenure
-            .transact(store, &update, &writes, records.first())
+            .transact(
+                store,
+                &update,
+                &writes,
+                (records.first(), self.sink.as_ref()),
+            )
             .await
         {
             Ok(Transacted::Applied) => {

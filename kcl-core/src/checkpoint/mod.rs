@@ -7,6 +7,7 @@ use crate::error::CheckpointError;
 use crate::lease::CheckpointUpdate;
 use crate::lease::tenure::{Tenure, TenureError};
 use crate::mutation::{self, Mutation};
+use crate::outputs::Sink;
 use crate::types::{Checkpoint, ExtendedSequenceNumber, FencingToken, ShardId};
 pub(crate) use writes::WriteLog;
 
@@ -51,9 +52,9 @@ pub struct Checkpointer {
     writes: WriteLog,
     /// Whether this instance committed outputs ([`commit_outputs`](Self::commit_outputs)).
     committed: bool,
-    /// Whether the worker's sink that keeps positions was fenced for this tenure when the
-    /// shard opened ([`WorkerBuilder::positions`](crate::WorkerBuilder::positions)).
-    pub(crate) sink_opened: bool,
+    /// The worker's sink that keeps positions, fenced for this tenure when the shard opened
+    /// ([`WorkerBuilder::positions`](crate::WorkerBuilder::positions)).
+    pub(crate) sink: Option<Sink>,
 }
 
 /// A checkpoint written as pending by [`Checkpointer::prepare_checkpoint`], to be committed
@@ -82,7 +83,7 @@ impl Checkpointer {
             shard_end: None,
             writes: WriteLog::default(),
             committed: false,
-            sink_opened: false,
+            sink: None,
         }
     }
 

@@ -47,6 +47,7 @@ use crate::types::{Checkpoint, FencingToken, ShardId, WorkerId};
 pub(crate) use self::transact::Transacted;
 pub(crate) use super::held::HeldLeaseStore;
 
+mod sink;
 mod transact;
 
 /// Why a write through a tenure failed.

@@ -48,6 +48,9 @@ pub struct PositionRow {
 pub struct SinkCommit {
     /// When.
     pub at: Instant,
+    /// Its place among the events of the in-memory backends ([`next_event_seq`](super::next_event_seq)),
+    /// to order it against the lease store's journal (several share one paused instant).
+    pub seq: u64,
     /// The handle that sent it.
     pub client: String,
     /// The shard.
@@ -174,6 +177,7 @@ impl MemoryPositionSink {
         row.position = Some(commit.checkpoint.clone());
         state.applied.push(SinkCommit {
             at: Instant::now(),
+            seq: super::next_event_seq(),
             client: if reported {
                 self.client.to_string()
             } else {

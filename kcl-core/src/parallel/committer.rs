@@ -109,6 +109,7 @@ impl Committer {
         let committing = Committing {
             store,
             tenure: checkpointer.tenure().clone(),
+            sink: checkpointer.sink.clone(),
             watermark: checkpointer.watermark().clone(),
             cadence,
             computed: BTreeMap::new(),
@@ -183,6 +184,8 @@ enum Committed<W> {
 struct Committing<T: Transact> {
     store: Arc<T>,
     tenure: Arc<Tenure>,
+    /// The worker's sink that keeps positions, opened again if it refuses a commit.
+    sink: Option<crate::outputs::Sink>,
     watermark: Arc<Watermark>,
     cadence: Cadence,
     /// Settled records not committed yet, by delivery order (their `Ack`'s index).
@@ -429,7 +432,12 @@ impl<T: Transact> Committing<T> {
         let named = |index: usize| records.get(index).or(records.last()).cloned();
         match self
             .tenure
-            .transact(&*self.store, &update, &writes, records.first())
+            .transact(
+                &*self.store,
+                &update,
+                &writes,
+                (records.first(), self.sink.as_ref()),
+            )
             .await
         {
             Ok(Transacted::Applied) => {

@@ -10,11 +10,13 @@
 //!   run one after another, in order: the first that fails is the write at fault (those
 //!   after it only say the transaction was aborted).
 //! - **What a failure means** is decided once, by [`Fault`]: a write's own condition is
-//!   [`CommitError::Refused`] naming it, a statement or value that cannot run is
+//!   [`CommitError::Refused`] naming it, a value that cannot be written is
 //!   [`CommitError::Invalid`] naming it, anything else is the store's error with the kind
 //!   of any call (a missing table or privilege is an outage, never a record given up).
-//!   A value whose type the statement does not take, or a count of values that does not
-//!   match, is found before anything is sent. Reasons carry the server's message and
+//!   A value whose type the statement does not take, a count of values that does not
+//!   match, or a statement naming kcl's own tables is found before anything is sent: the
+//!   same for every record (a bug), a fatal store error that stalls the shard rather than
+//!   give every record up. Reasons carry the server's message and
 //!   SQLSTATE, never a value bound (see [`describe_write`]).
 //! - **A constraint checked at `COMMIT`** (declared `DEFERRABLE INITIALLY DEFERRED`) names
 //!   no statement: the commit is [`CommitError::Invalid`] without an index, and the core
@@ -119,11 +121,11 @@ impl<'a> Txn<'a> {
     /// The processor's statements, in order (see the module docs).
     pub(crate) async fn run(&self, writes: &[Sql]) -> Result<(), Failed> {
         if let Some(index) = writes.iter().position(Sql::names_kcl_tables) {
-            let reason = "the statement names kcl's own table (kcl_leases, kcl_positions): \
-                          the checkpoint is kcl's to write"
-                .to_owned();
-            let index = Some(index);
-            return Err(Failed::definite(CommitError::Invalid { index, reason }));
+            return Err(bug(
+                index,
+                "it names kcl's own table (kcl_leases, kcl_positions): the checkpoint is \
+                 kcl's to write",
+            ));
         }
         let statements = self.prepare(writes).await?;
         check_values(writes, &statements)?;
@@ -237,27 +239,38 @@ fn check_values(writes: &[Sql], statements: &[Statement]) -> Result<(), Failed> 
     let mut scratch = BytesMut::new();
     for (index, (write, statement)) in writes.iter().zip(statements).enumerate() {
         let types = statement.params();
-        let invalid = |reason: String| {
-            let index = Some(index);
-            Failed::definite(CommitError::Invalid { index, reason })
-        };
         if types.len() != write.param_count() {
-            return Err(invalid(format!(
+            let count = format!(
                 "the statement takes {} values, {} were bound",
                 types.len(),
                 write.param_count()
-            )));
+            );
+            return Err(bug(index, &count));
         }
         for (n, (value, ty)) in write.params().into_iter().zip(types).enumerate() {
             scratch.clear();
             if let Err(e) = value.to_sql_checked(ty, &mut scratch) {
-                let why = match e.downcast_ref::<WrongType>() {
-                    Some(wrong) => wrong.to_string(),
-                    None => format!("it cannot be sent as {ty}"),
-                };
-                return Err(invalid(format!("value ${}: {why}", n + 1)));
+                // A Rust type the column does not take is the code's; a value that cannot
+                // be encoded is the record's.
+                if let Some(wrong) = e.downcast_ref::<WrongType>() {
+                    return Err(bug(index, &format!("value ${}: {wrong}", n + 1)));
+                }
+                let reason = format!("value ${}: it cannot be sent as {ty}", n + 1);
+                let index = Some(index);
+                return Err(Failed::definite(CommitError::Invalid { index, reason }));
             }
         }
     }
     Ok(())
+}
+
+/// Write `index` is wrong for every record (`why`): the code's bug, the store's fatal error
+/// (the shard stalls for a fix; no record is given up for it).
+fn bug(index: usize, why: &str) -> Failed {
+    let what = format!("output write {index} cannot run as written: {why}");
+    Failed::definite(CommitError::Store(BackendError::new(
+        kcl_core::ErrorKind::Fatal,
+        OPERATION,
+        what,
+    )))
 }

@@ -32,6 +32,7 @@ use crate::error::{BackendError, ErrorKind};
 use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
 use crate::metrics::{OUTPUT_COMMIT_DURATION, OUTPUT_COMMITS};
+use crate::outputs::Sink;
 use crate::task::bounded;
 use crate::types::{Checkpoint, ExtendedSequenceNumber};
 
@@ -56,15 +57,18 @@ const ATTEMPTS: usize = 6;
 impl Tenure {
     /// Commits `writes` with `update` in one transaction of `store`, conditioned on this
     /// tenure's owner and fence and on the checkpoint it last wrote. See the module docs.
+    /// `sink` is the worker's sink that keeps positions, if it was given one: a commit into
+    /// a store that keeps its own position which the sink refused opens it again (see
+    /// [`sink_refused`](Self::sink_refused)).
     pub(crate) async fn transact<T: Transact>(
         &self,
         store: &T,
         update: &CheckpointUpdate,
         writes: &[T::Write],
-        first: Option<&ExtendedSequenceNumber>,
+        (first, sink): (Option<&ExtendedSequenceNumber>, Option<&Sink>),
     ) -> Result<Transacted, TenureError> {
         let started = Instant::now();
-        let outcome = self.commit(store, update, writes, first).await;
+        let outcome = self.commit(store, update, writes, (first, sink)).await;
         ::metrics::counter!(OUTPUT_COMMITS, "outcome" => counted_as(&outcome)).increment(1);
         ::metrics::histogram!(OUTPUT_COMMIT_DURATION).record(started.elapsed().as_secs_f64());
         outcome
@@ -76,7 +80,7 @@ impl Tenure {
         store: &T,
         update: &CheckpointUpdate,
         writes: &[T::Write],
-        first: Option<&ExtendedSequenceNumber>,
+        (first, sink): (Option<&ExtendedSequenceNumber>, Option<&Sink>),
     ) -> Result<Transacted, TenureError> {
         let before = self.before(update, first).await?;
         let token = transact::token(&self.shard, self.fence, &before, update);
@@ -108,10 +112,19 @@ impl Tenure {
                 writes: writes.to_vec(),
                 token: token.clone(),
             };
-            let sent = bounded(self.call_timeout, "transact", async {
+            let send = bounded(self.call_timeout, "transact", async {
                 Ok(store.commit(commit).await)
-            })
-            .await;
+            });
+            let sent = if store.keeps_position() {
+                // A sink's commit is conditioned on its own row, not the lease row: the
+                // lease's renewals go on while it runs (a slow one would cost the lease).
+                drop(held);
+                let sent = send.await;
+                held = self.held.lock().await;
+                sent
+            } else {
+                send.await
+            };
             let error = match sent {
                 Ok(Ok(())) if store.keeps_position() => {
                     drop(held);
@@ -133,10 +146,11 @@ impl Tenure {
                     return Err(self.checkpoint_invalid(&reason));
                 }
                 Ok(Err(CommitError::LeaseRow)) if store.keeps_position() => {
-                    return self.sink_refused(&mut held.lease, update).await;
+                    drop(held);
+                    return self.sink_refused(update, sink).await;
                 }
                 Ok(Err(CommitError::LeaseRow)) => {
-                    return self.settle_commit(&mut held.lease, update).await;
+                    return self.refused_by_row(&mut held.lease, update).await;
                 }
                 Ok(Err(CommitError::Store(e))) | Err(e) => e,
             };
@@ -149,48 +163,6 @@ impl Tenure {
                 }
                 None => return self.give_up(&mut held, update, error).await,
             }
-        }
-    }
-
-    /// After a commit into a sink that keeps its own position: the lease row's checkpoint
-    /// follows, as a plain write (see [`Positions`](crate::outputs::Positions)). If it
-    /// fails, the sink still holds the commit: the lease row trails it until the next
-    /// commit's refusal restarts the processor, whose open brings the row up to the sink.
-    async fn follow(&self, update: &CheckpointUpdate) {
-        if let Err(error) = self.checkpoint(update).await {
-            tracing::warn!(
-                shard = %self.shard,
-                ?error,
-                "the lease's checkpoint did not follow a commit into the sink that keeps the \
-                 shard's position; the shard resumes from the sink's position"
-            );
-        }
-    }
-
-    /// A sink that keeps its own position refused the commit (its row names another tenure,
-    /// or a position past the commit's checkpoint before; an attempt of this commit applied
-    /// earlier is answered with success by the sink itself): the lease row says whether the
-    /// lease moved; if not, the sink did (a tenure that opened it late, a position the
-    /// lease's checkpoint did not follow), and the processor's restart opens the sink again
-    /// and resumes from its position.
-    async fn sink_refused(
-        &self,
-        held: &mut Lease,
-        update: &CheckpointUpdate,
-    ) -> Result<Transacted, TenureError> {
-        match self.settle_commit(held, update).await {
-            Err(TenureError::Behind(_)) => Err(TenureError::Store(BackendError::new(
-                ErrorKind::Retryable,
-                "transact",
-                format!(
-                    "the sink that keeps the position of {} refused the commit: its row names \
-                     another tenure of the lease, or a position past the checkpoint this commit \
-                     started from; the shard resumes from the sink's position when its \
-                     processor restarts",
-                    self.shard
-                ),
-            ))),
-            other => other,
         }
     }
 
@@ -269,12 +241,41 @@ impl Tenure {
         }
     }
 
+    /// A commit the lease row's condition refused: as [`settle_commit`](Self::settle_commit),
+    /// except that a row found with this tenure at the very checkpoint the commit started
+    /// from contradicts the refusal: the store that refused it does not hold this worker's
+    /// lease rows (a `Transact` of another database, table or application): said so, at
+    /// once and for good, rather than taken for a checkpoint that moved.
+    async fn refused_by_row(
+        &self,
+        held: &mut Lease,
+        update: &CheckpointUpdate,
+    ) -> Result<Transacted, TenureError> {
+        let before = held.checkpoint.clone();
+        match self.settle_commit(held, update).await {
+            Err(TenureError::Behind(now)) if now == before => {
+                Err(TenureError::Store(BackendError::new(
+                    ErrorKind::Fatal,
+                    "transact",
+                    format!(
+                        "the outputs' store refused the condition on the lease row of {}, which \
+                         this worker's lease store shows unchanged: the store committing the \
+                         outputs does not hold this worker's leases (another database, table \
+                         or application name)",
+                        self.shard
+                    ),
+                )))
+            }
+            other => other,
+        }
+    }
+
     /// After a commit refused by the row's condition, or given up: reads the row. This
     /// tenure's owner and fence with the commit's checkpoint is the commit applied (by an
     /// attempt whose answer was lost); with another checkpoint, nothing applied and the
     /// row's checkpoint is adopted (`Behind`, when the commit was not the row's next); any
     /// other owner or fence is the lease lost.
-    async fn settle_commit(
+    pub(super) async fn settle_commit(
         &self,
         held: &mut Lease,
         update: &CheckpointUpdate,

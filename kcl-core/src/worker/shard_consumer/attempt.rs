@@ -50,7 +50,7 @@ pub(super) async fn run<S: ShardSource, P: RecordProcessor>(
     };
     // 4. Batches, until the shard ends or something stops them.
     let mut checkpointer = Checkpointer::new(tenure.clone());
-    checkpointer.sink_opened = ctx.positions.is_some();
+    checkpointer.sink.clone_from(&ctx.positions);
     checkpointer
         .watermark()
         .count_successes(control.failures.clone());
