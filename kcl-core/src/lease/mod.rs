@@ -17,6 +17,7 @@ pub(crate) mod observer;
 pub(crate) mod renewer;
 pub(crate) mod sync;
 pub(crate) mod taker;
+pub(crate) mod positions;
 pub(crate) mod tenure;
 pub(crate) mod transact;
 pub mod usage;

@@ -41,11 +41,10 @@
 //! [`Checkpointer::commit_outputs`](crate::Checkpointer::commit_outputs).
 
 mod parts;
-mod positions;
 
 pub(crate) use parts::{Part, split};
-pub(crate) use positions::Sink;
-pub use positions::Positions;
+pub(crate) use crate::lease::positions::Sink;
+pub use crate::lease::positions::Positions;
 
 pub use crate::lease::transact::{Commit, CommitError, Limits, Measure, Transact};
 use crate::types::{ExtendedSequenceNumber, Record};

@@ -430,14 +430,9 @@ impl<T: Transact> Committing<T> {
             part.writes.into_iter().unzip();
         let shard = || self.tenure.shard().clone();
         let named = |index: usize| records.get(index).or(records.last()).cloned();
-        match self
-            .tenure
-            .transact(
-                &*self.store,
-                &update,
-                &writes,
-                (records.first(), self.sink.as_ref()),
-            )
+        let (tenure, around) = (&self.tenure, (records.first(), self.sink.as_ref()));
+        match tenure
+            .transact(&*self.store, &update, &writes, around)
             .await
         {
             Ok(Transacted::Applied) => {

@@ -6,7 +6,7 @@
 use super::{Tenure, TenureError, Transacted};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::CheckpointUpdate;
-use crate::outputs::Sink;
+use crate::lease::positions::Sink;
 use crate::task::bounded;
 use crate::types::Checkpoint;
 

@@ -25,14 +25,15 @@
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::MutexGuard;
 use tokio::time::Instant;
 
 use super::{Held, Tenure, TenureError};
 use crate::error::{BackendError, ErrorKind};
+use crate::lease::positions::Sink;
 use crate::lease::transact::{self, Commit, CommitError, Transact};
 use crate::lease::{CheckpointUpdate, Lease};
 use crate::metrics::{OUTPUT_COMMIT_DURATION, OUTPUT_COMMITS};
-use crate::outputs::Sink;
 use crate::task::bounded;
 use crate::types::{Checkpoint, ExtendedSequenceNumber};
 
@@ -112,19 +113,8 @@ impl Tenure {
                 writes: writes.to_vec(),
                 token: token.clone(),
             };
-            let send = bounded(self.call_timeout, "transact", async {
-                Ok(store.commit(commit).await)
-            });
-            let sent = if store.keeps_position() {
-                // A sink's commit is conditioned on its own row, not the lease row: the
-                // lease's renewals go on while it runs (a slow one would cost the lease).
-                drop(held);
-                let sent = send.await;
-                held = self.held.lock().await;
-                sent
-            } else {
-                send.await
-            };
+            let sent;
+            (sent, held) = self.send_commit(store, commit, held).await;
             let error = match sent {
                 Ok(Ok(())) if store.keeps_position() => {
                     drop(held);
@@ -164,6 +154,29 @@ impl Tenure {
                 None => return self.give_up(&mut held, update, error).await,
             }
         }
+    }
+
+    /// Sends one attempt of a commit, bounded by the call timeout, behind the tenure's lock
+    /// `held` — except a sink's: conditioned on its own row, not the lease row, it lets the
+    /// lease's renewals go on while it runs (a slow one would cost the lease).
+    async fn send_commit<'a, T: Transact>(
+        &'a self,
+        store: &T,
+        commit: Commit<'_, T::Write>,
+        held: MutexGuard<'a, Held>,
+    ) -> (
+        Result<Result<(), CommitError>, BackendError>,
+        MutexGuard<'a, Held>,
+    ) {
+        let send = bounded(self.call_timeout, "transact", async {
+            Ok(store.commit(commit).await)
+        });
+        if !store.keeps_position() {
+            return (send.await, held);
+        }
+        drop(held);
+        let sent = send.await;
+        (sent, self.held.lock().await)
     }
 
     /// A commit without writes refused as invalid: the checkpoint alone, so no record's
