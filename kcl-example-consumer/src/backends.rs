@@ -1,4 +1,5 @@
-//! The backends `run` consumes through: Kinesis and DynamoDB via kcl-aws (feature `aws`), or
+//! The backends `run` consumes through: Kinesis and DynamoDB via kcl-aws (feature `aws`), the
+//! leases in Postgres via kcl-postgres (`--lease-store postgres://…`, feature `postgres`), or
 //! in-process ones to try the binary without AWS.
 
 use std::collections::BTreeMap;
@@ -9,32 +10,71 @@ use kcl_core::failure::DeadLetters;
 use kcl_core::memory::{MemoryLeaseStore, MemoryStream};
 use kcl_core::multi_stream::{MultiStreamSource, StreamId, Streams};
 
+#[cfg(feature = "aws")]
+use crate::settings::Leases;
 use crate::settings::{Backend, Settings, SourceSpec};
 
 /// Consumes the stream of `settings` until shut down.
 pub(crate) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {
     match settings.backend {
-        Backend::Aws => aws(settings).await,
+        Backend::Aws => Box::pin(aws(settings)).await,
         Backend::Memory => memory(settings).await,
     }
 }
 
-/// Kinesis and DynamoDB.
+/// Kinesis (or a DynamoDB table's stream), and the leases in DynamoDB or Postgres.
 #[cfg(feature = "aws")]
 async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
-    use kcl_aws::{AnySource, KinesisShardSource};
     // The standard chain: env, profile, web identity (IRSA), ECS task role, IMDS; endpoints
     // from AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_KINESIS, AWS_ENDPOINT_URL_DYNAMODB and
     // AWS_ENDPOINT_URL_DYNAMODB_STREAMS.
     let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let dead_letters = letters(&settings, Some(&sdk));
-    let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
-        .with_table_setup(settings.table_setup);
-    let exactly_once = crate::exactly_once::setup(&settings, &store).await?;
-    let served = exactly_once
-        .as_ref()
-        .map(crate::exactly_once::ExactlyOnce::served);
-    let factory = crate::window_counters(&settings, exactly_once.map(|e| e.table));
+    let letters = letters(&settings, Some(&sdk));
+    match &settings.lease_store {
+        Leases::DynamoDb => {
+            let store = kcl_aws::DynamoDbLeaseStore::new(&sdk, settings.application_name.clone())
+                .with_table_setup(settings.table_setup);
+            // The window table in DynamoDB, or in Postgres through a sink.
+            let exactly_once = match (&settings.exactly_once_store, &settings.exactly_once_table) {
+                #[cfg(feature = "postgres")]
+                (Some(url), Some(table)) => {
+                    Some(crate::postgres::table_in_sink(&settings, url, table, &store).await?)
+                }
+                _ => crate::exactly_once::setup(&settings, &store).await?,
+            };
+            consume(&settings, sdk, store, exactly_once, letters).await
+        }
+        #[cfg(feature = "postgres")]
+        Leases::Postgres(url) => {
+            let store = crate::postgres::lease_store(&settings, url).await?;
+            let exactly_once = crate::postgres::table_in_leases(&settings, url, &store).await?;
+            consume(&settings, sdk, store, exactly_once, letters).await
+        }
+        #[cfg(not(feature = "postgres"))]
+        Leases::Postgres(_) => anyhow::bail!("this build has no Postgres lease store"),
+    }
+}
+
+/// Consumes the configured streams with the leases in `store`, the windows also committed to
+/// `exactly_once`'s table if there is one.
+#[cfg(feature = "aws")]
+async fn consume<L: kcl_core::LeaseStore + Clone>(
+    settings: &Settings,
+    sdk: aws_config::SdkConfig,
+    store: L,
+    exactly_once: Option<crate::exactly_once::ExactlyOnce>,
+    letters: Option<DeadLetters>,
+) -> anyhow::Result<ExitCode> {
+    use kcl_aws::{AnySource, KinesisShardSource};
+    let extras = crate::Extras {
+        letters,
+        served: exactly_once
+            .as_ref()
+            .map(crate::exactly_once::ExactlyOnce::served),
+        #[cfg(feature = "postgres")]
+        positions: exactly_once.as_ref().and_then(|e| e.positions.clone()),
+    };
+    let factory = crate::window_counters(settings, exactly_once.map(|e| e.table));
     match &settings.input {
         SourceSpec::Streams {
             names,
@@ -53,12 +93,12 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                 given.insert(id, name.clone());
             }
             let ids: Vec<StreamId> = given.keys().cloned().collect();
-            let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
+            let source = multi_stream(settings, ids, *removal_grace, move |id: &StreamId| {
                 // A stream found only in the lease table is read by name until its grace ends.
                 let name = given.get(id).cloned().unwrap_or_else(|| id.name.clone());
                 KinesisShardSource::new(&sdk, name)
             });
-            crate::run_worker(&settings, source, store, factory, dead_letters, served).await
+            crate::run_worker(settings, source, store, factory, extras).await
         }
         SourceSpec::DynamoDbStreams {
             arns,
@@ -77,10 +117,10 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                     anyhow::anyhow!("invalid setting `streams`: {arn} has no multi-stream id")
                 })?);
             }
-            let source = multi_stream(&settings, ids, *removal_grace, move |id: &StreamId| {
+            let source = multi_stream(settings, ids, *removal_grace, move |id: &StreamId| {
                 kcl_aws::DynamoDbStreamsSource::for_stream_id(&sdk, id)
             });
-            crate::run_worker(&settings, source, store, factory, dead_letters, served).await
+            crate::run_worker(settings, source, store, factory, extras).await
         }
         one @ (SourceSpec::Stream(_) | SourceSpec::DynamoDb { .. }) => {
             let source = open(&sdk, one).await?;
@@ -91,7 +131,7 @@ async fn aws(settings: Settings) -> anyhow::Result<ExitCode> {
                     "reading a DynamoDB stream"
                 );
             }
-            crate::run_worker(&settings, source, store, factory, dead_letters, served).await
+            crate::run_worker(settings, source, store, factory, extras).await
         }
     }
 }
@@ -169,15 +209,13 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
             let stream = MemoryStream::new(4);
             let producer = produce(vec![stream.clone()]);
             let source = stream.client(&worker_id);
-            let result = crate::run_worker(
-                &settings,
-                source,
-                store.client(&worker_id),
-                factory,
-                dead_letters,
-                None,
-            )
-            .await;
+            let extras = crate::Extras {
+                letters: dead_letters,
+                ..crate::Extras::default()
+            };
+            let result =
+                crate::run_worker(&settings, source, store.client(&worker_id), factory, extras)
+                    .await;
             (producer, result)
         }
         SourceSpec::Streams {
@@ -202,15 +240,13 @@ async fn memory(settings: Settings) -> anyhow::Result<ExitCode> {
                     .unwrap_or_else(|| MemoryStream::new(1))
                     .client(&reader)
             });
-            let result = crate::run_worker(
-                &settings,
-                source,
-                store.client(&worker_id),
-                factory,
-                dead_letters,
-                None,
-            )
-            .await;
+            let extras = crate::Extras {
+                letters: dead_letters,
+                ..crate::Extras::default()
+            };
+            let result =
+                crate::run_worker(&settings, source, store.client(&worker_id), factory, extras)
+                    .await;
             (producer, result)
         }
         SourceSpec::DynamoDb { .. } | SourceSpec::DynamoDbStreams { .. } => {

@@ -65,7 +65,8 @@ pub(crate) enum Command {
     Drain(DrainArgs),
     /// What the lease table will cost a fleet each month on on-demand DynamoDB, in each
     /// coordination mode, next to KCL Java 3.x's bill for the same fleet (an idle stream;
-    /// checkpoints are extra and the same in every mode).
+    /// checkpoints are extra and the same in every mode). DynamoDB only: a fleet run with
+    /// `--lease-store postgres://…` has no such bill (docs/postgres.md counts its statements).
     Cost(CostArgs),
 }
 

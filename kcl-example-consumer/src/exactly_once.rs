@@ -28,6 +28,10 @@ use crate::settings::Settings;
 pub(crate) struct ExactlyOnce {
     pub(crate) table: Arc<dyn WindowTable>,
     pub(crate) routes: Router,
+    /// The sink it commits through, if it keeps each shard's position itself
+    /// (`--exactly-once-store`): the worker must be given it.
+    #[cfg(feature = "postgres")]
+    pub(crate) positions: Option<kcl_postgres::PostgresSink>,
 }
 
 impl ExactlyOnce {
@@ -48,9 +52,9 @@ impl ExactlyOnce {
     }
 }
 
-/// Sets the table of `--exactly-once-table` up, if there is one: its writes commit through
-/// `store`, the worker's lease store.
-#[cfg(feature = "aws")]
+/// Sets the table of `--exactly-once-table` up, if there is one, in DynamoDB: its writes
+/// commit through `store`, the worker's lease store (`--exactly-once-store` puts it in
+/// Postgres instead: `crate::postgres`).
 pub(crate) async fn setup(
     settings: &Settings,
     store: &kcl_aws::DynamoDbLeaseStore,
@@ -74,14 +78,33 @@ pub(crate) async fn setup(
         application = store.table_name(),
         "each window's counts commit with its checkpoint, exactly once"
     );
-    let table: Arc<dyn WindowTable> = Arc::new(table);
+    finish(store.clone(), Arc::new(table), store.table_name())
+        .await
+        .map(Some)
+}
+
+/// The table, claimed already, compared with the lease table of `leases` at once and every
+/// minute, and its route.
+pub(crate) async fn finish<L: kcl_core::LeaseStore + Clone>(
+    leases: L,
+    table: Arc<dyn WindowTable>,
+    application: &str,
+) -> anyhow::Result<ExactlyOnce> {
     // At start, before any shard is opened: what happened while no flagged worker ran.
-    if let Ok(leases) = kcl_core::LeaseStore::list(store).await {
-        table.check(&leases, None).await.map_err(invalid)?;
+    if let Ok(found) = leases.list().await {
+        table
+            .check(&found, None)
+            .await
+            .map_err(|e| anyhow::Error::new(e).context("invalid setting `exactly-once-table`"))?;
     }
-    kcl_example_consumer::table::watch(store.clone(), table.clone());
-    let routes = routes(table.clone(), store.table_name());
-    Ok(Some(ExactlyOnce { table, routes }))
+    kcl_example_consumer::table::watch(leases, table.clone());
+    let routes = routes(table.clone(), application);
+    Ok(ExactlyOnce {
+        table,
+        routes,
+        #[cfg(feature = "postgres")]
+        positions: None,
+    })
 }
 
 /// `GET /exactly-once`: the table, and the shards found out of step by this process.

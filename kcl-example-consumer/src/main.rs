@@ -10,6 +10,8 @@ mod demo;
 #[cfg(feature = "aws")]
 mod exactly_once;
 mod fault;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod settings;
 mod summary;
 
@@ -205,6 +207,19 @@ pub(crate) struct Served {
     pub(crate) problems: http::AppProblems,
 }
 
+/// What a worker is given beside its source, store and processors.
+#[derive(Default)]
+pub(crate) struct Extras {
+    /// Where its dead letters go (`--dead-letters`).
+    pub(crate) letters: Option<DeadLetters>,
+    /// Routes and problems to serve (`--exactly-once-table`'s).
+    pub(crate) served: Option<Served>,
+    /// The sink the exactly-once table commits through, which keeps each shard's position
+    /// (`--exactly-once-store`): the worker fences it for each tenure.
+    #[cfg(feature = "postgres")]
+    pub(crate) positions: Option<kcl_postgres::PostgresSink>,
+}
+
 /// Runs a worker on any backends with everything `run` promises: metrics and health over
 /// HTTP, graceful shutdown on the first SIGTERM/SIGINT, forced on the second.
 pub(crate) async fn run_worker<S, L, F>(
@@ -212,8 +227,7 @@ pub(crate) async fn run_worker<S, L, F>(
     source: S,
     store: L,
     factory: F,
-    letters: Option<DeadLetters>,
-    served: Option<Served>,
+    extras: Extras,
 ) -> anyhow::Result<ExitCode>
 where
     S: ShardSource,
@@ -234,8 +248,13 @@ where
     let mut builder = Worker::builder(source, store)
         .id(settings.worker_id.clone())
         .config(settings.worker.clone());
-    if let Some(letters) = letters {
+    if let Some(letters) = extras.letters {
         builder = builder.dead_letters(letters);
+    }
+    // Without it, every commit into the sink would be refused (PositionsNotOpened).
+    #[cfg(feature = "postgres")]
+    if let Some(sink) = extras.positions {
+        builder = builder.positions(sink);
     }
     let worker = builder.build_with(factory).map_err(|e| {
         anyhow::anyhow!(
@@ -244,7 +263,7 @@ where
             e.reason
         )
     })?;
-    let (routes, problems) = served.map(|s| (s.routes, s.problems)).unzip();
+    let (routes, problems) = extras.served.map(|s| (s.routes, s.problems)).unzip();
     let options = http::Options {
         routes: [summary.as_ref().and_then(|s| s.routes.clone()), routes]
             .into_iter()

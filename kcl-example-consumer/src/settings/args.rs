@@ -71,7 +71,7 @@ pub(crate) struct RunArgs {
     pub(crate) stream_removal_grace: Option<Duration>,
 
     /// Application name: the name of the DynamoDB lease table shared by every worker of this
-    /// application (required).
+    /// application (with --lease-store postgres, the application of its rows) (required).
     #[arg(long, value_name = "NAME")]
     pub(crate) application_name: Option<String>,
 
@@ -274,9 +274,20 @@ pub(crate) struct RunArgs {
     /// `window_start`, both strings) unless --table-setup is external. It belongs to one
     /// application (another is refused), and holds each shard's position, against which
     /// records checkpointed by a worker without this flag are reported (`GET
-    /// /exactly-once`). Off unless set; needs backend aws.
+    /// /exactly-once`). Off unless set; needs backend aws. In Postgres with --lease-store
+    /// postgres or --exactly-once-store: two tables, NAME and NAME_positions (a lowercase
+    /// SQL name), made on demand alike.
     #[arg(long, value_name = "TABLE")]
     pub(crate) exactly_once_table: Option<String>,
+
+    /// With the leases in DynamoDB: keep the --exactly-once-table in the Postgres database
+    /// of this URL instead (`postgres://USER:PASSWORD@HOST:PORT/DATABASE`; the password is
+    /// never printed). Each commit is one Postgres transaction of the windows, the shard's
+    /// position and kcl-postgres's `kcl_positions` row (a `PostgresSink`, fenced by the worker
+    /// for each tenure); the lease's checkpoint in DynamoDB follows. With --lease-store
+    /// postgres the table is in the lease database already: not needed. Off unless set.
+    #[arg(long, value_name = "URL")]
+    pub(crate) exactly_once_store: Option<String>,
 
     /// Partition keys listed per window line (the busiest ones); 0 lists none.
     #[arg(long, value_name = "N", default_value = "20", value_parser = parse_count)]
@@ -366,10 +377,19 @@ pub(crate) struct RunArgs {
     )]
     pub(crate) inject_failure: Fault,
 
+    /// Where the leases and checkpoints are kept: `dynamodb` (the table --application-name)
+    /// or a Postgres URL, `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (kcl-postgres: the
+    /// application's rows of the table `kcl_leases`; the password is never printed). The
+    /// stream is read from Kinesis either way. With Postgres, --exactly-once-table is a
+    /// Postgres table of the same database, committed with the lease row.
+    #[arg(long, value_name = "dynamodb|URL", default_value = "dynamodb")]
+    pub(crate) lease_store: String,
+
     /// Who looks after the lease table: `managed` (the worker creates it on first start and
     /// adds the owner index and the stream the leader mode uses; needs dynamodb:CreateTable
-    /// and dynamodb:UpdateTable) or `external` (made elsewhere, e.g. by Terraform: nothing is
-    /// created or changed; a missing table stops the worker with what to create).
+    /// and dynamodb:UpdateTable; in Postgres, CREATE on the schema) or `external` (made
+    /// elsewhere, e.g. by Terraform or migrations: nothing is created or changed; a missing
+    /// table stops the worker with what to create). The same for --exactly-once-table.
     #[arg(long, value_name = "SETUP", default_value = "managed")]
     pub(crate) table_setup: TableSetupArg,
 

@@ -7,7 +7,7 @@
 //! `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true`, AWS's always. A URL is printed without its user
 //! information and query (never a secret), and nothing else of the environment is.
 
-use super::{Backend, Settings, SourceSpec};
+use super::{Backend, Leases, Settings, SourceSpec};
 
 /// One AWS service a run calls: its name, the suffix of its `AWS_ENDPOINT_URL_…` variable,
 /// and what it is called for.
@@ -33,14 +33,21 @@ fn services(settings: &Settings) -> Vec<Service> {
             "the table's stream",
         )],
     };
-    out.push(match settings.exactly_once_table {
-        Some(_) => service(
-            "dynamodb",
-            "DYNAMODB",
-            "the lease table and the exactly-once table",
-        ),
-        None => service("dynamodb", "DYNAMODB", "the lease table"),
-    });
+    // The leases in Postgres (`lease-store`, printed above) call no DynamoDB; nor does an
+    // exactly-once table in Postgres.
+    let in_dynamodb =
+        settings.exactly_once_table.is_some() && settings.exactly_once_store.is_none();
+    if settings.lease_store == Leases::DynamoDb {
+        out.push(if in_dynamodb {
+            service(
+                "dynamodb",
+                "DYNAMODB",
+                "the lease table and the exactly-once table",
+            )
+        } else {
+            service("dynamodb", "DYNAMODB", "the lease table")
+        });
+    }
     let sink = settings.dead_letters.as_deref().unwrap_or_default();
     let letters = if sink.starts_with("sqs:") {
         Some(service("sqs", "SQS", "the dead-letter sink"))

@@ -14,21 +14,24 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
-use kcl_core::{Retrieval, WorkerConfig};
+use kcl_core::WorkerConfig;
 use kcl_serve::source::is_table_name;
 
 mod args;
 mod autoscale;
+mod checks;
 mod endpoints;
 mod exactly_once;
 mod file;
 mod input;
 pub(crate) mod parse;
+mod store;
 mod worker;
 
 pub(crate) use args::RunArgs;
 use file::one_line;
 pub(crate) use file::{FileValues, keys};
+pub(crate) use store::{Leases, PostgresUrl};
 
 pub(crate) use kcl_serve::{LogFormat, SourceSpec};
 
@@ -116,6 +119,12 @@ pub(crate) struct Settings {
     /// anywhere.
     #[cfg_attr(not(feature = "aws"), allow(dead_code))]
     pub(crate) exactly_once_table: Option<String>,
+    /// The Postgres database of the exactly-once table while the leases are in DynamoDB
+    /// (`--exactly-once-store`), if given.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) exactly_once_store: Option<PostgresUrl>,
+    /// Where the leases are kept (`--lease-store`).
+    pub(crate) lease_store: Leases,
     /// HTTP listen address.
     pub(crate) listen: SocketAddr,
     /// Where the drain token is written, when not its default place.
@@ -447,10 +456,17 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
     if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&a.log_filter) {
         return Err(v.fail("log_filter", one_line(&e.to_string())));
     }
-    fits_dynamodb(v, &input, a.backend, &worker)?;
+    checks::fits_dynamodb(v, &input, a.backend, &worker)?;
     let summary = summary(a, v)?;
-    let dead_letters = dead_letters(a, v)?;
-    let exactly_once_table = exactly_once::table(a, v, &application_name)?;
+    let dead_letters = checks::dead_letters(a, v)?;
+    let lease_store = store::leases(a, v)?;
+    let exactly_once_store = store::exactly_once_store(a, v, &lease_store)?;
+    let postgres = match (&lease_store, &exactly_once_store) {
+        (Leases::Postgres(url), _) => Some(("lease_store", url)),
+        (Leases::DynamoDb, Some(url)) => Some(("exactly_once_store", url)),
+        (Leases::DynamoDb, None) => None,
+    };
+    let exactly_once_table = exactly_once::table(a, v, &application_name, postgres)?;
     let scaler = autoscale::scaler(a, v, a.listen, &mut effective)?;
     Ok(Settings {
         input,
@@ -460,6 +476,8 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         window: a.window.0,
         top_keys: a.top_keys,
         exactly_once_table,
+        exactly_once_store,
+        lease_store,
         listen: a.listen,
         drain_token_file: a.drain_token_file.clone(),
         scaler,
@@ -474,84 +492,6 @@ fn build(a: &RunArgs, v: &Values<'_>) -> Result<Settings, SettingsError> {
         dead_letters,
         effective,
     })
-}
-
-/// Where dead letters go: required by `--on-failure dead-letter`, read by kcl-aws.
-fn dead_letters(a: &RunArgs, v: &Values<'_>) -> Result<Option<String>, SettingsError> {
-    let Some(location) = &a.dead_letters else {
-        if a.on_failure == kcl_core::failure::Exhausted::DeadLetter {
-            return Err(v.fail(
-                "dead_letters",
-                "required with on-failure dead-letter (sqs:QUEUE-URL, s3://BUCKET/PREFIX, \
-                 kinesis:STREAM or file:PATH)"
-                    .into(),
-            ));
-        }
-        return Ok(None);
-    };
-    if a.on_failure != kcl_core::failure::Exhausted::DeadLetter {
-        return Err(v.fail(
-            "dead_letters",
-            "given, but on-failure is not dead-letter: no letter would ever be written".into(),
-        ));
-    }
-    #[cfg(feature = "aws")]
-    match location.parse::<kcl_aws::dead_letter::Location>() {
-        Err(e) => return Err(v.fail("dead_letters", e.to_string())),
-        Ok(kcl_aws::dead_letter::Location::File(path)) => {
-            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
-            if folder.is_some_and(|f| !f.is_dir()) {
-                return Err(v.fail(
-                    "dead_letters",
-                    format!("{}: its folder does not exist", path.display()),
-                ));
-            }
-        }
-        Ok(_) if a.backend == Backend::Memory => {
-            return Err(v.fail(
-                "dead_letters",
-                "backend memory writes dead letters to a file only (file:PATH)".into(),
-            ));
-        }
-        Ok(_) => {}
-    }
-    #[cfg(not(feature = "aws"))]
-    return Err(v.fail(
-        "dead_letters",
-        format!("{location:?}: this build has no dead-letter sinks (build with `--features aws`)"),
-    ));
-    #[cfg(feature = "aws")]
-    Ok(Some(location.clone()))
-}
-
-/// A DynamoDB table's stream is read through AWS, by polling.
-fn fits_dynamodb(
-    v: &Values<'_>,
-    input: &SourceSpec,
-    backend: Backend,
-    worker: &WorkerConfig,
-) -> Result<(), SettingsError> {
-    if !matches!(
-        input,
-        SourceSpec::DynamoDb { .. } | SourceSpec::DynamoDbStreams { .. }
-    ) {
-        return Ok(());
-    }
-    if backend == Backend::Memory {
-        return Err(v.fail(
-            "backend",
-            "source dynamodb-streams needs backend aws (the memory backend has in-process \
-             Kinesis-like streams only)"
-                .into(),
-        ));
-    }
-    if matches!(worker.retrieval, Retrieval::FanOut { .. }) {
-        return Err(v.fail(
-            "retrieval",
-            "DynamoDB Streams has no enhanced fan-out: use polling".into(),
-        ));
-    }
-    Ok(())
 }
 
 impl Settings {

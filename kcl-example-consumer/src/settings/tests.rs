@@ -8,7 +8,7 @@ use std::path::Path;
 use clap::FromArgMatches;
 
 use chrono::{DateTime, Utc};
-use kcl_core::{Coordination, InitialPosition, Liveness};
+use kcl_core::{Coordination, InitialPosition, Liveness, Retrieval};
 
 use super::*;
 use crate::cli::Cli;
@@ -939,3 +939,6 @@ fn print_config_hides_a_sinks_credentials() {
     );
     assert_eq!(shown, "sqs:http://localhost:5000/q");
 }
+
+#[path = "store_tests.rs"]
+mod store;

@@ -12,24 +12,26 @@ pub enum TableError {
     /// `external` setup and no such table, at start.
     #[error(
         "exactly-once table {table} does not exist, and --table-setup external creates \
-         nothing: create it (partition key `shard` S, sort key `window_start` S), or start \
-         with --table-setup managed"
+         nothing: create it ({create}), or start with --table-setup managed"
     )]
     Missing {
         /// The table.
         table: String,
+        /// What to create: [`DYNAMODB_SHAPE`], or the Postgres statements' whereabouts.
+        create: &'static str,
     },
     /// The table went away while running (deleted).
     #[error(
         "exactly-once table {table} does not exist (deleted while running?), found {when} \
          shard {shard}: the shard keeps its checkpoint at its last commit, so no window is \
-         lost, and makes no progress until the table is back; create it again (partition key \
-         `shard` S, sort key `window_start` S) or restart with --table-setup managed. Its \
-         earlier windows are gone with it"
+         lost, and makes no progress until the table is back; create it again ({create}) or \
+         restart with --table-setup managed. Its earlier windows are gone with it"
     )]
     Gone {
         /// The table.
         table: String,
+        /// What to create, as in [`TableError::Missing`].
+        create: &'static str,
         /// The shard whose commit or opening found it missing.
         shard: ShardId,
         /// `committing windows of`, `opening`, `reading the position of`.
@@ -85,7 +87,34 @@ pub enum TableError {
         /// application item.
         shard: Option<ShardId>,
     },
-    /// A DynamoDB call failed.
+    /// A table in Postgres lacks columns this consumer writes or reads.
+    #[error(
+        "exactly-once table {table} has no column {missing} (it has: {found}): add {it}, or \
+         use another table; the statements that make it are in \
+         kcl-example-consumer/README.md",
+        it = if .missing.contains(',') { "them" } else { "it" }
+    )]
+    Columns {
+        /// The table.
+        table: String,
+        /// The columns missing, quoted and joined by commas.
+        missing: String,
+        /// The columns it has.
+        found: String,
+    },
+    /// A table in Postgres has no unique key on the columns its upserts name.
+    #[error(
+        "exactly-once table {table} has no primary key or unique index on ({key}): its rows \
+         are written with INSERT … ON CONFLICT ({key}), which needs one; add it \
+         (ALTER TABLE {table} ADD PRIMARY KEY ({key})), or use another table"
+    )]
+    NoKey {
+        /// The table.
+        table: String,
+        /// The key's columns, joined by commas.
+        key: &'static str,
+    },
+    /// A call to the table's store failed.
     #[error("{operation} of exactly-once table {table} failed")]
     Call {
         /// The table.
@@ -105,6 +134,9 @@ pub enum TableError {
         waited: Duration,
     },
 }
+
+/// What a DynamoDB table of window counts is made of, for [`TableError::Missing`].
+pub const DYNAMODB_SHAPE: &str = "partition key `shard` S, sort key `window_start` S";
 
 /// Which item named the other application.
 fn named_by(shard: Option<&ShardId>) -> String {

@@ -27,6 +27,7 @@
 //! The stdout lines stay at least once: they are printed before the commit, outside the
 //! transaction, so a line may be printed again by the next owner after a crash.
 
+pub mod claim;
 pub mod error;
 pub mod step;
 
@@ -36,6 +37,8 @@ pub mod dynamodb;
 mod failed_tests;
 #[cfg(test)]
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(test)]
 mod tests;
 

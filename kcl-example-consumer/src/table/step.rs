@@ -131,6 +131,16 @@ impl Mismatch {
             .as_ref()
             .map_or_else(|| "none".to_owned(), ToString::to_string)
     }
+
+    /// What the position item records of it (`last_gap`, `last_replay`), found by `worker`.
+    pub fn description(&self, worker: &str) -> String {
+        format!(
+            "{}: the lease was at {}, the table at {}; found by {worker}",
+            self.at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            self.lease,
+            self.table_position(),
+        )
+    }
 }
 
 impl fmt::Display for Mismatch {

@@ -17,7 +17,7 @@
 //! - **the application item** ([`APPLICATION`], both keys): `application`, the one
 //!   application (lease table) the table belongs to, `created_by`, `created_at`, and
 //!   `baseline` (`pending`, then `done` once the positions of the shards leased at the first
-//!   use were recorded). See [`setup`].
+//!   use were recorded). See [`claim`](super::claim).
 //!
 //! A key starting with `#` is never a window's (a window's starts with a digit).
 
@@ -33,8 +33,9 @@ use futures_util::future::BoxFuture;
 use kcl_aws::DynamoDbLeaseStore;
 use kcl_core::{Checkpoint, FencingToken, ShardId};
 
-pub use self::setup::{claim, ensure_table};
+pub use self::setup::ensure_table;
 pub use super::TableError;
+pub use super::claim::claim;
 use super::step::{Mismatch, Step};
 use super::{Items, Position, Transactional};
 use crate::window::WindowSummary;
@@ -88,6 +89,7 @@ impl DynamoDbItems {
         if error.code() == Some("ResourceNotFoundException") {
             return TableError::Gone {
                 table: self.table.clone(),
+                create: super::error::DYNAMODB_SHAPE,
                 shard: shard.clone(),
                 when: "reading the position of",
             };
@@ -299,6 +301,7 @@ impl Items for DynamoDbItems {
                 {
                     Some(TableError::Gone {
                         table: self.table.clone(),
+                        create: super::error::DYNAMODB_SHAPE,
                         shard: shard.clone(),
                         when: "committing windows of",
                     })
@@ -320,13 +323,7 @@ async fn realign(items: &DynamoDbItems, mismatch: &Mismatch) -> Result<bool, Tab
         None => "attribute_not_exists(#cp)",
         Some(_) => "#cp = :was AND #sub = :wassub",
     };
-    let description = format!(
-        "{}: the lease was at {}, the table at {}; found by {}",
-        mismatch.at.to_rfc3339_opts(SecondsFormat::Millis, true),
-        mismatch.lease,
-        mismatch.table_position(),
-        items.worker
-    );
+    let description = mismatch.description(&items.worker);
     let mut update = items
         .client
         .update_item()

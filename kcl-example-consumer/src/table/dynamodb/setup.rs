@@ -1,20 +1,8 @@
 //! The table checked at start, before any shard is opened: created if missing (under
 //! `--table-setup managed`), its key checked name by name and type by type (a table another
 //! tool made would otherwise fail at the first commit, or take writes of another shape), and
-//! claimed for one application.
-//!
-//! **The application item** names the application (lease table) the table belongs to. The
-//! first worker of an application creates it, conditioned on its absence, so that of two
-//! applications starting at once one wins and the other is refused at start, naming both;
-//! every commit is conditioned on its shard's position item naming the same application, so
-//! a second application writes nothing even if the item was deleted by hand.
-//!
-//! **The baseline**: at the table's first use by an application, the shards already leased
-//! have checkpoints but no position in the table, which a worker would take for records
-//! checkpointed without their windows. So the first worker records each lease's checkpoint
-//! as its shard's position (conditioned on none being there yet), before it opens any shard:
-//! the table counts from there. A worker that finds the item still `pending` (its creator
-//! died, or is still at it) records the baseline too; the writes are idempotent.
+//! claimed for one application ([`claim`](crate::table::claim): the application item and the
+//! baseline, whose DynamoDB calls are here).
 
 use std::time::Duration;
 
@@ -24,13 +12,13 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     TableDescription, TableStatus,
 };
-use futures_util::StreamExt as _;
-use kcl_core::singleton::is_coordination_key;
-use kcl_core::{ErrorKind, Lease, LeaseStore};
+use futures_util::future::BoxFuture;
+use kcl_core::Lease;
 
-use super::{APPLICATION, CONCURRENT_READS, DynamoDbItems, POSITION, SHARD, WINDOW_START};
+use super::{APPLICATION, DynamoDbItems, POSITION, SHARD, WINDOW_START};
 use super::{now, number, text};
 use crate::table::TableError;
+use crate::table::claim::{Claim, Claims};
 
 /// Checks that `table` exists with the right key; creates it (on-demand) if it is missing
 /// and `create`, and waits until it is ACTIVE.
@@ -53,6 +41,7 @@ pub async fn ensure_table(client: &Client, table: &str, create: bool) -> Result<
         if !create {
             return Err(TableError::Missing {
                 table: table.to_owned(),
+                create: crate::table::error::DYNAMODB_SHAPE,
             });
         }
         let (attributes, keys) = schema().map_err(|e| call("CreateTable")(Box::new(e)))?;
@@ -163,35 +152,37 @@ async fn wait_active(client: &Client, table: &str) -> Result<(), TableError> {
     }
 }
 
-/// What the application item says.
-#[derive(Debug, PartialEq, Eq)]
-enum Claim {
-    Absent,
-    Other(String),
-    Pending,
-    Done,
-}
-
-/// Claims the table for `items`' application (see the module docs): refuses it if another
-/// application's item is there; records the baseline of the shards `store` leases if this is
-/// the application's first use of the table.
-///
-/// # Errors
-/// [`TableError::OtherApplication`], or a call's error.
-pub async fn claim<L: LeaseStore>(items: &DynamoDbItems, store: &L) -> Result<(), TableError> {
-    let mut claim = read_claim(items).await?;
-    if claim == Claim::Absent {
-        claim = create_claim(items).await?;
+impl Claims for DynamoDbItems {
+    fn read_claim(&self) -> BoxFuture<'_, Result<Claim, TableError>> {
+        Box::pin(read_claim(self))
     }
-    match claim {
-        Claim::Other(theirs) => Err(TableError::OtherApplication {
-            table: items.table.clone(),
-            ours: items.application.clone(),
-            theirs,
-            shard: None,
-        }),
-        Claim::Done => Ok(()),
-        Claim::Absent | Claim::Pending => baseline(items, store).await,
+
+    fn create_claim(&self) -> BoxFuture<'_, Result<Claim, TableError>> {
+        Box::pin(create_claim(self))
+    }
+
+    fn record_baseline<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<bool, TableError>> {
+        Box::pin(record_baseline(self, lease))
+    }
+
+    fn baseline_done(&self) -> BoxFuture<'_, Result<(), TableError>> {
+        Box::pin(async move {
+            self.client
+                .update_item()
+                .table_name(&self.table)
+                .key(SHARD, text(APPLICATION))
+                .key(WINDOW_START, text(APPLICATION))
+                .update_expression("SET #b = :done")
+                .condition_expression("#app = :app")
+                .expression_attribute_names("#b", "baseline")
+                .expression_attribute_names("#app", "application")
+                .expression_attribute_values(":done", text("done"))
+                .expression_attribute_values(":app", text(&self.application))
+                .send()
+                .await
+                .map_err(|e| call(self, "UpdateItem", e))?;
+            Ok(())
+        })
     }
 }
 
@@ -250,48 +241,6 @@ async fn create_claim(items: &DynamoDbItems) -> Result<Claim, TableError> {
         }
         Err(e) => Err(call(items, "PutItem", e)),
     }
-}
-
-/// Records each unfinished lease's checkpoint as its shard's position where none is, then
-/// marks the baseline done.
-async fn baseline<L: LeaseStore>(items: &DynamoDbItems, store: &L) -> Result<(), TableError> {
-    let leases = match store.list().await {
-        Ok(leases) => leases,
-        // A new application: its lease table comes with its worker.
-        Err(e) if e.kind() == ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(call(items, "Scan of the lease table", e)),
-    };
-    let leases: Vec<Lease> = leases
-        .into_iter()
-        .filter(|l| !is_coordination_key(&l.key))
-        .collect();
-    let written = futures_util::stream::iter(&leases)
-        .map(|lease| record_baseline(items, lease))
-        .buffer_unordered(CONCURRENT_READS)
-        .collect::<Vec<_>>()
-        .await;
-    let recorded = written.into_iter().collect::<Result<Vec<bool>, _>>()?;
-    items
-        .client
-        .update_item()
-        .table_name(&items.table)
-        .key(SHARD, text(APPLICATION))
-        .key(WINDOW_START, text(APPLICATION))
-        .update_expression("SET #b = :done")
-        .condition_expression("#app = :app")
-        .expression_attribute_names("#b", "baseline")
-        .expression_attribute_names("#app", "application")
-        .expression_attribute_values(":done", text("done"))
-        .expression_attribute_values(":app", text(&items.application))
-        .send()
-        .await
-        .map_err(|e| call(items, "UpdateItem", e))?;
-    tracing::info!(
-        table = items.table,
-        shards = recorded.iter().filter(|r| **r).count(),
-        "the exactly-once table counts each leased shard from its checkpoint (baseline recorded)"
-    );
-    Ok(())
 }
 
 /// `lease`'s checkpoint as its shard's position, if the table has none; true if written.
