@@ -89,6 +89,9 @@ pub(crate) const SCHEMA_PRESENT: &str = "SELECT to_regclass('kcl_leases') IS NOT
      AND to_regclass('kcl_leases_owner') IS NOT NULL \
      AND to_regclass('kcl_positions') IS NOT NULL";
 
+/// Whether `kcl_positions` exists already: then a sink's `ensure_table` creates nothing.
+pub(crate) const POSITIONS_PRESENT: &str = "SELECT to_regclass('kcl_positions') IS NOT NULL";
+
 /// Serialises `schema.sql` between workers starting at once (concurrent `CREATE ... IF NOT
 /// EXISTS` of one table can fail with a duplicate key).
 pub(crate) const SCHEMA_LOCK: &str = "SELECT pg_advisory_xact_lock(7301962853390521163)";

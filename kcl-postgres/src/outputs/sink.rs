@@ -88,7 +88,14 @@ impl PostgresSink {
     /// `External`, `Fatal` for one without the sink's columns or a role without privileges.
     pub async fn ensure_table(&self) -> Result<(), BackendError> {
         let operation = Operation::EnsureTable;
-        if self.store.setup == TableSetup::Managed {
+        let present = self
+            .store
+            .query(operation, None, sql::POSITIONS_PRESENT, &[]);
+        let present = present
+            .await?
+            .first()
+            .and_then(|r| r.try_get::<_, bool>(0).ok());
+        if self.store.setup == TableSetup::Managed && present != Some(true) {
             let mut conn = self.store.lend(operation.as_str(), None).await?;
             let result = async {
                 let transaction = conn.transaction().await?;
