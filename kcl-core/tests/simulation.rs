@@ -17,7 +17,12 @@
 //! outputs with their checkpoints, exactly once (`sim/outputs.rs`, `output-once` and
 //! `output-in-step`). No processor is handed a record its lease row said had finished
 //! (sparse acknowledgements, `acked-skipped`), and the summary counts what each change of
-//! tenure under `Parallel` delivers again, by why (`sim/checks/acks.rs`).
+//! tenure under `Parallel` delivers again, by why (`sim/checks/acks.rs`). Half of those
+//! seeds commit instead into a sink that keeps each shard's position itself, as a Postgres
+//! database does while the leases live in DynamoDB (`sim/positions.rs`: fenced on open,
+//! resumed from the later of lease and sink, the operator resetting leases behind it and
+//! deleting rows for the sync to make again; `sink-fenced`, `sink-resume`,
+//! `lease-trails-sink`).
 //!
 //! `cargo test -p kcl-core --test simulation` runs 200 seeds; `SIM_SEEDS=N` runs N;
 //! `SIM_SEED=S` replays one seed with the same schedule. A seed's run depends on the seed
@@ -450,8 +455,9 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         .map(|(_, o)| o.violations.len())
         .sum::<usize>();
     println!(
-        "outputs simulation: {} seeds commit outputs with their checkpoints ({} with small limits); {} commits applied, {} stretches one transaction could not hold (committed in parts), {} commits refused by the lease row ({} of them stragglers landing late), {} conflicts injected, {} retries answered by their token; {output_violations} violations in them, of every invariant with [output-once, output-in-step]",
+        "outputs simulation: {} seeds commit outputs with their checkpoints ({} into the lease table, {} of them with small limits; the others into a sink, below); {} commits applied, {} stretches one transaction could not hold (committed in parts), {} commits refused by the lease row ({} of them stragglers landing late), {} conflicts injected, {} retries answered by their token; {output_violations} violations in them, of every invariant with [output-once, output-in-step]",
         stats.outputs,
+        stats.outputs - stats.sink,
         stats.small_limits,
         stats.commits,
         stats.large_stretches,
@@ -459,6 +465,26 @@ fn report(results: &[(u64, Outcome)]) -> usize {
         stats.refused_stragglers,
         stats.conflicts,
         stats.replays,
+    );
+    let sink_violations = results
+        .iter()
+        .filter(|(_, o)| o.stats.sink > 0)
+        .map(|(_, o)| o.violations.len())
+        .sum::<usize>();
+    let sink = stats.sink_counts;
+    println!(
+        "sink simulation: {} seeds commit outputs into a sink that keeps each shard's position ({} opens of it, {} of them finding the lease behind the sink, {} moving it up; {} commits applied, {} refused by its fence, {} landing after the next tenure took the lease but before it opened the sink, {} after an operator's reset took the lease; {} operator resets behind it, {} lease rows deleted and made again, {} lower fences let in); {sink_violations} violations in them, of every invariant with [output-once, output-in-step, sink-fenced, sink-resume, lease-trails-sink]",
+        stats.sink,
+        stats.sink_opens,
+        sink.behind,
+        sink.forwarded,
+        stats.sink_commits,
+        stats.sink_fenced_off,
+        sink.before_successor,
+        sink.after_reset,
+        sink.resets_behind,
+        stats.sink_deletes,
+        sink.lower_fences,
     );
     let acked_violations = results
         .iter()

@@ -62,6 +62,9 @@ pub struct Fleet {
     /// Whether processors commit outputs with their checkpoints, and how the store takes
     /// them (`sim/outputs.rs`).
     pub outputs: Option<super::outputs::Transactional>,
+    /// The sink that keeps each shard's position, where the outputs go in a share of those
+    /// seeds (`sim/positions.rs`): one handle per worker, sharing the store's faults.
+    pub sink: Option<kcl_core::memory::MemoryPositionSink>,
 }
 
 /// Sends a message to the fleet's singleton every few hundred milliseconds until `stop`,
@@ -165,7 +168,10 @@ impl Fleet {
             failure_rate: self.failure_rate,
             parallel: self.parallel,
             poison: self.poison.clone(),
-            outputs: self.outputs.map(|_| self.store.client(&id)),
+            outputs: self.outputs.map(|_| match &self.sink {
+                Some(sink) => super::outputs::Target::Sink(sink.client(&id)),
+                None => super::outputs::Target::Store(self.store.client(&id)),
+            }),
         };
         // Its own client name, so that a partition can cut a worker off from the lease table
         // alone, or from the stream alone.
@@ -202,6 +208,12 @@ impl Fleet {
                 .dead_letters(DeadLetters::new(poison.sink.clone()).reader(poison.sink.clone())),
             None => worker.config(config),
         };
+        if let Some(sink) = &self.sink {
+            worker = worker.positions(super::positions::Opens::new(
+                sink.client(id),
+                self.log.clone(),
+            ));
+        }
         let worker = worker.build_with(factory).expect("valid config");
         let (singleton, singleton_stop) = self.compete_for_singleton(id);
         let (periodic, periodic_stop) = self.run_periodic(id);

@@ -208,6 +208,21 @@ pub struct Who {
     pub log: Log,
 }
 
+impl AnyProcessor {
+    /// It failed or lost its lease: nothing it was handed is committed at the stop.
+    fn ended(&self) {
+        let (instance, log) = match self {
+            Self::Plain(p) => {
+                let (instance, _, log) = p.who();
+                (instance, log)
+            }
+            Self::Parallel(_, who) => (who.instance, &who.log),
+            Self::HandsOff(p) => (p.instance, &p.log),
+        };
+        log.lock().ended.insert(instance);
+    }
+}
+
 impl RecordProcessor for AnyProcessor {
     async fn initialize(&mut self, input: &InitializationInput) -> Result<(), BoxError> {
         // Under which tenure it opened the shard (`acked-skipped`).
@@ -229,14 +244,19 @@ impl RecordProcessor for AnyProcessor {
         input: ProcessRecordsInput<'_>,
         checkpointer: &mut Checkpointer,
     ) -> Result<(), BoxError> {
-        match self {
+        let result = match self {
             Self::Plain(p) => p.process_records(input, checkpointer).await,
             Self::Parallel(p, _) => p.process_records(input, checkpointer).await,
             Self::HandsOff(p) => p.process_records(input, checkpointer).await,
+        };
+        if result.is_err() {
+            self.ended();
         }
+        result
     }
 
     async fn lease_lost(&mut self) {
+        self.ended();
         match self {
             Self::Plain(p) => p.lease_lost().await,
             Self::Parallel(p, _) => p.lease_lost().await,

@@ -8,6 +8,7 @@ pub mod mutations;
 pub mod operator;
 pub mod outputs;
 pub mod poison;
+pub mod positions;
 pub mod problems;
 pub mod processor;
 pub mod scenario;

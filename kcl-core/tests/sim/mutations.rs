@@ -80,6 +80,7 @@ fn hint(m: &kcl_core::mutation::Mutation) -> Option<u64> {
         ("RelativeBand", 47),
         ("NoMoveBudget", 47),
         ("AckedIgnoredOnOpen", 9),
+        ("SinkUnfenced", 106),
     ];
     let name = format!("{m:?}");
     HINTS

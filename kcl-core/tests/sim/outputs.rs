@@ -13,10 +13,16 @@
 //! cancel every n-th commit with a `TransactionConflict`, and a third keep no idempotency
 //! tokens (a retry of an applied commit then fails on the row and is found applied).
 //!
+//! Half of these seeds commit into a sink that keeps each shard's position itself (the
+//! in-memory model of a Postgres database while the leases live in the lease table:
+//! `sim/positions.rs`) instead of the lease table's own transactions: the same processors,
+//! the same writes, the same checkpoint styles; the limits, conflicts and tokens above are
+//! the lease table's and do not apply there.
+//!
 //! The processor keeps its pending writes with their records; a processor under `Parallel`
 //! can hand the same writes to its own committer, and the checks hold for it unchanged.
 
-use kcl_core::memory::{MemoryLeaseStore, MemoryWrite};
+use kcl_core::memory::{MemoryLeaseStore, MemoryPositionSink, MemoryWrite};
 use kcl_core::outputs::{Limits, Outputs, Transact};
 use kcl_core::{CheckpointError, Checkpointer, ExtendedSequenceNumber, ShardId};
 use rand::rngs::StdRng;
@@ -53,6 +59,9 @@ pub struct Transactional {
     pub conflict_every: Option<u32>,
     /// Whether the store remembers applied commits' tokens.
     pub tokens: bool,
+    /// Whether the outputs go to a sink that keeps each shard's position
+    /// (`sim/positions.rs`) instead of the lease table.
+    pub sink: bool,
 }
 
 impl Transactional {
@@ -69,15 +78,21 @@ impl Transactional {
         });
         let conflict_every = rng.random_ratio(1, 3).then(|| rng.random_range(4..=20));
         let tokens = !rng.random_ratio(1, 3);
+        // Drawn apart, so that the draws above stay as they were.
+        let sink = StdRng::seed_from_u64(seed ^ 0x5111_c0de).random_bool(0.5);
         Some(Self {
             limits,
             conflict_every,
             tokens,
+            sink,
         })
     }
 
-    /// Sets the store up for the run.
+    /// Sets the store up for the run (the lease table's settings: none for a sink).
     pub fn apply(&self, store: &MemoryLeaseStore) {
+        if self.sink {
+            return;
+        }
         if let Some(limits) = self.limits {
             store.set_output_limits(limits);
         }
@@ -88,17 +103,55 @@ impl Transactional {
     }
 }
 
-/// One processor instance's writes not committed yet, and the store handle it commits
-/// through (its worker's, so that a partition of the worker cuts its commits too).
+/// Where a worker's processors commit their outputs: the lease table, or the sink that keeps
+/// positions; its worker's handle either way, so that a partition of the worker cuts its
+/// commits too.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Store(MemoryLeaseStore),
+    Sink(MemoryPositionSink),
+}
+
+impl Target {
+    async fn commit(
+        &self,
+        checkpointer: &mut Checkpointer,
+        outputs: Outputs<MemoryWrite>,
+        at: Option<ExtendedSequenceNumber>,
+    ) -> Result<(), CheckpointError> {
+        match (self, at) {
+            (Self::Store(s), Some(at)) => checkpointer.commit_outputs_at(s, outputs, at).await,
+            (Self::Store(s), None) => checkpointer.commit_outputs(s, outputs).await,
+            (Self::Sink(s), Some(at)) => checkpointer.commit_outputs_at(s, outputs, at).await,
+            (Self::Sink(s), None) => checkpointer.commit_outputs(s, outputs).await,
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        match self {
+            Self::Store(s) => s.limits(),
+            Self::Sink(s) => s.limits(),
+        }
+    }
+
+    fn measure(&self, write: &MemoryWrite) -> kcl_core::outputs::Measure {
+        match self {
+            Self::Store(s) => s.measure(write),
+            Self::Sink(s) => s.measure(write),
+        }
+    }
+}
+
+/// One processor instance's writes not committed yet, and where it commits them.
 #[derive(Debug)]
 pub struct Committer {
-    store: MemoryLeaseStore,
+    store: Target,
     pending: Vec<(ExtendedSequenceNumber, MemoryWrite)>,
     log: Log,
 }
 
 impl Committer {
-    pub fn new(store: MemoryLeaseStore, log: Log) -> Self {
+    pub fn new(store: Target, log: Log) -> Self {
         Self {
             store,
             pending: Vec::new(),
@@ -141,14 +194,7 @@ impl Committer {
         for (position, write) in now {
             outputs.push_at(position, write);
         }
-        match at {
-            Some(position) => {
-                checkpointer
-                    .commit_outputs_at(&self.store, outputs, position)
-                    .await
-            }
-            None => checkpointer.commit_outputs(&self.store, outputs).await,
-        }
+        self.store.commit(checkpointer, outputs, at).await
     }
 
     /// A position past the last delivered record, with no writes: must be refused.
@@ -157,8 +203,8 @@ impl Committer {
         checkpointer: &mut Checkpointer,
         position: ExtendedSequenceNumber,
     ) -> Result<(), CheckpointError> {
-        checkpointer
-            .commit_outputs_at(&self.store, Outputs::new(), position)
+        self.store
+            .commit(checkpointer, Outputs::new(), Some(position))
             .await
     }
 

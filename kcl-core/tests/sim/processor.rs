@@ -171,6 +171,14 @@ pub struct Journal {
     pub replays: Vec<super::handler::HandlerRun>,
     /// Stretches of outputs one transaction could not hold, tried (`sim/outputs.rs`).
     pub large_stretches: usize,
+    /// Every open of the sink that keeps positions, as the worker saw it return
+    /// (`sim/positions.rs`).
+    pub sink_opens: Vec<super::positions::SinkOpen>,
+    /// What the operator's hand did in a seed with such a sink (`sim/positions.rs`).
+    pub sink_meddling: Vec<super::positions::Meddling>,
+    /// Processor instances that failed or lost their lease (`sim/positions.rs` drains until
+    /// what they were handed is committed by another).
+    pub ended: std::collections::BTreeSet<u64>,
 }
 
 /// The journal, and the fleet's host: work waiting on I/O wakes as a suspended host resumes.
@@ -270,9 +278,9 @@ pub struct Factory {
     pub parallel: Option<usize>,
     /// The seed's failing records and policy, if it has them.
     pub poison: Option<Arc<Poison>>,
-    /// The worker's handle of the store, when its processors commit outputs with their
-    /// checkpoints (`sim/outputs.rs`).
-    pub outputs: Option<kcl_core::memory::MemoryLeaseStore>,
+    /// The worker's handle of the store or of the sink that keeps positions, when its
+    /// processors commit outputs with their checkpoints (`sim/outputs.rs`).
+    pub outputs: Option<super::outputs::Target>,
 }
 
 impl Factory {
@@ -556,6 +564,7 @@ impl RecordProcessor for SimProcessor {
         self.batches += 1;
         if self.failure_rate > 0.0 && self.rng.random_bool(self.failure_rate) {
             if self.rng.random_bool(0.5) {
+                self.log.lock().ended.insert(self.instance);
                 panic!("{INJECTED_PANIC}");
             }
             return Err("injected processor error".into());

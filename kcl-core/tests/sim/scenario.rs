@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use kcl_core::lease::Lineage;
-use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryStream};
+use kcl_core::memory::{Faults, MemoryLeaseStore, MemoryNetwork, MemoryPositionSink, MemoryStream};
 use kcl_core::multi_stream::StreamId;
 use kcl_core::singleton::{COORDINATION_PREFIX, is_coordination_key};
 use kcl_core::{
@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::checks::{self, Evidence, Openings, Start};
+use super::checks::{self, Evidence, Openings, SinkCounts, SinkEvidence, Start};
 use super::fleet::{Fleet, Keys, send_messages};
 use super::outputs::Transactional;
 use super::poison::Poison;
@@ -213,6 +213,16 @@ pub struct Stats {
     pub refused_stragglers: usize,
     pub conflicts: usize,
     pub replays: usize,
+    /// Seeds whose outputs go to a sink that keeps each shard's position (`sim/positions.rs`);
+    /// its commits applied, refused because its row named another tenure, and opens; what
+    /// the opens and the operator's hand came to (`checks/positions.rs`); the operator's
+    /// rows deleted.
+    pub sink: usize,
+    pub sink_commits: usize,
+    pub sink_fenced_off: usize,
+    pub sink_opens: usize,
+    pub sink_counts: SinkCounts,
+    pub sink_deletes: usize,
     /// Under `Parallel`: records handled again after a change of tenure, by why, and how
     /// many would have been without sparse acknowledgements (`checks/acks.rs`).
     pub again: checks::Again,
@@ -308,6 +318,17 @@ impl std::ops::AddAssign for Stats {
         self.refused_stragglers += o.refused_stragglers;
         self.conflicts += o.conflicts;
         self.replays += o.replays;
+        self.sink += o.sink;
+        self.sink_commits += o.sink_commits;
+        self.sink_fenced_off += o.sink_fenced_off;
+        self.sink_opens += o.sink_opens;
+        self.sink_counts.behind += o.sink_counts.behind;
+        self.sink_counts.forwarded += o.sink_counts.forwarded;
+        self.sink_counts.before_successor += o.sink_counts.before_successor;
+        self.sink_counts.after_reset += o.sink_counts.after_reset;
+        self.sink_counts.resets_behind += o.sink_counts.resets_behind;
+        self.sink_counts.lower_fences += o.sink_counts.lower_fences;
+        self.sink_deletes += o.sink_deletes;
         self.again += o.again;
     }
 }
@@ -436,8 +457,13 @@ pub async fn simulate(seed: u64) -> Outcome {
     if let Some(outputs) = &outputs {
         outputs.apply(&store);
         stats.outputs = 1;
-        stats.small_limits = usize::from(outputs.limits.is_some());
+        stats.small_limits = usize::from(outputs.limits.is_some() && !outputs.sink);
+        stats.sink = usize::from(outputs.sink);
     }
+    // Half of those commit into a sink that keeps positions, sharing the store's faults.
+    let sink = outputs
+        .filter(|o| o.sink)
+        .map(|_| MemoryPositionSink::new(faults.clone()));
     if led {
         // The table's change feed and owner index lag as DynamoDB's may (the stream by up to
         // 2 s, the index by up to 3 s), and one table in five has no feed. Drawn apart, so
@@ -500,6 +526,7 @@ pub async fn simulate(seed: u64) -> Outcome {
         parallel,
         poison: poison.clone(),
         outputs,
+        sink,
     };
     // A quarter of the disturbed seeds start under store faults, so that the first shard
     // sync's lease creates (of a resharded past, often) fail and are retried.
@@ -627,6 +654,19 @@ fn fingerprint(
             d.keyed
         );
     }
+    for c in fleet.sink.iter().flat_map(|s| s.applied_commits()) {
+        let _ = writeln!(
+            trace,
+            "{:?} sink {} {} fence {} {:?} to {} writes {}",
+            c.at - began,
+            c.client,
+            c.shard,
+            c.fence.0,
+            c.before,
+            c.checkpoint,
+            c.writes.len()
+        );
+    }
     for v in violations {
         let _ = writeln!(trace, "violation {v}");
     }
@@ -668,17 +708,23 @@ fn early_store_faults(fleet: &Fleet, seed: u64) {
     });
 }
 
-/// Waits (at most two minutes) until everything owed was delivered.
+/// Waits (at most two minutes) until everything owed was delivered; with a sink that keeps
+/// positions, until every owed output is in it or will be at the graceful stop.
 async fn drain(fleet: &Fleet, records: &BTreeMap<ShardId, Vec<Record>>, start: &Start) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         let openings = openings(fleet, records, start);
         let outstanding: usize = {
             let journal = fleet.log.lock();
-            checks::undelivered(&journal, records, &openings, start)
+            let undelivered: usize = checks::undelivered(&journal, records, &openings, start)
                 .iter()
                 .map(|(_, lost, _)| lost.len())
-                .sum()
+                .sum();
+            let unsettled = fleet.sink.as_ref().map_or(0, |sink| {
+                let live = |id: &str| fleet.live.contains_key(id);
+                checks::unsettled(&journal, (records, &openings, start), sink, live)
+            });
+            undelivered + unsettled
         };
         if outstanding == 0 {
             return;
@@ -699,7 +745,8 @@ fn judge(
     let journal = fleet.log.lock();
     let store_events = fleet.store.journal();
     let commits = fleet.store.applied_commits();
-    output_stats(fleet, &journal, stats);
+    let sink = fleet.sink.as_ref().map(SinkEvidence::new);
+    output_stats(fleet, &journal, sink.as_ref(), stats);
     stats.refused_checkpoints = journal.attempts.iter().filter(|a| !a.ok).count();
     stats.processors = journal.instances.len();
     stats.deliveries = journal.deliveries.len();
@@ -821,16 +868,42 @@ fn judge(
         poll: config().taker_interval,
         restart_grace: fleet.config.restart_grace,
         commits: &commits,
-        transactional: fleet.outputs.is_some(),
+        transactional: fleet.outputs.is_some() && sink.is_none(),
+        sink: sink.as_ref(),
     };
     stats.stall_windows = checks::stalls(&evidence).len();
     stats.again = checks::again(&evidence);
     stats.kept_judged = checks::kept_judged(&evidence);
-    checks::check(&evidence)
+    let (violations, sink_counts) = checks::check(&evidence);
+    stats.sink_counts = sink_counts;
+    violations
 }
 
 /// The counts of what the seed's commits of outputs went through.
-fn output_stats(fleet: &Fleet, journal: &super::processor::Journal, stats: &mut Stats) {
+fn output_stats(
+    fleet: &Fleet,
+    journal: &super::processor::Journal,
+    sink: Option<&SinkEvidence>,
+    stats: &mut Stats,
+) {
+    if let Some(sink) = sink {
+        stats.sink_commits = sink.commits.len();
+        stats.sink_fenced_off = sink.fenced_off;
+        stats.sink_opens = sink.opens;
+        // Rows the operator deleted that the shard sync made again.
+        let store = fleet.store.journal();
+        stats.sink_deletes = journal
+            .sink_meddling
+            .iter()
+            .filter(|m| !m.reset)
+            .filter(|m| {
+                store
+                    .iter()
+                    .any(|ev| ev.seq > m.seq && ev.operation == "create" && ev.lease.key == m.shard)
+            })
+            .count();
+        return;
+    }
     if fleet.outputs.is_none() {
         return;
     }

@@ -122,6 +122,7 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
         pending: Vec::new(),
     };
     let mut hand = Hand::new(run.fleet, planned);
+    let mut sink_hand = super::positions::Hand::new(run.fleet, planned);
     while Instant::now() < fault_end {
         let pause = Duration::from_millis(run.rng.random_range(300..2500));
         run.pause(pause, &mut restarts).await;
@@ -132,6 +133,9 @@ pub async fn disturb(mut run: Run<'_>, planned: bool) -> Vec<String> {
             continue;
         }
         if hand.act(run.fleet, run.stats, now).await {
+            continue;
+        }
+        if sink_hand.act(run.fleet, run.stats, now).await {
             continue;
         }
         let event = run.rng.random_range(0..100);

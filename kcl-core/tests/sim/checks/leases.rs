@@ -10,18 +10,31 @@ use kcl_core::{Checkpoint, Record, ShardId};
 
 use super::Evidence;
 
+/// The client of the operator's hand on rows (`sim/operator.rs`, `sim/positions.rs`).
+const OPERATOR: &str = "operator";
+
 /// checkpoints: never move backwards, never pass a record the writer had not delivered, and
 /// a position past the last delivered record (mid-aggregate too) is refused.
 /// (A singleton's row is not a shard's: the periodic job records its periods there, which
 /// the `periodic` check judges.)
+///
+/// With a sink that keeps positions (`sim/positions.rs`): a checkpoint moved up to the
+/// sink's position when a shard opened is the sink's, not the writer's, to have delivered;
+/// and a row the operator deleted starts over when the shard sync makes it again.
 pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
     v.extend(e.journal.accepted_beyond.iter().cloned());
     let mut current: BTreeMap<&ShardId, &Checkpoint> = BTreeMap::new();
-    let shard_checkpoints = e
+    let shard_events = e
         .store
         .iter()
-        .filter(|ev| ev.operation == "checkpoint" && !is_coordination_key(&ev.lease.key));
-    for ev in shard_checkpoints {
+        .filter(|ev| !is_coordination_key(&ev.lease.key));
+    for ev in shard_events {
+        if ev.operation == "delete" && ev.client == OPERATOR {
+            current.remove(&ev.lease.key);
+        }
+        if ev.operation != "checkpoint" {
+            continue;
+        }
         let cp = &ev.lease.checkpoint;
         let prev = current.insert(&ev.lease.key, cp);
         if ev.client == RESET_OWNER {
@@ -74,7 +87,11 @@ pub(super) fn checkpoints(e: &Evidence<'_>, v: &mut Vec<String>) {
                     });
                 said && done
             };
-            if !delivered && !finished_before() {
+            let the_sinks = || {
+                e.sink
+                    .is_some_and(|sink| sink.position_at(&ev.lease.key, ev.seq) == Some(cp))
+            };
+            if !delivered && !finished_before() && !the_sinks() {
                 v.push(format!(
                     "checkpoints: {} by {} at {s} before delivering it",
                     ev.lease.key, ev.client
@@ -547,7 +564,18 @@ pub(super) fn reset(e: &Evidence<'_>, v: &mut Vec<String>) {
         else {
             continue;
         };
-        let after = records.iter().map(Record::position).find(|p| p > at);
+        // With a sink that keeps positions, after the later of the reset and the position
+        // the sink handed the new tenure (`sink-resume`).
+        let sink = e
+            .sink
+            .and_then(|_| super::positions::open_of(e, first.instance))
+            .and_then(|o| o.answered.clone().flatten());
+        let floor = match &sink {
+            Some(Checkpoint::Sequence(s)) if s > at => s,
+            Some(Checkpoint::ShardEnd) => continue,
+            _ => at,
+        };
+        let after = records.iter().map(Record::position).find(|p| p > floor);
         // Under `Parallel` records finish out of order: the instance's first run counts.
         let first_sequence = if first.keyed {
             let runs = e

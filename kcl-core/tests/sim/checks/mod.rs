@@ -6,12 +6,14 @@ mod leases;
 mod outputs;
 mod parallel;
 mod poison;
+mod positions;
 mod problems;
 mod records;
 mod restarts;
 mod singletons;
 
 pub use acks::{Again, again};
+pub use positions::{SinkCounts, SinkEvidence, unsettled};
 pub use problems::stalls;
 pub use records::{Openings, undelivered};
 pub use restarts::kept_judged;
@@ -63,6 +65,9 @@ pub const INVARIANTS: &[&str] = &[
     "output-once",
     "output-in-step",
     "acked-skipped",
+    "sink-fenced",
+    "sink-resume",
+    "lease-trails-sink",
 ];
 
 /// How the fleet started reading.
@@ -131,8 +136,12 @@ pub struct Evidence<'a> {
     /// The commits of outputs the store applied, in order (each journaled as a
     /// `checkpoint` under its `seq`, the counter unchanged).
     pub commits: &'a [AppliedCommit],
-    /// The processors committed outputs with their checkpoints (`sim/outputs.rs`).
+    /// The processors committed outputs with their checkpoints (`sim/outputs.rs`) into the
+    /// lease table.
     pub transactional: bool,
+    /// The sink that keeps each shard's position, in the seeds whose outputs go there
+    /// (`sim/positions.rs`).
+    pub sink: Option<&'a SinkEvidence>,
 }
 
 impl Evidence<'_> {
@@ -142,8 +151,9 @@ impl Evidence<'_> {
     }
 }
 
-/// Every violation, each prefixed with its invariant's name.
-pub fn check(e: &Evidence<'_>) -> Vec<String> {
+/// Every violation, each prefixed with its invariant's name; with the counts of what the
+/// sink seeds went through.
+pub fn check(e: &Evidence<'_>) -> (Vec<String>, SinkCounts) {
     let mut v = Vec::new();
     records::no_loss(e, &mut v);
     records::no_history(e, &mut v);
@@ -188,5 +198,9 @@ pub fn check(e: &Evidence<'_>) -> Vec<String> {
         outputs::outputs(e, &mut v);
     }
     acks::acked_skipped(e, &mut v);
-    v
+    let counts = e
+        .sink
+        .map(|s| positions::sink(e, s, &mut v))
+        .unwrap_or_default();
+    (v, counts)
 }

@@ -30,7 +30,7 @@ use super::records::owed_from;
 use crate::sim::outputs::{record_key, writes_of};
 
 /// Whether `checkpoint` covers the record at `position` of its own shard.
-fn covers(checkpoint: &Checkpoint, position: &ExtendedSequenceNumber) -> bool {
+pub(super) fn covers(checkpoint: &Checkpoint, position: &ExtendedSequenceNumber) -> bool {
     match checkpoint {
         Checkpoint::Sequence(s) => position <= s,
         Checkpoint::ShardEnd => true,
@@ -49,14 +49,14 @@ struct Replayed {
 }
 
 /// Violations of one invariant: how many, and the first few.
-struct Tally {
+pub(super) struct Tally {
     name: &'static str,
     count: usize,
     first: Vec<String>,
 }
 
 impl Tally {
-    fn new(name: &'static str) -> Self {
+    pub(super) fn new(name: &'static str) -> Self {
         Self {
             name,
             count: 0,
@@ -64,14 +64,14 @@ impl Tally {
         }
     }
 
-    fn push(&mut self, what: String) {
+    pub(super) fn push(&mut self, what: String) {
         self.count += 1;
         if self.first.len() < 3 {
             self.first.push(what);
         }
     }
 
-    fn report(self, v: &mut Vec<String>) {
+    pub(super) fn report(self, v: &mut Vec<String>) {
         for (i, what) in self.first.iter().enumerate() {
             let of = if i == 0 {
                 format!(" ({} in all)", self.count)
