@@ -454,6 +454,7 @@ async fn freeze(fleet: &mut Fleet, rng: &mut Rng, tally: &mut Tally) -> anyhow::
             .filter(|(_, owner)| owner.as_ref() == Some(&id))
             .map(|(shard, _)| shard)
             .collect();
+        let since = last_work(worker)?;
         signal(worker, "STOP")?;
         let frozen = Instant::now();
         // Past the failover time, and until its leases are all another's.
@@ -478,10 +479,15 @@ async fn freeze(fleet: &mut Fleet, rng: &mut Rng, tally: &mut Tally) -> anyhow::
             "the thawed zombie's commit to be refused",
             Duration::from_secs(15),
             Duration::from_millis(100),
-            async || Ok(refused_since(worker, thawed)? > 0),
+            async || Ok(refused_since(worker, thawed)? > 0 || in_flight(worker, since, thawed)?),
         )
         .await
         .is_ok();
+        if refused_since(worker, thawed)? == 0 && in_flight(worker, since, thawed)? {
+            // The signal landed after the stretch ended: the commit was under way, sent
+            // before the freeze, no zombie's. Another freeze.
+            continue;
+        }
         let count = refused_since(worker, thawed)?;
         tally.thaws.push(count);
         ensure!(
@@ -539,6 +545,7 @@ fn current_lines(worker: &WorkerProcess) -> anyhow::Result<Vec<serde_json::Value
     let from = text.rfind("\"event\":\"started\"").unwrap_or(0);
     let wanted = [
         "\"work\"",
+        "\"worked\"",
         "\"committed\"",
         "\"commit_refused\"",
         "\"commit_failed\"",
@@ -550,7 +557,8 @@ fn current_lines(worker: &WorkerProcess) -> anyhow::Result<Vec<serde_json::Value
         .collect())
 }
 
-/// Whether a batch of the worker is at work: a `work` line of a shard, last of its lines.
+/// Whether a batch of the worker is at work: a `work` line of a shard, last of its lines
+/// (`worked` ends the stretch: the commit is under way).
 fn at_work(worker: &WorkerProcess) -> anyhow::Result<bool> {
     let mut last: BTreeMap<String, bool> = BTreeMap::new();
     for line in current_lines(worker)? {
@@ -558,6 +566,23 @@ fn at_work(worker: &WorkerProcess) -> anyhow::Result<bool> {
         last.insert(shard, line["event"] == "work");
     }
     Ok(last.values().any(|&working| working))
+}
+
+/// Whether the stretch at work when the worker was frozen (its `work` line at `since`) had
+/// ended before `thawed`: the freeze came after it, while its commit was under way (sent
+/// before the freeze), so no zombie's commit is to be refused.
+fn in_flight(worker: &WorkerProcess, since: i64, thawed: i64) -> anyhow::Result<bool> {
+    Ok(current_lines(worker)?.iter().any(|l| {
+        let ms = l["ms"].as_i64().unwrap_or(0);
+        l["event"] == "worked" && ms >= since && ms < thawed
+    }))
+}
+
+/// The time of the worker's last `work` line.
+fn last_work(worker: &WorkerProcess) -> anyhow::Result<i64> {
+    let lines = current_lines(worker)?;
+    let last = lines.iter().rev().find(|l| l["event"] == "work");
+    Ok(last.and_then(|l| l["ms"].as_i64()).unwrap_or(0))
 }
 
 /// Waits up to `limit` for a batch of the worker at work.

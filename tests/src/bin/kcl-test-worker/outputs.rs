@@ -14,7 +14,7 @@
 //! frozen (SIGSTOP) in that stretch and thawed after its lease moved goes on to commit, as a
 //! zombie does; the commit then runs to its end on this thread too (`block_in_place`), so its
 //! refusal reaches the journal. A journal line says what came of each commit: `work` when
-//! the stretch starts, then `committed`, or `commit_refused` for a commit refused because
+//! the stretch starts, `worked` when it ends (the commit starts), then `committed`, or `commit_refused` for a commit refused because
 //! the lease was lost (`lease_lost: true`), or `commit_failed`.
 //!
 //! With `--outputs-postgres URL` both tables are Postgres tables (`id text primary key, n
@@ -172,6 +172,7 @@ impl OutputTables {
         let result = tokio::task::block_in_place(|| {
             journal.write("work", line.clone());
             std::thread::sleep(self.work);
+            journal.write("worked", line.clone());
             let handle = tokio::runtime::Handle::current();
             handle.block_on(self.commit(shard, records, checkpointer))
         });
