@@ -169,7 +169,9 @@ impl Fleet {
             parallel: self.parallel,
             poison: self.poison.clone(),
             outputs: self.outputs.map(|_| match &self.sink {
-                Some(sink) => super::outputs::Target::Sink(sink.client(&id)),
+                Some(sink) => {
+                    super::outputs::Target::Sink(super::outputs::RoundTrip(sink.client(&id)))
+                }
                 None => super::outputs::Target::Store(self.store.client(&id)),
             }),
         };

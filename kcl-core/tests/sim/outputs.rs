@@ -109,7 +109,38 @@ impl Transactional {
 #[derive(Debug, Clone)]
 pub enum Target {
     Store(MemoryLeaseStore),
-    Sink(MemoryPositionSink),
+    Sink(RoundTrip),
+}
+
+/// A worker's handle on the sink, whose commits take a database's round trip: 0 to 100 ms
+/// (drawn from the commit, the same in every run of the seed) before the sink applies them,
+/// so that a worker frozen or cut off meanwhile has a commit in flight when it comes back.
+#[derive(Debug, Clone)]
+pub struct RoundTrip(pub MemoryPositionSink);
+
+impl Transact for RoundTrip {
+    type Write = MemoryWrite;
+
+    fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+
+    fn measure(&self, write: &MemoryWrite) -> kcl_core::outputs::Measure {
+        self.0.measure(write)
+    }
+
+    fn keeps_position(&self) -> bool {
+        self.0.keeps_position()
+    }
+
+    async fn commit(
+        &self,
+        commit: kcl_core::outputs::Commit<'_, MemoryWrite>,
+    ) -> Result<(), kcl_core::outputs::CommitError> {
+        let h = super::hash(&format!("{} {:?}", commit.shard, commit.update.checkpoint));
+        tokio::time::sleep(std::time::Duration::from_millis(h % 101)).await;
+        self.0.commit(commit).await
+    }
 }
 
 impl Target {

@@ -2,7 +2,9 @@
 //! seeds that commit outputs (`sim/outputs.rs`): `kcl_core::memory::MemoryPositionSink`, the
 //! model of a Postgres database while the leases live in the lease table, sharing the
 //! store's faults (errors, partitions, freezes, lost answers, stragglers), one handle per
-//! worker given to `WorkerBuilder::positions` and committed into by its processors.
+//! worker given to `WorkerBuilder::positions` and committed into by its processors, each
+//! commit taking a database's round trip (`outputs::RoundTrip`: a worker frozen meanwhile
+//! comes back with a commit in flight, which the sink must refuse once another opened it).
 //!
 //! Every open of the sink is journaled as the worker saw it return ([`Opens`]): which tenure
 //! the row names after it (an open whose answer was lost fenced all the same), and the
