@@ -116,9 +116,6 @@ fn taken_from_others(
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "kcl-core bug (lease/observer.rs): Observer::update keeps a row's `since` when its \
-            counter is the one seen last, whoever owns it now, so a row made again whose counter \
-            comes round to the old row's looks expired to a worker that missed the change"]
 async fn a_row_made_again_is_not_taken_for_the_old_one_standing_still() {
     let faults = Faults::seeded(219);
     let stream = MemoryStream::new(2);

@@ -231,7 +231,8 @@ impl<S: WindowSink> WindowCounter<S> {
         let Some(table) = &self.table else {
             return Ok(());
         };
-        let position = table.position(shard).await?;
+        // The table's store, not the record: no record is given up for it (`Outage`).
+        let position = (table.position(shard).await).map_err(kcl_core::failure::Outage::new)?;
         self.unsettled = false;
         if let Some(position) = position
             && crate::table::further(&position, &self.committed.counted)
@@ -341,7 +342,9 @@ impl<S: WindowSink> RecordProcessor for WindowCounter<S> {
     }
 }
 
-/// A lost lease is not a processor failure: the worker notices and stops the shard.
+/// A lost lease is not a processor failure: the worker notices and stops the shard. A table
+/// at fault (gone, another application's) is no record's fault either: an outage, for which
+/// the failure policy gives no record up (as for the store's own errors, which say so).
 fn checkpoint(result: Result<(), CommitFailed>) -> Result<(), BoxError> {
     match result {
         Ok(()) => Ok(()),
@@ -349,6 +352,7 @@ fn checkpoint(result: Result<(), CommitFailed>) -> Result<(), BoxError> {
             tracing::warn!(%shard, "checkpoint refused: lease lost");
             Ok(())
         }
+        Err(e @ CommitFailed::Table { .. }) => Err(kcl_core::failure::Outage::new(e).into()),
         Err(e) => Err(e.into()),
     }
 }

@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use crate::error::BoxError;
+use crate::error::{BackendError, BoxError};
 use crate::types::{ExtendedSequenceNumber, Record};
 
 /// A failure that trying again cannot fix (a record that does not parse, a rule it breaks):
@@ -37,6 +37,56 @@ impl StdError for Permanent {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         Some(&*self.0)
     }
+}
+
+/// A failure that is no record's fault: a store the processor writes to (its database, its
+/// exactly-once table) is down, throttling, or refusing every record alike. No record is
+/// given up for it, whatever the policy: the shard restarts and retries, as under
+/// [`Exhausted::Block`](super::Exhausted::Block), and is reported until the store is back.
+/// Found anywhere in an error's source chain, as are kcl's own store errors
+/// ([`BackendError`]: a checkpoint or a commit of outputs that failed in the store), which
+/// count as outages without it.
+///
+/// ```
+/// use kcl_core::failure::{Outage, is_outage};
+/// use kcl_core::BoxError;
+///
+/// let error: BoxError = Outage::new("connection refused").into();
+/// assert!(is_outage(&*error));
+/// ```
+#[derive(Debug)]
+pub struct Outage(BoxError);
+
+impl Outage {
+    /// Marks `error` as no record's fault.
+    pub fn new(error: impl Into<BoxError>) -> Self {
+        Self(error.into())
+    }
+}
+
+impl fmt::Display for Outage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "outage: {}", self.0)
+    }
+}
+
+impl StdError for Outage {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+/// Whether `error` is no record's fault: an [`Outage`], or one of kcl's store errors
+/// ([`BackendError`]), in its source chain.
+pub fn is_outage(error: &(dyn StdError + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<Outage>() || e.is::<BackendError>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// Whether retrying may fix `error`: false if a [`Permanent`] is in its source chain.

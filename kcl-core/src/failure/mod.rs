@@ -36,7 +36,7 @@ mod tries;
 
 pub(crate) use bisect::{Bisect, Then};
 pub(crate) use errors::failed_at;
-pub use errors::{BatchFailed, Permanent, is_retryable};
+pub use errors::{BatchFailed, Outage, Permanent, is_outage, is_retryable};
 pub(crate) use give_up::Handling;
 pub use letter::{DeadLetter, DeadLetterSink, DeadLetters, RETENTION_FLOOR, Reason};
 pub(crate) use letter::{Origin, park_entry, parse_park_entry};

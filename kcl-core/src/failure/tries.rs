@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{Exhausted, FailurePolicy, Reason, is_retryable};
+use super::{Exhausted, FailurePolicy, Reason, is_outage, is_retryable};
 use crate::error::BoxError;
 use crate::mutation::{self, Mutation};
 use crate::types::Record;
@@ -44,7 +44,8 @@ impl Tries {
             self.first_error.clone_from(&line);
         }
         self.last_error = line;
-        if policy.exhausted == Exhausted::Block {
+        // An outage is no record's fault: none is given up for it (see `Outage`).
+        if policy.exhausted == Exhausted::Block || is_outage(&**error) {
             return Next::Block;
         }
         let attempts = if mutation::on(Mutation::DeadLetterEarly) {
@@ -117,6 +118,29 @@ mod tests {
         );
         assert_eq!(tries.failures(), 3);
         assert_eq!(tries.first_error(), "boom");
+    }
+
+    #[test]
+    fn an_outage_is_no_records_fault_whatever_the_policy() {
+        let policy = FailurePolicy::dead_letter(1);
+        let outage: BoxError = crate::failure::Outage::new("connection refused").into();
+        assert_eq!(
+            Tries::default().failed(&policy, &record(), &outage),
+            Next::Block
+        );
+        let store: BoxError = Box::new(crate::CheckpointError::Store {
+            shard: crate::ShardId::new("s"),
+            source: crate::BackendError::new(crate::ErrorKind::Retryable, "transact", "down"),
+        });
+        assert_eq!(
+            Tries::default().failed(&policy, &record(), &store),
+            Next::Block
+        );
+        let own: BoxError = "the record's own".into();
+        assert_eq!(
+            Tries::default().failed(&policy, &record(), &own),
+            Next::GiveUp(Reason::Attempts)
+        );
     }
 
     #[test]

@@ -66,8 +66,12 @@ impl Observer {
         let mut released = Vec::new();
         for lease in leases {
             let before = self.seen.get(&lease.key);
+            // Unchanged only if neither the counter nor the owner moved: a row deleted and
+            // made again can come round to a counter seen before under another owner.
             let since = match before {
-                Some(seen) if seen.counter == lease.counter => seen.since,
+                Some(seen) if seen.counter == lease.counter && seen.owner == lease.owner => {
+                    seen.since
+                }
                 _ => now,
             };
             if let Some(seen) = before {

@@ -3,7 +3,7 @@
 //! the tenure, the lease row's checkpoint following each commit into it, and what a refusal
 //! by the sink comes to.
 
-use super::{Tenure, TenureError, Transacted};
+use super::{Tenure, TenureError};
 use crate::error::{BackendError, ErrorKind};
 use crate::lease::CheckpointUpdate;
 use crate::lease::positions::Sink;
@@ -52,23 +52,26 @@ impl Tenure {
     /// lease moved. If not, the sink did: a tenure that opened it late, an open that landed
     /// late, a row deleted by hand, or a commit applied whose answers were all lost. The
     /// worker's sink is then opened again for this tenure and the lease's checkpoint brought
-    /// up to its position, so that the next commit, from there, passes (a processor's
-    /// restart would do the same; `Parallel`'s committer does not restart). The caller
-    /// learns it as a retryable store error that says so.
+    /// up to its position, so that a commit from there passes: the caller tries once more
+    /// (`Parallel`'s committer never restarts), and if that is refused too, returns the
+    /// error this gives, a retryable store error that says what happened.
     pub(super) async fn sink_refused(
         &self,
         update: &CheckpointUpdate,
         sink: Option<&Sink>,
-    ) -> Result<Transacted, TenureError> {
+    ) -> Result<TenureError, TenureError> {
         let settled = {
             let mut held = self.held.lock().await;
             self.settle_commit(&mut held.lease, update).await
         };
-        let Err(TenureError::Behind(current)) = settled else {
-            return settled;
+        let current = match settled {
+            Err(TenureError::Behind(current)) => current,
+            // The tenure's lease row shows this commit: cannot be, the sink refused it.
+            Ok(_) => return Ok(self.refusal("")),
+            Err(other) => return Err(other),
         };
         let Some(sink) = sink else {
-            return Err(self.refusal("; the worker was not given this sink"));
+            return Ok(self.refusal("; the worker was not given this sink"));
         };
         let position = self.open_sink(sink).await?;
         let ahead = position
@@ -81,9 +84,9 @@ impl Tenure {
             Some(Checkpoint::Sequence(_)) if ahead => {
                 let up = CheckpointUpdate::new(position.unwrap_or(current));
                 self.checkpoint(&up).await?;
-                Err(self.refusal(": the lease's checkpoint was brought up to the sink's"))
+                Ok(self.refusal(": the lease's checkpoint was brought up to the sink's"))
             }
-            _ => Err(self.refusal(
+            _ => Ok(self.refusal(
                 ": the sink was opened again for this tenure (refused again and again, is the \
                  sink committed into the one given to WorkerBuilder::positions?)",
             )),

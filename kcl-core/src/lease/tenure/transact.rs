@@ -83,7 +83,11 @@ impl Tenure {
         writes: &[T::Write],
         (first, sink): (Option<&ExtendedSequenceNumber>, Option<&Sink>),
     ) -> Result<Transacted, TenureError> {
-        let before = self.before(update, first).await?;
+        // Settled first, so that `before` is the row as it stands: a write of this tenure
+        // whose answer was lost (the lease's checkpoint following a sink's commit) may have
+        // moved it.
+        self.settle().await?;
+        let mut before = self.before(update, first).await?;
         let token = transact::token(&self.shard, self.fence, &before, update);
         let mut pauses = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
@@ -137,7 +141,14 @@ impl Tenure {
                 }
                 Ok(Err(CommitError::LeaseRow)) if store.keeps_position() => {
                     drop(held);
-                    return self.sink_refused(update, sink).await;
+                    // Opened again (and the lease brought up to the sink): once more from
+                    // where the lease now stands, if the writes all come after it.
+                    let refusal = self.sink_refused(update, sink).await?;
+                    if pauses.next().is_none() {
+                        return Err(refusal);
+                    }
+                    before = self.before(update, first).await?;
+                    continue;
                 }
                 Ok(Err(CommitError::LeaseRow)) => {
                     return self.refused_by_row(&mut held.lease, update).await;
