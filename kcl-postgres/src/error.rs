@@ -138,7 +138,7 @@ impl Cause {
             Self::Privilege => (
                 ErrorKind::Fatal,
                 false,
-                " (the role needs SELECT, INSERT, UPDATE, DELETE on kcl_leases, and CREATE on its schema under TableSetup::Managed)",
+                " (the role needs USAGE on the schema and SELECT, INSERT, UPDATE, DELETE on kcl's tables (kcl_leases, kcl_positions); to create them under TableSetup::Managed, CREATE on the schema: docs/postgres.md, Permissions)",
             ),
             Self::Auth => (
                 ErrorKind::Fatal,
@@ -158,7 +158,7 @@ impl Cause {
             Self::StartupParameter => (
                 ErrorKind::Fatal,
                 false,
-                " (a connection pooler refused the startup parameter `options`, which sets idle_in_transaction_session_timeout: add `options` to PgBouncer's ignore_startup_parameters and set that timeout on the role or database, or connect to Postgres directly)",
+                " (a connection pooler refused the startup parameter `options`, which sets statement_timeout and idle_in_transaction_session_timeout: add `options` to PgBouncer's ignore_startup_parameters and set both on the role or database, or connect to Postgres directly)",
             ),
             Self::LostStatement => (
                 ErrorKind::Fatal,

@@ -149,19 +149,42 @@ pub use self::schema::SCHEMA_SQL;
 pub use self::tls::TlsMode;
 
 /// A connection string as it may be shown (in an error, a log line, a printed
-/// configuration): a `postgres://` URL without its user information and its query
-/// (`postgres://db.internal:5432/kcl`), either of which may hold the password; libpq's
-/// `key=value` words as `<connection string>`. Everything up to the last `@` goes (a
+/// configuration): a `postgres://` URL without its user information, which may hold the
+/// password, and with only the query parameters known to hold none (`sslmode`,
+/// `sslrootcert`, `target_session_attrs`, `options`, …): `postgres://db.internal:5432/kcl?sslmode=verify-full`;
+/// libpq's `key=value` words as `<connection string>`. Everything up to the last `@` goes (a
 /// password may hold `?`, `#` or `/`): hiding too much is harmless, showing part of a
 /// password is not.
 pub fn redacted_url(url: &str) -> String {
+    /// Parameters that never hold a secret, shown so that an operator can check them.
+    const SHOWN: &[&str] = &[
+        "sslmode",
+        "sslrootcert",
+        "target_session_attrs",
+        "options",
+        "connect_timeout",
+        "application_name",
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "channel_binding",
+    ];
     let url = url.trim();
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<connection string>".to_owned();
     };
     let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let rest = rest.split(['?', '#']).next().unwrap_or_default();
-    format!("{scheme}://{rest}")
+    let rest = rest.split('#').next().unwrap_or_default();
+    let (place, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| SHOWN.contains(&pair.split('=').next().unwrap_or_default()))
+        .collect();
+    match kept.as_slice() {
+        [] => format!("{scheme}://{place}"),
+        kept => format!("{scheme}://{place}?{}", kept.join("&")),
+    }
 }
 
 /// A [`LeaseStore`](kcl_core::LeaseStore) on a Postgres table shared by applications. See
@@ -229,7 +252,9 @@ mod tests {
     fn a_redacted_url_has_no_credentials() {
         let shown =
             redacted_url("postgres://kcl:p?w/d#x@db:5432/kcl?password=hunter2&sslmode=require");
-        assert_eq!(shown, "postgres://db:5432/kcl");
+        assert_eq!(shown, "postgres://db:5432/kcl?sslmode=require");
+        let hidden = redacted_url("postgres://db/kcl?sslpassword=x&passfile=/p&options=-c");
+        assert_eq!(hidden, "postgres://db/kcl?options=-c");
         assert_eq!(redacted_url("postgresql://db/kcl"), "postgresql://db/kcl");
         let words = redacted_url("host=db password=hunter2");
         assert_eq!(words, "<connection string>");
