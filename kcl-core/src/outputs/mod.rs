@@ -42,9 +42,9 @@
 
 mod parts;
 
-pub(crate) use parts::{Part, split};
-pub(crate) use crate::lease::positions::Sink;
 pub use crate::lease::positions::Positions;
+pub(crate) use crate::lease::positions::Sink;
+pub(crate) use parts::{Part, split};
 
 pub use crate::lease::transact::{Commit, CommitError, Limits, Measure, Transact};
 use crate::types::{ExtendedSequenceNumber, Record};
