@@ -55,6 +55,16 @@ pub(crate) enum Transacted {
 /// Attempts of one commit before its error is the caller's.
 const ATTEMPTS: usize = 6;
 
+/// The pauses between the attempts of one commit.
+fn pauses() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter()
+        .with_max_times(ATTEMPTS - 1)
+        .build()
+}
+
 impl Tenure {
     /// Commits `writes` with `update` in one transaction of `store`, conditioned on this
     /// tenure's owner and fence and on the checkpoint it last wrote. See the module docs.
@@ -89,25 +99,14 @@ impl Tenure {
         self.settle().await?;
         let mut before = self.before(update, first).await?;
         let token = transact::token(&self.shard, self.fence, &before, update);
-        let mut pauses = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_secs(2))
-            .with_jitter()
-            .with_max_times(ATTEMPTS - 1)
-            .build();
+        let mut pauses = pauses();
         loop {
             // A fence against a straggler of a plain write (see the module docs), before
             // every attempt: another write may have lost its answer between two.
             self.settle().await?;
             // Taken per attempt, not across the pauses between them: renewals go on meanwhile.
             let mut held = self.held.lock().await;
-            if self.is_lost() {
-                return Err(TenureError::Lost);
-            }
-            if held.lease.checkpoint != before {
-                // Another write of this tenure moved the checkpoint between two attempts.
-                return Err(TenureError::Behind(held.lease.checkpoint.clone()));
-            }
+            self.still(&held, &before)?;
             let commit = Commit {
                 shard: &self.shard,
                 owner: &self.worker,
@@ -165,6 +164,18 @@ impl Tenure {
                 None => return self.give_up(&mut held, update, error).await,
             }
         }
+    }
+
+    /// Whether the tenure still holds the lease at `before`: another write of this tenure may
+    /// have moved the checkpoint between two attempts.
+    fn still(&self, held: &Held, before: &Checkpoint) -> Result<(), TenureError> {
+        if self.is_lost() {
+            return Err(TenureError::Lost);
+        }
+        if held.lease.checkpoint != *before {
+            return Err(TenureError::Behind(held.lease.checkpoint.clone()));
+        }
+        Ok(())
     }
 
     /// Sends one attempt of a commit, bounded by the call timeout, behind the tenure's lock
